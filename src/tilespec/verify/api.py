@@ -1,0 +1,46 @@
+"""``verify()``: the one entry point for the accept/resample step of speculative decoding."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .registry import get_method
+from .types import SamplingParams, VerifyResult
+from .validation import prepare_inputs
+
+
+def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_logits: Optional[torch.Tensor] = None,
+           draft_probs: Optional[torch.Tensor] = None, num_draft_tokens=None,
+           sampling: SamplingParams = SamplingParams(), method: str = "reference", seed=None,
+           generator: Optional[torch.Generator] = None, offsets=None, check_values: bool = True) -> VerifyResult:
+    """Accept or reject each request's draft tokens and sample the next token, exactly from the target's law.
+
+    Args:
+        target_logits: [B, K+1, V] target logits at the K draft positions plus the bonus position.
+        draft_tokens: [B, K] drafted token ids.
+        draft_logits / draft_probs: [B, K, V] the draft distribution the tokens were sampled from (logits are
+            processed with ``sampling`` like the target's; probabilities are taken as they are). Omit both for a
+            deterministic draft (n-gram, greedy draft): q is then one-hot at the drafted token.
+        num_draft_tokens: [B] per-request draft lengths K_b in [0, K] (ragged batch); default K for every request.
+            K_b = 0 samples only the next token from target row 0.
+        sampling: temperature / top-k / top-p / min-p / lenience, scalars or per request.
+        method: a registered method name ("reference", "hf", "tiled", "fused", "sigmoid", ...).
+        seed: int (request b uses seed + b), or per-request seeds [B]; None draws seeds from ``generator`` or the
+            default torch generator. Random numbers are keyed by (seed, offsets + position), so a request's result
+            does not depend on the rest of the batch.
+        offsets: int or [B] absolute position of each request's first draft token (use the sequence length so
+            successive steps use fresh random numbers); default 0.
+        check_values: read the inputs once to reject NaN/Inf, out-of-range ids and bad per-request values (one
+            host sync). Shape/dtype checks always run.
+
+    Returns:
+        VerifyResult with output_tokens [B, K+1] (-1 padded), num_accepted [B], num_emitted [B], accepted [B, K].
+    """
+    inputs = prepare_inputs(target_logits, draft_tokens, draft_logits=draft_logits, draft_probs=draft_probs,
+                            num_draft_tokens=num_draft_tokens, sampling=sampling, seed=seed, generator=generator,
+                            offsets=offsets, check_values=check_values)
+    chosen = get_method(method)
+    result = chosen.fn(inputs)
+    result.method, result.exact = chosen.name, chosen.exact
+    return result

@@ -1,0 +1,93 @@
+"""``reference``: exact speculative sampling in clear, batched PyTorch (the semantics every other method matches).
+
+Per request b with K_b draft tokens x_0..x_{K_b-1}:
+  1. accept x_i while log u_i < log p_i(x_i) - log q_i(x_i) - log l   (u_i uniform, keyed by (seed, position));
+     q_i(x_i) = 0 always rejects; greedy rows accept iff x_i is the target's argmax (or, with lenience l < 1,
+     iff p1(x_i) >= l * max p1);
+  2. at the first rejected position n sample from the residual norm(max(0, p_n - l q_n)); if every draft token was
+     accepted (n = K_b) sample the bonus token from p_{K_b}. Sampling is Gumbel-max with noise keyed by
+     (seed, position, token). If the residual's mass underflows to zero (p_n == q_n up to rounding, where a
+     rejection has probability ~0) it falls back to p_n.
+The residual is evaluated in log space, log p + log1p(-exp(log(l q) - log p)), so it stays accurate when p ~ q.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import rng
+from ..distributions import NEG_INF, draft_log_probs, lenient_greedy_logprobs, log_probs
+from ..registry import register_method
+from ..types import VerifyInputs, VerifyResult, result_from_counts
+
+
+def accept_prefix_length(accepted: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool per-position test results -> [B] int64 length of the leading run of True."""
+    return accepted.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def log_residual(logp_row: torch.Tensor, logq_row: torch.Tensor) -> torch.Tensor:
+    """log max(0, p - q) for log-space rows (q already scaled by lenience); -inf where q >= p."""
+    positive = logp_row > logq_row
+    diff = torch.where(positive, logq_row - logp_row, torch.zeros_like(logp_row))
+    out = logp_row + torch.log1p(-torch.exp(diff))
+    return torch.where(positive, out, torch.full_like(out, NEG_INF))
+
+
+def gumbel_argmax(logw: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row [B, V] from the unnormalised log weights (Gumbel-max, keyed noise)."""
+    vocab = torch.arange(logw.shape[-1], device=logw.device)
+    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_SAMPLE, vocab[None, :])
+    return torch.argmax(logw + noise, dim=-1)
+
+
+def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+    """[B, K+1] int64: accepted draft tokens, then next_token at index num_accepted, then -1."""
+    batch, k_max = draft_tokens.shape
+    cols = torch.arange(k_max + 1, device=draft_tokens.device)[None, :]
+    padded = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
+    out = torch.where(cols < num_accepted[:, None], padded, torch.full_like(padded, -1))
+    return torch.where(cols == num_accepted[:, None], next_token[:, None], out)
+
+
+@register_method("reference", exact=True,
+                 description="exact; batched PyTorch, log-space test, Gumbel-max residual (the semantics oracle)")
+def reference(inputs: VerifyInputs) -> VerifyResult:
+    sampling = inputs.sampling
+    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
+    tokens = inputs.draft_tokens
+    logp = log_probs(inputs.target_logits, sampling)                                    # [B, K+1, V]
+    logq = draft_log_probs(tokens, vocab, sampling, inputs.draft_logits, inputs.draft_probs)  # [B, K, V]
+    log_l = torch.log(sampling.lenience)[:, None]                                       # [B, 1]
+    positions = inputs.offsets[:, None] + torch.arange(k_max + 1, device=inputs.device)[None, :]
+
+    lp_x = logp[:, :k_max].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)                 # [B, K]
+    lq_x = logq.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    log_u = torch.log(rng.uniform(inputs.seeds[:, None], positions[:, :k_max], rng.PURPOSE_ACCEPT))
+    ratio = torch.where(lq_x > NEG_INF, lp_x - lq_x - log_l, torch.full_like(lp_x, NEG_INF))
+    accept = log_u < ratio
+    if sampling.any_greedy:
+        greedy = (sampling.temperature == 0)[:, None]
+        lenient = (sampling.lenience < 1)[:, None]
+        is_argmax = lp_x == 0                       # greedy target rows are one-hot: log p = 0 only at the argmax
+        if sampling.has_lenience:
+            logp1 = lenient_greedy_logprobs(inputs.target_logits[:, :k_max], sampling)
+            lp1_x = logp1.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            close_enough = lp1_x >= logp1.max(dim=-1).values + log_l
+            is_argmax = torch.where(lenient, close_enough, is_argmax)
+        accept = torch.where(greedy, is_argmax, accept)
+    valid = torch.arange(k_max, device=inputs.device)[None, :] < inputs.num_draft_tokens[:, None]
+    num_accepted = accept_prefix_length(accept & valid)                                # [B]
+
+    row = num_accepted.view(-1, 1, 1).expand(batch, 1, vocab)
+    logp_row = logp.gather(1, row).squeeze(1)                                           # [B, V]
+    if k_max > 0:
+        logq_row = logq.gather(1, row.clamp(max=k_max - 1)).squeeze(1) + log_l
+        residual = log_residual(logp_row, logq_row)
+        residual = torch.where(torch.isneginf(residual).all(dim=-1, keepdim=True), logp_row, residual)
+        rejected = (num_accepted < inputs.num_draft_tokens)[:, None]
+        logw = torch.where(rejected, residual, logp_row)
+    else:
+        logw = logp_row
+    next_token = gumbel_argmax(logw, inputs.seeds, positions.gather(1, num_accepted[:, None]).squeeze(1))
+    output = assemble_output(tokens, num_accepted, next_token)
+    return result_from_counts(output, num_accepted, k_max, "reference", True)

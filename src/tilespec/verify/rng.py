@@ -1,0 +1,86 @@
+"""Counter-based random numbers shared by every tilespec sampler (PyTorch here, Triton kernels bit-for-bit alike).
+
+A random number is a pure function of (seed, position, purpose, token): Philox-4x32-10 with key = the 64-bit
+request seed and counter = (token, position mod 2^32, purpose, 0); the first 32-bit output word is used. This is the
+same function as Triton's ``tl.philox(seed, token, position, purpose, 0)``, so a kernel and the PyTorch reference
+draw identical numbers. Keying by request seed and absolute position makes results independent of batch order and
+composition, reproducible, and free of generator state (safe under CUDA-graph capture).
+"""
+from __future__ import annotations
+
+import torch
+
+PURPOSE_ACCEPT = 1   # the uniform u of the acceptance test at a draft position (token = 0)
+PURPOSE_SAMPLE = 2   # Gumbel noise for sampling the residual / bonus token at a position (token = vocab id)
+PURPOSE_EXTRA = 3    # free for methods that need further streams (token = their own index)
+
+_MASK32 = 0xFFFFFFFF
+_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
+_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+PHILOX_ROUNDS = 10
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """32x32 -> 64 bit product of a constant and a uint32-valued int64 tensor, as (hi, lo)."""
+    # a * b can reach 2^64 and overflow int64, so multiply by the constant's two 16-bit halves.
+    a_hi, a_lo = a >> 16, a & 0xFFFF
+    lo_part = b * a_lo                      # < 2^48
+    hi_part = b * a_hi                      # < 2^48
+    total_lo = lo_part + ((hi_part & 0xFFFF) << 16)
+    lo = total_lo & _MASK32
+    hi = ((hi_part >> 16) + (total_lo >> 32)) & _MASK32
+    return hi, lo
+
+
+def philox_uint32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: int | torch.Tensor,
+                  c3: int | torch.Tensor = 0) -> torch.Tensor:
+    """First output word of Philox-4x32-10 as an int64 tensor holding values in [0, 2^32).
+
+    All arguments broadcast together; seed is an int64 tensor (its 64 bits are the key), counters are
+    non-negative integers below 2^32 (higher bits are dropped).
+    """
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    k0 = seed & _MASK32
+    k1 = (seed >> 32) & _MASK32
+    c0 = torch.as_tensor(c0, dtype=torch.int64, device=seed.device) & _MASK32
+    c1 = torch.as_tensor(c1, dtype=torch.int64, device=seed.device) & _MASK32
+    c2 = torch.as_tensor(c2, dtype=torch.int64, device=seed.device) & _MASK32
+    c3 = torch.as_tensor(c3, dtype=torch.int64, device=seed.device) & _MASK32
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(c0, c1, c2, c3, k0, k1)
+    for _ in range(PHILOX_ROUNDS):
+        hi_b, lo_b = _mulhilo(_ROUND_B, c2)
+        hi_a, lo_a = _mulhilo(_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + _KEY_A) & _MASK32
+        k1 = (k1 + _KEY_B) & _MASK32
+    return c0
+
+
+def uniform_from_uint32(x: torch.Tensor) -> torch.Tensor:
+    """Map uint32 values (in int64) to float32 uniforms in the open interval (0, 1): ((x >> 9) + 0.5) / 2^23."""
+    return ((x >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor, purpose: int, token: torch.Tensor | int = 0) -> torch.Tensor:
+    """Uniform (0, 1) float32 keyed by (seed, position, purpose, token); arguments broadcast."""
+    return uniform_from_uint32(philox_uint32(seed, token, position, purpose))
+
+
+def gumbel(seed: torch.Tensor, position: torch.Tensor, purpose: int, token: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log u) keyed like :func:`uniform`; argmax(logp + gumbel) samples from exp(logp)."""
+    return -torch.log(-torch.log(uniform(seed, position, purpose, token)))
+
+
+def seeds_from(seed, batch_size: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-request int64 seeds [B] from an int (seed + request index), a sequence/tensor [B], or random draws.
+
+    With seed None the seeds are drawn from ``generator`` (or torch's default generator of the device), which
+    keeps the call reproducible under torch.manual_seed and needs no host sync.
+    """
+    if seed is None:
+        gen_device = generator.device if generator is not None else device
+        draws = torch.randint(0, 2**62, (batch_size,), generator=generator, device=gen_device, dtype=torch.int64)
+        return draws.to(device, non_blocking=True)
+    if isinstance(seed, int):
+        return seed + torch.arange(batch_size, device=device, dtype=torch.int64)
+    return torch.as_tensor(seed, dtype=torch.int64).to(device)

@@ -1,0 +1,197 @@
+"""Input checks and preparation for :func:`tilespec.verify`: clear errors instead of crashes inside kernels.
+
+Shape, dtype and device checks are free (no device work). Value checks (NaN/Inf logits, token ids, per-request
+draft lengths, tensor-valued sampling parameters) read the inputs once and synchronise with the device; callers
+that hand over trusted inputs in a hot loop pass ``check_values=False``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .rng import seeds_from
+from .types import PerRequest, ResolvedSampling, SamplingParams, VerifyInputs
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _require_tensor(name: str, value, *, ndim: int) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
+    return value
+
+
+def _require_float(name: str, value: torch.Tensor) -> None:
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16, float16 or float64, got {value.dtype}")
+
+
+def _check_finite_logits(name: str, logits: torch.Tensor, rows_valid: Optional[torch.Tensor]) -> None:
+    """NaN and +inf are errors; -inf (a masked token) is fine unless a whole used row is masked."""
+    if torch.isnan(logits).any():
+        raise ValueError(f"{name} contains NaN")
+    if torch.isposinf(logits).any():
+        raise ValueError(f"{name} contains +inf")
+    all_masked = torch.isneginf(logits).all(dim=-1)
+    if rows_valid is not None:
+        all_masked = all_masked & rows_valid
+    if all_masked.any():
+        b, r = (int(i) for i in all_masked.nonzero()[0])
+        raise ValueError(f"{name}[{b}, {r}] is -inf everywhere: no token can be sampled from it")
+
+
+def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tuple[torch.Tensor, Optional[list]]:
+    """Broadcast a scalar / sequence / tensor to [B]; also return the Python values when known without a sync."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim == 0:
+            value = value.reshape(1).expand(batch)
+        if value.shape != (batch,):
+            raise ValueError(f"sampling.{name} must be a scalar or have shape [{batch}], got {tuple(value.shape)}")
+        return value.to(device=device, dtype=dtype), None
+    if isinstance(value, (int, float)):
+        values = [value] * batch
+    else:
+        values = list(value)
+        if len(values) != batch:
+            raise ValueError(f"sampling.{name} has {len(values)} entries for a batch of {batch}")
+    return torch.tensor(values, device=device, dtype=dtype), values
+
+
+def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, ok, rule: str, check_values: bool):
+    if values is not None:
+        bad = [v for v in values if not ok(torch.tensor(float(v)))]
+        if bad:
+            raise ValueError(f"sampling.{name} must be {rule}, got {bad[0]}")
+    elif check_values and not bool(ok(tensor.double()).all()):
+        raise ValueError(f"sampling.{name} must be {rule}")
+
+
+def resolve_sampling(sampling: SamplingParams, batch: int, device, check_values: bool = True) -> ResolvedSampling:
+    """Validate SamplingParams and broadcast them to per-request tensors [B] on ``device``."""
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    temp, temp_v = _per_request("temperature", sampling.temperature, batch, device, torch.float32)
+    top_k, top_k_v = _per_request("top_k", sampling.top_k, batch, device, torch.int64)
+    top_p, top_p_v = _per_request("top_p", sampling.top_p, batch, device, torch.float32)
+    min_p, min_p_v = _per_request("min_p", sampling.min_p, batch, device, torch.float32)
+    len_, len_v = _per_request("lenience", sampling.lenience, batch, device, torch.float32)
+    _check_range("temperature", temp_v, temp, lambda t: (t >= 0) & torch.isfinite(t), "a finite number >= 0",
+                 check_values)
+    _check_range("top_k", top_k_v, top_k, lambda t: t >= 0, "an integer >= 0", check_values)
+    if top_k_v is not None and any(float(v) != int(v) for v in top_k_v):
+        raise ValueError("sampling.top_k must be an integer")
+    _check_range("top_p", top_p_v, top_p, lambda t: (t > 0) & (t <= 1), "in (0, 1]", check_values)
+    _check_range("min_p", min_p_v, min_p, lambda t: (t >= 0) & (t <= 1), "in [0, 1]", check_values)
+    _check_range("lenience", len_v, len_, lambda t: (t > 0) & (t <= 1), "in (0, 1]", check_values)
+
+    def known(values, test):  # a flag is exact when values are Python numbers, conservatively True otherwise
+        return True if values is None else any(test(v) for v in values)
+
+    return ResolvedSampling(
+        temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, lenience=len_,
+        any_greedy=known(temp_v, lambda v: v == 0),
+        all_greedy=False if temp_v is None else all(v == 0 for v in temp_v),
+        has_top_k=known(top_k_v, lambda v: v > 0), has_top_p=known(top_p_v, lambda v: v < 1),
+        has_min_p=known(min_p_v, lambda v: v > 0), has_lenience=known(len_v, lambda v: v < 1))
+
+
+def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_probs=None, num_draft_tokens=None,
+                   sampling: SamplingParams = SamplingParams(), seed=None, generator=None, offsets=None,
+                   check_values: bool = True) -> VerifyInputs:
+    """Validate every argument of :func:`tilespec.verify` and return the prepared :class:`VerifyInputs`."""
+    target_logits = _require_tensor("target_logits", target_logits, ndim=3)
+    _require_float("target_logits", target_logits)
+    batch, rows, vocab = target_logits.shape
+    if batch == 0:
+        raise ValueError("empty batch: target_logits has B = 0 requests")
+    if rows == 0 or vocab == 0:
+        raise ValueError(f"target_logits must have shape [B, K+1, V] with K+1 >= 1 and V >= 1, "
+                         f"got {tuple(target_logits.shape)}")
+    device = target_logits.device
+    draft_tokens = _require_tensor("draft_tokens", draft_tokens, ndim=2)
+    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype == torch.bool:
+        raise TypeError(f"draft_tokens must be an integer tensor, got {draft_tokens.dtype}")
+    k_max = rows - 1
+    if tuple(draft_tokens.shape) != (batch, k_max):
+        raise ValueError(f"draft_tokens must have shape [B, K] = [{batch}, {k_max}] to match target_logits "
+                         f"[B, K+1, V] = {tuple(target_logits.shape)}, got {tuple(draft_tokens.shape)}")
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits on {device}")
+    if draft_logits is not None and draft_probs is not None:
+        raise ValueError("pass draft_logits or draft_probs, not both")
+    for name, draft in (("draft_logits", draft_logits), ("draft_probs", draft_probs)):
+        if draft is None:
+            continue
+        _require_tensor(name, draft, ndim=3)
+        _require_float(name, draft)
+        if draft.shape[2] != vocab:
+            raise ValueError(f"vocabulary mismatch: target_logits has V = {vocab}, {name} has V = {draft.shape[2]}")
+        if tuple(draft.shape[:2]) != (batch, k_max):
+            raise ValueError(f"{name} must have shape [B, K, V] = [{batch}, {k_max}, {vocab}], "
+                             f"got {tuple(draft.shape)}")
+        if draft.device != device:
+            raise ValueError(f"{name} is on {draft.device} but target_logits on {device}")
+
+    ragged = num_draft_tokens is not None
+    if num_draft_tokens is None:
+        num_draft = torch.full((batch,), k_max, device=device, dtype=torch.int64)
+    else:
+        if isinstance(num_draft_tokens, torch.Tensor):
+            if num_draft_tokens.dtype.is_floating_point or num_draft_tokens.dtype == torch.bool:
+                raise TypeError(f"num_draft_tokens must be an integer tensor, got {num_draft_tokens.dtype}")
+            num_draft = num_draft_tokens.to(device=device, dtype=torch.int64)
+        else:
+            num_draft = torch.as_tensor(list(num_draft_tokens), dtype=torch.int64, device=device)
+        if tuple(num_draft.shape) != (batch,):
+            raise ValueError(f"num_draft_tokens must have shape [{batch}], got {tuple(num_draft.shape)}")
+        if check_values or not isinstance(num_draft_tokens, torch.Tensor):
+            low, high = int(num_draft.min()), int(num_draft.max())
+            if low < 0 or high > k_max:
+                raise ValueError(f"num_draft_tokens must lie in [0, K_max = {k_max}], got values in [{low}, {high}]")
+
+    positions = torch.arange(k_max, device=device)
+    valid = positions[None, :] < num_draft[:, None]
+    if check_values:
+        if k_max > 0:
+            bad = valid & ((draft_tokens < 0) | (draft_tokens >= vocab))
+            if bad.any():
+                b, i = (int(v) for v in bad.nonzero()[0])
+                raise ValueError(f"draft_tokens[{b}, {i}] = {int(draft_tokens[b, i])} is out of range [0, {vocab})")
+        rows_valid = torch.arange(rows, device=device)[None, :] <= num_draft[:, None]
+        _check_finite_logits("target_logits", target_logits, rows_valid)
+        if draft_logits is not None:
+            _check_finite_logits("draft_logits", draft_logits, valid)
+        if draft_probs is not None:
+            if not torch.isfinite(draft_probs).all() or (draft_probs < 0).any():
+                raise ValueError("draft_probs must be finite and non-negative")
+            if ((draft_probs.sum(-1) <= 0) & valid).any():
+                raise ValueError("draft_probs has a used row with zero mass")
+    draft_tokens = torch.where(valid, draft_tokens.long(), torch.zeros_like(draft_tokens, dtype=torch.long))
+
+    if offsets is None:
+        offsets_t = torch.zeros(batch, device=device, dtype=torch.int64)
+    elif isinstance(offsets, int):
+        offsets_t = torch.full((batch,), offsets, device=device, dtype=torch.int64)
+    else:
+        offsets_t = torch.as_tensor(offsets, dtype=torch.int64).to(device)
+        if tuple(offsets_t.shape) != (batch,):
+            raise ValueError(f"offsets must be an int or have shape [{batch}], got {tuple(offsets_t.shape)}")
+    if seed is not None and not isinstance(seed, int):
+        seed_shape = tuple(torch.as_tensor(seed).shape) if not isinstance(seed, torch.Tensor) else tuple(seed.shape)
+        if seed_shape != (batch,):
+            raise ValueError(f"seed must be an int or one seed per request (shape [{batch}]), got shape {seed_shape}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    seeds = seeds_from(seed, batch, device, generator)
+    return VerifyInputs(target_logits=target_logits, draft_tokens=draft_tokens, num_draft_tokens=num_draft,
+                        sampling=resolve_sampling(sampling, batch, device, check_values), seeds=seeds,
+                        offsets=offsets_t, draft_logits=draft_logits, draft_probs=draft_probs, generator=generator,
+                        ragged=ragged)
+
+
+def as_seed_list(seeds: torch.Tensor) -> Sequence[int]:
+    """Host copy of per-request seeds (for baselines that need torch.Generator objects)."""
+    return [int(s) for s in seeds.tolist()]
