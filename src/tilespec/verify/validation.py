@@ -139,12 +139,11 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
     if num_draft_tokens is None:
         num_draft = torch.full((batch,), k_max, device=device, dtype=torch.int64)
     else:
-        if isinstance(num_draft_tokens, torch.Tensor):
-            if num_draft_tokens.dtype.is_floating_point or num_draft_tokens.dtype == torch.bool:
-                raise TypeError(f"num_draft_tokens must be an integer tensor, got {num_draft_tokens.dtype}")
-            num_draft = num_draft_tokens.to(device=device, dtype=torch.int64)
-        else:
-            num_draft = torch.as_tensor(list(num_draft_tokens), dtype=torch.int64, device=device)
+        # lists / numpy arrays go through as_tensor without a dtype so 1.5 or True are rejected, not truncated
+        raw = num_draft_tokens if isinstance(num_draft_tokens, torch.Tensor) else torch.as_tensor(num_draft_tokens)
+        if raw.dtype.is_floating_point or raw.dtype.is_complex or raw.dtype == torch.bool:
+            raise TypeError(f"num_draft_tokens must hold integers, got {raw.dtype}")
+        num_draft = raw.to(device=device, dtype=torch.int64)
         if tuple(num_draft.shape) != (batch,):
             raise ValueError(f"num_draft_tokens must have shape [{batch}], got {tuple(num_draft.shape)}")
         if check_values or not isinstance(num_draft_tokens, torch.Tensor):
