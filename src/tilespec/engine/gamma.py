@@ -1,0 +1,102 @@
+"""Draft-length (γ) schedules: constant, the HF heuristic, and Leviathan-optimal with online estimates.
+
+A schedule is asked for γ before each step (``next()``) and told the outcome after it (``update``).
+With a batch, one γ serves all active requests (the verify shapes stay uniform):
+  * ``constant``: always ``gamma``.
+  * ``heuristic`` (HF assisted generation, Wagner §4.1): start at ``gamma`` (5 by default), +2 when every active
+    request accepted its whole draft, otherwise -1, never below 1 (capped at ``max_gamma``).
+  * ``optimal``: estimate the acceptance rate α (accepted / tested draft positions, the MLE under Leviathan's
+    i.i.d. model) and the cost ratio c = (time of one draft forward) / (time of one target forward) online, and pick
+    the γ maximising Leviathan Theorem 3.8's improvement (1 - α^(γ+1)) / ((1 - α)(γc + 1)).
+"""
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("constant", "heuristic", "optimal")
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per target call] = (1 - α^(γ+1)) / (1 - α) (Leviathan eq. 1); γ + 1 when α = 1."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan Theorem 3.8: expected walltime improvement factor over target-only decoding."""
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
+    """argmax over γ in [1, max_gamma] of :func:`expected_speedup` (ties -> smaller γ)."""
+    try:  # prefer the analysis module's implementation when it is present
+        from tilespec.analysis import optimal_gamma as analysis_optimal  # type: ignore
+        return max(1, min(max_gamma, int(analysis_optimal(alpha, c, max_gamma=max_gamma))))
+    except Exception:  # noqa: BLE001 - module missing or a different signature: use the local formula
+        pass
+    best, best_val = 1, -math.inf
+    for g in range(1, max_gamma + 1):
+        val = expected_speedup(alpha, g, c)
+        if val > best_val + 1e-12:
+            best, best_val = g, val
+    return best
+
+
+class GammaSchedule:
+    """Stateful γ chooser. ``gamma`` is the initial / constant value; ``max_gamma`` caps adaptive schedules."""
+
+    def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
+                 prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2):
+        if kind not in SCHEDULES:
+            raise ValueError(f"unknown gamma schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+        if not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if max_gamma < gamma and kind != "constant":
+            raise ValueError(f"max_gamma ({max_gamma}) must be >= gamma ({gamma})")
+        self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
+        self._current = gamma
+        # α estimate: Beta-like pseudo counts so the first steps do not swing to extremes
+        self.accepted = prior_alpha * prior_weight
+        self.tested = prior_weight
+        self.draft_time = 0.0
+        self.target_time = 0.0
+        self.draft_calls = 0
+        self.target_calls = 0
+        self.default_c = default_c
+
+    @property
+    def alpha(self) -> float:
+        return min(self.accepted / self.tested, 1.0 - 1e-6)
+
+    @property
+    def cost_ratio(self) -> float:
+        if self.draft_calls == 0 or self.target_calls == 0 or self.target_time <= 0:
+            return self.default_c
+        return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
+
+    def next(self) -> int:
+        if self.kind == "optimal":
+            self._current = optimal_gamma(self.alpha, self.cost_ratio, self.max_gamma)
+        return self._current
+
+    def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0) -> None:
+        """Record a step drafted with ``gamma`` where active request i accepted ``num_accepted[i]`` tokens.
+
+        draft_time / target_time: seconds spent in the γ draft forwards / the one target forward (for c).
+        """
+        if not num_accepted:
+            return
+        for n in num_accepted:
+            self.accepted += n
+            self.tested += n + (1 if n < gamma else 0)
+        if draft_time > 0 and target_time > 0:
+            self.draft_time += draft_time
+            self.draft_calls += gamma
+            self.target_time += target_time
+            self.target_calls += 1
+        if self.kind == "heuristic":
+            if all(n == gamma for n in num_accepted):
+                self._current = min(self._current + 2, self.max_gamma)
+            else:
+                self._current = max(1, self._current - 1)

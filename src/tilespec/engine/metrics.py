@@ -1,0 +1,124 @@
+"""Run metrics of the engine: acceptance, block efficiency, throughput and where the time goes.
+
+Definitions (see docs/engine.md and decoding-peers.md §5):
+  * alpha (acceptance rate) = accepted draft tokens / drafted tokens (vLLM V1's "draft acceptance rate"; it is
+    below Leviathan's α because tokens after a rejection count as drafted but never tested);
+  * alpha_tested = accepted / tested positions (Leviathan's α under the i.i.d. model, what the γ schedule uses);
+  * block_efficiency (τ) = tokens emitted per request per target call, bonus included;
+  * time_{draft,target,verify}: seconds inside the draft forwards, the target forward and ``verify()``; on CUDA they
+    come from CUDA events read once at the end of the run (no extra host syncs inside a step).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+PHASES = ("prefill", "draft", "target", "verify", "bookkeeping")
+
+
+class PhaseTimer:
+    """Accumulates time per phase: perf_counter on CPU, CUDA events (resolved lazily) on GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.totals = {p: 0.0 for p in PHASES}
+        self._events: list[tuple[str, object, object]] = []
+        self._open: dict[str, object] = {}
+
+    def start(self, phase: str) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._open[phase] = ev
+        else:
+            self._open[phase] = time.perf_counter()
+
+    def stop(self, phase: str) -> float:
+        """Close the phase; returns the elapsed seconds on CPU (0.0 on CUDA, where it is resolved later)."""
+        begin = self._open.pop(phase)
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((phase, begin, end))
+            return 0.0
+        dt = time.perf_counter() - begin
+        self.totals[phase] += dt
+        return dt
+
+    def resolve(self) -> dict[str, float]:
+        if self.cuda and self._events:
+            torch.cuda.synchronize()
+            for phase, begin, end in self._events:
+                self.totals[phase] += begin.elapsed_time(end) / 1000.0
+            self._events.clear()
+        return dict(self.totals)
+
+
+@dataclass
+class RunStats:
+    """Counters of one ``generate`` call (all requests together)."""
+
+    requests: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    target_calls: int = 0          # target forwards after prefill (one per step)
+    draft_calls: int = 0           # single draft forwards
+    request_steps: int = 0         # sum over steps of active requests
+    drafted: int = 0
+    accepted: int = 0
+    tested: int = 0
+    emitted: int = 0               # tokens emitted by verify (before EOS / length truncation)
+    wall_time: float = 0.0
+    times: dict = field(default_factory=dict)
+    peak_memory_bytes: int = 0
+    kv_cache_bytes: int = 0
+    gammas: list = field(default_factory=list)
+    defrags: int = 0
+    method: str = ""
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def alpha_tested(self) -> float:
+        return self.accepted / self.tested if self.tested else float("nan")
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.emitted / self.request_steps if self.request_steps else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else float("nan")
+
+    @property
+    def mean_gamma(self) -> float:
+        return sum(self.gammas) / len(self.gammas) if self.gammas else 0.0
+
+    @property
+    def verify_share(self) -> float:
+        """Verify time / (draft + target + verify) time: the verification step's share of step time."""
+        step = sum(self.times.get(p, 0.0) for p in ("draft", "target", "verify"))
+        return self.times.get("verify", 0.0) / step if step > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("gammas")
+        d.update(alpha=self.alpha, alpha_tested=self.alpha_tested, block_efficiency=self.block_efficiency,
+                 tokens_per_second=self.tokens_per_second, mean_gamma=self.mean_gamma,
+                 verify_share=self.verify_share)
+        return d
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak allocated bytes on a CUDA device since the last reset; on CPU the process' max RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:  # noqa: BLE001 - platform without resource
+        return 0

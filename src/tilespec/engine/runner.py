@@ -1,0 +1,111 @@
+"""A uniform forward over Hugging Face models for the engine: decoder-only causal LMs and Whisper's decoder.
+
+``ModelRunner.forward(tokens [B, q], positions [B, q], mask [B, 1, q, C], write_slot)`` writes the q new K/V states
+at slots [write_slot, write_slot + q) of the runner's :class:`SlotCache` and returns float logits [B, q, V] (only the
+last ``keep`` rows when asked). The mask is an additive float mask in the model's dtype built by
+:func:`tilespec.engine.state.chunk_mask`; transformers returns a 4-D mask as it is, so holes and left padding are
+handled without model-specific code. Positions are explicit per request (RoPE or learned embeddings).
+
+Whisper: the encoder runs once (:meth:`encode`); the cross-attention K/V are computed on the first decoder call and
+kept in the ``EncoderDecoderCache``; a draft derived from the target (same encoder weights) reuses its encoder output.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from .cache import SlotCache, gather_slots
+
+
+def is_encoder_decoder(model) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def shares_encoder(a, b) -> bool:
+    """True when two encoder-decoder models use the very same encoder weights (a layer-skip draft of a target)."""
+    try:
+        pa = next(a.get_encoder().parameters())
+        pb = next(b.get_encoder().parameters())
+    except (AttributeError, StopIteration):
+        return False
+    return pa.data_ptr() == pb.data_ptr() or (pa.shape == pb.shape and torch.equal(pa, pb))
+
+
+class ModelRunner:
+    """Owns one model's slot cache for one generation; optionally compiles the decode/verify forward.
+
+    compile: False (eager), True (``torch.compile(mode="reduce-overhead")``: CUDA graphs on GPU), or a mode string.
+    """
+
+    def __init__(self, model, capacity: int, *, compile: bool | str = False):
+        if not hasattr(model, "config"):
+            raise TypeError(f"expected a Hugging Face model, got {type(model).__name__}")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.encdec = is_encoder_decoder(model)
+        self.cache = SlotCache(capacity, self.device)
+        self.past = EncoderDecoderCache(self.cache, DynamicCache()) if self.encdec else self.cache
+        self.encoder_out: Optional[torch.Tensor] = None
+        self._step = self._forward
+        if compile:
+            mode = "reduce-overhead" if compile is True else str(compile)
+            self._step = torch.compile(self._forward, mode=mode, dynamic=False)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def encode(self, input_features: torch.Tensor, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Run (or reuse) the encoder once: input_features [B, mels, frames] -> hidden states [B, T, d]."""
+        if not self.encdec:
+            raise TypeError("encode() is only for encoder-decoder models")
+        if shared is not None:
+            self.encoder_out = shared
+        else:
+            feats = input_features.to(self.device, self.dtype)
+            self.encoder_out = self.model.get_encoder()(feats).last_hidden_state
+        return self.encoder_out
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.encdec:
+            out = self.model(encoder_outputs=(self.encoder_out,), decoder_input_ids=tokens,
+                             decoder_position_ids=positions, decoder_attention_mask=mask,
+                             past_key_values=self.past, use_cache=True)
+        else:
+            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
+                             past_key_values=self.past, use_cache=True)
+        return out.logits
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
+                keep: Optional[int] = None, compiled: bool = True) -> torch.Tensor:
+        """tokens/positions [B, q] int64, mask [B, 1, q, C] -> float logits [B, q or keep, V] (a fresh tensor)."""
+        if write_slot < 0 or write_slot + tokens.shape[1] > self.capacity:
+            raise RuntimeError(f"cache overflow: writing {tokens.shape[1]} slots at {write_slot} "
+                               f"into a capacity of {self.capacity}")
+        if self.encdec and self.encoder_out is None:
+            raise RuntimeError("call encode() before decoding an encoder-decoder model")
+        self.cache.seek(write_slot)
+        step = self._step if compiled else self._forward
+        logits = step(tokens, positions, mask.to(self.dtype))
+        if keep is not None:
+            logits = logits[:, -keep:]
+        return logits.float().clone()  # clone: a CUDA-graph output buffer is overwritten by the next replay
+
+    def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
+        """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (see cache.gather_slots)."""
+        gather_slots([self.cache], rows, slot_index)
+        if self.encdec:
+            cross = self.past.cross_attention_cache
+            for layer in cross.layers:
+                if getattr(layer, "is_initialized", False) and layer.keys.shape[0] != rows.shape[0]:
+                    layer.keys = layer.keys.index_select(0, rows)
+                    layer.values = layer.values.index_select(0, rows)
+            if self.encoder_out is not None and self.encoder_out.shape[0] != rows.shape[0]:
+                self.encoder_out = self.encoder_out.index_select(0, rows)
+
+    def memory_bytes(self) -> int:
+        return self.cache.nbytes()

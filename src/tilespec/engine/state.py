@@ -1,0 +1,130 @@
+"""Per-batch decoding state: slot validity, logical lengths, the pending token, and the masks built from them.
+
+Invariants between steps (B = active requests, C = cache capacity, W = the shared write pointer, a host int):
+  * ``valid`` [B, C] bool marks the slots holding request b's tokens at positions 0 .. seq_len[b] - 2 (in order);
+    no slot >= W is valid, and the last valid slot of every request is W - 1 or earlier (holes are rejected drafts,
+    left padding, or other requests' longer accepts).
+  * ``pending`` [B] is the last token of each sequence (position seq_len - 1); it is in neither cache yet.
+  * ``prev`` [B] is the token at position seq_len - 2. The draft re-feeds [prev, pending] at slots [W-1, W] on its
+    first forward of a step, which (re)writes the last accepted draft token whenever the target accepted all of a
+    block -- so the draft cache is complete without the extra forward gpt-fast needs, and shapes stay static.
+Target and draft caches share this slot layout, so one ``valid`` mask serves both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+def chunk_mask(valid: torch.Tensor, write: int, start: int, q: int, dtype=torch.float32) -> torch.Tensor:
+    """Additive mask [B, 1, q, C] for q queries at slots [start, start + q) (start in {W-1, W}).
+
+    Query i may see valid slots (any slot < W flagged in ``valid``) and the new slots W .. start + i.
+    """
+    cap = valid.shape[1]
+    slots = torch.arange(cap, device=valid.device)
+    ends = start + torch.arange(q, device=valid.device)
+    fresh = (slots[None, :] >= write) & (slots[None, :] <= ends[:, None])            # [q, C]
+    allowed = valid[:, None, :] | fresh[None]                                         # [B, q, C]
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
+    neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
+    return torch.where(allowed, zero, neg).unsqueeze(1)
+
+
+def prefill_mask(pad_valid: torch.Tensor, capacity: int, dtype=torch.float32) -> torch.Tensor:
+    """Additive causal + padding mask [B, 1, P, C] for a left-padded prefill at slots [0, P) of a C-slot cache."""
+    p = pad_valid.shape[1]
+    causal = torch.ones(p, capacity, dtype=torch.bool, device=pad_valid.device).tril()
+    cols = torch.zeros(pad_valid.shape[0], capacity, dtype=torch.bool, device=pad_valid.device)
+    cols[:, :p] = pad_valid
+    allowed = causal[None] & cols[:, None, :]
+    zero = torch.zeros((), dtype=dtype, device=pad_valid.device)
+    neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=pad_valid.device)
+    return torch.where(allowed, zero, neg).unsqueeze(1)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, P+1], is_token [B, P+1]) left-padded with at least one pad column.
+
+    The extra column guarantees slot W - 1 >= 0 for the draft's re-feed even with one-token prompts.
+    """
+    if len(prompts) == 0:
+        raise ValueError("no prompts given")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; every request needs at least one token")
+    width = max(len(p) for p in prompts) + 1
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
+    is_tok = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.int64)
+        is_tok[i, width - len(p):] = True
+    return ids.to(device), is_tok.to(device)
+
+
+@dataclass
+class BatchState:
+    """Device tensors of the active requests plus host bookkeeping; see the module docstring for invariants."""
+
+    valid: torch.Tensor      # [B, C] bool
+    seq_len: torch.Tensor    # [B] int64 logical length including the pending token
+    pending: torch.Tensor    # [B] int64
+    prev: torch.Tensor       # [B] int64
+    seeds: torch.Tensor      # [B] int64 per-request seeds of the counter-based random streams
+    write: int               # W
+    rows: list               # original request index of each active row
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def commit(self, num_emitted: torch.Tensor, output_tokens: torch.Tensor, draft_tokens: torch.Tensor,
+               max_accepted: int) -> None:
+        """Apply one step's verify result: mark accepted slots valid, advance lengths, pending and prev.
+
+        num_emitted [B], output_tokens [B, K+1] (-1 padded), draft_tokens [B, K]; the step wrote slots [W, W+K].
+        ``max_accepted`` = max(num_emitted) - 1 (already on the host) advances W.
+        """
+        k = draft_tokens.shape[1]
+        n_acc = num_emitted - 1
+        offs = torch.arange(k + 1, device=self.valid.device)
+        self.valid[:, self.write:self.write + k + 1] |= offs[None, :] <= n_acc[:, None]
+        last = output_tokens.gather(1, n_acc[:, None]).squeeze(1)
+        if k > 0:
+            prev_draft = draft_tokens.gather(1, (n_acc - 1).clamp(min=0)[:, None]).squeeze(1)
+            self.prev = torch.where(n_acc > 0, prev_draft, self.pending)
+        else:
+            self.prev = self.pending
+        self.pending = last
+        self.seq_len = self.seq_len + num_emitted
+        self.write += max_accepted + 1
+
+    def plan_defrag(self) -> tuple[torch.Tensor, int]:
+        """Slot permutation [B, C] that packs each request's valid slots to end at slot M-1 (M = max count).
+
+        Returns (slot_index, M); applying it and setting ``valid`` accordingly removes all holes and padding.
+        """
+        b, cap = self.valid.shape
+        counts = self.valid.sum(dim=1)
+        m = int(counts.max())
+        key = self.valid.long() * cap + torch.arange(cap, device=self.valid.device)[None, :]
+        order = torch.sort(key, dim=1, stable=True).indices            # invalid slots first, then valid in order
+        slot_index = torch.cat([order[:, cap - m:], order[:, :cap - m]], dim=1)
+        new_valid = torch.zeros_like(self.valid)
+        new_valid[:, :m] = torch.arange(m, device=self.valid.device)[None, :] >= (m - counts)[:, None]
+        self.valid = new_valid
+        self.write = m
+        return slot_index, m
+
+    def keep_rows(self, keep: list) -> torch.Tensor:
+        """Drop finished rows (``keep``: positions of the rows to keep) and return them as an index tensor."""
+        idx = torch.as_tensor(keep, dtype=torch.int64, device=self.valid.device)
+        self.valid = self.valid.index_select(0, idx)
+        self.seq_len = self.seq_len.index_select(0, idx)
+        self.pending = self.pending.index_select(0, idx)
+        self.prev = self.prev.index_select(0, idx)
+        self.seeds = self.seeds.index_select(0, idx)
+        self.rows = [self.rows[i] for i in keep]
+        return idx

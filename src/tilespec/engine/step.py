@@ -1,0 +1,110 @@
+"""One decoding step: draft γ tokens, score γ+1 positions with the target, verify. No host syncs in here.
+
+All functions take the :class:`~tilespec.engine.state.BatchState` (B active requests, write pointer W) and return
+device tensors; the caller reads the emitted counts once per step.
+
+Random streams: the draft samples token i (logical position seq_len - 1 + i) with Gumbel noise keyed by
+(seed, position, PURPOSE_EXTRA, vocab id) -- a stream ``verify()`` never uses -- while ``verify()`` keys its
+acceptance uniforms and residual/bonus samples by (seed, position, PURPOSE_ACCEPT / PURPOSE_SAMPLE). Positions only
+ever move forward, so each random number influences the output at most once and the output law is exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tilespec.verify import rng, verify
+from tilespec.verify.distributions import log_probs
+from tilespec.verify.types import ResolvedSampling, SamplingParams
+
+from .metrics import PhaseTimer
+from .runner import ModelRunner
+from .state import BatchState, chunk_mask
+
+
+@dataclass
+class StepOutput:
+    """draft_tokens [B, γ]; num_emitted [B]; output_tokens [B, γ+1] (-1 padded)."""
+
+    draft_tokens: torch.Tensor
+    num_emitted: torch.Tensor
+    output_tokens: torch.Tensor
+
+
+def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.Tensor, positions: torch.Tensor,
+                 greedy: bool) -> torch.Tensor:
+    """Sample one token per row from the processed draft distribution: logits [B, V] -> tokens [B] int64.
+
+    Samples exactly from exp(log_probs(logits, resolved)), the law reported to verify() as draft_logits.
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logp = log_probs(logits[:, None, :], resolved)[:, 0]
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab[None, :])
+    return torch.argmax(logp + noise, dim=-1)
+
+
+def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: ResolvedSampling, greedy: bool,
+                timer: Optional[PhaseTimer] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Draft γ tokens autoregressively -> (tokens [B, γ], logits [B, γ, V] or None when greedy).
+
+    The first forward re-feeds [prev, pending] at slots [W-1, W] (see state.py); forward i >= 1 feeds draft token i
+    at slot W + i. γ forwards in all; slot W + γ (the last draft token) is filled by the next step's re-feed.
+    """
+    w, pos0 = state.write, state.seq_len - 1                         # pos0 [B]: position of the pending token
+    tokens_in = torch.stack([state.prev, state.pending], dim=1)
+    positions = torch.stack([(pos0 - 1).clamp(min=0), pos0], dim=1)
+    mask = chunk_mask(state.valid, w, w - 1, 2)
+    logits = draft.forward(tokens_in, positions, mask, w - 1, keep=1)[:, 0]
+    tokens, all_logits = [], []
+    for i in range(1, gamma + 1):
+        tok = sample_draft(logits, resolved, state.seeds, pos0 + i, greedy)
+        tokens.append(tok)
+        if not greedy:
+            all_logits.append(logits)
+        if i < gamma:
+            mask = chunk_mask(state.valid, w, w + i, 1)
+            logits = draft.forward(tok[:, None], (pos0 + i)[:, None], mask, w + i)[:, 0]
+    draft_tokens = torch.stack(tokens, dim=1)
+    return draft_tokens, (torch.stack(all_logits, dim=1) if all_logits else None)
+
+
+def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Score [pending, d_1 .. d_γ] at slots [W, W+γ] in one target forward -> logits [B, γ+1, V]."""
+    k = draft_tokens.shape[1]
+    tokens_in = torch.cat([state.pending[:, None], draft_tokens], dim=1)
+    positions = (state.seq_len - 1)[:, None] + torch.arange(k + 1, device=tokens_in.device)[None, :]
+    mask = chunk_mask(state.valid, state.write, state.write, k + 1)
+    return target.forward(tokens_in, positions, mask, state.write)
+
+
+def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
+                     sampling: SamplingParams, resolved: ResolvedSampling, method: str,
+                     timer: PhaseTimer) -> StepOutput:
+    """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft)."""
+    greedy = resolved.all_greedy
+    b = state.size
+    if draft is not None and gamma > 0:
+        timer.start("draft")
+        draft_tokens, draft_logits = draft_block(draft, state, gamma, resolved, greedy)
+        timer.stop("draft")
+    else:
+        draft_tokens = torch.zeros((b, 0), dtype=torch.int64, device=state.pending.device)
+        draft_logits = None
+    timer.start("target")
+    target_logits = target_block(target, state, draft_tokens)
+    timer.stop("target")
+    timer.start("verify")
+    if greedy and draft_tokens.shape[1] == 0:
+        nxt = target_logits[:, 0].argmax(dim=-1)
+        num_emitted = torch.ones(b, dtype=torch.int64, device=nxt.device)
+        out = nxt[:, None]
+    else:
+        res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
+                     seed=state.seeds, offsets=state.seq_len, check_values=False)
+        num_emitted, out = res.num_emitted, res.output_tokens
+    timer.stop("verify")
+    return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

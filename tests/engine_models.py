@@ -1,0 +1,33 @@
+"""Tiny random Hugging Face models for the engine tests (fp32, CPU, a few ms per forward)."""
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+def tiny_config(family: str = "llama", vocab: int = 128, layers: int = 2, hidden: int = 64):
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
+    return cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+               attn_implementation="sdpa", tie_word_embeddings=False)
+
+
+def tiny_lm(seed: int, family: str = "llama", vocab: int = 128, layers: int = 2, logit_scale: float = 1.0):
+    """A random causal LM; ``logit_scale`` multiplies the LM head so next-token laws are far from uniform."""
+    torch.manual_seed(seed)
+    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[family]
+    model = cls(tiny_config(family, vocab, layers)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+def layer_skip(model, layers: int):
+    """A draft that keeps the first ``layers`` decoder layers of ``model`` (weights copied): agrees often."""
+    cfg = model.config.to_dict()
+    cfg["num_hidden_layers"] = layers
+    if cfg.get("layer_types"):
+        cfg["layer_types"] = cfg["layer_types"][:layers]
+    draft = type(model)(type(model.config)(**cfg)).eval()
+    draft.load_state_dict(model.state_dict(), strict=False)
+    return draft
