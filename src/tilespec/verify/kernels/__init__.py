@@ -1,0 +1,19 @@
+"""Triton kernels behind the ``tiled``, ``sigmoid`` and ``fused`` verification methods.
+
+Importing this package without a CUDA device switches Triton to its interpreter (``TRITON_INTERPRET=1``) unless
+the variable is already set, so the kernels run (slowly) on CPU in CI. That must happen before the kernels are
+decorated, which is why every kernel module imports this package first.
+
+Modules: ``common`` (keyed Philox uniforms / Gumbel noise bit-identical to :mod:`tilespec.verify.rng`),
+``stats`` (pass 1: per-chunk max / sum-exp / argmax of logit rows), ``sample`` (pass 2: acceptance test, lazy
+residual or bonus sampling by Gumbel-max, cross-program argmax by a last-program-done counter), ``tiled`` (the
+seed paper's per-tile tau / a / b_k kernel), ``launch`` (the Python wrappers).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

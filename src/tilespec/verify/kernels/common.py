@@ -1,0 +1,62 @@
+"""Device helpers shared by the verification kernels (Triton ``@jit`` functions, inlined into callers).
+
+Random numbers follow :mod:`tilespec.verify.rng` exactly: the first word of Philox-4x32-10 keyed by the 64-bit
+request seed with counter (token, position mod 2^32, purpose, 0), mapped to ((x >> 9) + 0.5) / 2^23.
+"""
+from __future__ import annotations
+
+from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
+
+import triton
+import triton.language as tl
+
+from .. import rng
+
+PURPOSE_ACCEPT = tl.constexpr(rng.PURPOSE_ACCEPT)
+PURPOSE_SAMPLE = tl.constexpr(rng.PURPOSE_SAMPLE)
+PHILOX_ROUNDS = tl.constexpr(rng.PHILOX_ROUNDS)
+
+# Draft kinds (constexpr switch): no draft distribution (one-hot at the drafted token), logits, probabilities.
+DRAFT_NONE = 0
+DRAFT_LOGITS = 1
+DRAFT_PROBS = 2
+# How pass 2 turns a row into log-weights: exact logits (fused), sigmoid approximation, probabilities (tiled).
+MODE_LOGITS = 0
+MODE_SIGMOID = 1
+MODE_PROBS = 2
+
+
+@triton.jit
+def keyed_uniform(seed, position, purpose: tl.constexpr, token):
+    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 scalar/tensor ``position``."""
+    c0 = token.to(tl.uint32, bitcast=True)
+    pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
+    c1 = tl.zeros_like(c0) + pos32
+    c2 = tl.full(c0.shape, purpose, tl.uint32)
+    c3 = tl.zeros_like(c0)
+    x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
+    return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+@triton.jit
+def keyed_gumbel(seed, position, token):
+    """Gumbel noise -log(-log u) for sampling (purpose SAMPLE, keyed by vocab id ``token``)."""
+    u = keyed_uniform(seed, position, PURPOSE_SAMPLE, token)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def first_argmax(vals, idx, BIG: tl.constexpr):
+    """(max value, smallest index attaining it) of a 1-D block; -inf blocks give (-inf, smallest index)."""
+    best = tl.max(vals, axis=0)
+    at = tl.min(tl.where(vals == best, idx, BIG), axis=0)
+    return best, at
+
+
+@triton.jit
+def log_sigmoid_hat(z, alpha, beta):
+    """log of the paper's sigmoid surrogate: 0 prob below alpha, 1 above beta, else sigmoid((z-a)/(b-a))."""
+    t = (z - alpha) / (beta - alpha)
+    mid = -tl.log(1.0 + tl.exp(-t))
+    out = tl.where(z > beta, 0.0, mid)
+    return tl.where(z < alpha, float("-inf"), out)

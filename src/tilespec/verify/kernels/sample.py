@@ -1,0 +1,235 @@
+"""Pass 2 of every method: acceptance test, then sample the one row each request needs, all in one launch.
+
+Grid (NC2, B): program (c, b) handles vocabulary chunk c (TILES tiles of BLOCK ids) of request b.
+  1. Acceptance (done redundantly and identically by every program of request b, so no sync is needed): for draft
+     positions i < K_b in blocks of RB rows, gather the target (and draft) value at the drafted token, combine the
+     pass-1 chunk statistics into the row's log-sum-exp, and test  log u_i < log p_i(x_i) - log q_i(x_i) - log l
+     (u_i keyed by (seed, offset + i, ACCEPT); q(x) = 0 rejects; greedy requests accept iff x_i is the first
+     argmax, or p1(x_i) >= l max p1 with lenience). n = the first rejected position, or K_b.
+  2. Row n only: log-weights of the residual max(0, p_n - l q_n) (if n < K_b) and of p_n, Gumbel noise keyed by
+     (seed, offset + n, SAMPLE, token), and the chunk's (max, first argmax) of both -> partials [B, NC2, 2].
+  3. The last program of request b to finish (atomic counter, acq_rel) reduces the partials: the residual's argmax,
+     or p_n's when nothing was rejected or the residual is zero everywhere (fallback), writes the outputs and resets
+     the counter to 0 (so a CUDA graph can replay the launch). Greedy requests skip 2-3: program 0 writes argmax.
+MODE picks how a row becomes log-weights: exact logits (fused: z / T - lse, with optional per-row keep thresholds),
+the paper's sigmoid surrogate (no normalisation, not exact), or probabilities (tiled: tau and b_k from its pass 1).
+Outputs: out [B, K+1] int64 (-1 padded), nacc / nemit [B] int64, accepted [B, K] bool.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, first_argmax,
+                     keyed_gumbel, keyed_uniform, log_sigmoid_hat)
+
+BIG = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _row_lse(m_ptr, s_ptr, slot0, cols, cmask):
+    """Combine a row's chunk stats (m, s) into (max, log-sum-exp); slot0 = first chunk's flat index."""
+    mm = tl.load(m_ptr + slot0 + cols, mask=cmask, other=float("-inf"))
+    ss = tl.load(s_ptr + slot0 + cols, mask=cmask, other=0.0)
+    big_m = tl.max(mm, axis=0)
+    safe = tl.where(big_m == float("-inf"), 0.0, big_m)
+    total = tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - safe)), axis=0)
+    return big_m, safe + tl.log(total), mm
+
+
+@triton.jit
+def _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, n, token, K, RB: tl.constexpr):
+    for j0 in range(0, K + 1, RB):
+        j = j0 + tl.arange(0, RB)
+        d = tl.load(tok_ptr + b * K + j, mask=(j < n) & (j < K), other=0)
+        val = tl.where(j < n, d, tl.where(j == n, token, -1))
+        tl.store(out_ptr + b * (K + 1) + j, val.to(tl.int64), mask=j < K + 1)
+        tl.store(accd_ptr + b * K + j, j < n, mask=j < K)
+    tl.store(nacc_ptr + b, n.to(tl.int64))
+    tl.store(nemit_ptr + b, n.to(tl.int64) + 1)
+
+
+@triton.jit
+def _scaled(ptr, thr_ptr, thr_slot, offs, mask, scale, HAS_THR: tl.constexpr):
+    """Load logits at offs, upcast, divide by the temperature and drop those below the row's keep threshold."""
+    z = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32) / scale
+    if HAS_THR:
+        z = tl.where(z >= tl.load(thr_ptr + thr_slot), z, float("-inf"))
+    return tl.where(mask, z, float("-inf"))
+
+
+@triton.jit(do_not_specialize=["K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",
+                               "stride_dr"])
+def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
+                         thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, pval_ptr, pidx_ptr, cnt_ptr,
+                         out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                         K, V, NC1, NC2, TILES, NT, stride_tb, stride_tr, stride_db, stride_dr, alpha, beta,
+                         MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
+                         BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NC2_BLOCK: tl.constexpr, RB: tl.constexpr):
+    c = tl.program_id(0)
+    b = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    k_b = tl.load(nd_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    off = tl.load(off_ptr + b)
+    temp = tl.load(temp_ptr + b)
+    lenience = tl.load(len_ptr + b)
+    greedy = temp == 0.0
+    scale = tl.where(greedy, 1.0, temp)
+    log_l = tl.log(lenience)
+    r2 = 2 * K + 1
+    cols = tl.arange(0, NC1_BLOCK)
+    cmask = cols < NC1
+    tgt_b = tgt_ptr + b64 * stride_tb
+    drf_b = drf_ptr + b64 * stride_db
+
+    # ---- 1. acceptance over the K_b draft positions ----
+    n = k_b
+    for kb in range(0, k_b, RB):
+        rows = kb + tl.arange(0, RB)
+        rmask = rows < k_b
+        x = tl.load(tok_ptr + b * K + rows, mask=rmask, other=0).to(tl.int32)
+        u = keyed_uniform(seed, off + rows, PURPOSE_ACCEPT, tl.zeros([RB], tl.int32))
+        if MODE == MODE_PROBS:
+            p_x = tl.load(tgt_b + rows * stride_tr + x, mask=rmask, other=0.0).to(tl.float32)
+            tau = tl.load(tau_ptr + b * K + rows, mask=rmask, other=-1.0)
+            acc = tl.where(greedy, p_x == 1.0, u < tau)
+        else:
+            zx = _scaled(tgt_b + rows * stride_tr, thr_t_ptr, b * (K + 1) + rows, x, rmask, scale, HAS_THR)
+            if MODE == MODE_LOGITS:
+                slots = (b * r2 + rows)[:, None] * NC1 + cols[None, :]
+                smask = rmask[:, None] & cmask[None, :]
+                mm = tl.load(m_ptr + slots, mask=smask, other=float("-inf"))
+                ss = tl.load(s_ptr + slots, mask=smask, other=0.0)
+                big_m = tl.max(mm, axis=1)
+                safe = tl.where(big_m == float("-inf"), 0.0, big_m)
+                lse = safe + tl.log(tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - safe[:, None])),
+                                           axis=1))
+                lp_x = zx - lse
+            else:
+                lp_x = log_sigmoid_hat(zx, alpha, beta)
+            if DRAFT_KIND == DRAFT_LOGITS:
+                zq = _scaled(drf_b + rows * stride_dr, thr_q_ptr, b * K + rows, x, rmask, scale, HAS_THR)
+                if MODE == MODE_LOGITS:
+                    qslots = (b * r2 + K + 1 + rows)[:, None] * NC1 + cols[None, :]
+                    qmask = smask & ((tl.zeros([RB, NC1_BLOCK], tl.float32) + temp) != 0.0)  # greedy: no q stats
+                    qm = tl.load(m_ptr + qslots, mask=qmask, other=float("-inf"))
+                    qs = tl.load(s_ptr + qslots, mask=qmask, other=0.0)
+                    q_max = tl.max(qm, axis=1)
+                    qsafe = tl.where(q_max == float("-inf"), 0.0, q_max)
+                    q_lse = qsafe + tl.log(tl.sum(tl.where(qm == float("-inf"), 0.0,
+                                                           qs * tl.exp(qm - qsafe[:, None])), axis=1))
+                    lq_x = zq - q_lse
+                else:
+                    lq_x = log_sigmoid_hat(zq, alpha, beta)
+            elif DRAFT_KIND == DRAFT_PROBS:
+                lq_x = tl.log(tl.load(drf_b + rows * stride_dr + x, mask=rmask, other=1.0).to(tl.float32))
+            else:
+                lq_x = tl.zeros([RB], tl.float32)
+            ratio = tl.where(lq_x > float("-inf"), lp_x - lq_x - log_l, float("-inf"))
+            acc = tl.log(u) < ratio
+            if MODE == MODE_LOGITS:
+                cstar = tl.min(tl.where(mm == big_m[:, None], cols[None, :], BIG), axis=1)
+                amax = tl.load(a_ptr + (b * r2 + rows) * NC1 + cstar, mask=rmask & ((tl.zeros([RB], tl.float32) + temp) == 0.0), other=-1)
+                lenient_ok = (zx - lse) >= (big_m - lse) + log_l
+                greedy_acc = tl.where(lenience < 1.0, lenient_ok, x == amax)
+                acc = tl.where(greedy, greedy_acc, acc)
+        rejected_at = tl.where((acc == 0) & rmask, rows, k_b)
+        n = tl.minimum(n, tl.min(rejected_at, axis=0))
+    is_rej = n < k_b
+    pos_n = off + n
+    row_t = tgt_b + n * stride_tr
+    row_q = drf_b + n * stride_dr
+
+    if MODE == MODE_LOGITS:
+        greedy_path = greedy
+    else:
+        greedy_path = temp < 0.0  # never: only the logits mode reads greedy answers from pass-1 stats
+    if greedy_path:
+        # ---- greedy: the next token is the (first) argmax of target row n, from pass-1 stats ----
+        if c == 0:
+            big_m, lse_n, mm = _row_lse(m_ptr, s_ptr, (b * r2 + n) * NC1, cols, cmask)
+            cstar = tl.min(tl.where(mm == big_m, cols, BIG), axis=0)
+            token = tl.load(a_ptr + (b * r2 + n) * NC1 + cstar)
+            _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, n, token, K, 32)
+    else:
+        # ---- 2. Gumbel-max over this program's chunk of row n (residual and p) ----
+        lse_n = tl.full([], 0.0, tl.float32)
+        lse_qn = tl.full([], 0.0, tl.float32)
+        if MODE == MODE_LOGITS:
+            _, lse_n, _ = _row_lse(m_ptr, s_ptr, (b * r2 + n) * NC1, cols, cmask)
+            if DRAFT_KIND == DRAFT_LOGITS:
+                if is_rej:
+                    _, lse_qn, _ = _row_lse(m_ptr, s_ptr, (b * r2 + K + 1 + n) * NC1, cols, cmask)
+        x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
+        best_r = tl.full([], float("-inf"), tl.float32)
+        idx_r = tl.full([], 0, tl.int32)
+        best_p = tl.full([], float("-inf"), tl.float32)
+        idx_p = tl.full([], 0, tl.int32)
+        for t in range(TILES):
+            offs = (c * TILES + t) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < V
+            if MODE == MODE_PROBS:
+                p = tl.load(row_t + offs, mask=mask, other=0.0).to(tl.float32)
+                lp = tl.log(p)
+            else:
+                z = _scaled(row_t, thr_t_ptr, b * (K + 1) + n, offs, mask, scale, HAS_THR)
+                if MODE == MODE_LOGITS:
+                    lp = z - lse_n
+                else:
+                    lp = log_sigmoid_hat(z, alpha, beta)
+            g = keyed_gumbel(seed, pos_n, offs)
+            bp, ip = first_argmax(lp + g, offs, BIG)
+            idx_p = tl.where(bp > best_p, ip, idx_p)
+            best_p = tl.maximum(bp, best_p)
+            if is_rej:
+                if MODE == MODE_PROBS:
+                    q = tl.load(row_q + offs, mask=mask, other=0.0).to(tl.float32)
+                    res = tl.log(tl.maximum(p - lenience * q, 0.0))
+                else:
+                    if DRAFT_KIND == DRAFT_LOGITS:
+                        zq = _scaled(row_q, thr_q_ptr, b * K + n, offs, mask, scale, HAS_THR)
+                        if MODE == MODE_LOGITS:
+                            lq = zq - lse_qn
+                        else:
+                            lq = log_sigmoid_hat(zq, alpha, beta)
+                    elif DRAFT_KIND == DRAFT_PROBS:
+                        lq = tl.log(tl.load(row_q + offs, mask=mask, other=0.0).to(tl.float32))
+                    else:
+                        lq = tl.where(offs == x_n, 0.0, float("-inf"))
+                    lq = lq + log_l
+                    keep = lp > lq
+                    res = tl.where(keep, lp + tl.log(1.0 - tl.exp(tl.where(keep, lq - lp, 0.0))), float("-inf"))
+                br, ir = first_argmax(res + g, offs, BIG)
+                idx_r = tl.where(br > best_r, ir, idx_r)
+                best_r = tl.maximum(br, best_r)
+        slot = (b * NC2 + c) * 2
+        tl.store(pval_ptr + slot, best_r)
+        tl.store(pval_ptr + slot + 1, best_p)
+        tl.store(pidx_ptr + slot, idx_r)
+        tl.store(pidx_ptr + slot + 1, idx_p)
+        # ---- 3. the last program of request b reduces the partials ----
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+        if done == NC2 - 1:
+            cc = tl.arange(0, NC2_BLOCK)
+            cm = cc < NC2
+            base = (b * NC2 + cc) * 2
+            vr = tl.load(pval_ptr + base, mask=cm, other=float("-inf"), cache_modifier=".cg")
+            vp = tl.load(pval_ptr + base + 1, mask=cm, other=float("-inf"), cache_modifier=".cg")
+            ir_all = tl.load(pidx_ptr + base, mask=cm, other=BIG, cache_modifier=".cg")
+            ip_all = tl.load(pidx_ptr + base + 1, mask=cm, other=BIG, cache_modifier=".cg")
+            top_r = tl.max(vr, axis=0)
+            tok_r = tl.min(tl.where(vr == top_r, ir_all, BIG), axis=0)
+            top_p = tl.max(vp, axis=0)
+            tok_p = tl.min(tl.where(vp == top_p, ip_all, BIG), axis=0)
+            if MODE == MODE_PROBS:
+                tiles = tl.arange(0, NC1_BLOCK)
+                b_sum = tl.sum(tl.load(bpart_ptr + (b * K + n) * NT + tiles, mask=(tiles < NT) & ((tiles * 0 + n) < k_b),
+                                       other=0.0), axis=0)
+                use_res = is_rej & (b_sum > 0.0)
+            else:
+                use_res = is_rej & (top_r > float("-inf"))
+            token = tl.where(use_res, tok_r, tok_p)
+            _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, n, token, K, 32)
+            tl.atomic_xchg(cnt_ptr + b, 0)

@@ -1,0 +1,151 @@
+"""CPU tests of the Triton verification kernels (``tiled``, ``fused``, ``sigmoid``) under TRITON_INTERPRET=1.
+
+The kernels package switches Triton to its interpreter when no CUDA device exists, so importing it here is enough.
+Every exact method uses the same counter-based random numbers as ``reference``, so for the same seeds it must emit
+the same tokens up to float rounding: >= 99 % identical rows on random cases, 100 % on well-separated ones.
+Block sizes are shrunk so that tiny vocabularies still span several chunks / tiles / programs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilespec.verify.api import verify
+from tilespec.verify.types import SamplingParams
+
+launch = pytest.importorskip("tilespec.verify.kernels.launch")
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(launch, "CHUNK1", 64)
+    monkeypatch.setattr(launch, "BLOCK2", 32)
+    monkeypatch.setattr(launch, "TILE", 32)
+
+
+def _case(batch, k, vocab, draft, scale=2.0, dtype=torch.float32, seed=0, similar=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, k + 1, vocab, generator=gen) * scale
+    dlog = similar * target[:, :k] + (1 - similar) * torch.randn(batch, k, vocab, generator=gen) * scale
+    # draft tokens sampled from the draft so acceptances and rejections both occur
+    tokens = torch.distributions.Categorical(logits=dlog).sample() if k else torch.zeros(batch, 0, dtype=torch.long)
+    kwargs = {}
+    if draft == "logits":
+        kwargs["draft_logits"] = dlog.to(dtype)
+    elif draft == "probs":
+        kwargs["draft_probs"] = torch.softmax(dlog, -1)
+    return target.to(dtype), tokens, kwargs
+
+
+def _agree(method, target, tokens, kwargs, sampling=SamplingParams(), num_draft=None, seed=11, offsets=3):
+    ref = verify(target, tokens, method="reference", sampling=sampling, num_draft_tokens=num_draft, seed=seed,
+                 offsets=offsets, **kwargs)
+    got = verify(target, tokens, method=method, sampling=sampling, num_draft_tokens=num_draft, seed=seed,
+                 offsets=offsets, **kwargs)
+    assert got.output_tokens.shape == ref.output_tokens.shape and got.output_tokens.dtype == torch.int64
+    # structural invariants hold for every row, whatever the sampled values
+    n = got.num_accepted
+    assert torch.equal(got.num_emitted, n + 1)
+    k_b = torch.as_tensor(num_draft) if num_draft is not None else torch.full_like(n, tokens.shape[1])
+    assert bool((n <= k_b).all())
+    cols = torch.arange(tokens.shape[1] + 1)[None, :]
+    assert bool((got.output_tokens[cols > n[:, None]] == -1).all())
+    assert bool((got.output_tokens.gather(1, n[:, None]) >= 0).all())
+    assert torch.equal(got.accepted, torch.arange(tokens.shape[1])[None, :] < n[:, None])
+    same = (got.output_tokens == ref.output_tokens).all(dim=1) & (got.num_accepted == ref.num_accepted)
+    return same.float().mean().item()
+
+
+@pytest.mark.parametrize("method", ["fused", "tiled"])
+@pytest.mark.parametrize("draft", ["logits", "probs", "none"])
+def test_matches_reference_random(method, draft):
+    target, tokens, kwargs = _case(48, 4, 150, draft, seed=1, similar=0.7)
+    num_draft = torch.tensor([4, 0, 1, 3] * 12)
+    assert _agree(method, target, tokens, kwargs, num_draft=num_draft) >= 0.99
+
+
+@pytest.mark.parametrize("method", ["fused", "tiled"])
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.6),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=[0.0, 1.0, 0.7, 0.0] * 8),
+    SamplingParams(lenience=0.5),
+    SamplingParams(temperature=0.0, lenience=0.3),
+    SamplingParams(top_k=5),
+    SamplingParams(top_p=0.8, temperature=0.8),
+    SamplingParams(min_p=0.1),
+    SamplingParams(top_k=20, top_p=0.9, min_p=0.05, temperature=1.3),
+], ids=["t0.6", "greedy", "mixed-t", "lenience", "greedy-lenient", "topk", "topp", "minp", "all-filters"])
+def test_matches_reference_sampling(method, sampling):
+    target, tokens, kwargs = _case(32, 3, 100, "logits", seed=2, similar=0.8)
+    assert _agree(method, target, tokens, kwargs, sampling=sampling) >= 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_low_precision_inputs(dtype):
+    target, tokens, kwargs = _case(32, 3, 130, "logits", dtype=dtype, seed=3, similar=0.6)
+    assert _agree("fused", target, tokens, kwargs) >= 0.99
+
+
+@pytest.mark.parametrize("method", ["fused", "tiled"])
+def test_well_separated_cases_match_exactly(method):
+    # one dominant token per row: p ~ one-hot, so no decision sits near a rounding boundary
+    batch, k, vocab = 24, 3, 90
+    gen = torch.Generator().manual_seed(4)
+    top = torch.randint(0, vocab, (batch, k + 1), generator=gen)
+    target = torch.randn(batch, k + 1, vocab, generator=gen)
+    target.scatter_(2, top[..., None], 30.0)
+    dlog = torch.randn(batch, k, vocab, generator=gen)
+    tokens = torch.where(torch.rand(batch, k, generator=gen) < 0.7, top[:, :k], torch.randint(0, vocab, (batch, k)))
+    assert _agree(method, target, tokens, {"draft_logits": dlog}) == 1.0
+    assert _agree(method, target, tokens, {}) == 1.0
+
+
+def test_fused_extremes_and_masks():
+    # p = q (acceptance ~1), disjoint supports, -inf masked rows, huge logits
+    batch, k, vocab = 8, 2, 70
+    target = torch.randn(batch, k + 1, vocab) * 3
+    target[:, :, 40:] = float("-inf")
+    tokens = torch.randint(0, 40, (batch, k))
+    same = _agree("fused", target, tokens, {"draft_logits": target[:, :k].clone()})
+    disjoint = torch.full((batch, k, vocab), float("-inf"))
+    disjoint[:, :, 40:] = 0.0
+    tokens2 = torch.randint(40, vocab, (batch, k))
+    other = _agree("fused", target, tokens2, {"draft_logits": disjoint})
+    huge = _agree("fused", target * 3000, tokens, {"draft_logits": target[:, :k] * 2000})
+    assert same == 1.0 and other == 1.0 and huge >= 0.99
+
+
+def test_fused_is_batch_invariant_and_deterministic():
+    target, tokens, kwargs = _case(12, 3, 120, "logits", seed=5, similar=0.5)
+    seeds = torch.arange(100, 112)
+    full = verify(target, tokens, method="fused", seed=seeds, **kwargs)
+    again = verify(target, tokens, method="fused", seed=seeds, **kwargs)
+    perm = torch.randperm(12)
+    sub = verify(target[perm], tokens[perm], method="fused", seed=seeds[perm],
+                 draft_logits=kwargs["draft_logits"][perm])
+    assert torch.equal(full.output_tokens, again.output_tokens)
+    assert torch.equal(full.output_tokens[perm], sub.output_tokens)
+
+
+def test_k_zero_and_default_blocks(monkeypatch):
+    monkeypatch.setattr(launch, "CHUNK1", 8192)
+    monkeypatch.setattr(launch, "BLOCK2", 1024)
+    target = torch.randn(3, 1, 500)
+    tokens = torch.zeros(3, 0, dtype=torch.long)
+    for method in ("fused", "tiled", "sigmoid"):
+        got = verify(target, tokens, method=method, seed=7)
+        assert got.output_tokens.shape == (3, 1) and got.accepted.shape == (3, 0)
+        if method != "sigmoid":
+            ref = verify(target, tokens, method="reference", seed=7)
+            assert torch.equal(got.output_tokens, ref.output_tokens)
+
+
+def test_sigmoid_is_labelled_and_runs():
+    target, tokens, kwargs = _case(16, 3, 100, "logits", seed=6)
+    got = verify(target, tokens, method="sigmoid", seed=1, **kwargs)
+    assert got.exact is False and got.extras["exact"] is False
+    assert "NOT EXACT" in __import__("tilespec.verify.registry", fromlist=["x"]).get_method("sigmoid").description
+    assert bool((got.output_tokens.gather(1, got.num_accepted[:, None]) >= 0).all())
+    with pytest.raises(NotImplementedError, match="greedy"):
+        verify(target, tokens, method="sigmoid", sampling=SamplingParams(temperature=0.0), **kwargs)
