@@ -30,10 +30,12 @@ def _require_float(name: str, value: torch.Tensor) -> None:
 
 
 def _check_finite_logits(name: str, logits: torch.Tensor, rows_valid: Optional[torch.Tensor]) -> None:
-    """NaN and +inf are errors; -inf (a masked token) is fine unless a whole used row is masked."""
-    if torch.isnan(logits).any():
+    """NaN and +inf in used rows are errors; -inf (a masked token) is fine unless a whole used row is masked.
+    Padding rows (rows_valid False) are never read by a method, so they may hold anything."""
+    used = rows_valid[..., None] if rows_valid is not None else True
+    if (torch.isnan(logits) & used).any():
         raise ValueError(f"{name} contains NaN")
-    if torch.isposinf(logits).any():
+    if (torch.isposinf(logits) & used).any():
         raise ValueError(f"{name} contains +inf")
     all_masked = torch.isneginf(logits).all(dim=-1)
     if rows_valid is not None:
@@ -62,7 +64,7 @@ def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tup
 
 def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, ok, rule: str, check_values: bool):
     if values is not None:
-        bad = [v for v in values if not ok(torch.tensor(float(v)))]
+        bad = [v for v in set(values) if not ok(torch.tensor(float(v)))]
         if bad:
             raise ValueError(f"sampling.{name} must be {rule}, got {bad[0]}")
     elif check_values and not bool(ok(tensor.double()).all()):
@@ -88,7 +90,7 @@ def resolve_sampling(sampling: SamplingParams, batch: int, device, check_values:
     _check_range("lenience", len_v, len_, lambda t: (t > 0) & (t <= 1), "in (0, 1]", check_values)
 
     def known(values, test):  # a flag is exact when values are Python numbers, conservatively True otherwise
-        return True if values is None else any(test(v) for v in values)
+        return True if values is None else any(test(v) for v in set(values))
 
     return ResolvedSampling(
         temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, lenience=len_,

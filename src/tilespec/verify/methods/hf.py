@@ -3,8 +3,9 @@
 Semantics per request (B = 1 in transformers; here applied request by request): q = softmax(draft logits),
 p = softmax(target logits) after the same warpers; ratio = p(x)/q(x); accept while rand <= ratio (the cumsum of
 rejections trick); at the first rejection sample ``torch.multinomial`` from clamp(p - q, min=0) / sum, else from the
-bonus row. It uses torch generators (one per request, seeded from the request seed) instead of tilespec's
-counter-based stream, and host syncs like the original. It is exact but slow; use it as a baseline.
+bonus row. It draws from one torch generator (seeded from the first request's seed, or the caller's generator)
+instead of tilespec's counter-based stream, so its tokens depend on batch composition, as in transformers. It is
+exact but unfused; use it as the baseline. For B = 1 it is exactly the 4.38 computation.
 """
 from __future__ import annotations
 
@@ -17,47 +18,48 @@ from ..validation import as_seed_list
 from .reference import assemble_output
 
 
-def _hf_step(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
-    """One request: p [K+1, V], q [K, V], tokens [K]. Returns (n_matches, next token)."""
-    gamma = tokens.shape[0]
-    idx = torch.arange(gamma, device=p.device)
-    p_i, q_i = p[idx, tokens], q[idx, tokens]
-    ratio = p_i / q_i
-    r_i = torch.rand(ratio.shape, generator=gen, device=p.device, dtype=ratio.dtype)
-    is_accepted = r_i <= ratio
-    n_matches = int(((~is_accepted).cumsum(dim=-1) < 1).sum())
-    if n_matches < gamma:
-        p_prime = torch.clamp(p[n_matches] - q[n_matches], min=0)
-        p_prime = p_prime.div_(p_prime.sum())
+def _hf_batched(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, num_draft: torch.Tensor,
+                gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers 4.38's steps on a batch: p [B, K+1, V], q [B, K, V], tokens [B, K], num_draft [B].
+
+    Returns (n_matches [B], next token [B]). Positions past K_b count as rejections so n_matches <= K_b.
+    """
+    batch, gamma = tokens.shape
+    p_i = p[:, :gamma].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    q_i = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    probability_ratio = p_i / q_i
+    r_i = torch.rand(probability_ratio.shape, generator=gen, device=p.device, dtype=probability_ratio.dtype)
+    is_accepted = r_i <= probability_ratio
+    is_accepted &= torch.arange(gamma, device=p.device)[None, :] < num_draft[:, None]
+    n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum(dim=-1)
+    row = n_matches.view(-1, 1, 1).expand(batch, 1, p.shape[-1])
+    p_n = p.gather(1, row).squeeze(1)
+    if gamma > 0:
+        q_n = q.gather(1, row.clamp(max=gamma - 1)).squeeze(1)
+        p_prime = torch.clamp(p_n - q_n, min=0)
+        p_prime = p_prime / p_prime.sum(-1, keepdim=True)
+        p_prime = torch.where((n_matches < num_draft)[:, None], p_prime, p_n)
     else:
-        p_prime = p[n_matches]
-    token = int(torch.multinomial(p_prime, 1, generator=gen))
-    return n_matches, token
+        p_prime = p_n
+    next_token = torch.multinomial(p_prime, 1, generator=gen).squeeze(1)
+    return n_matches, next_token
 
 
 @register_method("hf", exact=True,
-                 description="exact; transformers 4.38 _speculative_sampling semantics, one request at a time")
+                 description="exact; transformers 4.38 _speculative_sampling semantics (softmax, ratio, cumsum, "
+                             "clamp(p-q)/sum, multinomial), batched, torch generator")
 def hf(inputs: VerifyInputs) -> VerifyResult:
     if inputs.sampling.has_lenience:
         raise NotImplementedError("method 'hf' has no lenience (transformers never had it); use 'reference'")
-    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
-    p_all = log_probs(inputs.target_logits, inputs.sampling).exp()
-    q_all = draft_log_probs(inputs.draft_tokens, vocab, inputs.sampling, inputs.draft_logits,
-                            inputs.draft_probs).exp()
-    seeds = as_seed_list(inputs.seeds)
-    offsets = inputs.offsets.tolist()
-    counts = inputs.num_draft_tokens.tolist()
-    accepted, next_tokens = [], []
-    for b in range(batch):
-        k_b = counts[b]
-        gen = inputs.generator
-        if gen is None or gen.device != inputs.device:
-            gen = torch.Generator(device=inputs.device)
-            gen.manual_seed((seeds[b] * 1_000_003 + offsets[b]) % (2**63))
-        n, tok = _hf_step(p_all[b, :k_b + 1], q_all[b, :k_b], inputs.draft_tokens[b, :k_b], gen)
-        accepted.append(n)
-        next_tokens.append(tok)
-    num_accepted = torch.tensor(accepted, device=inputs.device, dtype=torch.int64)
-    next_token = torch.tensor(next_tokens, device=inputs.device, dtype=torch.int64)
-    output = assemble_output(inputs.draft_tokens, num_accepted, next_token)
-    return result_from_counts(output, num_accepted, k_max, "hf", True)
+    vocab = inputs.vocab_size
+    p = log_probs(inputs.target_logits, inputs.sampling).exp()
+    q = draft_log_probs(inputs.draft_tokens, vocab, inputs.sampling, inputs.draft_logits, inputs.draft_probs).exp()
+    gen = inputs.generator
+    if gen is None or gen.device != inputs.device:
+        # One generator for the batch, seeded from the first request (transformers draws from one global stream).
+        gen = torch.Generator(device=inputs.device)
+        first = as_seed_list(inputs.seeds[:1])[0]
+        gen.manual_seed((first * 1_000_003 + int(inputs.offsets[0])) % (2**63))
+    n_matches, next_token = _hf_batched(p, q, inputs.draft_tokens, inputs.num_draft_tokens, gen)
+    output = assemble_output(inputs.draft_tokens, n_matches, next_token)
+    return result_from_counts(output, n_matches, inputs.max_draft, "hf", True)
