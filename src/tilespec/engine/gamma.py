@@ -30,11 +30,12 @@ def expected_speedup(alpha: float, gamma: int, c: float) -> float:
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
     """argmax over γ in [1, max_gamma] of :func:`expected_speedup` (ties -> smaller γ)."""
-    try:  # prefer the analysis module's implementation when it is present
-        from tilespec.analysis import optimal_gamma as analysis_optimal  # type: ignore
-        return max(1, min(max_gamma, int(analysis_optimal(alpha, c, max_gamma=max_gamma))))
-    except Exception:  # noqa: BLE001 - module missing or a different signature: use the local formula
-        pass
+    try:  # the analysis module's implementation (Leviathan Thm 3.8, exhaustive search) when it is present
+        from tilespec.analysis import optimal_gamma as analysis_optimal
+    except ImportError:
+        analysis_optimal = None
+    if analysis_optimal is not None:
+        return int(analysis_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
     best, best_val = 1, -math.inf
     for g in range(1, max_gamma + 1):
         val = expected_speedup(alpha, g, c)
