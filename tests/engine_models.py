@@ -31,3 +31,28 @@ def layer_skip(model, layers: int):
     draft = type(model)(type(model.config)(**cfg)).eval()
     draft.load_state_dict(model.state_dict(), strict=False)
     return draft
+
+
+def tiny_whisper(seed: int, decoder_layers: int = 2, vocab: int = 96):
+    """A random Whisper (mels 16, 32 input frames) with a sharpened LM head."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = WhisperConfig(vocab_size=vocab, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=decoder_layers,
+                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                        decoder_ffn_dim=128, max_source_positions=16, max_target_positions=128,
+                        decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+                        attn_implementation="sdpa", suppress_tokens=[], begin_suppress_tokens=[])
+    model = WhisperForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.proj_out.weight.mul_(20.0)
+    return model
+
+
+def whisper_layer_skip(model, layers: int):
+    """Draft with the first ``layers`` decoder layers and the same encoder (weights copied)."""
+    cfg = model.config.to_dict()
+    cfg["decoder_layers"] = layers
+    draft = type(model)(type(model.config)(**cfg)).eval()
+    draft.load_state_dict(model.state_dict(), strict=False)
+    return draft
