@@ -130,11 +130,12 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
             acc = tl.log(u) < ratio
             if MODE == MODE_LOGITS:
                 cstar = tl.min(tl.where(mm == big_m[:, None], cols[None, :], BIG), axis=1)
-                amax = tl.load(a_ptr + (b * r2 + rows) * NC1 + cstar, mask=rmask & ((tl.zeros([RB], tl.float32) + temp) == 0.0), other=-1)
+                gmask = rmask & ((tl.zeros([RB], tl.float32) + temp) == 0.0)
+                amax = tl.load(a_ptr + (b * r2 + rows) * NC1 + cstar, mask=gmask, other=-1)
                 lenient_ok = (zx - lse) >= (big_m - lse) + log_l
                 greedy_acc = tl.where(lenience < 1.0, lenient_ok, x == amax)
                 acc = tl.where(greedy, greedy_acc, acc)
-        rejected_at = tl.where((acc == 0) & rmask, rows, k_b)
+        rejected_at = tl.where(acc | (rows >= k_b), k_b, rows)
         n = tl.minimum(n, tl.min(rejected_at, axis=0))
     is_rej = n < k_b
     pos_n = off + n
@@ -158,9 +159,9 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
         lse_qn = tl.full([], 0.0, tl.float32)
         if MODE == MODE_LOGITS:
             _, lse_n, _ = _row_lse(m_ptr, s_ptr, (b * r2 + n) * NC1, cols, cmask)
-            if DRAFT_KIND == DRAFT_LOGITS:
-                if is_rej:
-                    _, lse_qn, _ = _row_lse(m_ptr, s_ptr, (b * r2 + K + 1 + n) * NC1, cols, cmask)
+            if DRAFT_KIND == DRAFT_LOGITS:  # draft row n exists only after a rejection
+                q_cols = cmask & ((cols * 0 + n) < k_b)
+                _, lse_qn, _ = _row_lse(m_ptr, s_ptr, (b * r2 + K + 1 + n) * NC1, cols, q_cols)
         x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
         best_r = tl.full([], float("-inf"), tl.float32)
         idx_r = tl.full([], 0, tl.int32)
@@ -225,8 +226,8 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
             tok_p = tl.min(tl.where(vp == top_p, ip_all, BIG), axis=0)
             if MODE == MODE_PROBS:
                 tiles = tl.arange(0, NC1_BLOCK)
-                b_sum = tl.sum(tl.load(bpart_ptr + (b * K + n) * NT + tiles, mask=(tiles < NT) & ((tiles * 0 + n) < k_b),
-                                       other=0.0), axis=0)
+                t_mask = (tiles < NT) & ((tiles * 0 + n) < k_b)
+                b_sum = tl.sum(tl.load(bpart_ptr + (b * K + n) * NT + tiles, mask=t_mask, other=0.0), axis=0)
                 use_res = is_rej & (b_sum > 0.0)
             else:
                 use_res = is_rej & (top_r > float("-inf"))

@@ -38,10 +38,12 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
         mask = offs < V
         b64 = b.to(tl.int64)
         if is_target:
-            z = tl.load(tgt_ptr + b64 * stride_tb + row * stride_tr + offs, mask=mask, other=float("-inf"))
+            z = tl.load(tgt_ptr + b64 * stride_tb + row * stride_tr + offs, mask=mask,
+                        other=float("-inf")).to(tl.float32)
         else:
-            z = tl.load(drf_ptr + b64 * stride_db + row * stride_dr + offs, mask=mask, other=float("-inf"))
-        z = z.to(tl.float32) / scale
+            z = tl.load(drf_ptr + b64 * stride_db + row * stride_dr + offs, mask=mask,
+                        other=float("-inf")).to(tl.float32)
+        z = z / scale
         if HAS_THR:
             if is_target:
                 thr = tl.load(thr_t_ptr + b * (K + 1) + row)
@@ -55,6 +57,6 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
         slot = (b * (2 * K + 1) + r) * NC + c
         tl.store(m_ptr + slot, m)
         tl.store(s_ptr + slot, s)
-        if greedy and is_target:
+        if greedy & is_target:
             at = tl.min(tl.where(z == m, offs, 2147483647), axis=0)
             tl.store(a_ptr + slot, at)
