@@ -17,13 +17,13 @@ PURPOSE_SAMPLE = tl.constexpr(rng.PURPOSE_SAMPLE)
 PHILOX_ROUNDS = tl.constexpr(rng.PHILOX_ROUNDS)
 
 # Draft kinds (constexpr switch): no draft distribution (one-hot at the drafted token), logits, probabilities.
-DRAFT_NONE = 0
-DRAFT_LOGITS = 1
-DRAFT_PROBS = 2
+DRAFT_NONE = tl.constexpr(0)
+DRAFT_LOGITS = tl.constexpr(1)
+DRAFT_PROBS = tl.constexpr(2)
 # How pass 2 turns a row into log-weights: exact logits (fused), sigmoid approximation, probabilities (tiled).
-MODE_LOGITS = 0
-MODE_SIGMOID = 1
-MODE_PROBS = 2
+MODE_LOGITS = tl.constexpr(0)
+MODE_SIGMOID = tl.constexpr(1)
+MODE_PROBS = tl.constexpr(2)
 
 
 @triton.jit

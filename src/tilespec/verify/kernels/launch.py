@@ -22,11 +22,15 @@ import triton
 
 from ..distributions import draft_log_probs, filtered_logits, log_probs
 from ..types import VerifyInputs, VerifyResult
-from .common import DRAFT_LOGITS, DRAFT_NONE, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, MODE_SIGMOID
+from . import common
 from .sample import accept_sample_kernel
 from .stats import row_stats_kernel
 from .tiled import tiled_partials_kernel
 
+DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, common.DRAFT_LOGITS,
+                                                          common.DRAFT_PROBS))
+MODE_LOGITS, MODE_SIGMOID, MODE_PROBS = (c.value for c in (common.MODE_LOGITS, common.MODE_SIGMOID,
+                                                           common.MODE_PROBS))
 CHUNK1 = 8192
 BLOCK2 = 1024
 TILE = 1024
