@@ -115,7 +115,7 @@ def write_ct2(path: str | Path, spec: str, revision: int, variables: dict[str, n
     with open(path, "wb") as f:
         f.write(struct.pack("<I", SUPPORTED_VERSION) + _pack_string(spec) + struct.pack("<II", revision, len(variables)))
         for name, arr in variables.items():
-            arr = np.ascontiguousarray(arr)
+            arr = np.array(arr, order="C")  # not ascontiguousarray: it turns rank 0 into rank 1
             dtype = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
             if dtype not in CODES:
                 raise ValueError(f"variable {name!r}: dtype {arr.dtype} cannot be written to CTranslate2 format")

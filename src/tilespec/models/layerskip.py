@@ -24,7 +24,7 @@ from torch import nn
 
 def _decoder_stack(model) -> tuple[nn.Module, str]:
     """(module holding ``layers``, config attribute for its layer count) of a causal LM or Whisper model."""
-    if getattr(model.config, "model_type", None) == "whisper":
+    if getattr(getattr(model, "config", None), "model_type", None) == "whisper":
         return model.model.decoder, "decoder_layers"
     inner = getattr(model, "model", None)
     if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
