@@ -86,6 +86,7 @@ def step_law(target_logits: torch.Tensor, draft_logits: torch.Tensor | None, dra
     only for one-hot drafts), sampling resolved for a batch of 1. Positions past num_draft are ignored."""
     vocab = target_logits.shape[-1]
     p = log_probs(target_logits, sampling).double().exp()[0, :num_draft + 1].numpy()
+    p = p / p.sum(-1, keepdims=True)   # fp32 log-probs are normalised only to ~1e-7; Gumbel-max needs no norm
     q = draft_log_probs(draft_tokens, vocab, sampling, draft_logits, draft_probs).double().exp()[0, :num_draft]
     q = q.numpy()
     q = q / q.sum(-1, keepdims=True) if q.size else q

@@ -63,6 +63,14 @@ def _encode(tokens: np.ndarray, emitted: np.ndarray, vocab: int) -> np.ndarray:
     return code
 
 
+def _encode_one(seq: tuple, vocab: int) -> int:
+    """The code :func:`_encode` gives one sequence."""
+    code = 0
+    for token in seq:
+        code = code * (vocab + 1) + token + 1
+    return code
+
+
 def _fits_for_kind(law: StepLaw, tokens: np.ndarray, num_acc: np.ndarray) -> dict[str, FitResult]:
     """All tests for the requests of one draft length. tokens [n, K+1] (-1 padded), num_acc [n]."""
     n, vocab, k_b = len(tokens), law.vocab, law.num_draft
@@ -78,7 +86,7 @@ def _fits_for_kind(law: StepLaw, tokens: np.ndarray, num_acc: np.ndarray) -> dic
         size = vocab + 1 if j == k_b else 2 * vocab + 1
         fits[f"pos {j}"] = fit_test(np.bincount(cat, minlength=size), law.position_law(j))
     seq_law = law.sequence_law(min_prob=5.0 / n)
-    keys = np.array([_encode(np.array([list(s)]), np.array([len(s)]), vocab)[0] for s in seq_law], dtype=np.int64)
+    keys = np.array([_encode_one(s, vocab) for s in seq_law], dtype=np.int64)
     codes = _encode(np.where(tokens < 0, 0, tokens), num_acc + 1, vocab)
     uniq, counts = np.unique(codes, return_counts=True)
     observed = dict(zip(uniq.tolist(), counts.tolist()))

@@ -21,15 +21,13 @@ PHILOX_ROUNDS = 10
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """32x32 -> 64 bit product of a constant and a uint32-valued int64 tensor, as (hi, lo)."""
-    # a * b can reach 2^64 and overflow int64, so multiply by the constant's two 16-bit halves.
-    a_hi, a_lo = a >> 16, a & 0xFFFF
-    lo_part = b * a_lo                      # < 2^48
-    hi_part = b * a_hi                      # < 2^48
-    total_lo = lo_part + ((hi_part & 0xFFFF) << 16)
-    lo = total_lo & _MASK32
-    hi = ((hi_part >> 16) + (total_lo >> 32)) & _MASK32
-    return hi, lo
+    """32x32 -> 64 bit product of a constant and a uint32-valued int64 tensor, as (hi, lo).
+
+    The product may exceed 2^63; int64 multiplication wraps modulo 2^64 (two's complement) on every torch backend,
+    which keeps all 64 bits of the unsigned product, so masking recovers both halves exactly.
+    """
+    prod = b * a
+    return (prod >> 32) & _MASK32, prod & _MASK32
 
 
 def philox_uint32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: int | torch.Tensor,
