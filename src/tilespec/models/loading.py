@@ -59,6 +59,23 @@ def _load_hf(source: str, dtype: torch.dtype, **kw):
     return model, tf.AutoTokenizer.from_pretrained(source, **kw)
 
 
+def _save_dequantized(model, folder: Path) -> None:
+    """save_pretrained a GGUF-loaded model: its tensors are already dequantised, but transformers tags it with a
+    non-serialisable "gguf" quantizer; drop that tag for the save and restore it afterwards."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    had_cfg = hasattr(model.config, "quantization_config")
+    qcfg = getattr(model.config, "quantization_config", None)
+    try:
+        model.hf_quantizer = None
+        if had_cfg:
+            delattr(model.config, "quantization_config")
+        model.save_pretrained(folder)
+    finally:
+        model.hf_quantizer = quantizer
+        if had_cfg:
+            model.config.quantization_config = qcfg
+
+
 def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool):
     """Load ``gguf`` via transformers' GGUF loader, or its safetensors copy in ``cache/hf-<dtype>`` if present."""
     import transformers as tf
@@ -72,7 +89,7 @@ def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool):
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-hf-", dir=cache))
         try:
-            model.save_pretrained(tmp)
+            _save_dequantized(model, tmp)
             tok.save_pretrained(tmp)
             if saved.exists():          # another process won the race; keep theirs
                 shutil.rmtree(tmp)
