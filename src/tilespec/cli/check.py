@@ -36,6 +36,14 @@ def _print_row(console, r) -> None:
                   f"{r.seconds:6.1f}s  {r.note}", highlight=False, soft_wrap=True)
 
 
+def _git_commit() -> str:
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def run_exactness(args) -> int:
     from rich.console import Console
 
@@ -74,7 +82,7 @@ def run_exactness(args) -> int:
         console.print(f"[green]all {len(results)} checks passed[/] in {elapsed:.0f}s")
     if args.json:
         import torch
-        payload = {"command": " ".join(sys.argv), "samples": args.samples, "alpha": args.alpha,
+        payload = {"command": " ".join(sys.argv), "commit": _git_commit(), "samples": args.samples, "alpha": args.alpha,
                    "device": args.device, "torch": torch.__version__, "python": platform.python_version(),
                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": elapsed,
                    "results": [r.to_dict() for r in results], "distortion": distortions}
