@@ -2,9 +2,9 @@
 
 ``ModelRunner.forward(tokens [B, q], positions [B, q], mask [B, 1, q, C], write_slot)`` writes the q new K/V states
 at slots [write_slot, write_slot + q) of the runner's :class:`SlotCache` and returns float logits [B, q, V] (only the
-last ``keep`` rows when asked). The mask is an additive float mask in the model's dtype built by
-:func:`tilespec.engine.state.chunk_mask`; transformers returns a 4-D mask as it is, so holes and left padding are
-handled without model-specific code. Positions are explicit per request (RoPE or learned embeddings).
+last ``keep`` rows when asked). The bool mask (True = attend, from :func:`tilespec.engine.state.chunk_mask`) becomes
+an additive mask in the model's own dtype (0 / finfo.min: never -inf, so fully masked padding rows stay finite);
+transformers returns a 4-D mask as it is, so holes and left padding need no model-specific code. Positions are explicit per request (RoPE or learned embeddings).
 
 Whisper: the encoder runs once (:meth:`encode`); the cross-attention K/V are computed on the first decoder call and
 kept in the ``EncoderDecoderCache``; a draft derived from the target (same encoder weights) reuses its encoder output.
@@ -52,6 +52,9 @@ class ModelRunner:
         self._step = self._forward
         if compile:
             mode = "reduce-overhead" if compile is True else str(compile)
+            # one graph per (batch size, q in {1, 2, γ+1}); adaptive γ and shrinking batches need more than 8
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            torch._dynamo.mark_static_address(self.cache.write_pos)
             self._step = torch.compile(self._forward, mode=mode, dynamic=False)
 
     @property
@@ -90,7 +93,9 @@ class ModelRunner:
             raise RuntimeError("call encode() before decoding an encoder-decoder model")
         self.cache.seek(write_slot)
         step = self._step if compiled else self._forward
-        logits = step(tokens, positions, mask.to(self.dtype))
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+        logits = step(tokens, positions, additive)
         if keep is not None:
             logits = logits[:, -keep:]
         return logits.float().clone()  # clone: a CUDA-graph output buffer is overwritten by the next replay

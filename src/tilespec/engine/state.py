@@ -18,8 +18,8 @@ from typing import Sequence
 import torch
 
 
-def chunk_mask(valid: torch.Tensor, write: int, start: int, q: int, dtype=torch.float32) -> torch.Tensor:
-    """Additive mask [B, 1, q, C] for q queries at slots [start, start + q) (start in {W-1, W}).
+def chunk_mask(valid: torch.Tensor, write: int, start: int, q: int) -> torch.Tensor:
+    """Bool mask [B, 1, q, C] (True = may attend) for q queries at slots [start, start + q) (start in {W-1, W}).
 
     Query i may see valid slots (any slot < W flagged in ``valid``) and the new slots W .. start + i.
     """
@@ -27,22 +27,16 @@ def chunk_mask(valid: torch.Tensor, write: int, start: int, q: int, dtype=torch.
     slots = torch.arange(cap, device=valid.device)
     ends = start + torch.arange(q, device=valid.device)
     fresh = (slots[None, :] >= write) & (slots[None, :] <= ends[:, None])            # [q, C]
-    allowed = valid[:, None, :] | fresh[None]                                         # [B, q, C]
-    zero = torch.zeros((), dtype=dtype, device=valid.device)
-    neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=valid.device)
-    return torch.where(allowed, zero, neg).unsqueeze(1)
+    return (valid[:, None, :] | fresh[None]).unsqueeze(1)
 
 
-def prefill_mask(pad_valid: torch.Tensor, capacity: int, dtype=torch.float32) -> torch.Tensor:
-    """Additive causal + padding mask [B, 1, P, C] for a left-padded prefill at slots [0, P) of a C-slot cache."""
+def prefill_mask(pad_valid: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Bool causal + padding mask [B, 1, P, C] for a left-padded prefill at slots [0, P) of a C-slot cache."""
     p = pad_valid.shape[1]
     causal = torch.ones(p, capacity, dtype=torch.bool, device=pad_valid.device).tril()
     cols = torch.zeros(pad_valid.shape[0], capacity, dtype=torch.bool, device=pad_valid.device)
     cols[:, :p] = pad_valid
-    allowed = causal[None] & cols[:, None, :]
-    zero = torch.zeros((), dtype=dtype, device=pad_valid.device)
-    neg = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=pad_valid.device)
-    return torch.where(allowed, zero, neg).unsqueeze(1)
+    return (causal[None] & cols[:, None, :]).unsqueeze(1)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
