@@ -43,27 +43,20 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
         else:
             z = tl.load(drf_ptr + b64 * stride_db + row * stride_dr + offs, mask=mask,
                         other=float("-inf")).to(tl.float32)
+        z = z / scale
         if HAS_THR:
-            # the keep-threshold was computed on z / T exactly as the reference does, so divide here too
-            z = z / scale
             if is_target:
                 thr = tl.load(thr_t_ptr + b * (K + 1) + row)
             else:
                 thr = tl.load(thr_q_ptr + b * K + row)
             z = tl.where(z >= thr, z, float("-inf"))
-            inv = 1.0
-        else:
-            inv = 1.0 / scale  # max(z) / T == max(z / T) exactly; the sum needs only one multiply per element
         z = tl.where(mask, z, float("-inf"))
-        raw_m = tl.max(z, axis=0)
-        safe_m = tl.where(raw_m == float("-inf"), 0.0, raw_m)
-        s = tl.sum(tl.exp((z - safe_m) * inv), axis=0)
-        m = raw_m
-        if not HAS_THR:
-            m = raw_m / scale
+        m = tl.max(z, axis=0)
+        safe_m = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.exp(z - safe_m), axis=0)
         slot = (b * (2 * K + 1) + r) * NC + c
         tl.store(m_ptr + slot, m)
         tl.store(s_ptr + slot, s)
         if greedy & is_target:
-            at = tl.min(tl.where(z == raw_m, offs, 2147483647), axis=0)
+            at = tl.min(tl.where(z == m, offs, 2147483647), axis=0)
             tl.store(a_ptr + slot, at)
