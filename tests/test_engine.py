@@ -148,3 +148,17 @@ def test_bf16_padding_rows_stay_finite(models):
         assert all(0 <= t < 128 for s in out.sequences for t in s)
     finally:
         target.to(torch.float32)
+
+
+def test_compiled_path_static_shapes(models):
+    """compile="debug" traces the forwards with dynamo (eager backend): static batch, zombies, runner reuse."""
+    target = models["target"]
+    expected = [hf_greedy(target, p, 10) for p in PROMPTS[:2]]
+    dec = SpeculativeDecoder(target, models["skip"], gamma=3, sampling=SamplingParams.greedy(), eos_token_id=[],
+                             compile="debug")
+    assert dec.generate(PROMPTS[:2], max_new_tokens=10).sequences == expected
+    eos = expected[0][2]
+    dec.eos = {eos}
+    out = dec.generate(PROMPTS[:2], max_new_tokens=10)  # request 0 stops early and stays as an ignored row
+    assert out.sequences[0] == expected[0][:expected[0].index(eos) + 1]
+    assert out.sequences[1] == hf_greedy(target, PROMPTS[1], 10, eos=eos)

@@ -79,8 +79,9 @@ class SpeculativeDecoder:
         method: verification method name ("reference", "hf", "fused", ...).
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts.
-        compile: compile the decode/verify forwards (torch.compile "reduce-overhead": CUDA graphs on GPU);
-            shapes stay static (fixed B, slot capacity, q in {1, 2, γ+1}), so each distinct γ compiles once.
+        compile: compile the decode/verify forwards (True: torch.compile "reduce-overhead", CUDA graphs on GPU; a
+            string: that torch.compile mode; "debug": dynamo with the eager backend, for CPU tests). Shapes stay
+            static (fixed B, slot capacity, q in {1, 2, γ+1}): finished requests stay in the batch, ignored.
         eos_token_id: int or list; defaults to the target's generation config / the tokenizer.
         cache_slack: extra KV slots per request for the holes ragged acceptance leaves (default: max_new_tokens
             when B > 1); when the write pointer reaches the capacity the caches are defragmented (one copy).
@@ -216,8 +217,10 @@ class SpeculativeDecoder:
         sampling = _select_sampling(self.sampling, state.rows)
         resolved = resolve_sampling(sampling, state.size, self.device)
         step_no = 0
-        while state.size > 0:
-            remaining = max(max_new_tokens - produced[r] for r in state.rows)
+        done: set = set()   # compiled path: finished rows stay in the batch (static shapes) and are ignored
+        while len(done) < state.size:
+            live = [i for i, r in enumerate(state.rows) if r not in done]
+            remaining = max(max_new_tokens - produced[state.rows[i]] for i in live)
             gamma = min(schedule.next(), remaining - 1) if spec else 0
             if state.write + gamma + 1 > capacity:
                 slot_index, _ = state.plan_defrag()
@@ -230,11 +233,15 @@ class SpeculativeDecoder:
                                    self.method, timer)
             timer.start("bookkeeping")
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
-            emitted = host[:, 0].tolist()
-            state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted) - 1)
+            emitted_all = host[:, 0].tolist()
+            state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
+            if done:  # zombie rows (compiled path) keep no context, so they never fill the cache
+                state.valid[[i for i, r in enumerate(state.rows) if r in done]] = False
+            emitted = [emitted_all[i] for i in live]
             new_tokens, finished, keep = {}, [], []
-            for i, r in enumerate(state.rows):
-                toks = host[i, 1:1 + emitted[i]].tolist()[:max_new_tokens - produced[r]]
+            for i in live:
+                r = state.rows[i]
+                toks = host[i, 1:1 + emitted_all[i]].tolist()[:max_new_tokens - produced[r]]
                 for j, t in enumerate(toks):
                     if t in self.eos:
                         toks = toks[:j + 1]
@@ -250,8 +257,8 @@ class SpeculativeDecoder:
             stats.steps += 1
             stats.target_calls += 1
             stats.draft_calls += gamma if gamma > 0 else 0
-            stats.request_steps += state.size
-            stats.drafted += gamma * state.size
+            stats.request_steps += len(live)
+            stats.drafted += gamma * len(live)
             stats.accepted += sum(e - 1 for e in emitted)
             stats.tested += sum(min(e, gamma) for e in emitted) if gamma > 0 else 0
             stats.emitted += sum(emitted)
@@ -260,7 +267,7 @@ class SpeculativeDecoder:
             if gamma > 0:
                 schedule.update(gamma, [e - 1 for e in emitted], totals["draft"] - before["draft"],
                                 totals["target"] - before["target"])
-            if finished and keep:
+            if finished and keep and not self.compile:
                 rows = state.keep_rows(keep)
                 ident = torch.arange(capacity, device=self.device)[None, :].expand(len(keep), capacity)
                 for runner in (target, draft) if spec else (target,):
@@ -268,7 +275,7 @@ class SpeculativeDecoder:
                 sampling = _select_sampling(self.sampling, state.rows)
                 resolved = resolve_sampling(sampling, state.size, self.device)
             elif finished:
-                state.rows = []
+                done.update(finished)
             timer.stop("bookkeeping")
             yield StepEvent(step=step_no, tokens=new_tokens, finished=finished)
             step_no += 1

@@ -36,7 +36,8 @@ def shares_encoder(a, b) -> bool:
 class ModelRunner:
     """Owns one model's slot cache for one generation; optionally compiles the decode/verify forward.
 
-    compile: False (eager), True (``torch.compile(mode="reduce-overhead")``: CUDA graphs on GPU), or a mode string.
+    compile: False (eager), True (``torch.compile(mode="reduce-overhead")``: CUDA graphs on GPU), a mode string, or
+        "debug" (dynamo with the eager backend: exercises the compiled path's tracing quickly on CPU).
     """
 
     def __init__(self, model, capacity: int, *, compile: bool | str = False):
@@ -50,12 +51,19 @@ class ModelRunner:
         self.past = EncoderDecoderCache(self.cache, DynamicCache()) if self.encdec else self.cache
         self.encoder_out: Optional[torch.Tensor] = None
         self._step = self._forward
+        self.compiled = bool(compile)
         if compile:
             mode = "reduce-overhead" if compile is True else str(compile)
             # one graph per (batch size, q in {1, 2, γ+1}); adaptive γ and shrinking batches need more than 8
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            cfg = torch._dynamo.config
+            for knob in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, knob):
+                    setattr(cfg, knob, max(getattr(cfg, knob), 64))
             torch._dynamo.mark_static_address(self.cache.write_pos)
-            self._step = torch.compile(self._forward, mode=mode, dynamic=False)
+            if compile == "debug":
+                self._step = torch.compile(self._forward, backend="eager", dynamic=False)
+            else:
+                self._step = torch.compile(self._forward, mode=mode, dynamic=False)
 
     @property
     def capacity(self) -> int:

@@ -47,6 +47,19 @@ def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.
     return torch.argmax(logp + noise, dim=-1)
 
 
+_COMPILED_SAMPLER = None
+
+
+def _sampler(compiled: bool):
+    """sample_draft, compiled on the fast path (the Philox noise over V is ~150 small kernels in eager mode)."""
+    global _COMPILED_SAMPLER
+    if not compiled:
+        return sample_draft
+    if _COMPILED_SAMPLER is None:
+        _COMPILED_SAMPLER = torch.compile(sample_draft, dynamic=False)
+    return _COMPILED_SAMPLER
+
+
 def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: ResolvedSampling, greedy: bool,
                 timer: Optional[PhaseTimer] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Draft γ tokens autoregressively -> (tokens [B, γ], logits [B, γ, V] or None when greedy).
@@ -60,8 +73,9 @@ def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: Res
     mask = chunk_mask(state.valid, w, w - 1, 2)
     logits = draft.forward(tokens_in, positions, mask, w - 1, keep=1)[:, 0]
     tokens, all_logits = [], []
+    sample = _sampler(draft.compiled and not greedy)
     for i in range(1, gamma + 1):
-        tok = sample_draft(logits, resolved, state.seeds, pos0 + i, greedy)
+        tok = sample(logits, resolved, state.seeds, pos0 + i, greedy)
         tokens.append(tok)
         if not greedy:
             all_logits.append(logits)

@@ -134,14 +134,21 @@ def run_hf(target, draft, batches, temperature, args, device, tok) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for batch in batches:
-        for ids in batch:
-            x = torch.tensor([ids], device=device)
+        # assisted generation is batch-1 only in transformers: one request per call; target-only batches (left pad)
+        groups = [[ids] for ids in batch] if draft is not None else [batch]
+        for group in groups:
+            width = max(len(ids) for ids in group)
+            x = torch.tensor([[gen["pad_token_id"]] * (width - len(ids)) + ids for ids in group], device=device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=device)
             _sync(device)
             t0 = time.perf_counter()
-            out = target.generate(x, attention_mask=torch.ones_like(x), **gen)
+            out = target.generate(x, attention_mask=mask, **gen)
             _sync(device)
             wall += time.perf_counter() - t0
-            seqs.append(out[0, len(ids):].tolist())
+            for row in out[:, width:].tolist():
+                if tok is not None and tok.eos_token_id in row:
+                    row = row[:row.index(tok.eos_token_id) + 1]
+                seqs.append(row)
     n = sum(len(s) for s in seqs)
     from tilespec.engine.metrics import peak_memory
     return {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall,
