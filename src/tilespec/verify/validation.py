@@ -54,7 +54,8 @@ def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tup
             raise ValueError(f"sampling.{name} must be a scalar or have shape [{batch}], got {tuple(value.shape)}")
         return value.to(device=device, dtype=dtype), None
     if isinstance(value, (int, float)):
-        values = [value] * batch
+        # torch.full launches a fill kernel; torch.tensor(list) would be a synchronous host-to-device copy.
+        return torch.full((batch,), value, device=device, dtype=dtype), [value]
     else:
         values = list(value)
         if len(values) != batch:
@@ -64,7 +65,7 @@ def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tup
 
 def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, ok, rule: str, check_values: bool):
     if values is not None:
-        bad = [v for v in set(values) if not ok(torch.tensor(float(v)))]
+        bad = [v for v in set(values) if not ok(float(v))]
         if bad:
             raise ValueError(f"sampling.{name} must be {rule}, got {bad[0]}")
     elif check_values and not bool(ok(tensor.double()).all()):
@@ -80,7 +81,7 @@ def resolve_sampling(sampling: SamplingParams, batch: int, device, check_values:
     top_p, top_p_v = _per_request("top_p", sampling.top_p, batch, device, torch.float32)
     min_p, min_p_v = _per_request("min_p", sampling.min_p, batch, device, torch.float32)
     len_, len_v = _per_request("lenience", sampling.lenience, batch, device, torch.float32)
-    _check_range("temperature", temp_v, temp, lambda t: (t >= 0) & torch.isfinite(t), "a finite number >= 0",
+    _check_range("temperature", temp_v, temp, lambda t: (t >= 0) & (t < float("inf")), "a finite number >= 0",
                  check_values)
     _check_range("top_k", top_k_v, top_k, lambda t: t >= 0, "an integer >= 0", check_values)
     if top_k_v is not None and any(float(v) != int(v) for v in top_k_v):
