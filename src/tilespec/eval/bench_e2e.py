@@ -52,6 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--modes", default="hf,hf-assisted,ar,tilespec", help="which systems to run")
     p.add_argument("--random-init", action="store_true", help="Qwen-shaped models with random weights")
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke test)")
+    p.add_argument("--whisper", action="store_true", help="ASR: --target/--draft default to whisper-base and "
+                   "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
+    p.add_argument("--audio-dir", type=Path, default=Path("/work/shared/data/ljspeech/wavs"))
     p.add_argument("--compile", action="store_true", help="compile our engine's steps (CUDA graphs)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per configuration")
     p.add_argument("--device", default="auto")
@@ -96,6 +99,16 @@ def prompt_ids(args, tok, vocab: int) -> list:
     return encode_prompts(tok, texts, True)
 
 
+def whisper_inputs(args, target, proc, device, dtype):
+    """(decoder prompts [N], input_features [N, mels, frames]) for the first N LJSpeech clips."""
+    from tilespec.cli.transcribe import decoder_prompt, features, load_audio
+    clips = sorted(p for p in args.audio_dir.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts]
+    if not clips:
+        raise FileNotFoundError(f"no .flac/.wav clips in {args.audio_dir}")
+    prefix = decoder_prompt(target, proc)
+    return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
+
+
 def load_models(args, device, dtype):
     import torch
     if args.tiny or args.random_init:
@@ -109,6 +122,11 @@ def load_models(args, device, dtype):
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         return out[0], out[1], None
     from tilespec.cli.generate import load_pair
+    if args.whisper:  # replace the text defaults, keep what the user chose
+        if args.target == "qwen2.5-coder-1.5b-instruct":
+            args.target = "whisper-base"
+        if args.draft == "qwen2.5-coder-0.5b-instruct":
+            args.draft = f"{args.target}:layers=2"
     return load_pair(args.target, args.draft, device, dtype, log=lambda m: print(m, file=sys.stderr))
 
 
@@ -119,7 +137,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_hf(target, draft, batches, temperature, args, device, tok) -> dict:
+def run_hf(target, draft, batches, temperature, args, device, tok, feats=None) -> dict:
     """transformers generate (assisted when ``draft`` is given), one request per call (HF's assisted limit)."""
     import torch
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=temperature > 0,
@@ -137,6 +155,19 @@ def run_hf(target, draft, batches, temperature, args, device, tok) -> dict:
         # assisted generation is batch-1 only in transformers: one request per call; target-only batches (left pad)
         groups = [[ids] for ids in batch] if draft is not None else [batch]
         for group in groups:
+            if feats is not None:  # Whisper: HF builds its own forced prefix from language/task
+                f = feats[len(seqs):len(seqs) + len(group)]
+                _sync(device)
+                t0 = time.perf_counter()
+                out = target.generate(input_features=f, language="en", task="transcribe",
+                                      **{k: v for k, v in gen.items() if k != "pad_token_id"})
+                _sync(device)
+                wall += time.perf_counter() - t0
+                for row in out.tolist():
+                    row = row[len(group[0]):] if row[:len(group[0])] == group[0] else row
+                    eos = target.generation_config.eos_token_id
+                    seqs.append(row[:row.index(eos) + 1] if eos in row else row)
+                continue
             width = max(len(ids) for ids in group)
             x = torch.tensor([[gen["pad_token_id"]] * (width - len(ids)) + ids for ids in group], device=device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group], device=device)
@@ -155,17 +186,21 @@ def run_hf(target, draft, batches, temperature, args, device, tok) -> dict:
             "peak_memory_bytes": peak_memory(device)}
 
 
-def run_engine(target, draft, batches, temperature, method, args, device) -> dict:
+def run_engine(target, draft, batches, temperature, method, args, device, feats=None) -> dict:
     from tilespec.engine import SpeculativeDecoder, expected_speedup
     from tilespec.verify import SamplingParams
     sampling = SamplingParams(temperature=temperature)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=method,
                              sampling=sampling, compile=args.compile)
+    def feats_of(start, n):
+        return None if feats is None else feats[start:start + n]
     for _ in range(args.warmup):
-        dec.generate(batches[0], max_new_tokens=min(args.max_new_tokens, 16))
+        dec.generate(batches[0], max_new_tokens=min(args.max_new_tokens, 16),
+                     input_features=feats_of(0, len(batches[0])))
     seqs, runs = [], []
     for i, batch in enumerate(batches):
-        out = dec.generate(batch, max_new_tokens=args.max_new_tokens, seed=1000 * i)
+        out = dec.generate(batch, max_new_tokens=args.max_new_tokens, seed=1000 * i,
+                           input_features=feats_of(len(seqs), len(batch)))
         seqs += out.sequences
         runs.append(out.stats)
     n = sum(s.new_tokens for s in runs)
@@ -242,7 +277,12 @@ def run(args) -> int:
     dtype = pick_dtype(args.dtype, device)
     target, draft, tok = load_models(args, device, dtype)
     vocab = target.get_output_embeddings().weight.shape[0]
-    prompts = prompt_ids(args, tok, vocab)
+    feats = None
+    if args.whisper:
+        prompts, feats = whisper_inputs(args, target, tok, device, dtype)
+        tok = getattr(tok, "tokenizer", tok)
+    else:
+        prompts = prompt_ids(args, tok, vocab)
     methods = [m for m in args.methods.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
     results = []
@@ -260,10 +300,10 @@ def run(args) -> int:
                     with torch.inference_mode():
                         if system.startswith("hf"):
                             r = run_hf(target, draft if system == "hf-assisted" else None, batches, temperature,
-                                       args, device, tok)
+                                       args, device, tok, feats)
                         else:
                             r = run_engine(target, draft if method else None, batches, temperature,
-                                           method or "reference", args, device)
+                                           method or "reference", args, device, feats)
                 except Exception as err:  # noqa: BLE001 - record the failure, keep benchmarking the rest
                     print(f"[e2e]   skipped: {err}", file=sys.stderr)
                     results.append({"system": system, "temperature": temperature, "batch_size": bs,
