@@ -6,7 +6,6 @@ checks that the greedy speculative output equals the target's own greedy output 
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from .generate import (encode_prompts, load_pair, pick_device, pick_dtype, print_stats, sampling_from_args,

