@@ -1,0 +1,103 @@
+"""``tilespec eval summarization|asr``: reproduce the seed paper's accuracy / profiling comparison (docs/eval.md)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULTS = {
+    "summarization": dict(dataset="xsum", target="qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct"),
+    "asr": dict(dataset="ljspeech", target="whisper-base", draft="whisper-base:layers=2"),
+}
+
+
+def _int_list(text: str) -> list[int]:
+    """"1-20" or "3,5,10" -> list of ints."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    if not out:
+        raise argparse.ArgumentTypeError(f"empty integer list {text!r}")
+    return out
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"bad number list {text!r}") from err
+
+
+def _add_common(p: argparse.ArgumentParser, task: str) -> None:
+    d = DEFAULTS[task]
+    p.add_argument("--dataset", default=d["dataset"], help=f"dataset (default {d['dataset']})")
+    p.add_argument("--data", type=Path, default=None, help="dataset file/folder (default: the shared data folder)")
+    p.add_argument("--limit", type=int, default=None, help="examples, subsampled with --seed (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="subsampling and decoding seed (default 0)")
+    p.add_argument("--methods", default="hf,tiled,fused,sigmoid", help="comma-separated (hf = the paper's baseline)")
+    p.add_argument("--target", default=d["target"])
+    p.add_argument("--draft", default=d["draft"], help="registry name or NAME:layers=N; 'none' for target-only")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) / float16 (CUDA default) / bfloat16")
+    p.add_argument("--max-new-tokens", type=int, default=100 if task == "summarization" else 128)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1: speculative sampling)")
+    p.add_argument("--gamma", type=int, default=5, help="initial γ of the heuristic (default 5)")
+    p.add_argument("--schedule", default="heuristic", choices=("heuristic", "constant", "optimal"))
+    p.add_argument("--sigmoid-scale", type=float, default=None,
+                   help="sigmoid α=-s, β=s in the main table (default 1e4 summarization, 1e3 ASR)")
+    p.add_argument("--studies", default="main",
+                   help="comma-separated of main,acceptance,gamma,alphabeta or 'all' (default main)")
+    p.add_argument("--sweep-limit", type=int, default=4, help="examples used by the side studies (default 4)")
+    p.add_argument("--sweep-gammas", type=_int_list, default=list(range(1, 21)), help="constant γ values (1-20)")
+    p.add_argument("--accept-gammas", type=_int_list, default=[3, 5, 10, 15], help="initial γ values (3,5,10,15)")
+    p.add_argument("--scales", type=_float_list, default=[10.0, 1e3, 1e4, 1e5], help="sigmoid scales s")
+    p.add_argument("--sweep-max-new-tokens", type=int, default=40)
+    p.add_argument("--max-article-chars", type=int, default=4000, help="cut articles to this many characters")
+    p.add_argument("--json", type=Path, default=None, help="add the record to this results file")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=run, task=task)
+
+
+def register(sub) -> None:
+    ev = sub.add_parser("eval", help="evaluate methods on summarization / ASR (the seed paper's tables)")
+    ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
+    _add_common(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
+    _add_common(ev_sub.add_parser("asr", help="LJSpeech / synthetic espeak-ng speech, WER"), "asr")
+
+
+def build_config(args):
+    """EvalConfig from parsed arguments (ValueError for bad values)."""
+    from tilespec.eval.harness import EvalConfig
+
+    studies = ("main", "acceptance", "gamma", "alphabeta") if args.studies == "all" else \
+        tuple(s.strip() for s in args.studies.split(",") if s.strip())
+    dtype = args.dtype or ("float16" if str(args.device).startswith("cuda") else "float32")
+    draft = None if str(args.draft).lower() in ("none", "") else args.draft
+    return EvalConfig(task=args.task, dataset=args.dataset, limit=args.limit, seed=args.seed,
+                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      target=args.target, draft=draft, device=args.device, dtype=dtype,
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, gamma=args.gamma,
+                      schedule=args.schedule, sigmoid_scale=args.sigmoid_scale, studies=studies,
+                      sweep_limit=args.sweep_limit, sweep_gammas=tuple(args.sweep_gammas),
+                      accept_gammas=tuple(args.accept_gammas), scales=tuple(args.scales),
+                      sweep_max_new_tokens=args.sweep_max_new_tokens, max_article_chars=args.max_article_chars)
+
+
+def run(args) -> int:
+    import json
+
+    from tilespec.eval.run import evaluate, write_results
+
+    cfg = build_config(args)
+    record = evaluate(cfg, data_path=args.data)
+    if args.json:
+        write_results(args.json, record)
+        print(f"wrote {args.json}")
+    else:
+        slim = {k: v for k, v in record.items() if k not in ("references", "ids")}
+        print(json.dumps(slim, indent=1)[:4000])
+    return 0

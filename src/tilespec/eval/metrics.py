@@ -1,0 +1,85 @@
+"""Accuracy and efficiency metrics of the evaluation: ROUGE-1, WER, Δ% vs baseline, verify bytes and bandwidth.
+
+* ROUGE-1: F-measure of ``rouge-score``'s ``rouge1`` with its stemmer, averaged over examples (the paper reports
+  ROUGE-1 in [0, 1]); with several references the best one counts.
+* WER: ``jiwer`` over the whole set (total errors / total reference words) after Whisper's English text normaliser
+  (``transformers.models.whisper.english_normalizer.EnglishTextNormalizer``; no British->American spelling map,
+  as the cached Whisper folders ship no ``normalizer.json``).
+* Δ%: relative reduction vs the baseline, ``100 * (base - x) / base`` (positive = faster), as in the paper's tables.
+* verify bytes: the least a verification kernel must read per step, target logits [B, γ+1, V] plus draft logits
+  [B, γ, V] in the logits' dtype; realized bandwidth = bytes / verify time (the paper's Table 3 counts DRAM sectors
+  with Nsight Compute instead; ours is a lower bound of the traffic).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+
+def rouge1(predictions: Sequence[str], references: Sequence) -> float:
+    """Mean ROUGE-1 F1 (stemmed); each reference may be a string or a list of strings (best match counts)."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    if not predictions:
+        raise ValueError("ROUGE-1 of an empty set is undefined")
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError as err:
+        raise ImportError("ROUGE needs `rouge-score` (pip install rouge-score)") from err
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+    scores = []
+    for pred, ref in zip(predictions, references):
+        refs = [ref] if isinstance(ref, str) else list(ref)
+        scores.append(max(scorer.score(r, pred)["rouge1"].fmeasure for r in refs))
+    return float(sum(scores) / len(scores))
+
+
+_NORMALIZER = None
+
+
+def normalize_english(text: str) -> str:
+    """Whisper's English text normaliser (lower case, numbers, punctuation, contractions)."""
+    global _NORMALIZER
+    if _NORMALIZER is None:
+        from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+        _NORMALIZER = EnglishTextNormalizer({})
+    return _NORMALIZER(text)
+
+
+def wer(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus WER (jiwer) after Whisper's English normaliser; empty normalised references are dropped."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    import jiwer
+
+    pairs = [(normalize_english(r), normalize_english(h)) for h, r in zip(hypotheses, references)]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    if not pairs:
+        raise ValueError("WER needs at least one non-empty reference")
+    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+def delta_pct(baseline: float, value: float) -> float:
+    """Relative reduction in % (``100 (baseline - value) / baseline``); NaN when the baseline is 0 or missing."""
+    if baseline is None or value is None or not baseline or math.isnan(baseline) or math.isnan(value):
+        return float("nan")
+    return 100.0 * (baseline - value) / baseline
+
+
+def verify_bytes(gammas: Sequence[int], vocab: int, itemsize: int, batch: int = 1) -> int:
+    """Bytes a verify kernel must read over the steps ``gammas``: (γ+1 target + γ draft) logit rows per request."""
+    return int(sum((2 * g + 1) * vocab * itemsize * batch for g in gammas if g > 0))
+
+
+def bandwidth_gbps(nbytes: int, seconds: float) -> float:
+    """Realized bandwidth in GB/s (1e9 bytes)."""
+    return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample std) of ``values``; std 0 for one value; NaNs for none."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
