@@ -177,6 +177,8 @@ class SpeculativeDecoder:
         g_max = self.max_gamma if self.gamma_schedule != "constant" else self.gamma
         slack = self.cache_slack if self.cache_slack is not None else (0 if batch == 1 else max_new_tokens)
         capacity = width + max_new_tokens + slack + (g_max + 2 if spec else 2)
+        if self.compile:  # round up so prompts of similar length reuse the same compiled graphs
+            capacity = -(-capacity // 256) * 256
         if encdec:
             limit = getattr(self.target.config, "max_target_positions", None)
             if limit is not None and max(map(len, prompt_lists)) + max_new_tokens > limit:
