@@ -218,6 +218,30 @@ def comparison_note(runs: list) -> list[str]:
     return out
 
 
+def verify_kernel_table(path: Path, doc: dict) -> list[str]:
+    """GPU kernel-level view of Tables 3/6 from a ``verify-*`` benchmark file (B = 1, temperature 1, eager)."""
+    rows = [r for r in doc.get("rows", []) if isinstance(r, dict) and r.get("B") == 1
+            and r.get("temperature") == 1.0 and r.get("regime") == "mid" and not r.get("top_k")
+            and r.get("dtype") == "bf16" and r.get("V") in (51865, 151936)]
+    if not rows:
+        return []
+    methods = [m for m in ("hf", "tiled", "fused", "sigmoid") if any(m in r.get("results", {}) for r in rows)]
+    out = [f"Verification step alone on {doc.get('device')} (`{path.name}`, batch 1, bf16 logits, temperature 1, "
+           "eager launches; µs per call, Δ% vs `hf`, realized GB/s = bytes that must be read / time):", "",
+           "| V | γ | " + " | ".join(f"{m} µs" for m in methods) + " | " +
+           " | ".join(f"Δ% {m}" for m in methods if m != "hf") + " | " + " | ".join(f"{m} GB/s" for m in methods)
+           + " |", "|---|---|" + "---|" * (3 * len(methods) - 1)]
+    for r in sorted(rows, key=lambda r: (r["V"], r["K"])):
+        res = r["results"]
+        us = [(res.get(m) or {}).get("eager_us") for m in methods]
+        base = (res.get("hf") or {}).get("eager_us")
+        from .metrics import delta_pct
+        out.append(f"| {r['V']} | {r['K']} | " + " | ".join(_f(u, "{:.0f}") for u in us) + " | " +
+                   " | ".join(_pct(delta_pct(base, (res.get(m) or {}).get("eager_us"))) for m in methods if m != "hf")
+                   + " | " + " | ".join(_f((res.get(m) or {}).get("eager_GBps"), "{:.1f}") for m in methods) + " |")
+    return out + [""]
+
+
 def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> str:
     """Write ``out`` (REPORT.md) and its figures from ``results``; returns the markdown."""
     runs, others = load_results(results)
@@ -254,6 +278,8 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
         keys = ", ".join(list(doc)[:8]) if isinstance(doc, dict) else type(doc).__name__
         dev = doc.get("device") if isinstance(doc, dict) else None
         lines.append(f"- `{path.name}`: device {dev}; fields {keys}")
+        if path.name.startswith("verify-") and isinstance(doc, dict):
+            lines += [""] + verify_kernel_table(path, doc)
         if isinstance(doc, dict) and isinstance(doc.get("models"), dict):
             for name, m in doc["models"].items():
                 if isinstance(m, dict) and "wer_vs_normalized" in m:
