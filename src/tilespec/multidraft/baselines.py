@@ -19,13 +19,13 @@ import torch
 
 from .common import EPS_MASS, Selection, Stream, check_inputs, finish, gather
 
-BISECTION_STEPS = 60
+BISECTION_STEPS = 50
 
 
 def specinfer(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-              mask: torch.Tensor | None = None) -> Selection:
+              mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
     """SpecInfer multi-round rejection sampling (SD when K = 1). See the module docstring."""
-    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask)
+    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask, validate)
     n = p.shape[0]
     r = p.clone()
     done = torch.zeros(n, dtype=torch.bool, device=p.device)
@@ -77,9 +77,9 @@ def spectr_rho(p: torch.Tensor, q: torch.Tensor, k_active: torch.Tensor) -> tupl
 
 
 def spectr(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-           mask: torch.Tensor | None = None) -> Selection:
+           mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
     """SpecTr K-sequential selection for identical drafts. See the module docstring."""
-    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask)
+    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask, validate)
     n = p.shape[0]
     first = mask.long().argmax(dim=1)
     q = qs[torch.arange(n, device=p.device), first]                                   # [N, V]

@@ -24,7 +24,7 @@ from ..verify import rng
 from ..verify.distributions import log_probs
 from ..verify.types import SamplingParams, VerifyResult
 from ..verify.validation import resolve_sampling
-from .common import DTYPE, Stream
+from .common import DTYPE, Stream, check_law
 from .schemes import SchemeSpec, parse_scheme, select
 
 
@@ -48,7 +48,8 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
                       target_probs: Optional[torch.Tensor] = None, scheme: Union[str, SchemeSpec] = "is",
                       sampling: SamplingParams = SamplingParams(),
                       draft_sampling: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
-                      seed=0, offsets=0) -> VerifyResult:
+                      seed=0, offsets=0, sampler: str = "gumbel",
+                      check_values: bool = True) -> VerifyResult:
     """Verify K draft sequences per request; returns a VerifyResult plus multi-draft extras.
 
     Args:
@@ -61,6 +62,8 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
         scheme: a name accepted by :func:`~.schemes.parse_scheme` ('is', 'specinfer', 'spectr', 'sd', ...).
         seed: int (request b uses seed + b) or [B] seeds; offsets: int or [B] absolute position of the first draft
             token (randomness is keyed by seed and offsets + t).
+        check_values: check the laws once (finite, >= 0, rows sum to 1); per-position checks are skipped.
+        sampler: 'gumbel' (matches the reference method) or 'cdf' (inverse CDF, far cheaper for large V on CPU).
 
     Returns:
         VerifyResult: output_tokens [B, L+1] (-1 padded), num_accepted [B] (positions that continued with a draft),
@@ -103,6 +106,9 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
             raise ValueError(f"draft_sampling must be one SamplingParams or {k} of them, got {len(per)}")
         q_all = torch.stack([_probs(draft_logits[:, i], per[i]) for i in range(k)], dim=1)
 
+    if check_values:
+        check_law(p_all, "target probabilities")
+        check_law(q_all, "draft probabilities")
     seeds = rng.seeds_from(seed, b, dev)
     offs = torch.as_tensor(offsets, dtype=torch.int64, device=dev).expand(b)
     out = torch.full((b, L + 1), -1, dtype=torch.int64, device=dev)
@@ -117,12 +123,12 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
             break
         ref = alive[rows].long().argmax(dim=1)
         p_t = p_all[rows, ref, t]
-        stream = Stream(seeds[rows], offs[rows] + t)
+        stream = Stream(seeds[rows], offs[rows] + t, sampler)
         if t == L:
             out[rows, t] = stream.sample(p_t)
             break
         toks = tokens[rows, :, t]
-        sel = select(spec, p_t, q_all[rows, :, t], toks, stream, alive[rows])
+        sel = select(spec, p_t, q_all[rows, :, t], toks, stream, alive[rows], validate=False)
         out[rows, t] = sel.token
         test_pass[rows, t] = sel.test_pass
         match = alive[rows] & (toks == sel.token[:, None])

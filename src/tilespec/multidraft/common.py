@@ -11,7 +11,7 @@ Randomness is a :class:`Stream`: counter-based Philox uniforms keyed by (seed, p
 :mod:`tilespec.verify.rng`, so results do not depend on batch layout. Index use (fixed, disjoint):
 ``PURPOSE_ACCEPT``/k is the accept test of candidate k (k = 0 is the single-draft test, so K = 1 matches the
 ``reference`` verify method), ``PURPOSE_EXTRA``/j are scheme-internal coins, ``PURPOSE_SAMPLE``/v is Gumbel
-noise of token v for the one categorical draw a scheme makes per row (residual, bonus or post-processing
+noise of token v (or /0 the inverse-CDF uniform with ``sampler='cdf'``) for the one categorical draw a scheme makes per row (residual, bonus or post-processing
 sample; the branches that use it are mutually exclusive and decided independently of it).
 """
 from __future__ import annotations
@@ -44,10 +44,13 @@ class Selection:
 class Stream:
     """Keyed uniforms and categorical draws for N rows: seeds [N] int64, positions [N] int64."""
 
-    def __init__(self, seeds: torch.Tensor, positions: torch.Tensor):
+    def __init__(self, seeds: torch.Tensor, positions: torch.Tensor, sampler: str = "gumbel"):
+        if sampler not in ("gumbel", "cdf"):
+            raise ValueError(f"sampler must be 'gumbel' or 'cdf', got {sampler!r}")
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
         positions = torch.as_tensor(positions, dtype=torch.int64, device=seeds.device)
         self.seeds, self.positions = torch.broadcast_tensors(seeds, positions)
+        self.sampler = sampler
 
     @classmethod
     def for_rows(cls, n: int, seed: int = 0, position: int = 0, device=None) -> "Stream":
@@ -56,7 +59,7 @@ class Stream:
         return cls(seeds, torch.full((n,), position, dtype=torch.int64, device=device))
 
     def subset(self, rows: torch.Tensor) -> "Stream":
-        return Stream(self.seeds[rows], self.positions[rows])
+        return Stream(self.seeds[rows], self.positions[rows], self.sampler)
 
     def accept(self, k: int) -> torch.Tensor:
         """[N] float64 uniform of candidate k's accept test."""
@@ -67,15 +70,26 @@ class Stream:
         return rng.uniform(self.seeds, self.positions, rng.PURPOSE_EXTRA, j).to(DTYPE)
 
     def sample(self, weights: torch.Tensor) -> torch.Tensor:
-        """[N] int64 one draw per row from norm(weights) [N, V] (Gumbel-max, noise keyed by token id)."""
+        """[N] int64 one draw per row from norm(weights) [N, V].
+
+        'gumbel' (default): argmax(log w + Gumbel noise keyed by token id), the ``reference`` method's sampler
+        (V Philox draws per row). 'cdf': inverse CDF with one keyed uniform u (PURPOSE_SAMPLE, index 0): the
+        first token whose cumulative weight exceeds u * total (zero-weight tokens are never chosen); O(V) adds.
+        """
+        if self.sampler == "cdf":
+            cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)
+            u = rng.uniform(self.seeds, self.positions, rng.PURPOSE_SAMPLE, 0).to(DTYPE)
+            idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+            return idx.clamp(max=weights.shape[-1] - 1)
         vocab = torch.arange(weights.shape[-1], device=weights.device)
         noise = rng.gumbel(self.seeds[:, None], self.positions[:, None], rng.PURPOSE_SAMPLE, vocab[None, :])
         logw = torch.log(weights.clamp(min=0).to(DTYPE))
         return torch.argmax(logw + noise.to(DTYPE), dim=-1)
 
 
-def check_inputs(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None):
-    """Validate shapes/values and return (p, qs, tokens, mask) as float64/int64/bool tensors."""
+def check_inputs(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None,
+                 validate: bool = True):
+    """Validate shapes (and, with ``validate``, values) and return (p, qs, tokens, mask) as float64/int64/bool."""
     if p.dim() != 2:
         raise ValueError(f"p must be [N, V], got shape {tuple(p.shape)}")
     n, v = p.shape
@@ -93,12 +107,13 @@ def check_inputs(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, mask: 
     if mask.shape != (n, k):
         raise ValueError(f"mask must be [N, K] = [{n}, {k}], got {tuple(mask.shape)}")
     mask = mask.bool()
+    p, qs, tokens = p.to(DTYPE), qs.to(DTYPE), tokens.long()
+    if not validate:
+        return p, qs, tokens, mask
     if n and not bool(mask.any(dim=1).all()):
         raise ValueError("every row needs at least one active candidate")
-    tokens = tokens.long()
     if n and (bool((tokens[mask] < 0).any()) or bool((tokens[mask] >= v).any())):
         raise ValueError(f"candidate tokens must lie in [0, {v})")
-    p, qs = p.to(DTYPE), qs.to(DTYPE)
     check_law(p, "p")
     check_law(qs, "qs")
     return p, qs, tokens, mask

@@ -101,7 +101,7 @@ def _markov(v: int, temp: float, gen: torch.Generator) -> tuple[torch.Tensor, to
 
 
 def chain_case(scheme: str, temps: tuple[float, ...], samples: int, alpha: float, seed: int,
-               v: int = 5, L: int = 2) -> CaseResult:
+               v: int = 5, L: int = 2, sampler: str = "gumbel") -> CaseResult:
     """Sequence-level check of ``verify_multidraft``: law of the first two emitted tokens."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(1234)
@@ -131,7 +131,7 @@ def chain_case(scheme: str, temps: tuple[float, ...], samples: int, alpha: float
                 d_tok[:, i, t] = torch.multinomial(d_prob[:, i, t], 1, generator=sgen).squeeze(1)
                 state = 1 + d_tok[:, i, t]
         res = verify_multidraft(None, d_tok, target_probs=t_prob, draft_probs=d_prob, scheme=scheme,
-                                seed=seed * 7919 + rnd * 1_000_003, offsets=0)
+                                seed=seed * 7919 + rnd * 1_000_003, offsets=0, sampler=sampler)
         for j in range(L + 1):
             em = res.output_tokens[:, j]
             put = (em >= 0) & (have[rows] < 2)
@@ -144,7 +144,7 @@ def chain_case(scheme: str, temps: tuple[float, ...], samples: int, alpha: float
     counts = torch.bincount(out[:, 0] * v + out[:, 1], minlength=v * v).numpy()
     exact = (target[0][:, None] * target[1:]).reshape(-1).numpy()
     fits = {"pair": fit_test(counts, exact)}
-    name = "chain-L2-K%d-%s" % (k, "iid" if len(set(temps)) == 1 else "noniid")
+    name = "chain-L2-K%d-%s%s" % (k, "iid" if len(set(temps)) == 1 else "noniid", "-cdf" if sampler == "cdf" else "")
     return summarize(name, f"multidraft:{scheme}", samples, alpha, fits, time.perf_counter() - start,
                      note=f"draft temperatures {temps}; law of (y1, y2) over {rnd} rounds")
 
@@ -159,5 +159,6 @@ def run_multidraft_exactness(samples: int, alpha: float = 1e-6, seed: int = 0) -
     for scheme, temps in (("sd", (1.5,)), ("specinfer", (1.5, 1.5)), ("spectr", (1.5, 1.5, 1.5)),
                           ("is", (1.5, 1.5)), ("specinfer", (1.2, 2.0)), ("is", (1.2, 2.0, 0.8))):
         results.append(chain_case(scheme, temps, chain_samples, alpha, seed))
+    results.append(chain_case("is", (1.2, 2.0), chain_samples, alpha, seed, sampler="cdf"))
     results.append(_planted_case(samples, alpha, seed, gen))
     return results

@@ -157,9 +157,10 @@ def chain_law(p: torch.Tensor, qs: torch.Tensor, mask: torch.Tensor, s: int | No
 
 
 def importance(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-               mask: torch.Tensor | None = None, s: int | None = 5, m: int | None = None) -> Selection:
+               mask: torch.Tensor | None = None, s: int | None = 5, m: int | None = None,
+               validate: bool = True) -> Selection:
     """IS + SD selection (truncated LP s, truncated alphabet m; s=None, m=None is the exact pairwise optimum)."""
-    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask)
+    p, qs, tokens, mask = check_inputs(p, qs, tokens, mask, validate)
     p_hat, in_mass = truncate_alphabet(p, m)
     law, y = chain_law(p_hat, qs, mask, s, tokens, stream)
     resid = (p_hat - law).clamp(min=0)

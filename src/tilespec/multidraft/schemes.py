@@ -56,20 +56,22 @@ SCHEMES = ("sd", "specinfer", "spectr", "is", "is-lp", "is-m4")
 
 
 def select(scheme: str | SchemeSpec, p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-           mask: torch.Tensor | None = None) -> Selection:
-    """Emit one token per row from candidates tokens [N, K] ~ qs [N, K, V] so that its law is exactly p [N, V]."""
+           mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
+    """Emit one token per row from candidates tokens [N, K] ~ qs [N, K, V] so that its law is exactly p [N, V].
+
+    validate=False skips the value checks (NaN, negative, row sums) for callers that checked once already."""
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
     if spec.kind == "sd":
         if mask is not None:
             first = mask.long().argmax(dim=1)
             only = torch.zeros_like(mask, dtype=torch.bool).scatter_(1, first[:, None], True)
-            return baselines.specinfer(p, qs, tokens, stream, only)
-        return baselines.specinfer(p, qs[:, :1], tokens[:, :1], stream)
+            return baselines.specinfer(p, qs, tokens, stream, only, validate)
+        return baselines.specinfer(p, qs[:, :1], tokens[:, :1], stream, None, validate)
     if spec.kind == "specinfer":
-        return baselines.specinfer(p, qs, tokens, stream, mask)
+        return baselines.specinfer(p, qs, tokens, stream, mask, validate)
     if spec.kind == "spectr":
-        return baselines.spectr(p, qs, tokens, stream, mask)
-    return importance.importance(p, qs, tokens, stream, mask, s=spec.s, m=spec.m)
+        return baselines.spectr(p, qs, tokens, stream, mask, validate)
+    return importance.importance(p, qs, tokens, stream, mask, s=spec.s, m=spec.m, validate=validate)
 
 
 def _specinfer_test_pass(p: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:

