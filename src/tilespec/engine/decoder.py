@@ -27,6 +27,14 @@ from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
 
 
+_COMPILED_RUNNERS: dict = {}
+
+
+def release_compiled() -> None:
+    """Drop every cached compiled runner (their graphs and KV buffers)."""
+    _COMPILED_RUNNERS.clear()
+
+
 @dataclass
 class StepEvent:
     """What one step produced: ``tokens[i]`` new tokens of request i (original index); ``finished`` requests."""
@@ -117,7 +125,6 @@ class SpeculativeDecoder:
         self.pad_id = int(pad_token_id) if pad_token_id is not None else (min(self.eos) if self.eos else 0)
         self.device = next(target.parameters()).device
         self.cache_slack = cache_slack
-        self._runners: dict = {}
         self.last_stats: Optional[RunStats] = None
 
     # ----------------------------------------------------------------------------------------------- inputs
@@ -141,14 +148,15 @@ class SpeculativeDecoder:
         return [list(map(int, p)) for p in lists]
 
     def _runner(self, name: str, model, capacity: int, batch: int) -> ModelRunner:
-        """Reuse compiled runners across calls when the static shapes match; eager runners are rebuilt."""
-        key = (name, capacity, batch)
+        """Compiled runners are shared process-wide per (model, role, capacity, batch, compile mode), so decoders
+        that differ only in sampling or verify method reuse the same graphs; eager runners are rebuilt."""
+        key = (id(model), name, capacity, batch, str(self.compile))
         reuse = self.compile and not is_encoder_decoder(model)  # a cross-attention cache cannot be reset in place
-        if reuse and key in self._runners:
-            return self._runners[key]
+        if reuse and key in _COMPILED_RUNNERS and _COMPILED_RUNNERS[key].model is model:
+            return _COMPILED_RUNNERS[key]
         runner = ModelRunner(model, capacity, compile=self.compile)
         if reuse:
-            self._runners[key] = runner
+            _COMPILED_RUNNERS[key] = runner
         return runner
 
     # ----------------------------------------------------------------------------------------------- decoding

@@ -200,7 +200,7 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
     def feats_of(start, n):
         return None if feats is None else feats[start:start + n]
     for _ in range(args.warmup):
-        dec.generate(batches[0], max_new_tokens=min(args.max_new_tokens, 16),
+        dec.generate(batches[0], max_new_tokens=args.max_new_tokens,  # same shapes as the timed runs
                      input_features=feats_of(0, len(batches[0])))
     seqs, runs = [], []
     for i, batch in enumerate(batches):
