@@ -153,13 +153,9 @@ def dev_is_cuda(args) -> bool:
 
 
 def run(args) -> int:
-    import datetime
     import gc
-    import platform
-    import subprocess
 
     import torch
-    import transformers
 
     from tilespec import models
     from tilespec.multidraft.experiments import paper_configs
@@ -194,15 +190,35 @@ def run(args) -> int:
         docs = load_prompts(path, args.prompts, args.seed)
         prompts_by_ds[dataset] = [build_prompt(tok, d, args.article_tokens) for d in docs]
         rec["be"][dataset], rec["table3"][dataset] = {}, {}
-        for i, ids in enumerate(prompts_by_ds[dataset]):
+    for i in range(args.prompts):                     # interleave datasets so partial results cover both
+        for dataset, prompts in prompts_by_ds.items():
+            if i >= len(prompts):
+                continue
             t0 = time.perf_counter()
-            run_prompt(target, draft, ids, args, sampling, configs, group_sampling, rec, dataset, i)
-            print(f"[{dataset} {i + 1}/{len(docs)}] {time.perf_counter() - t0:.0f}s", flush=True)
+            run_prompt(target, draft, prompts[i], args, sampling, configs, group_sampling, rec, dataset, i)
+            print(f"[{dataset} {i + 1}/{len(prompts)}] {time.perf_counter() - t0:.0f}s", flush=True)
+            write_result(rec, args, groups, table2_temp, None, time.perf_counter() - started, final=False)
     timing = None
     if args.timing or (args.timing is None and dev_is_cuda(args)):
         timing = time_generation(target, draft, [p for ps in prompts_by_ds.values() for p in ps], args, sampling)
     del target, draft
     gc.collect()
+    out = write_result(rec, args, groups, table2_temp, timing, time.perf_counter() - started, final=True)
+    if args.plot:
+        from tilespec.multidraft.plots import plot_results
+
+        print(f"wrote {plot_results(json.loads(out.read_text()), out.with_suffix('.png'))}")
+    return 0
+
+
+def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -> Path:
+    """Summarise ``rec`` (mean, stderr, n per cell), add provenance, write the JSON; returns its path."""
+    import datetime
+    import platform
+    import subprocess
+
+    import torch
+    import transformers
 
     summary = {"block_efficiency": {}, "token_acceptance": {}}
     for ds, settings in rec["be"].items():
@@ -216,7 +232,7 @@ def run(args) -> int:
     except OSError:
         commit = None
     now = datetime.datetime.now(datetime.timezone.utc)
-    result = {"benchmark": "multidraft", "date": now.isoformat(), "commit": commit,
+    result = {"benchmark": "multidraft", "complete": final, "date": now.isoformat(), "commit": commit,
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
               "device": args.device, "args": {k: v for k, v in vars(args).items() if k != "func"},
@@ -225,14 +241,10 @@ def run(args) -> int:
                           "table3": "IS = truncated LP s=5 + alphabet m=40, K i.i.d. drafts at each T_d"},
               "sample_sizes": {"prompts_per_dataset": args.prompts, "rounds": rec["rounds"],
                                "trajectory_positions": rec["positions"], "reps_per_round": args.reps},
-              "summary": summary, "timing": timing, "seconds": time.perf_counter() - started,
+              "summary": summary, "timing": timing, "seconds": seconds,
               "raw": {"block_efficiency_per_round": rec["be"], "token_acceptance_per_position": rec["table3"]}}
     out = Path(args.out or f"bench/results/multidraft-{'cuda' if dev_is_cuda(args) else 'cpu'}-{now:%Y-%m-%d}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
-    if args.plot:
-        from tilespec.multidraft.plots import plot_results
-
-        print(f"wrote {plot_results(result, out.with_suffix('.png'))}")
-    return 0
+    print(f"wrote {out}", flush=True)
+    return out

@@ -31,7 +31,8 @@ from .schemes import SchemeSpec, parse_scheme, select
 def _probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """[B, R, V] logits -> float64 probabilities under ``sampling`` (per request b)."""
     resolved = resolve_sampling(sampling, logits.shape[0], logits.device)
-    return torch.exp(log_probs(logits, resolved).to(DTYPE))
+    probs = torch.exp(log_probs(logits, resolved).to(DTYPE))
+    return probs / probs.sum(-1, keepdim=True)          # float64 renormalisation of the float32 log-softmax
 
 
 def _check(name: str, x: Optional[torch.Tensor], shape: tuple) -> None:

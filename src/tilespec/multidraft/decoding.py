@@ -89,6 +89,7 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
         if t == 0 and plen > 1:
             pending_draft = out.logits[0, :-1].float()
         q = _probs(logits[:, None], row_sampling)[:, 0]                              # [B*K, V] float64
+        q = q[_canonical_rows(rows, tokens, temps)]
         tok = torch.multinomial(q.float(), 1, generator=generator).squeeze(1)
         tokens.append(tok), raw.append(logits), probs.append(q)
         inp = tok[:, None]
@@ -103,6 +104,19 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
                  draft_probs=torch.stack(probs, 1).view(b, k, L, v), draft_logits=torch.stack(raw, 1).view(b, k, L, v),
                  pending_logits=out.logits[0, :plen - 1].float() if plen > 1 else None,
                  pending_draft_logits=pending_draft)
+
+
+def _canonical_rows(rows: torch.Tensor, tokens: list, temps: list) -> torch.Tensor:
+    """[R] index of the first row with the same context, drafted prefix and temperature as each row.
+
+    Rows with equal inputs must use ONE law: batched float32 kernels can differ in the last bits between rows,
+    which can flip a token across the top-p boundary and make i.i.d. drafts look non-identical.
+    """
+    prefix = torch.cat([rows] + [t[:, None] for t in tokens], 1).tolist()
+    first, out = {}, []
+    for r, key in enumerate(prefix):
+        out.append(first.setdefault((temps[r],) + tuple(key), r))
+    return torch.tensor(out, device=rows.device)
 
 
 def commit(target_cache, draft_cache, committed_len: int) -> None:
