@@ -32,11 +32,12 @@ def support_union(*laws: torch.Tensor) -> torch.Tensor:
 
 
 def token_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, sampling: SamplingParams,
-                     draft_temps, ks=(2, 4, 8), s: int = 5, m: int | None = 40) -> dict:
+                     draft_temps, ks=(2, 4, 8), s: int = 5, m: int | None = 40,
+                     extra_is=("is-s5", "is-s15-m40")) -> dict:
     """Exact per-position acceptance. target_logits, draft_logits [N, V] raw logits at N trajectory positions.
 
-    Returns {T_d: {K: {scheme: [N] list}}} for schemes Optimal / IS (s, m) / SpecTr / SpecInfer; the draft uses
-    ``sampling`` with its temperature replaced by T_d.
+    Returns {T_d: {K: {scheme: [N] list}}} for schemes Optimal / IS (s, m; key 'is') / SpecTr / SpecInfer and the
+    IS variants named in ``extra_is`` (truncation study); the draft uses ``sampling`` with temperature T_d.
     """
     p = _probs(target_logits[None], sampling)[0]
     out = {}
@@ -45,7 +46,7 @@ def token_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, sa
         q = _probs(draft_logits[None], ds)[0]
         res = {}
         for k in ks:
-            vals = {"optimal": [], "is": [], "spectr": [], "specinfer": []}
+            vals = {name: [] for name in ("optimal", "is", "spectr", "specinfer") + tuple(extra_is)}
             for i in range(p.shape[0]):
                 idx = support_union(p[i], q[i])
                 pi, qi = p[i, idx][None], q[i, idx][None]
@@ -55,6 +56,8 @@ def token_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, sa
                 vals["is"].append(float(accept_probability(name, pi, qk)[0]))
                 vals["spectr"].append(float(accept_probability("spectr", pi, qk)[0]))
                 vals["specinfer"].append(float(accept_probability("specinfer", pi, qk)[0]))
+                for variant in extra_is:
+                    vals[variant].append(float(accept_probability(variant, pi, qk)[0]))
             res[k] = vals
         out[temp] = res
     return out

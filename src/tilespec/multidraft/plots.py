@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+COLORS = {"sd": "tab:gray", "specinfer": "tab:blue", "spectr": "tab:green", "is": "tab:red", "optimal": "black",
+          "is-s5": "tab:orange", "is-s15-m40": "tab:purple"}
+STYLES = ["-", "--", ":", "-."]
+
 
 def _series(block: dict, labels: list[str], scheme: str):
     ys, es = [], []
@@ -34,17 +38,18 @@ def plot_results(result: dict, path: Path) -> Path:
             xs = [float(lab.split("=")[1]) for lab in labels]
             for scheme in schemes:
                 ys, es = _series(block, labels, scheme)
-                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=scheme)
+                ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=scheme, color=COLORS.get(scheme))
             ax.set_xlabel(xlabel)
             ax.set_ylabel("block efficiency (tokens / target call)")
             ax.set_title(f"{ds}: {setting}")
             ax.legend()
         ax = axes[row][3]
-        for temp, by_k in acc.get(ds, {}).items():
+        for j, (temp, by_k) in enumerate(acc.get(ds, {}).items()):
             ks = sorted(by_k, key=int)
             for scheme in ("optimal", "is", "spectr", "specinfer"):
                 ys = [by_k[k][scheme]["mean"] for k in ks]
-                ax.plot([int(k) for k in ks], ys, marker="o", label=f"{scheme} T_d={temp}")
+                ax.plot([int(k) for k in ks], ys, marker="o", color=COLORS[scheme], linestyle=STYLES[j % 4],
+                        label=f"{scheme} T_d={temp}")
         ax.set_xlabel("K")
         ax.set_ylabel("token-level acceptance")
         ax.set_title(f"{ds}: Table 3 setting")
