@@ -18,6 +18,26 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .cache import SlotCache, gather_slots
+from .graphs import GraphCache
+
+
+def step_mode(compile: bool | str, device: torch.device) -> str:
+    """How a runner executes decode/verify forwards: "eager", "graphs" (CUDA-graph capture) or "compile".
+
+    compile=False -> eager; True -> "graphs" on CUDA and eager elsewhere; "graphs" -> CUDA graphs (CUDA only);
+    "debug" or a torch.compile mode string ("reduce-overhead", "max-autotune", ...) -> torch.compile.
+    """
+    if compile is False or compile is None:
+        return "eager"
+    if compile is True:
+        return "graphs" if device.type == "cuda" else "eager"
+    if compile == "graphs":
+        if device.type != "cuda":
+            raise ValueError("compile='graphs' needs a CUDA device")
+        return "graphs"
+    if not isinstance(compile, str):
+        raise TypeError(f"compile must be a bool or a string, got {compile!r}")
+    return "compile"
 
 
 def is_encoder_decoder(model) -> bool:
@@ -35,10 +55,10 @@ def shares_encoder(a, b) -> bool:
 
 
 class ModelRunner:
-    """Owns one model's slot cache for one generation; optionally compiles the decode/verify forward.
+    """Owns one model's slot cache for one generation; optionally graphs or compiles the decode/verify forward.
 
-    compile: False (eager), True (``torch.compile(mode="reduce-overhead")``: CUDA graphs on GPU), a mode string, or
-        "debug" (dynamo with the eager backend: exercises the compiled path's tracing quickly on CPU).
+    compile: see :func:`step_mode`. "graphs" captures one CUDA graph per (batch, q, capacity) on first use (a few
+        ms each) and replays it; "debug" runs dynamo with the eager backend (exercises tracing quickly on CPU).
     """
 
     def __init__(self, model, capacity: int, *, compile: bool | str = False):
@@ -52,9 +72,12 @@ class ModelRunner:
         self.past = EncoderDecoderCache(self.cache, DynamicCache()) if self.encdec else self.cache
         self.encoder_out: Optional[torch.Tensor] = None
         self._step = self._forward
-        self.compiled = bool(compile)
-        if compile:
-            mode = "reduce-overhead" if compile is True else str(compile)
+        self.mode = step_mode(compile, self.device)
+        self.compiled = self.mode != "eager"
+        if self.mode == "graphs":
+            self._step = GraphCache(self._graph_forward)
+        elif self.mode == "compile":
+            mode = str(compile)
             # one graph per (batch size, q in {1, 2, γ+1}); adaptive γ and shrinking batches need more than 8
             cfg = torch._dynamo.config
             for knob in ("recompile_limit", "cache_size_limit"):
@@ -82,14 +105,20 @@ class ModelRunner:
         return self.encoder_out
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """tokens/positions [B, q], bool mask [B, 1, q, C] -> logits [B, q, V] in the model's dtype."""
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
         if self.encdec:
             out = self.model(encoder_outputs=(self.encoder_out,), decoder_input_ids=tokens,
-                             decoder_position_ids=positions, decoder_attention_mask=mask,
+                             decoder_position_ids=positions, decoder_attention_mask=additive,
                              past_key_values=self.past, use_cache=True)
         else:
-            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
+            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive,
                              past_key_values=self.past, use_cache=True)
         return out.logits
+
+    def _graph_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, key=None):
+        return self._forward(tokens, positions, mask).float()
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
@@ -102,12 +131,12 @@ class ModelRunner:
             raise RuntimeError("call encode() before decoding an encoder-decoder model")
         self.cache.seek(write_slot)
         step = self._step if compiled else self._forward
-        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
-        additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
-        logits = step(tokens, positions, additive)
+        logits = step(tokens, positions, mask)
         if keep is not None:
             logits = logits[:, -keep:]
-        return logits.float().clone()  # clone: a CUDA-graph output buffer is overwritten by the next replay
+        if logits.dtype == torch.float32:
+            return logits.clone()  # a CUDA-graph output buffer is overwritten by the next replay
+        return logits.float()
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (see cache.gather_slots)."""

@@ -19,6 +19,7 @@ from tilespec.verify import rng, verify
 from tilespec.verify.distributions import log_probs
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
+from .graphs import GraphCache
 from .metrics import PhaseTimer
 from .runner import ModelRunner
 from .state import BatchState, chunk_mask
@@ -48,16 +49,69 @@ def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.
 
 
 _COMPILED_SAMPLER = None
+_FLAG_NAMES = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
 
 
-def _sampler(compiled: bool):
-    """sample_draft, compiled on the fast path (the Philox noise over V is ~150 small kernels in eager mode)."""
+def _graph_sample(logits, seeds, positions, temperature, top_k, top_p, min_p, lenience, *, key):
+    resolved = ResolvedSampling(temperature, top_k, top_p, min_p, lenience, *key)
+    return sample_draft(logits, resolved, seeds, positions, greedy=False)
+
+
+_SAMPLER_GRAPHS = GraphCache(_graph_sample)
+
+
+def _graphed_sampler(logits, resolved, seeds, positions, greedy):
+    if greedy:
+        return logits.argmax(dim=-1)
+    out = _SAMPLER_GRAPHS(logits, seeds, positions, resolved.temperature, resolved.top_k, resolved.top_p,
+                          resolved.min_p, resolved.lenience, key=tuple(getattr(resolved, f) for f in _FLAG_NAMES))
+    return out.clone()  # the graph's output buffer is reused by the next draft position
+
+
+def _sampler(mode: str):
+    """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
+    paths run it as one CUDA graph or one compiled function)."""
     global _COMPILED_SAMPLER
-    if not compiled:
+    if mode == "graphs":
+        return _graphed_sampler
+    if mode == "eager":
         return sample_draft
     if _COMPILED_SAMPLER is None:
         _COMPILED_SAMPLER = torch.compile(sample_draft, dynamic=False)
     return _COMPILED_SAMPLER
+
+
+# verification methods whose device work never syncs with the host, so a step can replay them as a CUDA graph
+GRAPH_SAFE_METHODS = frozenset({"reference", "fused", "sigmoid", "tiled"})
+
+
+def _graph_verify(target_logits, draft_tokens, seeds, offsets, *draft_logits, key):
+    method, sampling = key
+    res = verify(target_logits, draft_tokens, draft_logits=draft_logits[0] if draft_logits else None,
+                 sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
+    return res.num_emitted, res.output_tokens
+
+
+_VERIFY_GRAPHS = GraphCache(_graph_verify)
+
+
+def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingParams, method: str, seeds, offsets,
+               graphs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """verify() -> (num_emitted [B], output_tokens [B, K+1]); replayed as a CUDA graph when ``graphs`` and the
+    method and sampling allow it (scalar sampling parameters: they are baked into the graph's key)."""
+    try:
+        hash(sampling)
+        hashable = True
+    except TypeError:
+        hashable = False
+    if graphs and hashable and method in GRAPH_SAFE_METHODS and target_logits.is_cuda:
+        extra = (draft_logits,) if draft_logits is not None else ()
+        num_emitted, out = _VERIFY_GRAPHS(target_logits, draft_tokens, seeds, offsets, *extra,
+                                          key=(method, sampling))
+        return num_emitted.clone(), out.clone()
+    res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
+                 seed=seeds, offsets=offsets, check_values=False)
+    return res.num_emitted, res.output_tokens
 
 
 def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: ResolvedSampling, greedy: bool,
@@ -73,7 +127,7 @@ def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: Res
     mask = chunk_mask(state.valid, w, w - 1, 2)
     logits = draft.forward(tokens_in, positions, mask, w - 1, keep=1)[:, 0]
     tokens, all_logits = [], []
-    sample = _sampler(draft.compiled and not greedy)
+    sample = _sampler(draft.mode)
     for i in range(1, gamma + 1):
         tok = sample(logits, resolved, state.seeds, pos0 + i, greedy)
         tokens.append(tok)
@@ -117,8 +171,7 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         num_emitted = torch.ones(b, dtype=torch.int64, device=nxt.device)
         out = nxt[:, None]
     else:
-        res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
-                     seed=state.seeds, offsets=state.seq_len, check_values=False)
-        num_emitted, out = res.num_emitted, res.output_tokens
+        num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
+                                      state.seq_len, graphs=target.mode == "graphs")
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

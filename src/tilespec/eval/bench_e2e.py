@@ -57,7 +57,9 @@ def add_arguments(p) -> None:
     p.add_argument("--whisper", action="store_true", help="ASR: --target/--draft default to whisper-base and "
                    "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
     p.add_argument("--audio-dir", type=Path, default=Path("/work/shared/data/ljspeech/wavs"))
-    p.add_argument("--compile", action="store_true", help="compile our engine's steps (CUDA graphs)")
+    p.add_argument("--compile", nargs="?", const="graphs", default="eager",
+                   help="comma list of engine step modes to run our engine in: eager, graphs (CUDA-graph replay), "
+                        "or a torch.compile mode (reduce-overhead, ...); --compile alone means graphs")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per configuration")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -191,12 +193,12 @@ def run_hf(target, draft, batches, temperature, args, device, tok, feats=None) -
             "peak_memory_bytes": peak_memory(device)}
 
 
-def run_engine(target, draft, batches, temperature, method, args, device, feats=None) -> dict:
+def run_engine(target, draft, batches, temperature, method, args, device, feats=None, engine="eager") -> dict:
     from tilespec.engine import SpeculativeDecoder, expected_speedup
     from tilespec.verify import SamplingParams
     sampling = SamplingParams(temperature=temperature)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=method,
-                             sampling=sampling, compile=args.compile)
+                             sampling=sampling, compile=False if engine == "eager" else engine)
     def feats_of(start, n):
         return None if feats is None else feats[start:start + n]
     for _ in range(args.warmup):
@@ -290,16 +292,27 @@ def run(args) -> int:
         prompts = prompt_ids(args, tok, vocab)
     methods = [m for m in args.methods.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
+    engines = [e for e in str(args.compile).split(",") if e]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("bench/results") / f"e2e-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+
+    def write(rows):  # after every configuration, so a run cut short still leaves its numbers
+        out.write_text(json.dumps({"environment": environment(device), "settings": setup, "dtype": str(dtype),
+                                   "results": rows}, indent=2))
     results = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         for bs in [int(b) for b in args.batch_sizes.split(",")]:
             batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
-            systems = ([("hf", None)] if "hf" in modes else []) + \
-                      ([("hf-assisted", None)] if "hf-assisted" in modes else []) + \
-                      ([("ar", None)] if "ar" in modes else []) + \
-                      ([(f"tilespec:{m}", m) for m in methods] if "tilespec" in modes else [])
-            base = None
-            for system, method in systems:
+            systems = ([("hf", None, None)] if "hf" in modes else []) + \
+                      ([("hf-assisted", None, None)] if "hf-assisted" in modes else [])
+            for eng in engines:
+                tag = "" if eng == "eager" else f"@{eng}"
+                systems += ([(f"ar{tag}", None, eng)] if "ar" in modes else []) + \
+                           ([(f"tilespec:{m}{tag}", m, eng) for m in methods] if "tilespec" in modes else [])
+            base = {}
+            for system, method, eng in systems:
                 print(f"[e2e] T={temperature:g} B={bs} {system} ...", file=sys.stderr, flush=True)
                 try:
                     with torch.inference_mode():
@@ -308,31 +321,27 @@ def run(args) -> int:
                                        args, device, tok, feats)
                         else:
                             r = run_engine(target, draft if method else None, batches, temperature,
-                                           method or "reference", args, device, feats)
+                                           method or "reference", args, device, feats, engine=eng)
                 except Exception as err:  # noqa: BLE001 - record the failure, keep benchmarking the rest
                     print(f"[e2e]   skipped: {err}", file=sys.stderr)
                     results.append({"system": system, "temperature": temperature, "batch_size": bs,
                                     "error": str(err)})
                     continue
                 seqs = r.pop("sequences")
-                if system == "ar":
-                    base = (seqs, r["tokens_per_second"])
-                elif base is not None and system.startswith("tilespec"):
-                    r["speedup_vs_ar"] = r["tokens_per_second"] / base[1]
+                if system.startswith("ar"):
+                    base[eng] = (seqs, r["tokens_per_second"])
+                elif eng in base and system.startswith("tilespec"):
+                    r["speedup_vs_ar"] = r["tokens_per_second"] / base[eng][1]
                     if temperature == 0:
-                        r["greedy_match_ar"] = sum(a == b for a, b in zip(seqs, base[0])) / len(seqs)
-                r.update(system=system, temperature=temperature, batch_size=bs, requests=len(prompts),
+                        r["greedy_match_ar"] = sum(a == b for a, b in zip(seqs, base[eng][0])) / len(seqs)
+                r.update(system=system, engine=eng, temperature=temperature, batch_size=bs, requests=len(prompts),
                          tokens_per_second_per_request=r["tokens_per_second"] / bs)
                 results.append(r)
+                write(results)
                 print(f"[e2e]   {r['tokens_per_second']:.1f} tok/s"
                       + (f", α={r['alpha']:.3f}, τ={r['block_efficiency']:.2f}" if r.get("alpha") is not None
                          else ""), file=sys.stderr, flush=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = args.out or Path("bench/results") / f"e2e-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
-    out.write_text(json.dumps({"environment": environment(device), "settings": setup, "dtype": str(dtype),
-                               "results": results}, indent=2))
+    write(results)
     plotted = plot([r for r in results if "error" not in r], out.with_suffix(".png"))
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if plotted else " (no matplotlib: no plot)"))
     return 0

@@ -30,6 +30,14 @@ def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (prod >> 32) & _MASK32, prod & _MASK32
 
 
+def _word(x, device: torch.device) -> torch.Tensor:
+    """A counter word as int64 on ``device`` (a Python int becomes a fill, never a host-to-device copy, so the
+    generator can be captured in a CUDA graph)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.int64) & _MASK32
+    return torch.full((), int(x) & _MASK32, dtype=torch.int64, device=device)
+
+
 def philox_uint32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: int | torch.Tensor,
                   c3: int | torch.Tensor = 0) -> torch.Tensor:
     """First output word of Philox-4x32-10 as an int64 tensor holding values in [0, 2^32).
@@ -40,10 +48,7 @@ def philox_uint32(seed: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: in
     seed = torch.as_tensor(seed, dtype=torch.int64)
     k0 = seed & _MASK32
     k1 = (seed >> 32) & _MASK32
-    c0 = torch.as_tensor(c0, dtype=torch.int64, device=seed.device) & _MASK32
-    c1 = torch.as_tensor(c1, dtype=torch.int64, device=seed.device) & _MASK32
-    c2 = torch.as_tensor(c2, dtype=torch.int64, device=seed.device) & _MASK32
-    c3 = torch.as_tensor(c3, dtype=torch.int64, device=seed.device) & _MASK32
+    c0, c1, c2, c3 = (_word(c, seed.device) for c in (c0, c1, c2, c3))
     c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(c0, c1, c2, c3, k0, k1)
     for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mulhilo(_ROUND_B, c2)

@@ -1,0 +1,73 @@
+"""The CUDA-graph fast path (compile="graphs") gives the same tokens as the eager engine (run with -m gpu)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.graphs import GraphCache
+from tilespec.engine.runner import step_mode
+from tilespec.verify import SamplingParams
+
+from engine_models import layer_skip, tiny_lm, tiny_whisper
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]]
+
+
+def test_step_mode_resolution():
+    cpu = torch.device("cpu")
+    assert step_mode(False, cpu) == "eager" and step_mode(True, cpu) == "eager"
+    assert step_mode("debug", cpu) == "compile"
+    with pytest.raises(ValueError, match="CUDA"):
+        step_mode("graphs", cpu)
+    with pytest.raises(TypeError):
+        step_mode(3, cpu)
+
+
+def test_graph_cache_refuses_cpu_tensors():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        GraphCache(lambda x, key=None: x * 2)(torch.ones(2))
+
+
+@pytest.mark.gpu
+@cuda
+def test_graph_cache_replays_with_new_inputs():
+    cache = GraphCache(lambda x, y, key=None: x * 2 + y)
+    x = torch.arange(4.0, device="cuda")
+    assert torch.equal(cache(x, x), 3 * x)
+    assert torch.equal(cache(x + 1, x), 3 * x + 2)
+    assert len(cache) == 1
+    cache(torch.ones(3, device="cuda"), torch.ones(3, device="cuda"))
+    assert len(cache) == 2
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("method", ["reference", "fused"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graphs_match_eager(method, temperature):
+    target = tiny_lm(0, logit_scale=20.0).cuda()
+    draft = layer_skip(target, 1).cuda()
+    outs = {}
+    for mode in (False, "graphs"):
+        dec = SpeculativeDecoder(target, draft, gamma=3, gamma_schedule="heuristic", max_gamma=6, method=method,
+                                 sampling=SamplingParams(temperature=temperature), eos_token_id=[], compile=mode)
+        outs[mode] = [dec.generate(PROMPTS, max_new_tokens=20, seed=7).sequences,
+                      dec.generate(PROMPTS[:1], max_new_tokens=20, seed=7).sequences]
+    assert outs[False] == outs["graphs"]
+
+
+@pytest.mark.gpu
+@cuda
+def test_graphs_whisper_match_eager():
+    target = tiny_whisper(0).cuda()
+    draft = target  # self-speculation shares the encoder
+    feats = torch.randn(2, target.config.num_mel_bins, 32, device="cuda")
+    prompts = [[1, 2], [1, 2]]
+    outs = []
+    for mode in (False, "graphs"):
+        dec = SpeculativeDecoder(target, draft, gamma=3, method="fused", sampling=SamplingParams.greedy(),
+                                 eos_token_id=[], compile=mode)
+        outs.append(dec.generate(prompts, max_new_tokens=10, input_features=feats).sequences)
+    assert outs[0] == outs[1]
