@@ -18,6 +18,7 @@ PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]
 def test_step_mode_resolution():
     cpu = torch.device("cpu")
     assert step_mode(False, cpu) == "eager" and step_mode(True, cpu) == "eager"
+    assert step_mode(True, torch.device("cuda")) == "compiled-graphs"
     assert step_mode("debug", cpu) == "compile"
     with pytest.raises(ValueError, match="CUDA"):
         step_mode("graphs", cpu)
@@ -71,3 +72,29 @@ def test_graphs_whisper_match_eager():
                                  eos_token_id=[], compile=mode)
         outs.append(dec.generate(prompts, max_new_tokens=10, input_features=feats).sequences)
     assert outs[0] == outs[1]
+
+
+def test_compile_decoder_layers_in_place_and_undo():
+    from tilespec.engine.runner import compile_decoder_layers, decoder_layers, uncompile_decoder_layers
+    target = tiny_lm(0, logit_scale=20.0)
+    x = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        before = target(x).logits
+        assert compile_decoder_layers(target, backend="eager") == len(decoder_layers(target))
+        assert compile_decoder_layers(target, backend="eager") == 0  # idempotent
+        assert torch.allclose(target(x).logits, before, atol=1e-5)
+    uncompile_decoder_layers(target)
+    assert all(layer._compiled_call_impl is None for layer in decoder_layers(target))
+    with pytest.raises(ValueError, match="decoder layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.gpu
+@cuda
+def test_compiled_graphs_greedy_matches_target():
+    target = tiny_lm(0, logit_scale=20.0).cuda()
+    draft = layer_skip(target, 1).cuda()
+    eager = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(), eos_token_id=[])
+    fast = SpeculativeDecoder(target, draft, gamma=3, method="fused", sampling=SamplingParams.greedy(),
+                              eos_token_id=[], compile="compiled-graphs")
+    assert fast.generate(PROMPTS, max_new_tokens=16).sequences == eager.generate(PROMPTS, max_new_tokens=16).sequences

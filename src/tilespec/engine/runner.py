@@ -21,23 +21,68 @@ from .cache import SlotCache, gather_slots
 from .graphs import GraphCache
 
 
-def step_mode(compile: bool | str, device: torch.device) -> str:
-    """How a runner executes decode/verify forwards: "eager", "graphs" (CUDA-graph capture) or "compile".
+GRAPH_MODES = ("graphs", "compiled-graphs")
 
-    compile=False -> eager; True -> "graphs" on CUDA and eager elsewhere; "graphs" -> CUDA graphs (CUDA only);
-    "debug" or a torch.compile mode string ("reduce-overhead", "max-autotune", ...) -> torch.compile.
+
+def step_mode(compile: bool | str, device: torch.device) -> str:
+    """How a runner executes decode/verify forwards: "eager", "graphs", "compiled-graphs" or "compile".
+
+    compile=False -> eager; True -> "compiled-graphs" on CUDA and eager elsewhere; "graphs" -> eager kernels
+    captured in CUDA graphs; "compiled-graphs" -> the decoder layers compiled with torch.compile (regional
+    compilation: fused norms / rotary / activations) and captured in CUDA graphs; "debug" or a torch.compile mode
+    string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
     """
     if compile is False or compile is None:
         return "eager"
     if compile is True:
-        return "graphs" if device.type == "cuda" else "eager"
-    if compile == "graphs":
+        return "compiled-graphs" if device.type == "cuda" else "eager"
+    if compile in GRAPH_MODES:
         if device.type != "cuda":
-            raise ValueError("compile='graphs' needs a CUDA device")
-        return "graphs"
+            raise ValueError(f"compile={compile!r} needs a CUDA device")
+        return compile
     if not isinstance(compile, str):
         raise TypeError(f"compile must be a bool or a string, got {compile!r}")
     return "compile"
+
+
+def _raise_recompile_limits(limit: int) -> None:
+    cfg = torch._dynamo.config
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, knob):
+            setattr(cfg, knob, max(getattr(cfg, knob), limit))
+    for knob in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, knob):
+            setattr(cfg, knob, max(getattr(cfg, knob), 16 * limit))
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The decoder's layer list (``model.get_decoder().layers``): Llama/Qwen/Gemma families and Whisper."""
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(dec, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (expected get_decoder().layers)")
+    return layers
+
+
+def compile_decoder_layers(model, backend: str = "inductor") -> int:
+    """torch.compile every decoder layer in place (``nn.Module.compile``); returns how many were compiled.
+
+    Regional compilation: the layers share one code object, so compilation cost is paid per distinct layer index /
+    shape guard rather than for one huge graph, and shapes become dynamic after the first change (dynamic=None).
+    Other users of the same model object get the compiled layers too; :func:`uncompile_decoder_layers` undoes it.
+    """
+    _raise_recompile_limits(1024)
+    n = 0
+    for layer in decoder_layers(model):
+        if getattr(layer, "_compiled_call_impl", None) is None:
+            layer.compile(backend=backend, dynamic=None)
+            n += 1
+    return n
+
+
+def uncompile_decoder_layers(model) -> None:
+    for layer in decoder_layers(model):
+        layer._compiled_call_impl = None
 
 
 def is_encoder_decoder(model) -> bool:
@@ -74,15 +119,14 @@ class ModelRunner:
         self._step = self._forward
         self.mode = step_mode(compile, self.device)
         self.compiled = self.mode != "eager"
-        if self.mode == "graphs":
+        if self.mode in GRAPH_MODES:
+            if self.mode == "compiled-graphs":
+                compile_decoder_layers(model)
             self._step = GraphCache(self._graph_forward)
         elif self.mode == "compile":
             mode = str(compile)
             # one graph per (batch size, q in {1, 2, γ+1}); adaptive γ and shrinking batches need more than 8
-            cfg = torch._dynamo.config
-            for knob in ("recompile_limit", "cache_size_limit"):
-                if hasattr(cfg, knob):
-                    setattr(cfg, knob, max(getattr(cfg, knob), 64))
+            _raise_recompile_limits(64)
             torch._dynamo.mark_static_address(self.cache.write_pos)
             if compile == "debug":
                 self._step = torch.compile(self._forward, backend="eager", dynamic=False)

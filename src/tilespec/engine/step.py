@@ -72,7 +72,7 @@ def _sampler(mode: str):
     """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
     paths run it as one CUDA graph or one compiled function)."""
     global _COMPILED_SAMPLER
-    if mode == "graphs":
+    if mode in ("graphs", "compiled-graphs"):
         return _graphed_sampler
     if mode == "eager":
         return sample_draft
@@ -172,6 +172,6 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         out = nxt[:, None]
     else:
         num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                      state.seq_len, graphs=target.mode == "graphs")
+                                      state.seq_len, graphs=target.mode in ("graphs", "compiled-graphs"))
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

@@ -201,21 +201,28 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
                              sampling=sampling, compile=False if engine == "eager" else engine)
     def feats_of(start, n):
         return None if feats is None else feats[start:start + n]
+    t_warm = time.perf_counter()
     for _ in range(args.warmup):
         dec.generate(batches[0], max_new_tokens=args.max_new_tokens,  # same shapes as the timed runs
                      input_features=feats_of(0, len(batches[0])))
+    warmup_seconds = time.perf_counter() - t_warm  # includes graph capture / compilation
     seqs, runs = [], []
     for i, batch in enumerate(batches):
         out = dec.generate(batch, max_new_tokens=args.max_new_tokens, seed=1000 * i,
                            input_features=feats_of(len(seqs), len(batch)))
         seqs += out.sequences
         runs.append(out.stats)
+    if engine == "compiled-graphs":  # leave the models as they were for the next system (HF baselines: eager)
+        from tilespec.engine.runner import uncompile_decoder_layers
+        for m in (target, draft) if draft is not None else (target,):
+            uncompile_decoder_layers(m)
     n = sum(s.new_tokens for s in runs)
     wall = sum(s.wall_time for s in runs)
     times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
     res = {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall, "times": times,
            "peak_memory_bytes": max(s.peak_memory_bytes for s in runs), "steps": sum(s.steps for s in runs),
-           "kv_cache_bytes": max(s.kv_cache_bytes for s in runs), "defrags": sum(s.defrags for s in runs)}
+           "kv_cache_bytes": max(s.kv_cache_bytes for s in runs), "defrags": sum(s.defrags for s in runs),
+           "warmup_seconds": warmup_seconds}
     step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
     res["verify_share"] = times.get("verify", 0.0) / step if step else None
     if draft is not None:
