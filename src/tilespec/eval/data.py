@@ -7,7 +7,9 @@ Where the data comes from:
     ``summaries``).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
   * synthetic: English sentences (XSum reference summaries) spoken by Debian's ``espeak-ng``; transcripts are exact
-    but the speech is robotic. It is NOT LibriSpeech and its WER is not comparable with the paper's.
+    but the speech is robotic. It is NOT LibriSpeech and its WER is not comparable with the paper's. Read from a set
+    folder made by ``tilespec eval make-synthetic`` (``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``; see synth.py),
+    or synthesised on the fly when no folder is given and espeak-ng is installed.
 
 The shared data folder is ``$TILESPEC_DATA`` when set, else ``../shared/data`` beside the repository.
 Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
@@ -134,7 +136,7 @@ def resample(audio, sr: int, target: int = 16000):
 
 def load_ljspeech(folder: Path | None = None) -> list[dict]:
     """The transcribed LJSpeech clips: ``{id, reference, audio (float32, 16 kHz)}``; reference = normalized text."""
-    import soundfile as sf
+    from .synth import read_audio
 
     folder = Path(folder) if folder is not None else data_root() / "ljspeech"
     meta = folder / "metadata.csv"
@@ -148,7 +150,7 @@ def load_ljspeech(folder: Path | None = None) -> list[dict]:
         if len(parts) < 2:
             raise ValueError(f"bad LJSpeech metadata line: {line[:80]!r}")
         cid, text = parts[0], parts[2] if len(parts) > 2 and parts[2] else parts[1]
-        audio, sr = sf.read(folder / "wavs" / f"{cid}.flac", dtype="float32")
+        audio, sr = read_audio(folder / "wavs" / f"{cid}.flac")
         out.append(dict(id=cid, reference=text, audio=resample(audio, sr)))
     return out
 
@@ -159,30 +161,40 @@ def espeak_available() -> bool:
 
 def synthesize(text: str, voice: str = "en-us", speed: int = 160):
     """Speak ``text`` with espeak-ng; float32 audio at 16 kHz. RuntimeError when espeak-ng is missing or fails."""
-    import soundfile as sf
+    from .synth import speak
 
-    exe = shutil.which("espeak-ng")
-    if exe is None:
-        raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng); synthetic ASR is skipped")
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = Path(tmp) / "s.wav"
-        done = subprocess.run([exe, "-v", voice, "-s", str(speed), "-w", str(wav), text], capture_output=True,
-                              text=True)
-        if done.returncode != 0 or not wav.is_file():
-            raise RuntimeError(f"espeak-ng failed: {done.stderr.strip()[-300:]}")
-        audio, sr = sf.read(wav, dtype="float32")
-    return resample(audio, sr)
+    return speak(text, voice, speed)
 
 
-def load_synthetic(n: int = 32, seed: int = 0, max_words: int = 40, xsum: list | None = None) -> list[dict]:
-    """``n`` XSum reference summaries (<= max_words words) spoken by espeak-ng: ``{id, reference, audio}``.
+def synthetic_dir(path: Path | None = None) -> Path | None:
+    """The synthetic set folder: ``path``, else ``$TILESPEC_SYNTH_DIR``, else ``$TILESPEC_HOME/data/synth-asr`` when
+    it holds a manifest; None when there is none (then clips are synthesised on the fly)."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("TILESPEC_SYNTH_DIR")
+    if env:
+        return Path(env).expanduser()
+    default = tilespec_home() / "data" / "synth-asr"
+    return default if (default / "manifest.jsonl").is_file() else None
 
-    Labelled ``synthetic-espeak``: robotic text-to-speech, not LibriSpeech; the transcripts are exact."""
+
+def load_synthetic(n: int | None = 32, seed: int = 0, max_words: int = 25, xsum: list | None = None,
+                   folder: Path | None = None) -> list[dict]:
+    """Synthetic espeak-ng clips ``{id, reference, audio, ...}``: ``n`` of a set folder (subsampled with ``seed``),
+    or, without a folder, ``n`` XSum summaries synthesised now (needs espeak-ng).
+
+    Labelled ``synthetic-espeak-ng``: robotic text-to-speech, NOT LibriSpeech; the transcripts are exact."""
+    folder = synthetic_dir(folder)
+    if folder is not None:
+        from .synth import load_manifest
+        return subsample(load_manifest(folder), n, seed)
     if not espeak_available():
-        raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng); synthetic ASR is skipped")
-    rows = [r for r in (xsum if xsum is not None else load_xsum()) if len(r["reference"].split()) <= max_words]
-    return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=synthesize(r["reference"]))
-            for r in subsample(rows, n, seed)]
+        raise RuntimeError("no synthetic ASR set folder (--synthetic-dir / $TILESPEC_SYNTH_DIR) and espeak-ng is not "
+                           "installed (apt-get install espeak-ng) to synthesise one")
+    from .synth import pick_sentences, speak
+    rows = pick_sentences(xsum if xsum is not None else load_xsum(), n or 32, seed, 5, max_words)
+    return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=speak(r["reference"]), voice="en-us",
+                 speed=160, source=f"xsum:{r['id']}", kind="synthetic-espeak-ng") for r in rows]
 
 
 DATASETS = {"summarization": ("xsum", "cnndm"), "asr": ("ljspeech", "synthetic")}
@@ -200,4 +212,4 @@ def load_dataset(task: str, name: str, limit: int | None = None, seed: int = 0, 
         return subsample(load_cnndm(path), limit, seed)
     if name == "ljspeech":
         return subsample(load_ljspeech(path), limit, seed)
-    return load_synthetic(limit or 32, seed)
+    return load_synthetic(limit, seed, folder=path)

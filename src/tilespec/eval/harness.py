@@ -1,8 +1,9 @@
 """The evaluation loop: decode the same examples with each verification method and aggregate what was measured.
 
 Protocol (the seed paper's, §4.1): batch size 1, the transformers γ heuristic (start 5, +2 when a whole draft is
-accepted, else -1), seeds ``seed + i`` for example i under every method, a warm-up generation per method that is not
-counted. Per method we keep the texts, the accuracy metric, the time inside ``verify()`` (CUDA events on GPU,
+accepted, else -1), seeds ``seed + i`` for example i under every method, and an uncounted warm-up per method (see
+:func:`warm_up`) that visits every draft length K the schedule can reach, so that no Triton compilation, CUDA-graph
+capture or other first-call cost lands inside a timed region. Per method we keep the texts, the accuracy metric, the time inside ``verify()`` (CUDA events on GPU,
 perf_counter on CPU; the engine's RunStats), the wall clock of the whole decoding loop, acceptance, peak memory and
 the bytes the verification must read; Δ% columns compare each method with the ``hf`` baseline.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -49,6 +51,11 @@ class EvalConfig:
     scales: tuple = (10.0, 1e3, 1e4, 1e5)
     sweep_max_new_tokens: int = 40
     warmup: bool = True
+    compile: str = "auto"
+    time_budget: Optional[float] = None
+    main_share: float = 0.6
+
+    COMPILE_MODES = ("auto", "eager", "graphs", "compiled-graphs")
 
     def __post_init__(self):
         self.methods = tuple(self.methods)
@@ -77,11 +84,49 @@ class EvalConfig:
             raise ValueError("gamma values must be >= 1")
         if any(s <= 0 for s in self.scales):
             raise ValueError("sigmoid scales must be > 0 (alpha = -s, beta = s)")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
+        if not 0 < self.main_share <= 1:
+            raise ValueError(f"main_share must be in (0, 1], got {self.main_share!r}")
+        if self.compile not in self.COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(self.COMPILE_MODES)}, got {self.compile!r}")
         if self.sigmoid_scale is None:
             self.sigmoid_scale = SIGMOID_SCALE[self.task]
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+def engine_compile(cfg: EvalConfig, device) -> bool | str:
+    """The ``compile`` argument for :class:`SpeculativeDecoder`: "auto" = plain CUDA-graph capture ("graphs") on
+    CUDA when the engine has it (``tilespec.engine.runner.step_mode``), else eager; "eager" = False; "graphs" and
+    "compiled-graphs" are passed on as they are."""
+    if cfg.compile == "eager":
+        return False
+    if cfg.compile != "auto":
+        return cfg.compile
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        from tilespec.engine.runner import step_mode  # noqa: F401  (present once the engine has CUDA graphs)
+    except ImportError:
+        return False
+    return "graphs"
+
+
+def _drop_sigmoid_graphs() -> None:
+    """Forget CUDA graphs captured for ``sigmoid``: α and β are kernel arguments baked into a captured graph, and
+    the engine's verify-graph key is (method, sampling), so a graph captured at one scale would replay at another."""
+    try:
+        from tilespec.engine import step
+    except ImportError:
+        return
+    cache = getattr(step, "_VERIFY_GRAPHS", None)
+    graphs = getattr(cache, "_graphs", None)
+    if isinstance(graphs, dict):
+        for sig in [s for s in graphs if isinstance(s, tuple) and s and isinstance(s[0], tuple) and s[0]
+                    and s[0][0] == "sigmoid"]:
+            del graphs[sig]
 
 
 @contextlib.contextmanager
@@ -90,11 +135,204 @@ def sigmoid_constants(scale: float):
     from tilespec.verify.methods import sigmoid as sig
 
     old = sig.get_constants()
+    changed = old != (-float(scale), float(scale))
     sig.set_constants(-float(scale), float(scale))
+    if changed:
+        _drop_sigmoid_graphs()
     try:
         yield
     finally:
         sig.set_constants(*old)
+        if changed:
+            _drop_sigmoid_graphs()
+
+
+def reachable_ks(gamma: int, schedule: str, max_gamma: int, temperature: float) -> list[int]:
+    """Every draft length K that ``verify()`` can see in a generation: the engine drafts
+    ``min(schedule γ, remaining - 1)``, so K runs over 0..γ_max (γ_max = γ for a constant schedule, else
+    max(max_gamma, γ)). K = 0 (the last token of a generation, no draft) reaches ``verify()`` only when sampling."""
+    top = gamma if schedule == "constant" else max(max_gamma, gamma)
+    lo = 0 if temperature > 0 else 1
+    return list(range(lo, top + 1))
+
+
+def draft_kinds(k: int, temperature: float) -> tuple:
+    """The draft kinds the engine passes to ``verify()`` at draft length ``k``: draft logits when sampling with a
+    draft, none (one-hot drafts) when greedy or when nothing was drafted."""
+    return ("logits",) if k > 0 and temperature > 0 else ("none",)
+
+
+@dataclass
+class VerifyCall:
+    """What the engine passed to ``verify()`` in a real step: dtypes, vocabulary, device, graph replay or not."""
+
+    logits_dtype: torch.dtype
+    draft_dtype: Optional[torch.dtype]
+    vocab: int
+    device: torch.device
+    graphs: bool
+    seeds: torch.Tensor
+    offsets: torch.Tensor
+
+
+@contextlib.contextmanager
+def record_verify_calls(calls: list):
+    """Record every ``engine.step.run_verify`` call (as :class:`VerifyCall`) while the context is open."""
+    from tilespec.engine import step
+
+    original = step.run_verify
+
+    def recording(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs):
+        calls.append(VerifyCall(target_logits.dtype, draft_logits.dtype if draft_logits is not None else None,
+                                int(target_logits.shape[-1]), target_logits.device, bool(graphs),
+                                seeds.detach().clone(), offsets.detach().clone()))
+        return original(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs)
+
+    step.run_verify = recording
+    try:
+        yield calls
+    finally:
+        step.run_verify = original
+
+
+def warm_verify(method: str, sampling, ks, call: VerifyCall, temperature: float) -> list[tuple]:
+    """Run ``verify()`` through the engine's own entry point (``engine.step.run_verify``, same graph/eager path,
+    same dtypes) for every K in ``ks`` and every draft kind the engine uses there; returns the (K, kind) visited.
+
+    Compiles every Triton variant and captures every CUDA graph the timed run can need (the verify kernels'
+    variants differ by draft kind and by K = 0 vs K > 0, and each K is its own graph)."""
+    from tilespec.engine.step import run_verify
+
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    visited = []
+    batch = int(call.seeds.shape[0])
+    for k in ks:
+        for kind in draft_kinds(k, temperature):
+            tl = torch.randn(batch, k + 1, call.vocab, generator=gen).to(call.device, call.logits_dtype)
+            dt = torch.randint(0, call.vocab, (batch, k), generator=gen).to(call.device)
+            dl = None
+            if kind == "logits":
+                dl = torch.randn(batch, k, call.vocab, generator=gen).to(call.device, call.draft_dtype or
+                                                                       call.logits_dtype)
+            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs)
+            visited.append((k, kind))
+    if call.device.type == "cuda":
+        torch.cuda.synchronize(call.device)
+    return visited
+
+
+class _ForcedSchedule:
+    """A γ schedule that first returns the given values in order, then behaves like the wrapped one."""
+
+    def __init__(self, inner, forced):
+        self.inner, self.forced = inner, list(forced)
+
+    def next(self) -> int:
+        return self.forced.pop(0) if self.forced else self.inner.next()
+
+    def update(self, *args, **kwargs) -> None:
+        self.inner.update(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@contextlib.contextmanager
+def forced_gammas(values):
+    """Make decoders created inside the context draft ``values`` (in order) on their first steps."""
+    from tilespec.engine import decoder as dec_mod
+
+    original = dec_mod.GammaSchedule
+
+    def factory(*args, **kwargs):
+        return _ForcedSchedule(original(*args, **kwargs), values)
+
+    dec_mod.GammaSchedule = factory
+    try:
+        yield
+    finally:
+        dec_mod.GammaSchedule = original
+
+
+_WARM_MODEL_KS: dict = {}   # (target, draft, capacity bucket, limit, compile) -> draft lengths already warmed
+
+
+def _capacity_bucket(width: int, limit: int, gamma_max: int) -> int:
+    """The engine's compiled KV capacity for a batch-1 prompt of ``width`` tokens (decoder.stream: width +
+    max_new_tokens + gamma_max + 2, rounded up to 256); only used to warm each graph bucket once."""
+    return -(-(width + limit + gamma_max + 2) // 256) * 256
+
+
+def plan_forced(ks, limit: int) -> list[list[int]]:
+    """Split the draft lengths ``ks`` (> 0) into forced-γ sequences that each fit one generation of ``limit`` new
+    tokens: a step drafting k consumes at most k + 1 tokens and the engine drafts min(γ, remaining - 1)."""
+    todo = sorted((k for k in set(ks) if 0 < k <= limit - 1), reverse=True)
+    plans = []
+    while todo:
+        chunk, budget = [], limit
+        for k in list(todo):
+            if k + 1 <= budget:
+                chunk.append(k)
+                budget -= k + 1
+                todo.remove(k)
+        plans.append(chunk)
+    return plans
+
+
+def warm_models(dec, prepared: list, ks, limit: int, gamma_max: int, seed: int) -> int:
+    """CUDA-graph mode, decoder-only models: for each KV-capacity bucket of the inputs, generations with a forced γ
+    sequence that drafts every K in ``ks`` once, so each (q, capacity) model-forward graph is captured before
+    timing. Runners (and their graphs) are shared process-wide, so each (bucket, K) is warmed once per process.
+    Returns the number of warm-up generations run."""
+    from tilespec.engine.runner import is_encoder_decoder
+
+    if not dec.compile or is_encoder_decoder(dec.target):
+        return 0   # eager forwards need no capture; encoder-decoder runners are rebuilt (recaptured) per generation
+    runs = 0
+    for p in prepared:
+        bucket = _capacity_bucket(len(p.ids), limit, gamma_max)
+        key = (id(dec.target), id(dec.draft), bucket, limit, str(dec.compile))
+        done = _WARM_MODEL_KS.setdefault(key, set())
+        for chunk in plan_forced([k for k in ks if k not in done], limit):
+            with forced_gammas(chunk):
+                stream = dec.stream(input_ids=[p.ids], max_new_tokens=limit, seed=seed, input_features=p.features)
+                for k in chunk:
+                    if next(stream, None) is None:
+                        break
+                    done.add(k)
+                stream.close()
+            runs += 1
+    return runs
+
+
+def warm_up(dec, prepared: list, method: str, cfg: EvalConfig, *, gamma: int, schedule: str, limit: int,
+            exhaustive: Optional[bool] = None) -> dict:
+    """The uncounted warm-up of one method before its timed generations:
+
+    1. one short real generation (lazy initialisations, and it records how the engine calls ``verify()``);
+    2. ``verify()`` for every K in :func:`reachable_ks` and every draft kind of :func:`draft_kinds` through the
+       engine's own ``run_verify`` (Triton compilations, CUDA-graph captures);
+    3. with CUDA-graph model forwards, every (q, capacity) forward graph (:func:`warm_models`).
+    Steps 2-3 run on CUDA only by default (``exhaustive=None``): on CPU nothing is compiled or captured, and
+    Triton's interpreter would spend minutes on them. Returns what was warmed (recorded in the results)."""
+    if not prepared:
+        return {}
+    if exhaustive is None:
+        exhaustive = next(dec.target.parameters()).device.type == "cuda"
+    p = prepared[0]
+    calls: list = []
+    with record_verify_calls(calls):
+        dec.generate(input_ids=[p.ids], max_new_tokens=min(8, limit), seed=cfg.seed, input_features=p.features)
+    ks = reachable_ks(gamma, schedule, max(cfg.max_gamma, gamma), cfg.temperature)
+    info = dict(ks=ks, verify_calls=0, model_generations=0, exhaustive=bool(exhaustive))
+    if not exhaustive:
+        return info
+    if calls and dec.draft is not None:
+        info["verify_calls"] = len(warm_verify(method, dec.sampling, ks, calls[0], cfg.temperature))
+    if dec.draft is not None:
+        gmax = gamma if schedule == "constant" else max(cfg.max_gamma, gamma)
+        info["model_generations"] = warm_models(dec, prepared, ks, limit, gmax, cfg.seed)
+    return info
 
 
 def _vocab_and_itemsize(model) -> tuple[int, int]:
@@ -110,32 +348,48 @@ class MethodRun:
     sequences: list = field(default_factory=list)
     texts: list = field(default_factory=list)
     stats: list = field(default_factory=list)
+    warmup: dict = field(default_factory=dict)
 
 
-def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,
-               schedule: Optional[str] = None, max_new_tokens: Optional[int] = None, warmup: bool = True) -> MethodRun:
-    """Decode every prepared input (batch 1, seed ``cfg.seed + i``) with ``method``; one uncounted warm-up first."""
+def make_decoder(target, draft, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,
+                 schedule: Optional[str] = None):
+    """The :class:`SpeculativeDecoder` of one (method, γ, schedule) setting of ``cfg``."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify.types import SamplingParams
 
     gamma = gamma or cfg.gamma
-    dec = SpeculativeDecoder(target, draft, gamma=gamma, gamma_schedule=schedule or cfg.schedule,
-                             max_gamma=max(cfg.max_gamma, gamma), method=method,
-                             sampling=SamplingParams(temperature=cfg.temperature))
+    device = next(target.parameters()).device
+    return SpeculativeDecoder(target, draft, gamma=gamma, gamma_schedule=schedule or cfg.schedule,
+                              max_gamma=max(cfg.max_gamma, gamma), method=method,
+                              sampling=SamplingParams(temperature=cfg.temperature),
+                              compile=engine_compile(cfg, device))
+
+
+def _method_ctx(method: str, cfg: EvalConfig):
+    return sigmoid_constants(cfg.sigmoid_scale) if method == "sigmoid" else contextlib.nullcontext()
+
+
+def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,
+               schedule: Optional[str] = None, max_new_tokens: Optional[int] = None, warmup: bool = True) -> MethodRun:
+    """Decode every prepared input (batch 1, seed ``cfg.seed + i``) with ``method``; uncounted warm-up first."""
+    gamma = gamma or cfg.gamma
+    schedule = schedule or cfg.schedule
+    dec = make_decoder(target, draft, method, cfg, gamma=gamma, schedule=schedule)
     limit = max_new_tokens or cfg.max_new_tokens
     run = MethodRun(method=method)
-    scale = cfg.sigmoid_scale if method == "sigmoid" else None
-    ctx = sigmoid_constants(scale) if scale is not None else contextlib.nullcontext()
-    with ctx:
+    with _method_ctx(method, cfg):
         if warmup and prepared:
-            p = prepared[0]
-            dec.generate(input_ids=[p.ids], max_new_tokens=min(8, limit), seed=cfg.seed, input_features=p.features)
+            run.warmup = warm_up(dec, prepared, method, cfg, gamma=gamma, schedule=schedule, limit=limit)
         for i, p in enumerate(prepared):
-            out = dec.generate(input_ids=[p.ids], max_new_tokens=limit, seed=cfg.seed + i, input_features=p.features)
-            run.sequences.append(list(out.sequences[0]))
-            run.texts.append(task.decode(out.sequences[0]))
-            run.stats.append(out.stats)
+            _generate_into(run, dec, task, p, cfg.seed + i, limit)
     return run
+
+
+def _generate_into(run: MethodRun, dec, task, p, seed: int, limit: int) -> None:
+    out = dec.generate(input_ids=[p.ids], max_new_tokens=limit, seed=seed, input_features=p.features)
+    run.sequences.append(list(out.sequences[0]))
+    run.texts.append(task.decode(out.sequences[0]))
+    run.stats.append(out.stats)
 
 
 def summarize(run: MethodRun, target, *, task=None, examples: Optional[list] = None) -> dict:
@@ -195,18 +449,42 @@ def clean(obj):
     return obj
 
 
-def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print) -> dict:
-    """The main comparison (paper Tables 1, 5, 6): every method on every example with the heuristic γ."""
+def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print,
+             deadline: Optional[float] = None) -> dict:
+    """The main comparison (paper Tables 1, 5, 6): every method on every example with the heuristic γ.
+
+    Every method is warmed up first; then the examples are decoded example-major (example i with every method,
+    then example i + 1), so that a ``deadline`` (time.time() value) cuts all methods at the same example count:
+    after the deadline no new example is started (at least one is always done). Each row's ``examples`` says how
+    many were decoded."""
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     prepared = [task.prepare(e, device, dtype) for e in examples]
+    decs = {m: make_decoder(target, draft, m, cfg) for m in cfg.methods}
+    runs = {m: MethodRun(method=m) for m in cfg.methods}
+    for m in cfg.methods:
+        with _method_ctx(m, cfg):
+            if cfg.warmup and prepared:
+                runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
+                                         limit=cfg.max_new_tokens)
+    log(f"  [{time.strftime('%H:%M:%S')}] warm-up done ({', '.join(cfg.methods)})")
+    for i, p in enumerate(prepared):
+        if i > 0 and deadline is not None and time.time() > deadline:
+            log(f"  time budget reached: main comparison on {i} of {len(prepared)} examples")
+            break
+        for m in cfg.methods:
+            with _method_ctx(m, cfg):
+                _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
+        if (i + 1) % 5 == 0 or i + 1 == len(prepared):
+            log(f"  [{time.strftime('%H:%M:%S')}] {i + 1}/{len(prepared)} examples")
+    n = len(runs[cfg.methods[0]].stats)
     rows, seqs = {}, {}
-    for method in cfg.methods:
-        run = decode_all(target, draft, task, prepared, method, cfg, warmup=cfg.warmup)
-        rows[method] = summarize(run, target, task=task, examples=examples)
-        seqs[method] = run.sequences
-        r = rows[method]
-        log(f"  {method:8s} {task.metric}={r[task.metric]:.4f} verify={r['verify_time_s']:.3f}s "
+    for m in cfg.methods:
+        rows[m] = summarize(runs[m], target, task=task, examples=examples[:n])
+        rows[m]["warmup"] = runs[m].warmup
+        seqs[m] = runs[m].sequences
+        r = rows[m]
+        log(f"  {m:8s} {task.metric}={r[task.metric]:.4f} verify={r['verify_time_s']:.3f}s "
             f"({r['verify_step_ms']:.3f} ms/step) wall={r['wall_time_s']:.2f}s alpha={r['alpha']:.3f}")
     add_deltas(rows, sequences=seqs)
     return rows

