@@ -139,7 +139,7 @@ def test_sampling_run_all_studies_and_report(lm_pair, tmp_path):
     assert len(doc["runs"]) == 1
     json.loads(path.read_text())
     text = build_report(tmp_path, tmp_path / "REPORT.md", tmp_path / "figs")
-    assert "Table 1 layout" in text and "Table 8 layout" in text and "paper's numbers" in text
+    assert "## Table 1" in text and "## Table 8" in text and "| paper |" in text and "## Tables 2 / 7" in text
     assert (tmp_path / "figs" / "fig3-time-per-step.png").is_file()
 
 

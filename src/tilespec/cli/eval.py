@@ -60,6 +60,8 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--accept-gammas", type=_int_list, default=[3, 5, 10, 15], help="initial γ values (3,5,10,15)")
     p.add_argument("--scales", type=_float_list, default=[10.0, 1e3, 1e4, 1e5], help="sigmoid scales s")
     p.add_argument("--sweep-max-new-tokens", type=int, default=40)
+    p.add_argument("--sweep-schedule", default="constant", choices=("constant", "heuristic"),
+                   help="γ sweep (Fig. 3-5): constant γ (default) or the heuristic started at γ (the paper's)")
     p.add_argument("--max-article-chars", type=int, default=4000, help="cut articles to this many characters")
     p.add_argument("--compile", default="auto", choices=("auto", "eager", "graphs", "compiled-graphs"),
                    help="engine forwards: auto = CUDA graphs ('graphs') on CUDA when the engine has them, else eager")
@@ -128,7 +130,8 @@ def build_config(args):
                       sweep_limit=args.sweep_limit, sweep_gammas=tuple(args.sweep_gammas),
                       accept_gammas=tuple(args.accept_gammas), scales=tuple(args.scales),
                       sweep_max_new_tokens=args.sweep_max_new_tokens, max_article_chars=args.max_article_chars,
-                      compile=args.compile, warmup=not args.no_warmup, time_budget=args.time_budget,
+                      sweep_schedule=args.sweep_schedule, compile=args.compile, warmup=not args.no_warmup,
+                      time_budget=args.time_budget,
                       main_share=args.main_share)
 
 

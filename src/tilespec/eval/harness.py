@@ -50,6 +50,7 @@ class EvalConfig:
     accept_gammas: tuple = (3, 5, 10, 15)
     scales: tuple = (10.0, 1e3, 1e4, 1e5)
     sweep_max_new_tokens: int = 40
+    sweep_schedule: str = "constant"
     warmup: bool = True
     compile: str = "auto"
     time_budget: Optional[float] = None
@@ -88,6 +89,8 @@ class EvalConfig:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
         if not 0 < self.main_share <= 1:
             raise ValueError(f"main_share must be in (0, 1], got {self.main_share!r}")
+        if self.sweep_schedule not in ("constant", "heuristic"):
+            raise ValueError(f"sweep_schedule must be constant or heuristic, got {self.sweep_schedule!r}")
         if self.compile not in self.COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(self.COMPILE_MODES)}, got {self.compile!r}")
         if self.sigmoid_scale is None:

@@ -1,8 +1,9 @@
 """The paper's side studies, run on a fixed subset (the first ``cfg.sweep_limit`` examples of the main sample).
 
 * acceptance (Table 8): heuristic schedule started at γ ∈ ``accept_gammas``; acceptance rate and verify ms/step.
-* gamma (Fig. 3, Figs. 4-5): *constant* γ = 1..20 (the verify shape is then exactly γ); verify ms/step and peak
-  memory (CUDA max allocated; on CPU the process' max RSS, which only grows and says little).
+* gamma (Fig. 3, Figs. 4-5): *constant* γ = 1..20 by default (the verify shape is then exactly γ; the paper varies
+  the initial γ of the heuristic instead: ``sweep_schedule="heuristic"``); verify ms/step and peak memory (CUDA max
+  allocated; on CPU the process' max RSS, which only grows and says little).
 * alphabeta (Tables 2, 7): sigmoid with (α, β) = (-s, s) for s in ``scales``, accuracy and Δ% profiling vs the
   ``hf`` baseline on the same subset; beside each row the acceptance inflation measured in the run itself
   (α_sigmoid - α_baseline) and, when ``tilespec.exactness.distortion`` is available, its TV distance.
@@ -80,7 +81,7 @@ def gamma_study(target, draft, task, examples, cfg: EvalConfig, log=print, deadl
         if _late(deadline, log, f"γ sweep stopped before γ={g} ({sum(map(len, out.values()))} points done)"):
             break
         for method in cfg.methods:
-            run = decode_all(target, draft, task, prepared, method, cfg, gamma=g, schedule="constant",
+            run = decode_all(target, draft, task, prepared, method, cfg, gamma=g, schedule=cfg.sweep_schedule,
                              max_new_tokens=cfg.sweep_max_new_tokens, warmup=cfg.warmup)
             out[method][str(g)] = _slim(summarize(run, target))
             log(f"  [{time.strftime('%H:%M:%S')}] gamma {method:8s} γ={g:2d} "
