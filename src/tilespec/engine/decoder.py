@@ -91,6 +91,9 @@ class SpeculativeDecoder:
             string: that torch.compile mode; "debug": dynamo with the eager backend, for CPU tests). Shapes stay
             static (fixed B, slot capacity, q in {1, 2, γ+1}): finished requests stay in the batch, ignored.
         eos_token_id: int or list; defaults to the target's generation config / the tokenizer.
+        graph_verify: on the CUDA-graph paths, also replay ``verify()`` as a graph (methods that never sync with the
+            host, scalar sampling parameters). False keeps verification eager, e.g. to time every method the same
+            way as a baseline that cannot be captured.
         cache_slack: extra KV slots per request for the holes ragged acceptance leaves (default: max_new_tokens
             when B > 1); when the write pointer reaches the capacity the caches are defragmented (one copy).
     """
@@ -98,7 +101,7 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
-                 cache_slack: Optional[int] = None):
+                 cache_slack: Optional[int] = None, graph_verify: bool = True):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         if draft is not None and not hasattr(draft, "config"):
@@ -125,6 +128,7 @@ class SpeculativeDecoder:
         self.pad_id = int(pad_token_id) if pad_token_id is not None else (min(self.eos) if self.eos else 0)
         self.device = next(target.parameters()).device
         self.cache_slack = cache_slack
+        self.graph_verify = graph_verify
         self.last_stats: Optional[RunStats] = None
 
     # ----------------------------------------------------------------------------------------------- inputs
@@ -240,7 +244,7 @@ class SpeculativeDecoder:
                 stats.defrags += 1
             before = dict(timer.totals)
             out = speculative_step(target, draft if gamma > 0 else None, state, gamma, sampling, resolved,
-                                   self.method, timer)
+                                   self.method, timer, graph_verify=self.graph_verify)
             timer.start("bookkeeping")
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
             emitted_all = host[:, 0].tolist()

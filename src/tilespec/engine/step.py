@@ -151,7 +151,7 @@ def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Ten
 
 def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
                      sampling: SamplingParams, resolved: ResolvedSampling, method: str,
-                     timer: PhaseTimer) -> StepOutput:
+                     timer: PhaseTimer, graph_verify: bool = True) -> StepOutput:
     """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft)."""
     greedy = resolved.all_greedy
     b = state.size
@@ -172,6 +172,6 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         out = nxt[:, None]
     else:
         num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                      state.seq_len, graphs=target.mode in ("graphs", "compiled-graphs"))
+                                      state.seq_len, graphs=graph_verify and target.mode in ("graphs", "compiled-graphs"))
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)
