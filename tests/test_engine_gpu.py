@@ -75,16 +75,19 @@ def test_graphs_whisper_match_eager():
 
 
 def test_compile_decoder_layers_in_place_and_undo():
-    from tilespec.engine.runner import compile_decoder_layers, decoder_layers, uncompile_decoder_layers
+    from tilespec.engine.runner import (_attention_free_parts, compile_decoder_layers, decoder_layers,
+                                        uncompile_decoder_layers)
     target = tiny_lm(0, logit_scale=20.0)
     x = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         before = target(x).logits
-        assert compile_decoder_layers(target, backend="eager") == len(decoder_layers(target))
+        parts = _attention_free_parts(target)
+        assert len(parts) == 3 * len(decoder_layers(target)) + 2  # 2 norms + MLP per layer; final norm, rotary
+        assert compile_decoder_layers(target, backend="eager") == len(parts)
         assert compile_decoder_layers(target, backend="eager") == 0  # idempotent
         assert torch.allclose(target(x).logits, before, atol=1e-5)
     uncompile_decoder_layers(target)
-    assert all(layer._compiled_call_impl is None for layer in decoder_layers(target))
+    assert all(part._compiled_call_impl is None for part in parts)
     with pytest.raises(ValueError, match="decoder layers"):
         decoder_layers(torch.nn.Linear(2, 2))
 

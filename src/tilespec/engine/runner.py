@@ -28,8 +28,8 @@ def step_mode(compile: bool | str, device: torch.device) -> str:
     """How a runner executes decode/verify forwards: "eager", "graphs", "compiled-graphs" or "compile".
 
     compile=False -> eager; True -> "compiled-graphs" on CUDA and eager elsewhere; "graphs" -> eager kernels
-    captured in CUDA graphs; "compiled-graphs" -> the decoder layers compiled with torch.compile (regional
-    compilation: fused norms / rotary / activations) and captured in CUDA graphs; "debug" or a torch.compile mode
+    captured in CUDA graphs; "compiled-graphs" -> the attention-free parts of the decoder (norms, MLP, rotary)
+    compiled with torch.compile (see :func:`compile_decoder_layers`) and everything captured in CUDA graphs; "debug" or a torch.compile mode
     string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
     """
     if compile is False or compile is None:
@@ -64,25 +64,44 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return layers
 
 
-def compile_decoder_layers(model, backend: str = "inductor") -> int:
-    """torch.compile every decoder layer in place (``nn.Module.compile``); returns how many were compiled.
+def _attention_free_parts(model) -> list:
+    """The decoder's modules that never touch the KV cache: every child of a decoder layer that is not (and holds
+    no) attention module (norms, MLP), plus the decoder's own final norm and rotary-embedding modules."""
+    def touches_cache(module) -> bool:  # attention modules find their cache layer through ``layer_idx``
+        return any(hasattr(m, "layer_idx") for m in module.modules())
 
-    Regional compilation: the layers share one code object, so compilation cost is paid per distinct layer index /
-    shape guard rather than for one huge graph, and shapes become dynamic after the first change (dynamic=None).
-    Other users of the same model object get the compiled layers too; :func:`uncompile_decoder_layers` undoes it.
+    dec = model.get_decoder()
+    parts = [child for layer in decoder_layers(model) for child in layer.children() if not touches_cache(child)]
+    parts += [child for name, child in dec.named_children()
+              if ("norm" in name or "rotary" in name) and not isinstance(child, torch.nn.ModuleList)]
+    return parts
+
+
+def compile_decoder_layers(model, backend: str = "inductor") -> int:
+    """torch.compile, in place, the attention-free parts of every decoder layer (norms, MLP) and the final norm /
+    rotary embedding; returns how many modules were newly compiled.
+
+    Why not whole layers: a layer reaches its KV cache through its integer ``layer_idx``, which dynamo specialises
+    on, so whole-layer compilation recompiles once per layer and per shape (minutes for a 28-layer model). The
+    attention-free parts are identical across layers and have no such attribute: they compile once per module type
+    (shapes turn dynamic after the first change, dynamic=None) in seconds, and fuse the ~7 kernels of an eager
+    RMSNorm and the activation-times-gate of a gated MLP, which is most of what a CUDA-graph replay of an eager
+    decoder spends its time on (it is bound by the number of kernels, not by bandwidth).
+    Other users of the same model object get the compiled modules too; :func:`uncompile_decoder_layers` undoes it.
     """
-    _raise_recompile_limits(1024)
+    _raise_recompile_limits(64)
     n = 0
-    for layer in decoder_layers(model):
-        if getattr(layer, "_compiled_call_impl", None) is None:
-            layer.compile(backend=backend, dynamic=None)
+    for part in _attention_free_parts(model):
+        if getattr(part, "_compiled_call_impl", None) is None:
+            part.compile(backend=backend, dynamic=None)
             n += 1
     return n
 
 
 def uncompile_decoder_layers(model) -> None:
-    for layer in decoder_layers(model):
-        layer._compiled_call_impl = None
+    """Undo :func:`compile_decoder_layers` (the compiled code stays in dynamo's cache for the next time)."""
+    for part in _attention_free_parts(model):
+        part._compiled_call_impl = None
 
 
 def is_encoder_decoder(model) -> bool:
