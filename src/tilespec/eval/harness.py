@@ -209,6 +209,14 @@ def warm_verify(method: str, sampling, ks, call: VerifyCall, temperature: float)
     gen = torch.Generator(device="cpu").manual_seed(1234)
     visited = []
     batch = int(call.seeds.shape[0])
+    with torch.inference_mode():   # as in the engine: graph input buffers captured there are inference tensors
+        _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, batch, visited)
+    if call.device.type == "cuda":
+        torch.cuda.synchronize(call.device)
+    return visited
+
+
+def _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, batch, visited) -> None:
     for k in ks:
         for kind in draft_kinds(k, temperature):
             tl = torch.randn(batch, k + 1, call.vocab, generator=gen).to(call.device, call.logits_dtype)
@@ -219,9 +227,6 @@ def warm_verify(method: str, sampling, ks, call: VerifyCall, temperature: float)
                                                                        call.logits_dtype)
             run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs)
             visited.append((k, kind))
-    if call.device.type == "cuda":
-        torch.cuda.synchronize(call.device)
-    return visited
 
 
 class _ForcedSchedule:
