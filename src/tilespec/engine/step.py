@@ -85,8 +85,16 @@ def _sampler(mode: str):
 GRAPH_SAFE_METHODS = frozenset({"reference", "fused", "sigmoid", "tiled"})
 
 
+def _method_constants(method: str) -> tuple:
+    """Module-level settings a method reads at call time (they are baked into a captured graph, so they key it)."""
+    if method == "sigmoid":
+        from tilespec.verify.methods.sigmoid import get_constants
+        return get_constants()
+    return ()
+
+
 def _graph_verify(target_logits, draft_tokens, seeds, offsets, *draft_logits, key):
-    method, sampling = key
+    method, sampling, _ = key
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits[0] if draft_logits else None,
                  sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
     return res.num_emitted, res.output_tokens
@@ -107,7 +115,7 @@ def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingPara
     if graphs and hashable and method in GRAPH_SAFE_METHODS and target_logits.is_cuda:
         extra = (draft_logits,) if draft_logits is not None else ()
         num_emitted, out = _VERIFY_GRAPHS(target_logits, draft_tokens, seeds, offsets, *extra,
-                                          key=(method, sampling))
+                                          key=(method, sampling, _method_constants(method)))
         return num_emitted.clone(), out.clone()
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
                  seed=seeds, offsets=offsets, check_values=False)
