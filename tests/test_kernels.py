@@ -16,11 +16,20 @@ from tilespec.verify.types import SamplingParams
 launch = pytest.importorskip("tilespec.verify.kernels.launch")
 
 
-@pytest.fixture(autouse=True)
-def small_blocks(monkeypatch):
-    monkeypatch.setattr(launch, "CHUNK1", 64)
-    monkeypatch.setattr(launch, "BLOCK2", 32)
-    monkeypatch.setattr(launch, "TILE", 32)
+@pytest.fixture(autouse=True, params=["rows", "batched"])
+def small_blocks(request, monkeypatch):
+    """Two layouts of the same kernels: "rows" (one request per program, several chunks / tiles / programs per row:
+    the large-vocabulary GPU layout) and "batched" (whole rows in one block, many requests per program)."""
+    if request.param == "rows":
+        monkeypatch.setattr(launch, "CHUNK1", 64)
+        monkeypatch.setattr(launch, "BLOCK2", 32)
+        monkeypatch.setattr(launch, "TILE", 32)
+    else:
+        monkeypatch.setattr(launch, "CHUNK1", 128)
+        monkeypatch.setattr(launch, "BLOCK2", 128)
+        monkeypatch.setattr(launch, "TILE", 128)
+        monkeypatch.setattr(launch, "ROW_ELEMS", 128 * 8)   # 8 requests per program: several programs per batch
+    return request.param
 
 
 def _case(batch, k, vocab, draft, scale=2.0, dtype=torch.float32, seed=0, similar=0.0):
@@ -149,3 +158,38 @@ def test_sigmoid_is_labelled_and_runs():
     assert bool((got.output_tokens.gather(1, got.num_accepted[:, None]) >= 0).all())
     with pytest.raises(NotImplementedError, match="greedy"):
         verify(target, tokens, method="sigmoid", sampling=SamplingParams(temperature=0.0), **kwargs)
+
+
+@pytest.mark.parametrize("method", ["fused", "tiled", "sigmoid"])
+def test_batched_programs_match_one_request_per_program(method, small_blocks, monkeypatch):
+    # same chunking, only the number of requests per program differs: results must be identical bit for bit
+    if small_blocks == "rows":
+        pytest.skip("layout comparison runs once")
+    target, tokens, kwargs = _case(24, 3, 100, "logits", seed=8, similar=0.6)
+    num_draft = torch.tensor([3, 0, 1, 2] * 6)
+    sampling = SamplingParams(temperature=[0.0, 0.8, 1.0, 1.3] * 6, lenience=[1.0, 1.0, 0.5, 1.0] * 6)
+    if method == "sigmoid":
+        sampling = SamplingParams(temperature=0.9)
+
+    def run():
+        return verify(target, tokens, method=method, num_draft_tokens=num_draft, sampling=sampling, seed=3,
+                      offsets=torch.arange(24), **kwargs)
+
+    batched = run()
+    monkeypatch.setattr(launch, "ROW_ELEMS", 1)
+    single = run()
+    assert torch.equal(batched.output_tokens, single.output_tokens)
+    assert torch.equal(batched.accepted, single.accepted)
+
+
+def test_gpu_layout_depends_on_the_vocabulary_only(monkeypatch):
+    # batch invariance on GPUs: the block shape (hence the compiled reduction order) must not depend on B
+    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "ROW_ELEMS", 8192)
+    monkeypatch.setattr(launch, "MAX_BLOCK_B", 1024)
+    for vocab in (16, 61, 1000, 8192, 151936):
+        layouts = {launch._block(limit, vocab, batch) for batch in (1, 3, 64, 5000) for limit in (1024,)}
+        assert len(layouts) == 1, (vocab, layouts)
+    assert launch._block(1024, 151936, 1) == (1024, 149, 1)      # large vocabularies: one request per program
+    assert launch._block(8192, 151936, 1) == (8192, 19, 1)
+    assert launch._block(1024, 16, 1) == (16, 1, 512)           # small ones: many requests per program

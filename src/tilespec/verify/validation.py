@@ -45,8 +45,64 @@ def _check_finite_logits(name: str, logits: torch.Tensor, rows_valid: Optional[t
         raise ValueError(f"{name}[{b}, {r}] is -inf everywhere: no token can be sampled from it")
 
 
+# ---------------------------------------------------------------------------------------------- constant tensors
+# Tensors that are pure functions of Python values (a scalar broadcast to [B], K_max per request, zero offsets, int
+# seeds) are made once per (device, value, B) and reused: every torch.full / arange is a kernel launch and ~5-10 us
+# of host time per call, which dominated verify()'s cost in decode loops. Entries are never evicted (a CUDA graph
+# captured with one of them holds its address; the cache stops growing at CONST_LIMIT entries and further values
+# are built per call instead), never created during a CUDA-graph capture (the fill would only run on replay), and
+# must never be modified in place (methods and callers only read them).
+CONST_LIMIT = 4096
+_CONSTS: dict = {}
+
+
+def _device_key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _cacheable(device: torch.device) -> bool:
+    return len(_CONSTS) < CONST_LIMIT and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _const(key: tuple, make) -> torch.Tensor:
+    """The cached tensor for ``key`` (whose first element is its device), made by ``make()`` on a miss."""
+    tensor = _CONSTS.get(key)
+    if tensor is None:
+        tensor = make()
+        if _cacheable(key[0]):
+            _CONSTS[key] = tensor
+    return tensor
+
+
+def const_full(device: torch.device, batch: int, value, dtype: torch.dtype) -> torch.Tensor:
+    """[batch] filled with ``value`` (a Python number), cached. Read-only."""
+    return _const((device, "full", batch, value, type(value), dtype),
+                  lambda: torch.full((batch,), value, device=device, dtype=dtype))
+
+
+def _const_values(device: torch.device, values: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A [len(values)] tensor of Python numbers, cached (torch.tensor would be a synchronous copy every call)."""
+    return _const((device, "values", values, tuple(type(v) for v in values), dtype),
+                  lambda: torch.tensor(values, device=device, dtype=dtype))
+
+
+def _const_positions(device: torch.device, n: int) -> torch.Tensor:
+    """[1, n] = arange(n)[None, :], cached."""
+    return _const((device, "positions", n), lambda: torch.arange(n, device=device)[None, :])
+
+
+def _const_seeds(device: torch.device, batch: int, seed: int) -> torch.Tensor:
+    return _const((device, "seeds", batch, seed),
+                  lambda: seeds_from(seed, batch, device))
+
+
 def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tuple[torch.Tensor, Optional[list]]:
-    """Broadcast a scalar / sequence / tensor to [B]; also return the Python values when known without a sync."""
+    """Broadcast a scalar / sequence / tensor to [B]; also return the Python values when known without a sync.
+    Tensors are used as given (converted only when their device or dtype differs); Python values come from the
+    constant cache."""
     if isinstance(value, torch.Tensor):
         if value.ndim == 0:
             value = value.reshape(1).expand(batch)
@@ -54,12 +110,13 @@ def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tup
             raise ValueError(f"sampling.{name} must be a scalar or have shape [{batch}], got {tuple(value.shape)}")
         return value.to(device=device, dtype=dtype), None
     if isinstance(value, (int, float)):
-        # torch.full launches a fill kernel; torch.tensor(list) would be a synchronous host-to-device copy.
-        return torch.full((batch,), value, device=device, dtype=dtype), [value]
+        return const_full(device, batch, value, dtype), [value]
     else:
         values = list(value)
         if len(values) != batch:
             raise ValueError(f"sampling.{name} has {len(values)} entries for a batch of {batch}")
+    if all(isinstance(v, (int, float)) for v in values):
+        return _const_values(device, tuple(values), dtype), values
     return torch.tensor(values, device=device, dtype=dtype), values
 
 
@@ -72,10 +129,40 @@ def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, ok, ru
         raise ValueError(f"sampling.{name} must be {rule}")
 
 
+_RESOLVED: dict = {}
+
+
+def _python_key(value):
+    """A hashable key for a Python-valued sampling field (number or sequence of numbers); None for tensors etc."""
+    if isinstance(value, (int, float)):
+        return (type(value), value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return tuple((type(v), v) for v in value)
+    return None
+
+
 def resolve_sampling(sampling: SamplingParams, batch: int, device, check_values: bool = True) -> ResolvedSampling:
-    """Validate SamplingParams and broadcast them to per-request tensors [B] on ``device``."""
+    """Validate SamplingParams and broadcast them to per-request tensors [B] on ``device``.
+
+    When every field is a Python number or sequence the result is cached per (device, B, values) - the checks then
+    ran on the first call - and its tensors are shared, read-only constants. Tensor fields are used as given (no
+    caching; converted only when their device or dtype differs)."""
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    device = _device_key(device)
+    key = (device, batch, _python_key(sampling.temperature), _python_key(sampling.top_k),
+           _python_key(sampling.top_p), _python_key(sampling.min_p), _python_key(sampling.lenience))
+    if None in key:
+        return _resolve_sampling(sampling, batch, device, check_values)
+    resolved = _RESOLVED.get(key)
+    if resolved is None:
+        resolved = _resolve_sampling(sampling, batch, device, check_values)
+        if len(_RESOLVED) < CONST_LIMIT and _cacheable(device):
+            _RESOLVED[key] = resolved
+    return resolved
+
+
+def _resolve_sampling(sampling: SamplingParams, batch: int, device, check_values: bool) -> ResolvedSampling:
     temp, temp_v = _per_request("temperature", sampling.temperature, batch, device, torch.float32)
     top_k, top_k_v = _per_request("top_k", sampling.top_k, batch, device, torch.int64)
     top_p, top_p_v = _per_request("top_p", sampling.top_p, batch, device, torch.float32)
@@ -140,7 +227,7 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
 
     ragged = num_draft_tokens is not None
     if num_draft_tokens is None:
-        num_draft = torch.full((batch,), k_max, device=device, dtype=torch.int64)
+        num_draft = const_full(device, batch, k_max, torch.int64)
     else:
         # lists / numpy arrays go through as_tensor without a dtype so 1.5 or True are rejected, not truncated
         raw = num_draft_tokens if isinstance(num_draft_tokens, torch.Tensor) else torch.as_tensor(num_draft_tokens)
@@ -154,8 +241,9 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
             if low < 0 or high > k_max:
                 raise ValueError(f"num_draft_tokens must lie in [0, K_max = {k_max}], got values in [{low}, {high}]")
 
-    positions = torch.arange(k_max, device=device)
-    valid = positions[None, :] < num_draft[:, None]
+    # padding positions (i >= K_b) must hold ids in [0, V) for methods that gather there; only a ragged batch has
+    # padding, so the full-length common case needs no mask at all
+    valid = _const_positions(device, k_max) < num_draft[:, None] if check_values else None
     if check_values:
         if k_max > 0:
             bad = valid & ((draft_tokens < 0) | (draft_tokens >= vocab))
@@ -171,10 +259,13 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
                 raise ValueError("draft_probs must be finite and non-negative")
             if ((draft_probs.sum(-1) <= 0) & valid).any():
                 raise ValueError("draft_probs has a used row with zero mass")
-    draft_tokens = torch.where(valid, draft_tokens.long(), torch.zeros_like(draft_tokens, dtype=torch.long))
+    if draft_tokens.dtype != torch.int64:
+        draft_tokens = draft_tokens.long()
+    if ragged and k_max > 0:
+        draft_tokens = draft_tokens.masked_fill(_const_positions(device, k_max) >= num_draft[:, None], 0)
 
     if offsets is None:
-        offsets_t = torch.zeros(batch, device=device, dtype=torch.int64)
+        offsets_t = const_full(device, batch, 0, torch.int64)
     elif isinstance(offsets, int):
         offsets_t = torch.full((batch,), offsets, device=device, dtype=torch.int64)
     else:
@@ -187,7 +278,7 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
             raise ValueError(f"seed must be an int or one seed per request (shape [{batch}]), got shape {seed_shape}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    seeds = seeds_from(seed, batch, device, generator)
+    seeds = _const_seeds(device, batch, seed) if type(seed) is int else seeds_from(seed, batch, device, generator)
     return VerifyInputs(target_logits=target_logits, draft_tokens=draft_tokens, num_draft_tokens=num_draft,
                         sampling=resolve_sampling(sampling, batch, device, check_values), seeds=seeds,
                         offsets=offsets_t, draft_logits=draft_logits, draft_probs=draft_probs, generator=generator,

@@ -28,10 +28,13 @@ MODE_PROBS = tl.constexpr(2)
 
 @triton.jit
 def keyed_uniform(seed, position, purpose: tl.constexpr, token):
-    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 scalar/tensor ``position``."""
+    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 ``position`` with int64 ``seed``.
+
+    ``token`` has the full output shape; ``seed`` and ``position`` are scalars or broadcast to it (e.g. one value per
+    request of a [BLOCK_B, N] block given as [BLOCK_B, 1])."""
     c0 = token.to(tl.uint32, bitcast=True)
     pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
-    c1 = tl.zeros_like(c0) + pos32
+    c1 = tl.broadcast_to(pos32, c0.shape)
     c2 = tl.full(c0.shape, purpose, tl.uint32)
     c3 = tl.zeros_like(c0)
     x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
@@ -47,9 +50,10 @@ def keyed_gumbel(seed, position, token):
 
 @triton.jit
 def first_argmax(vals, idx, BIG: tl.constexpr):
-    """(max value, smallest index attaining it) of a 1-D block; -inf blocks give (-inf, smallest index)."""
-    best = tl.max(vals, axis=0)
-    at = tl.min(tl.where(vals == best, idx, BIG), axis=0)
+    """Per row of a [R, N] block: (max value, smallest index attaining it); -inf rows give (-inf, smallest index).
+    ``idx`` is [R, N] or [1, N]."""
+    best = tl.max(vals, axis=1)
+    at = tl.min(tl.where(vals == best[:, None], idx, BIG), axis=1)
     return best, at
 
 

@@ -1,18 +1,30 @@
 """Python launch wrappers: ``fused_verify`` (2 launches), ``sigmoid_verify`` (1), ``tiled_verify`` (2 + softmaxes).
 
-No wrapper synchronises with the host: buffers are allocated with ``torch.empty`` (no kernel), the per-device
-counter buffer used by the last-program-done reduction is zero-initialised once and reset by the kernel itself,
-and every size passed to a kernel is a Python int known from tensor shapes. Hence the fused path can be captured
-in a CUDA graph (allocate the counters outside the capture by calling once before capturing, as any warm-up does).
+No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
+~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
+Everything that depends only on the shapes - grids, constexprs, block layout, the scratch buffers of pass 1 / pass 2
+and the counters of the last-program-done reduction - lives in a :class:`_Plan` cached per (device, B, K, V,
+variant). The counters are zero-initialised when the plan is made and reset by the kernel itself, so the fused path
+can be captured in a CUDA graph (make the plan outside the capture by calling once before capturing, as any warm-up
+does; a plan first made during a capture is used for that call only and not cached). Because the scratch and
+counters of a plan are reused by later calls of the same shape, calls of the same shape must not run concurrently
+on different CUDA streams (calls on one stream, eager or graph-replayed, are ordered and safe).
 Sizes B and K are not specialised on (``do_not_specialize``): changing them never recompiles a kernel; V, the
 dtypes and the feature switches (draft kind, filters) select among a few compiled variants.
 
+Layout: a row that fits in one pass-1 chunk / pass-2 tile (small vocabularies) is processed BLOCK_B requests per
+program (``ROW_ELEMS // block`` of them, each in its own lanes), otherwise one request per program (BLOCK_B = 1, the
+large-vocabulary GPU layout). The choice depends on V alone, so results stay batch invariant; small vocabularies run
+orders of magnitude faster in Triton's CPU interpreter (which executes one Python program per grid point), which is
+what lets the exactness suite sample the kernels 10^5-10^6 times on CPU.
+
 Block sizes are module globals so tests can shrink them to exercise multi-chunk code on tiny vocabularies:
-CHUNK1 (pass-1 chunk; fixed per V so results are batch invariant), BLOCK2 (pass-2 tile), TILE (tiled's n).
+CHUNK1 (pass-1 chunk; fixed per V so results are batch invariant), BLOCK2 (pass-2 tile), TILE (tiled's n),
+ROW_ELEMS (elements per program when requests are batched; 1 disables batching).
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -38,26 +50,27 @@ RB = 8
 NUM_WARPS1 = 8
 NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
-
-_COUNTERS: dict = {}
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B). The interpreter pays a large fixed cost
+# per program and per op, so it uses much larger blocks (NumPy then does the work in few, large array ops).
+ROW_ELEMS = 1 << 20 if _INTERPRET else 8192
+MAX_BLOCK_B = 65536 if _INTERPRET else 1024
+PLAN_LIMIT = 512          # plans cached per process; later shapes are planned per call (still correct)
+_PLANS: dict = {}
 _SM_COUNT: dict = {}
 
 
-def _quiet():
-    """Silence NumPy's log(0) warnings when the kernels run in Triton's interpreter (log(0) = -inf is intended)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return np.errstate(all="ignore")
-    return contextlib.nullcontext()
+def _quiet(fn):
+    """Decorator: silence NumPy's log(0) warnings when the kernels run in Triton's interpreter (log(0) = -inf is
+    intended); a no-op on GPUs."""
+    if not _INTERPRET:
+        return fn
 
-
-def _counters(device: torch.device, batch: int) -> torch.Tensor:
-    """int32 [>= B] zeros that the kernels leave at zero; grown (never shrunk) per device."""
-    key = (device.type, device.index)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < batch:
-        buf = torch.zeros(max(batch, 64), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    @functools.wraps(fn)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+    return quiet
 
 
 def _sm_count(device: torch.device) -> int:
@@ -69,9 +82,154 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[key]
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """[B, R, V] with unit stride along V (a copy only if the caller passed a non-contiguous last dimension)."""
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _block(limit: int, vocab: int, batch: int) -> tuple[int, int, int]:
+    """(block width, number of blocks per row, requests per program) for a row of ``vocab`` ids in blocks of at most
+    ``limit``: requests are batched only when the whole row fits in one block. On a GPU this depends on V (and the
+    globals) only, because the compiled layout - hence the order of a row's float reductions - depends on the block
+    shape, and a request's result must not depend on its batch. The interpreter reduces every row of a block with
+    the same NumPy loop whatever the block's height, so there it is also capped by the batch (no empty lanes)."""
+    width = min(limit, triton.next_power_of_2(vocab))
+    blocks = triton.cdiv(vocab, width)
+    rows = 1 if blocks > 1 else max(1, min(MAX_BLOCK_B, ROW_ELEMS // width))
+    if _INTERPRET:
+        rows = min(rows, triton.next_power_of_2(batch))
+    return width, blocks, rows
+
+
+class _Plan:
+    """Shape-dependent launch state of one (device, B, K, V, variant): grids, constexprs, scratch, counters, and the
+    compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
+
+    __slots__ = ("grid1", "const1", "nc1", "m", "s", "a", "grid2", "const2", "nc2", "tiles", "pval", "pidx",
+                 "counters", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
+
+
+def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
+          stats: bool) -> _Plan:
+    key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, BLOCK2, TILE, RB, ROW_ELEMS,
+           NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
+    if len(_PLANS) < PLAN_LIMIT and not _capturing(device):
+        plan.direct = {}
+        _PLANS[key] = plan  # never evicted: a captured CUDA graph may hold its buffers' addresses
+    return plan
+
+
+def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan:
+    p = _Plan()
+    p.direct = None          # no direct launches for plans that are not cached
+    f32 = dict(dtype=torch.float32, device=device)
+    p.nc1, p.n_tiles = 1, 1
+    p.m = p.s = p.a = p.tau = p.bpart = None   # unused buffers are passed as None (constexpr: no launch argument)
+    if stats:  # fused pass 1
+        chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
+        n_rows = k_max + 1 + (k_max if kind == DRAFT_LOGITS else 0)
+        p.grid1 = (p.nc1, n_rows, triton.cdiv(batch, bb1))
+        p.const1 = dict(HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=has_thr, CHUNK=chunk, BLOCK_B=bb1,
+                        num_warps=NUM_WARPS1)
+        shape = (batch, 2 * k_max + 1, p.nc1)
+        p.m, p.s = torch.empty(shape, **f32), torch.empty(shape, **f32)
+        p.a = torch.empty(shape, dtype=torch.int32, device=device)
+    if mode == MODE_PROBS:  # tiled pass 1 (pass 2 reads tau / b_k; with K = 0 it never does, 1-element buffers)
+        tile, p.n_tiles, bbt = _block(TILE, vocab, batch)
+        p.grid_t = (p.n_tiles, k_max, triton.cdiv(batch, bbt))
+        p.const_t = dict(TILE=tile, BLOCK_B=bbt, num_warps=NUM_WARPS2)
+        p.tau = torch.empty(max(1, batch * k_max), **f32)
+        p.bpart = torch.empty(max(1, batch * k_max * p.n_tiles), **f32)
+    block, tiles_total, bb2 = _block(BLOCK2, vocab, batch)
+    if bb2 > 1:
+        p.tiles, p.nc2 = 1, 1
+    else:
+        per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
+        p.tiles = triton.cdiv(tiles_total, min(per_request, tiles_total))
+        p.nc2 = triton.cdiv(tiles_total, p.tiles)
+    p.grid2 = (p.nc2, triton.cdiv(batch, bb2))
+    p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
+                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)), NC2_BLOCK=triton.next_power_of_2(p.nc2),
+                    RB=RB, BLOCK_B=bb2, WB=32 if bb2 == 1 else 8, num_warps=NUM_WARPS2)
+    p.pval = torch.empty(batch, p.nc2, 2, **f32)
+    p.pidx = torch.empty(batch, p.nc2, 2, dtype=torch.int32, device=device)
+    p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
+    return p
+
+
+class _Launcher:
+    """``kernel[grid](*args, **consts)``, or - on CUDA, for a cached plan - the compiled kernel called directly.
+
+    Triton's JIT dispatcher re-derives the specialisation of every argument (dtype, 16-byte alignment, integer
+    width) and hashes a cache key on every launch, several us of host time for our ~35-argument kernels. A plan
+    fixes every constexpr, and the wrappers pass tensors whose dtypes are fixed by the plan and the logits' dtype,
+    so the only other inputs to Triton's specialisation are the pointers' 16-byte alignment and whether an integer
+    fits in 32 bits. ``__call__`` therefore keeps, per plan, the CompiledKernel the first (JIT) launch returned for
+    (logits dtypes, aligned), and calls it directly afterwards when every pointer is 16-byte aligned and every
+    stride fits in 32 bits (anything else goes through the JIT path, which is always correct). Set
+    ``TILESPEC_DIRECT_LAUNCH=0`` to always use the JIT path. If the installed Triton rejects the direct call's
+    arguments (the calling convention differs between versions), the launcher falls back to the JIT path for good.
+    """
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+        self.mode = "full" if _DIRECT else "off"     # "full": constexprs passed too; "plain": runtime args only
+        self.const_names = None
+
+    def __call__(self, plan: _Plan, grid, args: tuple, consts: dict, key) -> None:
+        cache = plan.direct
+        if cache is None or key is None or self.mode == "off":
+            self.fn[grid](*args, **consts)
+            return
+        key = (self.name, key)
+        kernel = cache.get(key)
+        if kernel is None:
+            kernel = self.fn[grid](*args, **consts)
+            if hasattr(kernel, "function") and not _capturing(args[0].device):
+                cache[key] = kernel
+            return
+        try:
+            if self.mode == "full":
+                if self.const_names is None:
+                    self.const_names = [n for n in self.fn.arg_names[len(args):]]
+                kernel[grid](*args, *[consts[n] for n in self.const_names])
+            else:
+                kernel[grid](*args)
+        except (TypeError, ValueError, IndexError, KeyError) as err:
+            self.mode = "plain" if self.mode == "full" else "off"
+            if self.mode == "off":
+                import warnings
+                warnings.warn(f"tilespec: direct launch of {self.name} failed ({err!r}); using Triton's JIT "
+                              f"dispatcher from now on", RuntimeWarning)
+            self(plan, grid, args, consts, key[1])
+
+
+_DIRECT = not _INTERPRET and os.environ.get("TILESPEC_DIRECT_LAUNCH", "1") != "0"
+_STATS = _Launcher("row_stats_kernel", row_stats_kernel)
+_SAMPLE = _Launcher("accept_sample_kernel", accept_sample_kernel)
+_TILED = _Launcher("tiled_partials_kernel", tiled_partials_kernel)
+_ALIGN_MASK = 15
+_INT32_MAX = 2**31 - 1
+
+
+def _direct_key(device: torch.device, tensors: tuple, ints: tuple):
+    """(dtypes, True) when a direct launch is safe for these user tensors / integers, else None (see _Launcher)."""
+    if not _DIRECT or device.type != "cuda" or device.index != torch.cuda.current_device():
+        return None
+    ptr = 0
+    for t in tensors:
+        ptr |= t.data_ptr()
+    if ptr & _ALIGN_MASK or max(ints) > _INT32_MAX:
+        return None
+    return tuple(t.dtype for t in tensors)
 
 
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
@@ -85,46 +243,27 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
 
 
-def _pass2(inputs: VerifyInputs, mode: int, tgt: torch.Tensor, drf: Optional[torch.Tensor], draft_kind: int, *,
-           thr_t=None, thr_q=None, stats=None, tau=None, bpart=None, n_tiles: int = 1, alpha: float = 0.0,
-           beta: float = 1.0, method: str, exact: bool) -> VerifyResult:
-    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
+def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf: Optional[torch.Tensor],
+           draft_kind: int, thr_t, thr_q, alpha: float, beta: float, method: str, exact: bool) -> VerifyResult:
+    batch, k_max = tgt.shape[0], tgt.shape[1] - 1
     device = tgt.device
-    dummy = inputs.sampling.temperature
-    tiles_total = triton.cdiv(vocab, BLOCK2)
-    per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
-    tiles = triton.cdiv(tiles_total, min(per_request, tiles_total))
-    nc2 = triton.cdiv(tiles_total, tiles)
     out = torch.empty(batch, k_max + 1, dtype=torch.int64, device=device)
     nacc = torch.empty(batch, dtype=torch.int64, device=device)
     nemit = torch.empty(batch, dtype=torch.int64, device=device)
     accepted = torch.empty(batch, k_max, dtype=torch.bool, device=device)
-    pval = torch.empty(batch, nc2, 2, dtype=torch.float32, device=device)
-    pidx = torch.empty(batch, nc2, 2, dtype=torch.int32, device=device)
-    m, s, a, nc1 = stats if stats is not None else (dummy, dummy, dummy, 1)
-    tokens = inputs.draft_tokens if k_max > 0 else inputs.num_draft_tokens
+    sampling = inputs.sampling
     drf_t = drf if drf is not None else tgt
-    with _quiet():
-        _launch_pass2(inputs, mode, tgt, drf_t, draft_kind, thr_t, thr_q, m, s, a, nc1, tau, bpart, n_tiles, pval,
-                      pidx, out, nacc, nemit, accepted, tokens, nc2, tiles, alpha, beta)
+    tokens = inputs.draft_tokens if k_max > 0 else inputs.num_draft_tokens
+    user = (tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, sampling.temperature,
+            sampling.lenience)
+    strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
+    key = _direct_key(device, user, strides) if plan.direct is not None else None
+    _SAMPLE(plan, plan.grid2,
+            (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, plan.pval, plan.pidx, plan.counters,
+             out, nacc, nemit, accepted, batch, k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles,
+             *strides, alpha, beta), plan.const2, key)
     return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted,
                         method=method, exact=exact)
-
-
-def _launch_pass2(inputs, mode, tgt, drf_t, draft_kind, thr_t, thr_q, m, s, a, nc1, tau, bpart, n_tiles, pval, pidx,
-                  out, nacc, nemit, accepted, tokens, nc2, tiles, alpha, beta):
-    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
-    dummy = inputs.sampling.temperature
-    nc1_block = triton.next_power_of_2(max(nc1, n_tiles))
-    accept_sample_kernel[(nc2, batch)](
-        tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, inputs.sampling.temperature,
-        inputs.sampling.lenience, thr_t if thr_t is not None else dummy, thr_q if thr_q is not None else dummy,
-        m, s, a, tau if tau is not None else dummy, bpart if bpart is not None else dummy, pval, pidx,
-        _counters(tgt.device, batch), out, nacc, nemit, accepted,
-        k_max, vocab, nc1, nc2, tiles, n_tiles, tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1),
-        float(alpha), float(beta),
-        MODE=mode, DRAFT_KIND=draft_kind, HAS_THR=thr_t is not None, BLOCK=BLOCK2, NC1_BLOCK=nc1_block,
-        NC2_BLOCK=triton.next_power_of_2(nc2), RB=RB, num_warps=NUM_WARPS2)
 
 
 def _draft(inputs: VerifyInputs) -> tuple[Optional[torch.Tensor], int]:
@@ -135,33 +274,34 @@ def _draft(inputs: VerifyInputs) -> tuple[Optional[torch.Tensor], int]:
     return None, DRAFT_NONE
 
 
+def _thresholds(inputs: VerifyInputs, tgt: torch.Tensor, drf: Optional[torch.Tensor], kind: int):
+    if not inputs.sampling.has_filters:
+        return None, None
+    thr_t = keep_thresholds(tgt, inputs)
+    thr_q = keep_thresholds(drf, inputs) if kind == DRAFT_LOGITS and tgt.shape[1] > 1 else None
+    return thr_t, thr_q
+
+
+@_quiet
 def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     """Exact verification from logits: pass 1 (row statistics) + pass 2 (accept, lazy residual, sample)."""
-    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
     tgt = _rows(inputs.target_logits)
+    batch, rows, vocab = tgt.shape
     drf, kind = _draft(inputs)
-    thr_t = thr_q = None
-    if inputs.sampling.has_filters:
-        thr_t = keep_thresholds(tgt, inputs)
-        if kind == DRAFT_LOGITS and k_max > 0:
-            thr_q = keep_thresholds(drf, inputs)
-    nc1 = triton.cdiv(vocab, CHUNK1)
-    m = torch.empty(batch, 2 * k_max + 1, nc1, dtype=torch.float32, device=tgt.device)
-    s = torch.empty_like(m)
-    a = torch.empty(m.shape, dtype=torch.int32, device=tgt.device)
-    n_rows = k_max + 1 + (k_max if kind == DRAFT_LOGITS else 0)
+    thr_t, thr_q = _thresholds(inputs, tgt, drf, kind)
+    plan = _plan(tgt.device, batch, rows - 1, vocab, MODE_LOGITS, kind, thr_t is not None, True)
     drf_t = drf if kind == DRAFT_LOGITS else tgt
-    dummy = inputs.sampling.temperature
-    with _quiet():
-        row_stats_kernel[(nc1, n_rows, batch)](
-            tgt, drf_t, inputs.num_draft_tokens, inputs.sampling.temperature,
-            thr_t if thr_t is not None else dummy, thr_q if thr_q is not None else dummy, m, s, a,
-            k_max, vocab, nc1, tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1),
-            HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=thr_t is not None, CHUNK=CHUNK1, num_warps=NUM_WARPS1)
-    return _pass2(inputs, MODE_LOGITS, tgt, drf, kind, thr_t=thr_t, thr_q=thr_q, stats=(m, s, a, nc1),
-                  method="fused", exact=True)
+    strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
+    temp = inputs.sampling.temperature
+    key = (_direct_key(tgt.device, (tgt, drf_t, inputs.num_draft_tokens, temp), strides)
+           if plan.direct is not None else None)
+    _STATS(plan, plan.grid1,
+           (tgt, drf_t, inputs.num_draft_tokens, temp, thr_t, thr_q, plan.m, plan.s, plan.a,
+            batch, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
+    return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True)
 
 
+@_quiet
 def sigmoid_verify(inputs: VerifyInputs, alpha: float, beta: float) -> VerifyResult:
     """The paper's NON-EXACT sigmoid approximation, one launch (plus the threshold pass if filters are set)."""
     if not alpha < 0 < beta:
@@ -170,33 +310,31 @@ def sigmoid_verify(inputs: VerifyInputs, alpha: float, beta: float) -> VerifyRes
         raise NotImplementedError("method 'sigmoid' does not support greedy requests (temperature 0); greedy "
                                   "verification needs no approximation: use 'fused'")
     tgt = _rows(inputs.target_logits)
+    batch, rows, vocab = tgt.shape
     drf, kind = _draft(inputs)
-    thr_t = thr_q = None
-    if inputs.sampling.has_filters:
-        thr_t = keep_thresholds(tgt, inputs)
-        if kind == DRAFT_LOGITS and inputs.max_draft > 0:
-            thr_q = keep_thresholds(drf, inputs)
-    return _pass2(inputs, MODE_SIGMOID, tgt, drf, kind, thr_t=thr_t, thr_q=thr_q, alpha=alpha, beta=beta,
-                  method="sigmoid", exact=False)
+    thr_t, thr_q = _thresholds(inputs, tgt, drf, kind)
+    plan = _plan(tgt.device, batch, rows - 1, vocab, MODE_SIGMOID, kind, thr_t is not None, False)
+    return _pass2(inputs, plan, MODE_SIGMOID, tgt, drf, kind, thr_t, thr_q, float(alpha), float(beta), "sigmoid",
+                  False)
 
 
+@_quiet
 def tiled_verify(inputs: VerifyInputs) -> VerifyResult:
     """The paper's exact tiled method on probabilities (softmaxes in PyTorch, then 2 launches)."""
     batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
     sampling = inputs.sampling
     p = log_probs(inputs.target_logits, sampling).exp_().contiguous()
+    plan = _plan(p.device, batch, k_max, vocab, MODE_PROBS, DRAFT_PROBS, False, False)
     if k_max == 0:
-        return _pass2(inputs, MODE_PROBS, p, None, DRAFT_PROBS, method="tiled", exact=True)
+        return _pass2(inputs, plan, MODE_PROBS, p, None, DRAFT_PROBS, None, None, 0.0, 1.0, "tiled", True)
     if inputs.draft_probs is not None:
         q = _rows(inputs.draft_probs.float())
     else:
         q = draft_log_probs(inputs.draft_tokens, vocab, sampling, inputs.draft_logits, None).exp_().contiguous()
-    n_tiles = triton.cdiv(vocab, TILE)
-    tau = torch.empty(batch, k_max, dtype=torch.float32, device=p.device)
-    bpart = torch.empty(batch, k_max, n_tiles, dtype=torch.float32, device=p.device)
-    with _quiet():
-        tiled_partials_kernel[(n_tiles, k_max, batch)](
-            p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience, tau, bpart, k_max, vocab,
-            n_tiles, p.stride(0), p.stride(1), q.stride(0), q.stride(1), TILE=TILE, num_warps=NUM_WARPS2)
-    return _pass2(inputs, MODE_PROBS, p, q, DRAFT_PROBS, tau=tau, bpart=bpart, n_tiles=n_tiles,
-                  method="tiled", exact=True)
+    strides = (p.stride(0), p.stride(1), q.stride(0), q.stride(1))
+    key = (_direct_key(p.device, (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience), strides)
+           if plan.direct is not None else None)
+    _TILED(plan, plan.grid_t,
+           (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience, plan.tau, plan.bpart,
+            batch, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
+    return _pass2(inputs, plan, MODE_PROBS, p, q, DRAFT_PROBS, None, None, 0.0, 1.0, "tiled", True)
