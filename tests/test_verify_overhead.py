@@ -44,8 +44,10 @@ class _StubKernel:
 @pytest.fixture
 def stubs(monkeypatch):
     pass1, pass2 = _StubKernel(), _StubKernel()
-    monkeypatch.setattr(launch._STATS, "fn", pass1)
-    monkeypatch.setattr(launch._SAMPLE, "fn", pass2)
+    for name in ("row_stats_kernel", "row_stats_rows_kernel"):
+        monkeypatch.setattr(launch, name, pass1)
+    for name in ("accept_sample_kernel", "accept_sample_rows_kernel"):
+        monkeypatch.setattr(launch, name, pass2)
     return pass1, pass2
 
 

@@ -83,9 +83,17 @@ def run_exactness(args) -> int:
     else:
         console.print(f"[green]all {len(results)} checks passed[/] in {elapsed:.0f}s")
     if args.json:
+        import os
+
         import torch
+        try:
+            import triton
+            triton_version = triton.__version__
+        except ImportError:
+            triton_version = None
         payload = {"command": " ".join(sys.argv), "commit": _git_commit(), "samples": args.samples, "alpha": args.alpha,
-                   "device": args.device, "torch": torch.__version__, "python": platform.python_version(),
+                   "device": args.device, "torch": torch.__version__, "triton": triton_version,
+                   "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1", "python": platform.python_version(),
                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": elapsed,
                    "results": [r.to_dict() for r in results], "distortion": distortions}
         with open(args.json, "w") as fh:

@@ -7,7 +7,8 @@ decorated, which is why every kernel module imports this package first.
 Modules: ``common`` (keyed Philox uniforms / Gumbel noise bit-identical to :mod:`tilespec.verify.rng`),
 ``stats`` (pass 1: per-chunk max / sum-exp / argmax of logit rows), ``sample`` (pass 2: acceptance test, lazy
 residual or bonus sampling by Gumbel-max, cross-program argmax by a last-program-done counter), ``tiled`` (the
-seed paper's per-tile tau / a / b_k kernel), ``launch`` (the Python wrappers).
+seed paper's per-tile tau / a / b_k kernel), ``batched`` (the same three kernels for small vocabularies, many
+requests per program), ``launch`` (the Python wrappers, launch plans, layout choice).
 """
 from __future__ import annotations
 

@@ -28,13 +28,10 @@ MODE_PROBS = tl.constexpr(2)
 
 @triton.jit
 def keyed_uniform(seed, position, purpose: tl.constexpr, token):
-    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 ``position`` with int64 ``seed``.
-
-    ``token`` has the full output shape; ``seed`` and ``position`` are scalars or broadcast to it (e.g. one value per
-    request of a [BLOCK_B, N] block given as [BLOCK_B, 1])."""
+    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 scalar/tensor ``position``."""
     c0 = token.to(tl.uint32, bitcast=True)
     pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
-    c1 = tl.broadcast_to(pos32, c0.shape)
+    c1 = tl.zeros_like(c0) + pos32
     c2 = tl.full(c0.shape, purpose, tl.uint32)
     c3 = tl.zeros_like(c0)
     x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
@@ -50,10 +47,9 @@ def keyed_gumbel(seed, position, token):
 
 @triton.jit
 def first_argmax(vals, idx, BIG: tl.constexpr):
-    """Per row of a [R, N] block: (max value, smallest index attaining it); -inf rows give (-inf, smallest index).
-    ``idx`` is [R, N] or [1, N]."""
-    best = tl.max(vals, axis=1)
-    at = tl.min(tl.where(vals == best[:, None], idx, BIG), axis=1)
+    """(max value, smallest index attaining it) of a 1-D block; -inf blocks give (-inf, smallest index)."""
+    best = tl.max(vals, axis=0)
+    at = tl.min(tl.where(vals == best, idx, BIG), axis=0)
     return best, at
 
 
@@ -64,3 +60,34 @@ def log_sigmoid_hat(z, alpha, beta):
     mid = -tl.log(1.0 + tl.exp(-t))
     out = tl.where(z > beta, 0.0, mid)
     return tl.where(z < alpha, float("-inf"), out)
+
+
+# ---- the same functions for blocks of several requests (``batched`` kernels): one row per request ----
+
+@triton.jit
+def keyed_uniform_rows(seed, position, purpose: tl.constexpr, token):
+    """:func:`keyed_uniform` for a [R, N] block: ``token`` [R, N] int32, ``seed`` / ``position`` [R, 1] int64
+    (one request per row). Bit-identical to keyed_uniform element by element."""
+    c0 = token.to(tl.uint32, bitcast=True)
+    pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
+    c1 = tl.broadcast_to(pos32, c0.shape)
+    c2 = tl.full(c0.shape, purpose, tl.uint32)
+    c3 = tl.zeros_like(c0)
+    x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
+    return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+
+
+@triton.jit
+def keyed_gumbel_rows(seed, position, token):
+    """:func:`keyed_gumbel` for a [R, N] block (see :func:`keyed_uniform_rows`)."""
+    u = keyed_uniform_rows(seed, position, PURPOSE_SAMPLE, token)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def first_argmax_rows(vals, idx, BIG: tl.constexpr):
+    """Per row of a [R, N] block: (max value, smallest index attaining it); -inf rows give (-inf, smallest index).
+    ``idx`` is [R, N]."""
+    best = tl.max(vals, axis=1)
+    at = tl.min(tl.where(vals == best[:, None], idx, BIG), axis=1)
+    return best, at

@@ -2,8 +2,8 @@
 
 No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
 ~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
-Everything that depends only on the shapes - grids, constexprs, block layout, the scratch buffers of pass 1 / pass 2
-and the counters of the last-program-done reduction - lives in a :class:`_Plan` cached per (device, B, K, V,
+Everything that depends only on the shapes - grids, constexprs, kernel choice, the scratch buffers of pass 1 /
+pass 2 and the counters of the last-program-done reduction - lives in a :class:`_Plan` cached per (device, B, K, V,
 variant). The counters are zero-initialised when the plan is made and reset by the kernel itself, so the fused path
 can be captured in a CUDA graph (make the plan outside the capture by calling once before capturing, as any warm-up
 does; a plan first made during a capture is used for that call only and not cached). Because the scratch and
@@ -12,15 +12,15 @@ on different CUDA streams (calls on one stream, eager or graph-replayed, are ord
 Sizes B and K are not specialised on (``do_not_specialize``): changing them never recompiles a kernel; V, the
 dtypes and the feature switches (draft kind, filters) select among a few compiled variants.
 
-Layout: a row that fits in one pass-1 chunk / pass-2 tile (small vocabularies) is processed BLOCK_B requests per
-program (``ROW_ELEMS // block`` of them, each in its own lanes), otherwise one request per program (BLOCK_B = 1, the
-large-vocabulary GPU layout). The choice depends on V alone, so results stay batch invariant; small vocabularies run
-orders of magnitude faster in Triton's CPU interpreter (which executes one Python program per grid point), which is
-what lets the exactness suite sample the kernels 10^5-10^6 times on CPU.
+Layout: when a row fits in one pass-1 chunk / pass-2 tile and ``ROW_ELEMS // block > 1`` (small vocabularies), the
+``batched`` kernels process BLOCK_B = ROW_ELEMS // block requests per program; otherwise the per-request kernels of
+``stats`` / ``sample`` / ``tiled`` run, one request per program (the large-vocabulary GPU layout, unchanged). On a
+GPU the choice depends on V alone, so results stay batch invariant. Triton's CPU interpreter executes one Python
+program per grid point, so there the batched kernels (with much larger blocks) make the exactness suite ~500x faster.
 
 Block sizes are module globals so tests can shrink them to exercise multi-chunk code on tiny vocabularies:
 CHUNK1 (pass-1 chunk; fixed per V so results are batch invariant), BLOCK2 (pass-2 tile), TILE (tiled's n),
-ROW_ELEMS (elements per program when requests are batched; 1 disables batching).
+ROW_ELEMS (elements per program of the batched kernels; 1 always selects the per-request kernels).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import triton
 from ..distributions import draft_log_probs, filtered_logits, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
+from .batched import accept_sample_rows_kernel, row_stats_rows_kernel, tiled_partials_rows_kernel
 from .sample import accept_sample_kernel
 from .stats import row_stats_kernel
 from .tiled import tiled_partials_kernel
@@ -53,7 +54,8 @@ PROGRAMS_PER_SM = 4
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B). The interpreter pays a large fixed cost
 # per program and per op, so it uses much larger blocks (NumPy then does the work in few, large array ops).
-ROW_ELEMS = 1 << 20 if _INTERPRET else 8192
+# TILESPEC_ROW_ELEMS=1 always selects the per-request kernels.
+ROW_ELEMS = int(os.environ.get("TILESPEC_ROW_ELEMS", 1 << 20 if _INTERPRET else 8192))
 MAX_BLOCK_B = 65536 if _INTERPRET else 1024
 PLAN_LIMIT = 512          # plans cached per process; later shapes are planned per call (still correct)
 _PLANS: dict = {}
@@ -106,17 +108,17 @@ def _block(limit: int, vocab: int, batch: int) -> tuple[int, int, int]:
 
 
 class _Plan:
-    """Shape-dependent launch state of one (device, B, K, V, variant): grids, constexprs, scratch, counters, and the
-    compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
+    """Shape-dependent launch state of one (device, B, K, V, variant): kernel choice, grids, constexprs, scratch,
+    counters, and the compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
 
-    __slots__ = ("grid1", "const1", "nc1", "m", "s", "a", "grid2", "const2", "nc2", "tiles", "pval", "pidx",
-                 "counters", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
+    __slots__ = ("rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "pval",
+                 "pidx", "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
 
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, BLOCK2, TILE, RB, ROW_ELEMS,
-           NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
+           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
@@ -128,37 +130,47 @@ def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, k
 
 
 def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan:
+    """Grids are 3-tuples (a compiled kernel's launcher, unlike the JIT dispatcher, does not pad them)."""
     p = _Plan()
     p.direct = None          # no direct launches for plans that are not cached
     f32 = dict(dtype=torch.float32, device=device)
     p.nc1, p.n_tiles = 1, 1
-    p.m = p.s = p.a = p.tau = p.bpart = None   # unused buffers are passed as None (constexpr: no launch argument)
+    p.m = p.s = p.a = p.tau = p.bpart = None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
+        p.rows1 = bb1 > 1
         n_rows = k_max + 1 + (k_max if kind == DRAFT_LOGITS else 0)
         p.grid1 = (p.nc1, n_rows, triton.cdiv(batch, bb1))
-        p.const1 = dict(HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=has_thr, CHUNK=chunk, BLOCK_B=bb1,
-                        num_warps=NUM_WARPS1)
+        p.const1 = dict(HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=has_thr, CHUNK=chunk, num_warps=NUM_WARPS1)
+        if p.rows1:
+            p.const1["BLOCK_B"] = bb1
         shape = (batch, 2 * k_max + 1, p.nc1)
         p.m, p.s = torch.empty(shape, **f32), torch.empty(shape, **f32)
         p.a = torch.empty(shape, dtype=torch.int32, device=device)
-    if mode == MODE_PROBS:  # tiled pass 1 (pass 2 reads tau / b_k; with K = 0 it never does, 1-element buffers)
-        tile, p.n_tiles, bbt = _block(TILE, vocab, batch)
-        p.grid_t = (p.n_tiles, k_max, triton.cdiv(batch, bbt))
-        p.const_t = dict(TILE=tile, BLOCK_B=bbt, num_warps=NUM_WARPS2)
+    if mode == MODE_PROBS:  # tiled pass 1 (pass 2 reads tau / b_k; with K = 0 it never does: 1-element buffers)
+        tile, n_tiles, bbt = _block(TILE, vocab, batch)
+        p.rows_t = bbt > 1
+        p.grid_t = (n_tiles, k_max, triton.cdiv(batch, bbt))
+        p.const_t = dict(TILE=tile, num_warps=NUM_WARPS2)
+        if p.rows_t:
+            p.const_t["BLOCK_B"] = bbt
+        p.n_tiles = n_tiles if k_max > 0 else 1
         p.tau = torch.empty(max(1, batch * k_max), **f32)
         p.bpart = torch.empty(max(1, batch * k_max * p.n_tiles), **f32)
     block, tiles_total, bb2 = _block(BLOCK2, vocab, batch)
-    if bb2 > 1:
+    p.rows2 = bb2 > 1
+    if p.rows2:
         p.tiles, p.nc2 = 1, 1
     else:
         per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
         p.tiles = triton.cdiv(tiles_total, min(per_request, tiles_total))
         p.nc2 = triton.cdiv(tiles_total, p.tiles)
-    p.grid2 = (p.nc2, triton.cdiv(batch, bb2))
+    p.grid2 = (p.nc2, triton.cdiv(batch, bb2), 1)
     p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
                     NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)), NC2_BLOCK=triton.next_power_of_2(p.nc2),
-                    RB=RB, BLOCK_B=bb2, WB=32 if bb2 == 1 else 8, num_warps=NUM_WARPS2)
+                    RB=RB, num_warps=NUM_WARPS2)
+    if p.rows2:
+        p.const2.update(BLOCK_B=bb2, WB=8)
     p.pval = torch.empty(batch, p.nc2, 2, **f32)
     p.pidx = torch.empty(batch, p.nc2, 2, dtype=torch.int32, device=device)
     p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -173,15 +185,15 @@ class _Launcher:
     fixes every constexpr, and the wrappers pass tensors whose dtypes are fixed by the plan and the logits' dtype,
     so the only other inputs to Triton's specialisation are the pointers' 16-byte alignment and whether an integer
     fits in 32 bits. ``__call__`` therefore keeps, per plan, the CompiledKernel the first (JIT) launch returned for
-    (logits dtypes, aligned), and calls it directly afterwards when every pointer is 16-byte aligned and every
-    stride fits in 32 bits (anything else goes through the JIT path, which is always correct). Set
-    ``TILESPEC_DIRECT_LAUNCH=0`` to always use the JIT path. If the installed Triton rejects the direct call's
-    arguments (the calling convention differs between versions), the launcher falls back to the JIT path for good.
+    (tensor dtypes), and calls it directly afterwards when every user tensor is 16-byte aligned and every stride
+    fits in 32 bits (anything else goes through the JIT path, which is always correct). If the installed Triton
+    rejects the direct call (its calling convention differs between versions), the launcher falls back to the JIT
+    path for good, with a warning. ``TILESPEC_DIRECT_LAUNCH=1`` enables it (default: off, see ``_DIRECT``).
     """
 
     def __init__(self, name: str, fn):
         self.name, self.fn = name, fn
-        self.mode = "full" if _DIRECT else "off"     # "full": constexprs passed too; "plain": runtime args only
+        self.mode = "full"          # "full": constexprs passed too; "plain": runtime args only; "off": JIT only
         self.const_names = None
 
     def __call__(self, plan: _Plan, grid, args: tuple, consts: dict, key) -> None:
@@ -199,7 +211,7 @@ class _Launcher:
         try:
             if self.mode == "full":
                 if self.const_names is None:
-                    self.const_names = [n for n in self.fn.arg_names[len(args):]]
+                    self.const_names = list(self.fn.arg_names[len(args):])
                 kernel[grid](*args, *[consts[n] for n in self.const_names])
             else:
                 kernel[grid](*args)
@@ -212,17 +224,24 @@ class _Launcher:
             self(plan, grid, args, consts, key[1])
 
 
-_DIRECT = not _INTERPRET and os.environ.get("TILESPEC_DIRECT_LAUNCH", "1") != "0"
-_STATS = _Launcher("row_stats_kernel", row_stats_kernel)
-_SAMPLE = _Launcher("accept_sample_kernel", accept_sample_kernel)
-_TILED = _Launcher("tiled_partials_kernel", tiled_partials_kernel)
+# Direct launches are opt-in until measured on a GPU with the installed Triton (see _Launcher).
+_DIRECT = not _INTERPRET and os.environ.get("TILESPEC_DIRECT_LAUNCH", "0") == "1"
+_LAUNCHERS: dict = {}
 _ALIGN_MASK = 15
 _INT32_MAX = 2**31 - 1
 
 
-def _direct_key(device: torch.device, tensors: tuple, ints: tuple):
-    """(dtypes, True) when a direct launch is safe for these user tensors / integers, else None (see _Launcher)."""
-    if not _DIRECT or device.type != "cuda" or device.index != torch.cuda.current_device():
+def _launcher(fn) -> _Launcher:
+    """The launcher of kernel ``fn`` (looked up at call time, so tests can replace a kernel by a stub)."""
+    launcher = _LAUNCHERS.get(id(fn))
+    if launcher is None or launcher.fn is not fn:
+        launcher = _LAUNCHERS[id(fn)] = _Launcher(getattr(fn, "__name__", type(fn).__name__), fn)
+    return launcher
+
+
+def _direct_key(plan: _Plan, device: torch.device, tensors: tuple, ints: tuple):
+    """The tensors' dtypes when a direct launch is safe for them and these integers, else None (see _Launcher)."""
+    if plan.direct is None or not _DIRECT or device.type != "cuda" or device.index != torch.cuda.current_device():
         return None
     ptr = 0
     for t in tensors:
@@ -257,13 +276,26 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
     user = (tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, sampling.temperature,
             sampling.lenience)
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
-    key = _direct_key(device, user, strides) if plan.direct is not None else None
-    _SAMPLE(plan, plan.grid2,
-            (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, plan.pval, plan.pidx, plan.counters,
-             out, nacc, nemit, accepted, batch, k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles,
-             *strides, alpha, beta), plan.const2, key)
+    sizes = (k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles)
+    key = _direct_key(plan, device, user, strides)
+    if plan.rows2:   # unused buffers are None: compile-time constants, no launch arguments
+        _launcher(accept_sample_rows_kernel)(
+            plan, plan.grid2, (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, plan.pval,
+                               plan.pidx, plan.counters, out, nacc, nemit, accepted, batch, *sizes, *strides,
+                               alpha, beta), plan.const2, key)
+    else:            # the per-request kernel, called exactly as it always was (dummies for unused buffers)
+        dummy = sampling.temperature
+        _launcher(accept_sample_kernel)(
+            plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), _or(plan.m, dummy), _or(plan.s, dummy),
+                               _or(plan.a, dummy), _or(plan.tau, dummy), _or(plan.bpart, dummy), plan.pval,
+                               plan.pidx, plan.counters, out, nacc, nemit, accepted, *sizes, *strides, alpha, beta),
+            plan.const2, key)
     return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted,
                         method=method, exact=exact)
+
+
+def _or(tensor, dummy):
+    return tensor if tensor is not None else dummy
 
 
 def _draft(inputs: VerifyInputs) -> tuple[Optional[torch.Tensor], int]:
@@ -293,11 +325,15 @@ def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     drf_t = drf if kind == DRAFT_LOGITS else tgt
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
     temp = inputs.sampling.temperature
-    key = (_direct_key(tgt.device, (tgt, drf_t, inputs.num_draft_tokens, temp), strides)
-           if plan.direct is not None else None)
-    _STATS(plan, plan.grid1,
-           (tgt, drf_t, inputs.num_draft_tokens, temp, thr_t, thr_q, plan.m, plan.s, plan.a,
-            batch, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
+    key = _direct_key(plan, tgt.device, (tgt, drf_t, inputs.num_draft_tokens, temp), strides)
+    if plan.rows1:
+        _launcher(row_stats_rows_kernel)(
+            plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, thr_t, thr_q, plan.m, plan.s, plan.a,
+                               batch, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
+    else:
+        _launcher(row_stats_kernel)(
+            plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp), _or(thr_q, temp),
+                               plan.m, plan.s, plan.a, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
     return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True)
 
 
@@ -332,9 +368,13 @@ def tiled_verify(inputs: VerifyInputs) -> VerifyResult:
     else:
         q = draft_log_probs(inputs.draft_tokens, vocab, sampling, inputs.draft_logits, None).exp_().contiguous()
     strides = (p.stride(0), p.stride(1), q.stride(0), q.stride(1))
-    key = (_direct_key(p.device, (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience), strides)
-           if plan.direct is not None else None)
-    _TILED(plan, plan.grid_t,
-           (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience, plan.tau, plan.bpart,
-            batch, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
+    key = _direct_key(plan, p.device, (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience),
+                      strides)
+    head = (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience, plan.tau, plan.bpart)
+    if plan.rows_t:
+        _launcher(tiled_partials_rows_kernel)(
+            plan, plan.grid_t, (*head, batch, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
+    else:
+        _launcher(tiled_partials_kernel)(
+            plan, plan.grid_t, (*head, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
     return _pass2(inputs, plan, MODE_PROBS, p, q, DRAFT_PROBS, None, None, 0.0, 1.0, "tiled", True)

@@ -1,0 +1,118 @@
+"""GPU checks of the Triton verification kernels (``pytest -m gpu tests/test_kernels_gpu.py`` on a CUDA machine).
+
+What CPU runs cannot show: the compiled large-vocabulary layout (one request per program) agrees with ``reference``
+at V = 151,936 in bf16 / fp32; the direct CompiledKernel launch gives the same tokens as Triton's JIT dispatcher
+and falls back to it for misaligned inputs; CUDA-graph replay equals eager; the batched small-vocabulary layout and
+the large one are batch invariant.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilespec.verify.api import verify
+from tilespec.verify.types import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+launch = pytest.importorskip("tilespec.verify.kernels.launch")
+
+
+def _case(batch, k, vocab, dtype=torch.bfloat16, seed=0, similar=0.8):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    target = torch.randn(batch, k + 1, vocab, device="cuda", generator=gen) * 3
+    draft = similar * target[:, :k] + (1 - similar) * torch.randn(batch, k, vocab, device="cuda", generator=gen) * 3
+    tokens = torch.multinomial(torch.softmax(draft.reshape(-1, vocab), -1), 1, generator=gen).view(batch, k)
+    return target.to(dtype), draft.to(dtype), tokens
+
+
+def _same_rows(a, b) -> float:
+    return ((a.output_tokens == b.output_tokens).all(1) & (a.num_accepted == b.num_accepted)).float().mean().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.6, top_k=50),
+                                      SamplingParams(temperature=0.0)], ids=["t1", "t0.6-top50", "greedy"])
+@pytest.mark.parametrize("method", ["fused", "tiled"])
+def test_large_vocabulary_matches_reference(method, sampling, dtype):
+    target, draft, tokens = _case(64, 5, 151936, dtype)
+    kw = dict(draft_logits=draft, sampling=sampling, seed=torch.arange(64, device="cuda"), offsets=7)
+    ref = verify(target, tokens, method="reference", **kw)
+    got = verify(target, tokens, method=method, **kw)
+    assert _same_rows(got, ref) >= 0.99
+
+
+def test_direct_launch_matches_jit_dispatch(monkeypatch):
+    target, draft, tokens = _case(8, 5, 151936)
+    kw = dict(draft_logits=draft, seed=torch.arange(8, device="cuda"), offsets=torch.arange(8, device="cuda"),
+              check_values=False)
+    jit = verify(target, tokens, method="fused", **kw)
+    monkeypatch.setattr(launch, "_DIRECT", True)
+    for _ in range(3):
+        direct = verify(target, tokens, method="fused", **kw)
+    modes = {k.__name__: launch._launcher(k).mode for k in (launch.row_stats_kernel, launch.accept_sample_kernel)}
+    assert set(modes.values()) <= {"full", "plain"}, modes
+    assert any(p.direct for p in launch._PLANS.values()), "no compiled kernel was cached for a direct launch"
+    assert torch.equal(direct.output_tokens, jit.output_tokens) and torch.equal(direct.accepted, jit.accepted)
+    small = _case(64, 3, 16)
+    ref = verify(small[0], small[2], draft_logits=small[1], method="fused", seed=1)
+    for _ in range(2):
+        again = verify(small[0], small[2], draft_logits=small[1], method="fused", seed=1)
+    assert torch.equal(ref.output_tokens, again.output_tokens)
+
+
+def test_misaligned_and_strided_inputs_use_the_jit_path_and_stay_correct():
+    vocab = 1001   # odd V: a row offset of one element is not 16-byte aligned
+    big, draft, tokens = _case(4, 3, vocab, torch.float32)
+    padded = torch.cat([torch.zeros(4, 1, vocab, device="cuda"), big], dim=1)
+    target = padded[:, 1:]                                   # storage offset of 1001 floats: misaligned
+    assert target.data_ptr() % 16 != 0
+    kw = dict(draft_logits=draft, seed=torch.arange(4, device="cuda"), offsets=3)
+    for method in ("fused", "tiled"):
+        ref = verify(target.contiguous(), tokens, method="reference", **kw)
+        for _ in range(2):
+            got = verify(target, tokens, method=method, **kw)
+        assert _same_rows(got, ref) == 1.0
+
+
+@pytest.mark.parametrize("vocab", [16, 151936])
+def test_cuda_graph_replay_matches_eager(vocab):
+    target, draft, tokens = _case(4, 5, vocab)
+    seeds = torch.arange(4, device="cuda")
+    offsets = torch.full((4,), 11, device="cuda")
+
+    def call():
+        return verify(target, tokens, draft_logits=draft, method="fused", seed=seeds, offsets=offsets,
+                      check_values=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for step in range(3):
+        new_t, new_d, new_tok = _case(4, 5, vocab, seed=step + 1)
+        target.copy_(new_t), draft.copy_(new_d), tokens.copy_(new_tok), offsets.add_(6)
+        graph.replay()
+        eager = call()
+        assert torch.equal(captured.output_tokens, eager.output_tokens)
+        assert torch.equal(captured.num_accepted, eager.num_accepted)
+
+
+@pytest.mark.parametrize("vocab", [16, 61, 151936])
+def test_batch_invariance_on_gpu(vocab):
+    batch = 64 if vocab > 1000 else 3000
+    target, draft, tokens = _case(batch, 5, vocab, seed=5)
+    seeds = torch.arange(batch, device="cuda") * 7 + 1
+    full = verify(target, tokens, draft_logits=draft, method="fused", seed=seeds, offsets=5)
+    sub = torch.arange(1, batch, 3, device="cuda")
+    part = verify(target[sub], tokens[sub], draft_logits=draft[sub], method="fused", seed=seeds[sub], offsets=5)
+    assert torch.equal(full.output_tokens[sub], part.output_tokens)
+    ref = verify(target, tokens, draft_logits=draft, method="reference", seed=seeds, offsets=5)
+    assert _same_rows(full, ref) >= 0.99
