@@ -18,7 +18,7 @@ PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]
 def test_step_mode_resolution():
     cpu = torch.device("cpu")
     assert step_mode(False, cpu) == "eager" and step_mode(True, cpu) == "eager"
-    assert step_mode(True, torch.device("cuda")) == "compiled-graphs"
+    assert step_mode(True, torch.device("cuda")) == "graphs"
     assert step_mode("debug", cpu) == "compile"
     with pytest.raises(ValueError, match="CUDA"):
         step_mode("graphs", cpu)

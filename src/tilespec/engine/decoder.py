@@ -87,8 +87,10 @@ class SpeculativeDecoder:
         method: verification method name ("reference", "hf", "fused", ...).
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts.
-        compile: compile the decode/verify forwards (True: torch.compile "reduce-overhead", CUDA graphs on GPU; a
-            string: that torch.compile mode; "debug": dynamo with the eager backend, for CPU tests). Shapes stay
+        compile: the fast path for the decode/verify steps (see ``engine.runner.step_mode``): True or "graphs" =
+            CUDA-graph replay of every forward, the draft sampler and verify (CUDA; True means eager on CPU);
+            "compiled-graphs" = also torch.compile the norms/MLPs (experimental); another string = that
+            torch.compile mode; "debug" = dynamo with the eager backend, for CPU tests. Shapes stay
             static (fixed B, slot capacity, q in {1, 2, γ+1}): finished requests stay in the batch, ignored.
         eos_token_id: int or list; defaults to the target's generation config / the tokenizer.
         graph_verify: on the CUDA-graph paths, also replay ``verify()`` as a graph (methods that never sync with the

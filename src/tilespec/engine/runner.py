@@ -27,15 +27,16 @@ GRAPH_MODES = ("graphs", "compiled-graphs")
 def step_mode(compile: bool | str, device: torch.device) -> str:
     """How a runner executes decode/verify forwards: "eager", "graphs", "compiled-graphs" or "compile".
 
-    compile=False -> eager; True -> "compiled-graphs" on CUDA and eager elsewhere; "graphs" -> eager kernels
+    compile=False -> eager; True -> "graphs" on CUDA and eager elsewhere; "graphs" -> eager kernels
     captured in CUDA graphs; "compiled-graphs" -> the attention-free parts of the decoder (norms, MLP, rotary)
-    compiled with torch.compile (see :func:`compile_decoder_layers`) and everything captured in CUDA graphs; "debug" or a torch.compile mode
+    compiled with torch.compile (see :func:`compile_decoder_layers`) and everything captured in CUDA graphs
+    (experimental: tested on a tiny model on the GPU, not yet measured on a real one); "debug" or a torch.compile mode
     string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
     """
     if compile is False or compile is None:
         return "eager"
     if compile is True:
-        return "compiled-graphs" if device.type == "cuda" else "eager"
+        return "graphs" if device.type == "cuda" else "eager"
     if compile in GRAPH_MODES:
         if device.type != "cuda":
             raise ValueError(f"compile={compile!r} needs a CUDA device")
