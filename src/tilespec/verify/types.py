@@ -52,6 +52,8 @@ class ResolvedSampling:
     The ``has_*`` / ``all_greedy`` flags are Python bools computed without a device sync when the parameters were
     Python numbers; for tensor parameters they are conservatively True (the method then applies the step, which is
     a no-op for disabled requests).
+    Tensors built from Python values are cached constants shared by later calls (see ``validation.resolve_sampling``):
+    read them, never modify them in place.
     """
 
     temperature: torch.Tensor
@@ -84,6 +86,8 @@ class VerifyInputs:
     offsets: [B] int64 absolute position of each request's first draft token; random numbers are keyed by
              (seed, offset + row, purpose, token) so they never depend on batch composition or order.
     generator: the torch.Generator the caller passed (only the `hf` baseline draws from it directly).
+    Tensors are the caller's own where they were given with the right device and dtype, otherwise converted copies or
+    cached constants (K_max per request, zero offsets, int seeds): methods read them and never modify them in place.
     """
 
     target_logits: torch.Tensor

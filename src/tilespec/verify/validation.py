@@ -99,6 +99,11 @@ def _const_seeds(device: torch.device, batch: int, seed: int) -> torch.Tensor:
                   lambda: seeds_from(seed, batch, device))
 
 
+def _ready(value, dtype: torch.dtype, device: torch.device) -> bool:
+    """A tensor that can be used as given (right dtype and device: no conversion op)."""
+    return isinstance(value, torch.Tensor) and value.dtype == dtype and value.device == device
+
+
 def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tuple[torch.Tensor, Optional[list]]:
     """Broadcast a scalar / sequence / tensor to [B]; also return the Python values when known without a sync.
     Tensors are used as given (converted only when their device or dtype differs); Python values come from the
@@ -269,7 +274,8 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
     elif isinstance(offsets, int):
         offsets_t = torch.full((batch,), offsets, device=device, dtype=torch.int64)
     else:
-        offsets_t = torch.as_tensor(offsets, dtype=torch.int64).to(device)
+        offsets_t = (offsets if _ready(offsets, torch.int64, device)
+                     else torch.as_tensor(offsets, dtype=torch.int64).to(device))
         if tuple(offsets_t.shape) != (batch,):
             raise ValueError(f"offsets must be an int or have shape [{batch}], got {tuple(offsets_t.shape)}")
     if seed is not None and not isinstance(seed, int):
@@ -278,7 +284,12 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
             raise ValueError(f"seed must be an int or one seed per request (shape [{batch}]), got shape {seed_shape}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    seeds = _const_seeds(device, batch, seed) if type(seed) is int else seeds_from(seed, batch, device, generator)
+    if type(seed) is int:
+        seeds = _const_seeds(device, batch, seed)
+    elif _ready(seed, torch.int64, device):
+        seeds = seed
+    else:
+        seeds = seeds_from(seed, batch, device, generator)
     return VerifyInputs(target_logits=target_logits, draft_tokens=draft_tokens, num_draft_tokens=num_draft,
                         sampling=resolve_sampling(sampling, batch, device, check_values), seeds=seeds,
                         offsets=offsets_t, draft_logits=draft_logits, draft_probs=draft_probs, generator=generator,
