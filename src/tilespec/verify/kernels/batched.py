@@ -29,10 +29,11 @@ BIG = tl.constexpr(2147483647)
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
 def row_stats_rows_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
-                     m_ptr, s_ptr, a_ptr,
-                     B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
-                     HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
-                     BLOCK_B: tl.constexpr):
+                          m_ptr, s_ptr, a_ptr,
+                          B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
+                          HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK_B: tl.constexpr):
+    """``stats.row_stats_kernel`` for BLOCK_B requests per program (row r of each, chunk c)."""
     c = tl.program_id(0)
     r = tl.program_id(1)
     req = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -83,8 +84,9 @@ def row_stats_rows_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_p
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NT", "stride_pb", "stride_pr", "stride_qb", "stride_qr"])
 def tiled_partials_rows_kernel(p_ptr, q_ptr, tok_ptr, nd_ptr, len_ptr, tau_ptr, bpart_ptr,
-                          B, K, V, NT, stride_pb, stride_pr, stride_qb, stride_qr, TILE: tl.constexpr,
-                          BLOCK_B: tl.constexpr):
+                               B, K, V, NT, stride_pb, stride_pr, stride_qb, stride_qr, TILE: tl.constexpr,
+                               BLOCK_B: tl.constexpr):
+    """``tiled.tiled_partials_kernel`` for BLOCK_B requests per program (draft row i of each, tile k)."""
     k = tl.program_id(0)
     i = tl.program_id(1)
     req = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -151,12 +153,14 @@ def _scaled(ptr, thr_ptr, thr_slot, offs, mask, scale, HAS_THR: tl.constexpr):
 @triton.jit(do_not_specialize=["B", "K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",
                                "stride_dr"])
 def accept_sample_rows_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
-                         thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, pval_ptr, pidx_ptr, cnt_ptr,
-                         out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
-                         B, K, V, NC1, NC2, TILES, NT, stride_tb, stride_tr, stride_db, stride_dr, alpha, beta,
-                         MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
-                         BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NC2_BLOCK: tl.constexpr, RB: tl.constexpr,
-                         BLOCK_B: tl.constexpr, WB: tl.constexpr):
+                              thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, pval_ptr, pidx_ptr, cnt_ptr,
+                              out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                              B, K, V, NC1, NC2, TILES, NT, stride_tb, stride_tr, stride_db, stride_dr, alpha, beta,
+                              MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
+                              BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NC2_BLOCK: tl.constexpr,
+                              RB: tl.constexpr, BLOCK_B: tl.constexpr, WB: tl.constexpr):
+    """``sample.accept_sample_kernel`` for BLOCK_B requests per program: acceptance on [BLOCK_B, RB] blocks (pass-1
+    statistics as [BLOCK_B, RB, NC1_BLOCK]), Gumbel-max on [BLOCK_B, BLOCK] tiles, per-request counters."""
     c = tl.program_id(0)
     req = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)          # [BB] request ids of this program
     live = req < B
