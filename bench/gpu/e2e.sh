@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 7 end-to-end runs on a GPU machine prepared by bench/gpu/setup.sh (source it first). Writes to $OUT.
 #   E2E_PROMPTS  XSum prompts (default 3), E2E_TOKENS new tokens per prompt (default 48)
-#   E2E_PARTS    which parts to run (default "b1,b8"; also "compiled", "whisper")
+#   E2E_PARTS    which parts to run (default "b1,b8"; also "gamma", "optimal", "compiled", "whisper")
 set -u
 N=${E2E_PROMPTS:-3}
 TOK=${E2E_TOKENS:-48}
@@ -14,6 +14,18 @@ if [[ ",$PARTS," == *",b1,"* ]]; then
   ts "qwen B=1: HF generate, HF assisted, our target-only and speculative decoding (CUDA graphs)"
   python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0,1 --compile graphs \
     --methods fused,reference --modes hf,hf-assisted,ar,tilespec --out "$OUT/e2e-qwen-b1.json" 2>&1 | filter
+fi
+if [[ ",$PARTS," == *",gamma,"* ]]; then
+  for g in 1 2 3; do  # constant γ below the default 5: Theorem 3.8 says short drafts pay when c is large
+    ts "qwen B=1 constant gamma=$g (CUDA graphs)"
+    python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0,1 --compile graphs \
+      --gamma $g --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-b1-gamma$g.json" 2>&1 | filter
+  done
+fi
+if [[ ",$PARTS," == *",optimal,"* ]]; then
+  ts "qwen B=1 gamma schedule optimal (CUDA graphs)"
+  python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0,1 --compile graphs \
+    --gamma-schedule optimal --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-b1-optimal.json" 2>&1 | filter
 fi
 if [[ ",$PARTS," == *",b8,"* ]]; then
   ts "qwen B=8 (CUDA graphs)"
