@@ -94,7 +94,10 @@ def stats_rows(stats) -> list:
     if stats.drafted:
         rows += [("acceptance rate α (accepted/drafted)", f"{stats.alpha:.3f}"),
                  ("tokens per target call (τ)", f"{stats.block_efficiency:.2f}"),
-                 ("mean γ", f"{stats.mean_gamma:.2f}"), ("verify method", stats.method)]
+                 ("mean γ (all steps / speculative steps)", f"{stats.mean_gamma:.2f} / {stats.mean_spec_gamma:.2f}"),
+                 ("verify method", stats.method)]
+    if stats.fallback_at_step is not None:
+        rows.append(("fallback to target-only", f"from step {stats.fallback_at_step} ({stats.fallback_steps} steps)"))
     for phase in ("prefill", "draft", "target", "verify", "bookkeeping"):
         if t.get(phase):
             rows.append((f"time {phase}", f"{t[phase]:.3f} s"))

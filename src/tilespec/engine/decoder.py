@@ -6,7 +6,10 @@ Loop per step (B active requests, write pointer W; see state.py for the cache la
   3. ``verify()`` (any registered method), keyed by per-request seeds and absolute positions;
   4. one host read of the emitted counts and tokens; mark the accepted slots valid, advance W by max accepted + 1.
      Rejected slots become masked holes (rollback copies nothing); finished requests (EOS / length) leave the batch.
-With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks.
+With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks. A step with
+γ = 0 (the budget leaves nothing to draft, or the ``optimal`` schedule fell back for good because speculation is
+predicted to be slower) is a target-only step: no draft forward, verify() with K = 0, not fed to the schedule. After
+the fallback the draft runner is never touched again in that generation (its cache is left stale).
 """
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ class SpeculativeDecoder:
             device with the same vocabulary. A draft sharing the target's encoder weights reuses its encoder output.
         gamma: draft length (initial value for adaptive schedules); gamma_schedule: "constant" | "heuristic" |
             "optimal" (see gamma.py); max_gamma caps adaptive schedules.
+        fallback_below: "optimal" only: once the estimates are measured, fall back to target-only decoding for the
+            rest of a generation when the best predicted speedup (Leviathan Thm 3.8) is below this (0 disables).
         method: verification method name ("reference", "hf", "fused", ...).
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts.
@@ -103,14 +108,14 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
-                 cache_slack: Optional[int] = None, graph_verify: bool = True):
+                 cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         if draft is not None and not hasattr(draft, "config"):
             raise TypeError(f"draft must be a Hugging Face model or None, got {type(draft).__name__}")
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        GammaSchedule(gamma_schedule, gamma, max_gamma)  # validates the schedule arguments early
+        GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
         get_method(method)                                 # unknown methods fail here, not mid-generation
         if draft is not None:
             if is_encoder_decoder(target) != is_encoder_decoder(draft):
@@ -123,6 +128,7 @@ class SpeculativeDecoder:
                 raise ValueError("target and draft must be on the same device")
         self.target, self.draft = target, draft
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
+        self.fallback_below = fallback_below
         self.method, self.sampling, self.tokenizer, self.compile = method, sampling, tokenizer, compile
         self.eos = _eos_ids(target, tokenizer, eos_token_id)
         if pad_token_id is None and tokenizer is not None:
@@ -199,7 +205,8 @@ class SpeculativeDecoder:
                 raise ValueError(f"prompt + max_new_tokens exceeds the decoder's {limit} positions")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        schedule = GammaSchedule(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma))
+        schedule = GammaSchedule(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
+                                 fallback_below=self.fallback_below)
         timer = PhaseTimer(self.device)
         stats = RunStats(requests=batch, method=self.method if spec else "target-only")
         t_start = time.perf_counter()
@@ -237,11 +244,18 @@ class SpeculativeDecoder:
         while len(done) < state.size:
             live = [i for i, r in enumerate(state.rows) if r not in done]
             remaining = max(max_new_tokens - produced[state.rows[i]] for i in live)
-            gamma = min(schedule.next(), remaining - 1) if spec else 0
+            proposed = schedule.next() if spec else 0       # one next() per step (wrappers may count calls)
+            fallback = spec and proposed == 0                # the schedule gave up on speculation for good
+            gamma = min(proposed, remaining - 1)
+            runners = (target, draft) if spec and not fallback else (target,)  # a fallen-back draft is never used
+            if fallback:
+                stats.fallback_steps += 1
+                if stats.fallback_at_step is None:
+                    stats.fallback_at_step = step_no
             if state.write + gamma + 1 > capacity:
                 slot_index, _ = state.plan_defrag()
                 rows = torch.arange(state.size, device=self.device)
-                for runner in (target, draft) if spec else (target,):
+                for runner in runners:
                     runner.select(rows, slot_index)
                 stats.defrags += 1
             before = dict(timer.totals)
@@ -286,7 +300,7 @@ class SpeculativeDecoder:
             if finished and keep and not self.compile:
                 rows = state.keep_rows(keep)
                 ident = torch.arange(capacity, device=self.device)[None, :].expand(len(keep), capacity)
-                for runner in (target, draft) if spec else (target,):
+                for runner in runners:
                     runner.select(rows, ident)
                 sampling = _select_sampling(self.sampling, state.rows)
                 resolved = resolve_sampling(sampling, state.size, self.device)

@@ -1,17 +1,25 @@
 """Draft-length (γ) schedules: constant, the HF heuristic, and Leviathan-optimal with online estimates.
 
-A schedule is asked for γ before each step (``next()``) and told the outcome after it (``update``).
-With a batch, one γ serves all active requests (the verify shapes stay uniform):
-  * ``constant``: always ``gamma``.
+A schedule is asked for γ before each step (``next()``) and told the outcome of each speculative step after it
+(``update``, γ >= 1 only). One schedule serves one generation; with a batch, one γ serves all active requests (the
+verify shapes stay uniform):
+  * ``constant``: always ``gamma`` (>= 1).
   * ``heuristic`` (HF assisted generation, Wagner §4.1): start at ``gamma`` (5 by default), +2 when every active
     request accepted its whole draft, otherwise -1, never below 1 (capped at ``max_gamma``).
   * ``optimal``: estimate the acceptance rate α (accepted / tested draft positions, the MLE under Leviathan's
     i.i.d. model) and the cost ratio c = (time of one draft forward) / (time of one target forward) online, and pick
-    the γ maximising Leviathan Theorem 3.8's improvement (1 - α^(γ+1)) / ((1 - α)(γc + 1)).
+    the γ in [1, max_gamma] maximising Leviathan Theorem 3.8's improvement S(α, γ, c) =
+    (1 - α^(γ+1)) / ((1 - α)(γc + 1)). Fallback: once ``min_steps`` speculative steps have been timed (so c is
+    measured, not the prior ``default_c``), if max_γ S < ``fallback_below`` (1.0: speculation is predicted to lose
+    to target-only decoding; by Corollary 3.9 that is α <= c) the schedule returns γ = 0 from then on, for the rest
+    of the generation, and records the decision in ``fallback_after`` / ``fallback_speedup``. The caller decodes
+    γ = 0 steps target-only and never calls the draft again, so the draft's cache may go stale.
+Only ``optimal`` ever returns 0.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 
@@ -45,16 +53,27 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
 
 
 class GammaSchedule:
-    """Stateful γ chooser. ``gamma`` is the initial / constant value; ``max_gamma`` caps adaptive schedules."""
+    """Stateful γ chooser for one generation (see the module docstring).
+
+    gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo
+    counts of the α estimate; default_c: the cost ratio assumed until a step has been timed. ``optimal`` only:
+    fallback_below: the predicted speedup under which the schedule falls back to γ = 0 for good (0 disables it);
+    min_steps: timed speculative steps needed before that decision may be taken.
+    """
 
     def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
-                 prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2):
+                 prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2,
+                 fallback_below: float = 1.0, min_steps: int = 4):
         if kind not in SCHEDULES:
             raise ValueError(f"unknown gamma schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
         if max_gamma < gamma and kind != "constant":
             raise ValueError(f"max_gamma ({max_gamma}) must be >= gamma ({gamma})")
+        if not fallback_below >= 0.0:  # also rejects NaN
+            raise ValueError(f"fallback_below must be >= 0, got {fallback_below!r}")
+        if not isinstance(min_steps, int) or min_steps < 1:
+            raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
         self._current = gamma
         # α estimate: Beta-like pseudo counts so the first steps do not swing to extremes
@@ -65,6 +84,10 @@ class GammaSchedule:
         self.draft_calls = 0
         self.target_calls = 0
         self.default_c = default_c
+        self.fallback_below, self.min_steps = float(fallback_below), min_steps
+        self.steps = 0                               # update() calls: speculative steps seen
+        self.fallback_after: Optional[int] = None    # speculative steps seen when γ fell back to 0, else None
+        self.fallback_speedup: Optional[float] = None  # the best predicted speedup max_γ S at that moment
 
     @property
     def alpha(self) -> float:
@@ -77,17 +100,26 @@ class GammaSchedule:
         return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
 
     def next(self) -> int:
-        if self.kind == "optimal":
-            self._current = optimal_gamma(self.alpha, self.cost_ratio, self.max_gamma)
+        """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
+        if self.kind == "optimal" and self.fallback_after is None:
+            alpha, c = self.alpha, self.cost_ratio
+            self._current = optimal_gamma(alpha, c, self.max_gamma)
+            best = expected_speedup(alpha, self._current, c)
+            if self.target_calls >= self.min_steps and best < self.fallback_below:
+                self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 
     def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0) -> None:
-        """Record a step drafted with ``gamma`` where active request i accepted ``num_accepted[i]`` tokens.
+        """Record a step drafted with ``gamma`` (>= 1) where active request i accepted ``num_accepted[i]`` tokens.
 
-        draft_time / target_time: seconds spent in the γ draft forwards / the one target forward (for c).
+        draft_time / target_time: seconds spent in the γ draft forwards / the one target forward (for c); a step
+        counts towards ``min_steps`` only when both are positive. Target-only steps (γ = 0) must not be recorded.
         """
+        if gamma < 1:
+            raise ValueError(f"update() records speculative steps (gamma >= 1), got gamma={gamma}")
         if not num_accepted:
             return
+        self.steps += 1
         for n in num_accepted:
             self.accepted += n
             self.tested += n + (1 if n < gamma else 0)

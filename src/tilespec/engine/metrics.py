@@ -4,7 +4,12 @@ Definitions (see docs/engine.md and decoding-peers.md §5):
   * alpha (acceptance rate) = accepted draft tokens / drafted tokens (vLLM V1's "draft acceptance rate"; it is
     below Leviathan's α because tokens after a rejection count as drafted but never tested);
   * alpha_tested = accepted / tested positions (Leviathan's α under the i.i.d. model, what the γ schedule uses);
-  * block_efficiency (τ) = tokens emitted per request per target call, bonus included;
+  * block_efficiency (τ) = tokens emitted per request per target call, bonus included (target-only steps count 1);
+  * gammas: γ of every step (0 for a target-only step); mean_gamma averages all steps, mean_spec_gamma only the
+    speculative ones (γ >= 1);
+  * fallback_steps: steps decoded target-only because the ``optimal`` schedule fell back (predicted speedup < 1),
+    from step ``fallback_at_step`` on (None: no fallback); they draft nothing, so alpha / alpha_tested / draft_calls
+    describe the speculative steps only;
   * time_{draft,target,verify}: seconds inside the draft forwards, the target forward and ``verify()``; on CUDA they
     come from CUDA events read once at the end of the run (no extra host syncs inside a step).
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import torch
 
@@ -77,6 +83,8 @@ class RunStats:
     gammas: list = field(default_factory=list)
     defrags: int = 0
     method: str = ""
+    fallback_steps: int = 0        # target-only steps after the optimal schedule's fallback
+    fallback_at_step: Optional[int] = None   # index of the first such step
 
     @property
     def alpha(self) -> float:
@@ -99,6 +107,12 @@ class RunStats:
         return sum(self.gammas) / len(self.gammas) if self.gammas else 0.0
 
     @property
+    def mean_spec_gamma(self) -> float:
+        """Mean γ over the speculative steps (γ >= 1); 0.0 when none drafted."""
+        spec = [g for g in self.gammas if g > 0]
+        return sum(spec) / len(spec) if spec else 0.0
+
+    @property
     def verify_share(self) -> float:
         """Verify time / (draft + target + verify) time: the verification step's share of step time."""
         step = sum(self.times.get(p, 0.0) for p in ("draft", "target", "verify"))
@@ -109,6 +123,7 @@ class RunStats:
         d.pop("gammas")
         d.update(alpha=self.alpha, alpha_tested=self.alpha_tested, block_efficiency=self.block_efficiency,
                  tokens_per_second=self.tokens_per_second, mean_gamma=self.mean_gamma,
+                 mean_spec_gamma=self.mean_spec_gamma,
                  verify_share=self.verify_share)
         return d
 

@@ -1,0 +1,160 @@
+"""The ``optimal`` γ schedule's fallback to target-only decoding when speculation is predicted to lose (CPU, fp32).
+
+Unit tests drive :class:`GammaSchedule` with synthetic (α, c); engine tests force the fallback (``fallback_below``
+above any reachable speedup, or a draft slower than its target) and check exactness and the stats accounting.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tilespec.engine import GammaSchedule, SpeculativeDecoder, expected_speedup
+from tilespec.verify import SamplingParams
+
+from engine_models import tiny_lm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread start-up costs more than the math
+    yield
+    torch.set_num_threads(old)
+
+
+def drive(schedule: GammaSchedule, alpha: float, c: float, steps: int, seed: int = 0, timed: bool = True) -> list:
+    """Run ``steps`` steps of a synthetic generation (i.i.d. acceptance α, cost ratio c); returns the γ's asked."""
+    rand = random.Random(seed)
+    gammas = []
+    for _ in range(steps):
+        g = schedule.next()
+        gammas.append(g)
+        if g == 0:
+            continue  # a target-only step is never fed to the schedule
+        n = 0
+        while n < g and rand.random() < alpha:
+            n += 1
+        schedule.update(g, [n], draft_time=c * g * 1e-3 if timed else 0.0, target_time=1e-3 if timed else 0.0)
+    return gammas
+
+
+def test_optimal_falls_back_after_min_steps_and_stays():
+    s = GammaSchedule("optimal", 3, max_gamma=12)
+    gammas = drive(s, alpha=0.3, c=0.9, steps=30)
+    assert all(g >= 1 for g in gammas[:4]) and gammas[4:] == [0] * 26
+    assert s.fallback_after == 4 and s.steps == 4
+    assert s.fallback_speedup < 1.0
+    assert s.fallback_speedup == pytest.approx(max(expected_speedup(s.alpha, g, s.cost_ratio) for g in range(1, 13)))
+    custom = GammaSchedule("optimal", 3, max_gamma=12, min_steps=7)
+    gammas = drive(custom, alpha=0.3, c=0.9, steps=10)
+    assert min(gammas[:7]) >= 1 and gammas[7:] == [0, 0, 0] and custom.fallback_after == 7
+
+
+def test_optimal_keeps_speculating_when_it_pays():
+    s = GammaSchedule("optimal", 3, max_gamma=12)
+    gammas = drive(s, alpha=0.8, c=0.05, steps=200)
+    assert min(gammas) >= 1 and s.fallback_after is None and s.fallback_speedup is None
+    assert gammas[-1] >= 4
+
+
+def test_no_fallback_without_measured_cost_or_when_disabled():
+    untimed = GammaSchedule("optimal", 3, max_gamma=12)   # c stays the prior default: not trustworthy
+    assert min(drive(untimed, alpha=0.0, c=0.9, steps=20, timed=False)) >= 1 and untimed.fallback_after is None
+    disabled = GammaSchedule("optimal", 3, max_gamma=12, fallback_below=0.0)
+    assert min(drive(disabled, alpha=0.3, c=0.9, steps=20)) >= 1 and disabled.fallback_after is None
+    with pytest.raises(ValueError, match="gamma >= 1"):
+        disabled.update(0, [0])
+    with pytest.raises(ValueError, match="fallback_below"):
+        GammaSchedule("optimal", fallback_below=-1.0)
+    with pytest.raises(ValueError, match="min_steps"):
+        GammaSchedule("optimal", min_steps=0)
+
+
+@pytest.mark.parametrize("kind", ["constant", "heuristic"])
+def test_other_schedules_never_return_zero(kind):
+    s = GammaSchedule(kind, 3, max_gamma=12, fallback_below=100.0)
+    assert min(drive(s, alpha=0.0, c=5.0, steps=40)) >= 1 and s.fallback_after is None
+
+
+# ------------------------------------------------------------------------------------------------ engine
+PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"target": tiny_lm(0, logit_scale=20.0), "draft": tiny_lm(1, layers=1, logit_scale=20.0)}
+
+
+def count_calls(model) -> list:
+    """A one-element list counting ``model``'s forward calls."""
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def check_stats(stats, batch: int, max_new_tokens: int, draft_forwards: int) -> None:
+    """Accounting invariants of a run whose requests all decode max_new_tokens (no EOS), fallback included."""
+    g = stats.gammas
+    assert stats.new_tokens == batch * max_new_tokens
+    assert stats.steps == stats.target_calls == len(g)
+    assert stats.fallback_at_step is not None and stats.fallback_steps > 0
+    assert g[stats.fallback_at_step:] == [0] * stats.fallback_steps
+    assert stats.fallback_at_step + stats.fallback_steps == stats.steps
+    assert min(g[:stats.fallback_at_step]) >= 1          # speculative until the fallback
+    assert stats.draft_calls == sum(g) and stats.drafted == batch * sum(g)
+    assert stats.accepted <= stats.tested <= stats.drafted
+    assert draft_forwards == 1 + stats.draft_calls      # prefill + γ per speculative step; none after the fallback
+    assert stats.mean_gamma == pytest.approx(sum(g) / len(g))
+    assert stats.mean_spec_gamma == pytest.approx(sum(g) / stats.fallback_at_step)
+    d = stats.to_dict()
+    assert d["fallback_steps"] == stats.fallback_steps and d["fallback_at_step"] == stats.fallback_at_step
+
+
+@pytest.mark.parametrize("compile", [False, "debug"])
+def test_forced_fallback_greedy_equals_target_only(models, compile):
+    target, draft = models["target"], models["draft"]
+    prompts, n = (PROMPTS, 24) if not compile else (PROMPTS[:2], 10)
+    expected = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(),
+                                  eos_token_id=[]).generate(prompts, max_new_tokens=n).sequences
+    kwargs = dict(max_gamma=1, gamma=1) if compile else dict(max_gamma=8, gamma=4)  # few traced shapes
+    dec = SpeculativeDecoder(target, draft, gamma_schedule="optimal", fallback_below=1e9, compile=compile,
+                             sampling=SamplingParams.greedy(), eos_token_id=[], **kwargs)
+    calls = count_calls(draft)
+    try:
+        out = dec.generate(prompts, max_new_tokens=n)
+    finally:
+        draft._forward_hooks.clear()
+    assert out.sequences == expected
+    assert out.stats.fallback_at_step == 4   # min_steps timed speculative steps, then target-only for good
+    check_stats(out.stats, len(prompts), n, calls[0])
+    again = dec.generate([prompts[0]], max_new_tokens=n)   # a new generation speculates again, then falls back
+    assert again.sequences[0] == expected[0] and again.stats.fallback_at_step == 4
+
+
+def test_slow_draft_falls_back_by_itself(models):
+    """A draft with 8x the target's layers: measured c > 1, so no γ pays and the default threshold triggers."""
+    target = tiny_lm(0, layers=1, logit_scale=20.0)
+    slow = tiny_lm(2, layers=8, logit_scale=20.0)
+    expected = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(),
+                                  eos_token_id=[]).generate(PROMPTS[:2], max_new_tokens=20).sequences
+    dec = SpeculativeDecoder(target, slow, gamma=3, gamma_schedule="optimal", sampling=SamplingParams.greedy(),
+                             eos_token_id=[])
+    out = dec.generate(PROMPTS[:2], max_new_tokens=20)
+    assert out.sequences == expected
+    assert out.stats.fallback_at_step == 4 and out.stats.fallback_steps == out.stats.steps - 4
+
+
+def test_forced_fallback_sampling_runs(models):
+    target, draft = models["target"], models["draft"]
+    dec = SpeculativeDecoder(target, draft, gamma=3, gamma_schedule="optimal", max_gamma=6, fallback_below=1e9,
+                             sampling=SamplingParams(temperature=1.0), eos_token_id=[])
+    calls = count_calls(draft)
+    try:
+        out = dec.generate(PROMPTS, max_new_tokens=16, seed=7)
+    finally:
+        draft._forward_hooks.clear()
+    assert [len(s) for s in out.sequences] == [16] * len(PROMPTS)
+    assert all(0 <= t < 128 for s in out.sequences for t in s)
+    check_stats(out.stats, len(PROMPTS), 16, calls[0])
