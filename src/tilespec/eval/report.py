@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from . import paper
+from .report_e2e import e2e_section
 
 EXACT = ("tiled", "fused", "reference")
 METHOD_ORDER = ("hf", "reference", "tiled", "fused", "sigmoid")
@@ -496,7 +497,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
                   "allocated; on CPU the process' max RSS, which only grows) vs γ. The paper varies the *initial* γ "
                   "of the heuristic; our sweep holds γ constant (see each axis label), so the verify shape is "
                   "exactly γ.", ""]
-    lines += per_run_details(runs) + comparison_note(runs) + others_section(others)
+    lines += per_run_details(runs) + comparison_note(runs) + e2e_section(others) + others_section(others)
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
