@@ -52,6 +52,7 @@ class ResolvedSampling:
     The ``has_*`` / ``all_greedy`` flags are Python bools computed without a device sync when the parameters were
     Python numbers; for tensor parameters they are conservatively True (the method then applies the step, which is
     a no-op for disabled requests).
+    ``top_k_range`` lets selection passes size a ``torch.topk`` without reading the device (None: unknown).
     Tensors built from Python values are cached constants shared by later calls (see ``validation.resolve_sampling``):
     read them, never modify them in place.
     """
@@ -67,6 +68,7 @@ class ResolvedSampling:
     has_top_p: bool
     has_min_p: bool
     has_lenience: bool
+    top_k_range: Optional[tuple] = None   # (min, max) of top_k when given as Python numbers, else None
 
     @property
     def has_filters(self) -> bool:

@@ -190,7 +190,8 @@ def _resolve_sampling(sampling: SamplingParams, batch: int, device, check_values
         any_greedy=known(temp_v, lambda v: v == 0),
         all_greedy=False if temp_v is None else all(v == 0 for v in temp_v),
         has_top_k=known(top_k_v, lambda v: v > 0), has_top_p=known(top_p_v, lambda v: v < 1),
-        has_min_p=known(min_p_v, lambda v: v > 0), has_lenience=known(len_v, lambda v: v < 1))
+        has_min_p=known(min_p_v, lambda v: v > 0), has_lenience=known(len_v, lambda v: v < 1),
+        top_k_range=None if top_k_v is None else (int(min(top_k_v)), int(max(top_k_v))))
 
 
 def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_probs=None, num_draft_tokens=None,

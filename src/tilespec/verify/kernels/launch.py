@@ -257,12 +257,30 @@ def _direct_key(plan: _Plan, device: torch.device, tensors: tuple, ints: tuple):
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    Uses :func:`tilespec.verify.distributions.filtered_logits` (the reference semantics: sorts / cumsums a full
-    fp32 copy of every row), so the kernels' mask ``z / T >= thr`` keeps exactly the same set (for top-p, tokens
-    tied with the last kept one are also kept). Returns float32 [B, R].
+    General case: :func:`tilespec.verify.distributions.filtered_logits` (the reference semantics: sorts / cumsums a
+    full fp32 copy of every row), so the kernels' mask ``z / T >= thr`` keeps exactly the same set (for top-p,
+    tokens tied with the last kept one are also kept). Top-k alone with every k known on the host and in [1, V):
+    :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Returns float32 [B, R].
     """
-    z = filtered_logits(logits, inputs.sampling)
+    s = inputs.sampling
+    bounds = s.top_k_range
+    if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
+            and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
+        return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
+    z = filtered_logits(logits, s)
     return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
+
+
+def _top_k_thresholds(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor, k_max: int):
+    """The k-th largest scaled logit per row [B, R] (float32), every k in [1, V): what the reference's full sort
+    gives, at the cost of a top-``k_max`` selection instead of a sort and an fp32 copy of the rows. Exact: x ->
+    float(x) / T is non-decreasing, so the k-th largest scaled logit is the k-th largest logit, scaled the same way
+    (greedy rows, T = 0, are scaled by 1 as in ``filtered_logits``)."""
+    batch, rows, _ = logits.shape
+    top = torch.topk(logits, k_max, dim=-1, sorted=True).values                   # [B, R, k_max], descending
+    kth = top.gather(-1, (top_k - 1).view(batch, 1, 1).expand(batch, rows, 1))[..., 0].float()
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return (kth / scale[:, None]).contiguous()
 
 
 def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf: Optional[torch.Tensor],
