@@ -18,7 +18,7 @@ from .report_e2e import e2e_section
 
 EXACT = ("tiled", "fused", "reference")
 METHOD_ORDER = ("hf", "reference", "tiled", "fused", "sigmoid")
-OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-")
+OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 DATASET_NAMES = {"xsum": "XSum", "cnndm": "CNN/DM", "ljspeech": "LJSpeech (8 clips)",
                  "synthetic": "synthetic espeak-ng speech (NOT LibriSpeech)"}
