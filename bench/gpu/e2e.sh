@@ -2,6 +2,7 @@
 # Issue 7 end-to-end runs on a GPU machine prepared by bench/gpu/setup.sh (source it first). Writes to $OUT.
 #   E2E_PROMPTS  XSum prompts (default 3), E2E_TOKENS new tokens per prompt (default 48)
 #   E2E_PARTS    which parts to run (default "b1,b8"; also "gamma", "optimal", "compiled", "whisper")
+#   E2E_GAMMA    constant γ of the "compiled" part (default 5)
 set -u
 N=${E2E_PROMPTS:-3}
 TOK=${E2E_TOKENS:-48}
@@ -33,9 +34,10 @@ if [[ ",$PARTS," == *",b8,"* ]]; then
     --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-b8.json" 2>&1 | filter
 fi
 if [[ ",$PARTS," == *",compiled,"* ]]; then
-  ts "qwen B=1 compiled-graphs"
+  ts "qwen B=1 graphs vs compiled-graphs"
   python3 -m tilespec bench e2e "${common[@]}" --num-prompts "$N" --batch-sizes 1 --temperatures 0 \
-    --compile compiled-graphs --methods fused --modes ar,tilespec --out "$OUT/e2e-qwen-compiled.json" 2>&1 | filter
+    --compile graphs,compiled-graphs --gamma "${E2E_GAMMA:-5}" --methods fused --modes ar,tilespec \
+    --out "$OUT/e2e-qwen-compiled.json" 2>&1 | filter
 fi
 if [[ ",$PARTS," == *",whisper,"* ]]; then
   ts "whisper-base + layers=4 draft, LJSpeech"
