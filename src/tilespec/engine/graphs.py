@@ -2,8 +2,8 @@
 
 :class:`GraphCache` wraps a function of tensors. The first call with a new input signature (shapes, dtypes and the
 hashable ``key`` the caller adds) copies the inputs into static buffers, runs the function once on a side stream
-(warm-up: lazy initialisations, cuBLAS workspaces, Triton compilation) and captures one more run into a
-``torch.cuda.CUDAGraph``; every later call copies the inputs into those buffers and replays. Capture takes a few
+(warm-up: lazy initialisations, cuBLAS workspaces, Triton compilation) and captures one more run on that same
+stream into a ``torch.cuda.CUDAGraph``; every later call copies the inputs into those buffers and replays. Capture takes a few
 milliseconds per shape, against minutes for ``torch.compile(mode="reduce-overhead")`` on a 1.5B model.
 
 Invariants the wrapped functions must keep (the engine's forwards do):
@@ -27,6 +27,22 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     inputs: tuple
     output: object
+
+
+_CAPTURE_STREAMS: dict = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One warm-up-and-capture stream per device, for every cache. Why: cuBLAS keeps a workspace per stream; the
+    warm-up on this stream allocates it outside any capture, so a capture never allocates it inside a graph's pool.
+    (Capturing on torch's default capture stream after warming up elsewhere put that workspace in the first graph's
+    pool; once a cache was dropped - Whisper runners are rebuilt per generation - later captures used freed memory
+    and failed with CUBLAS_STATUS_EXECUTION_FAILED / cudaErrorStreamCaptureInvalidated.)"""
+    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(key)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[key] = torch.cuda.Stream(device)
+    return stream
 
 
 class GraphCache:
@@ -61,7 +77,7 @@ class GraphCache:
         if device.type != "cuda":
             raise RuntimeError("CUDA graphs need CUDA tensors")
         static = tuple(a.clone() for a in args)
-        side = torch.cuda.Stream(device)
+        side = _capture_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             self.fn(*static, key=key)
@@ -69,7 +85,7 @@ class GraphCache:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=side):
             output = self.fn(*static, key=key)
         entry = _Captured(graph=graph, inputs=static, output=output)
         self._graphs[sig] = entry
