@@ -32,8 +32,10 @@ def _write(tmp_path, name, doc):
 
 
 def test_table_numbers_and_headline(tmp_path):
-    rows = [_base("hf-assisted", 10.0), _base("ar@graphs", 200.0),
-            _spec("tilespec:fused@graphs", 240.0, speedup_vs_ar=1.2, greedy_match_ar=0.75),
+    ar_b1 = dict(_base("ar@graphs", 200.0), wall_time=0.5, times={"prefill": 0.25})          # decode: 400 tok/s
+    rows = [_base("hf-assisted", 10.0), ar_b1,
+            _spec("tilespec:fused@graphs", 240.0, speedup_vs_ar=1.2, greedy_match_ar=0.75, wall_time=0.5,
+                  times={"prefill": 0.1}),                                                    # decode: 250 tok/s
             _base("ar@graphs", 800.0, b=8),
             _spec("tilespec:fused@graphs", 600.0, b=8)]  # no speedup_vs_ar: recomputed from ar@graphs (0.75)
     _write(tmp_path, "e2e-fake-2026.json", {"environment": ENV, "settings": _settings(), "results": rows,
@@ -44,12 +46,13 @@ def test_table_numbers_and_headline(tmp_path):
     assert "tgt-1.5b / drf-0.5b — H100 80GB HBM3" in text and "γ=3 (constant schedule)" in text
     assert "4 prompts × 48 new tokens" in text and "eager, graphs" in text and "commit abc1234" in text
     assert "*Provenance: fake run*" in text and "tok/s/req" in text
-    # B=1 speculative row: pred 1.5, meas 1.2 -> |1.5-1.2|/1.2 = 25 %; verify 5.0 %; greedy 75 %; 3 GiB
-    assert ("| 0 | 1 | `tilespec:fused@graphs` | 240.0 | – | 0.600 | 0.50 | 2.50 | 3.00 | 1.50 | 1.20 | 25% | 5.0 "
-            "| 75% | 3.00 |") in text
+    # B=1 speculative row: pred 1.5, meas 1.2 -> |1.5-1.2|/1.2 = 25 %; decode-only 250/400 = 0.625 -> 140 %;
+    # verify 5.0 %; greedy 75 %; 3 GiB
+    assert ("| 0 | 1 | `tilespec:fused@graphs` | 240.0 | – | 0.600 | 0.50 | 2.50 | 3.00 | 1.50 | 1.20 | 25% | 0.62 "
+            "| 140% | 5.0 | 75% | 3.00 |") in text
     # B=8 row: per-request 75.0 tok/s, measured recomputed 600/800 = 0.75 -> |1.5-0.75|/0.75 = 100 %
-    assert ("| 0 | 8 | `tilespec:fused@graphs` | 600.0 | 75.0 | 0.600 | 0.50 | 2.50 | 3.00 | 1.50 | 0.75 | 100% |"
-            in text)
+    assert ("| 0 | 8 | `tilespec:fused@graphs` | 600.0 | 75.0 | 0.600 | 0.50 | 2.50 | 3.00 | 1.50 | 0.75 | 100% | – "
+            "| – |" in text)   # no per-phase times: no decode-only speedup
     assert "24.00× HF assisted (best 10.0 tok/s" in text and "1.20× our `ar@graphs` (best 200.0 tok/s" in text
     assert "**tgt-1.5b, T=0, B=1**: best tilespec 240.0 tok/s" in text
     assert "greedy match < 100 % in bf16".lower() in text.lower()
