@@ -5,6 +5,8 @@
 * WER: ``jiwer`` over the whole set (total errors / total reference words) after Whisper's English text normaliser
   (``transformers.models.whisper.english_normalizer.EnglishTextNormalizer``; no British->American spelling map,
   as the cached Whisper folders ship no ``normalizer.json``).
+* Paired bootstrap: the metric difference between two methods on the same examples, with a percentile 95 % interval
+  from resampling the examples (ROUGE-1: mean of per-example scores; WER: resampled corpus errors / words).
 * Δ%: relative reduction vs the baseline, ``100 * (base - x) / base`` (positive = faster), as in the paper's tables.
 * verify bytes: the least a verification kernel must read per step, target logits [B, γ+1, V] plus draft logits
   [B, γ, V] in the logits' dtype; realized bandwidth = bytes / verify time (the paper's Table 3 counts DRAM sectors
@@ -83,3 +85,46 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     if not vals:
         return float("nan"), float("nan")
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def _per_example(metric: str, texts: Sequence[str], references: Sequence) -> list:
+    """Per-example pieces of a corpus metric: ROUGE-1 F1 scores, or (word errors, reference words) for WER."""
+    if metric == "rouge1":
+        return [rouge1([t], [r]) for t, r in zip(texts, references)]
+    if metric == "wer":
+        import jiwer
+        out = []
+        for t, r in zip(texts, references):
+            ref, hyp = normalize_english(r), normalize_english(t)
+            if not ref.strip():
+                continue
+            m = jiwer.process_words(ref, hyp)
+            out.append((m.substitutions + m.deletions + m.insertions, len(ref.split())))
+        return out
+    raise ValueError(f"no paired bootstrap for metric {metric!r}")
+
+
+def _aggregate(metric: str, pieces: list) -> float:
+    if metric == "rouge1":
+        return sum(pieces) / len(pieces)
+    return sum(e for e, _ in pieces) / max(1, sum(w for _, w in pieces))
+
+
+def paired_bootstrap(metric: str, texts_a: Sequence[str], texts_b: Sequence[str], references: Sequence,
+                     n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(metric(b) - metric(a), 2.5 %, 97.5 % bootstrap quantiles) over examples resampled with replacement.
+
+    a and b are two methods' outputs on the same examples (same order as ``references``); an interval that
+    contains 0 means the difference is within sampling noise at this sample size.
+    """
+    import random
+    if not (len(texts_a) == len(texts_b) == len(references)) or not references:
+        raise ValueError("paired bootstrap needs equally many (>= 1) outputs of both methods and references")
+    pa, pb = _per_example(metric, texts_a, references), _per_example(metric, texts_b, references)
+    n, rng, diffs = len(pa), random.Random(seed), []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        diffs.append(_aggregate(metric, [pb[i] for i in idx]) - _aggregate(metric, [pa[i] for i in idx]))
+    diffs.sort()
+    return (_aggregate(metric, pb) - _aggregate(metric, pa), diffs[int(0.025 * (n_boot - 1))],
+            diffs[int(0.975 * (n_boot - 1))])

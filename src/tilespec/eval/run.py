@@ -96,7 +96,7 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
                   metric=task.metric, n=len(examples), ids=[e["id"] for e in examples],
                   subsample=f"random.Random({cfg.seed}).sample of the dataset, limit={cfg.limit}",
                   synthetic=cfg.dataset == "synthetic", config=cfg.to_dict(), environment=environment(device),
-                  references=[e["reference"] for e in examples], n_requested=len(examples),
+                  references=[e.get("references") or e["reference"] for e in examples], n_requested=len(examples),
                   load_seconds=round(t_loaded - t0, 1))
     if cfg.dataset == "synthetic":
         from .data import synthetic_dir
