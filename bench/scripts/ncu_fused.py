@@ -96,14 +96,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def make_inputs(torch, batch: int, k: int, vocab: int, dtype, draft_kind: str, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    target = torch.randn(batch, k + 1, vocab, device="cuda", generator=gen) * 3.0
-    draft = target[:, :k] + torch.randn(batch, k, vocab, device="cuda", generator=gen)   # "mid" acceptance
+def make_inputs(torch, batch: int, k: int, vocab: int, dtype, draft_kind: str, seed: int, device: str = "cuda"):
+    """target ~ 3 N(0,1), draft = target + N(0,1) ("mid" acceptance), drafted tokens sampled from the draft."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    target = torch.randn(batch, k + 1, vocab, device=device, generator=gen) * 3.0
+    draft = target[:, :k] + torch.randn(batch, k, vocab, device=device, generator=gen)
     if k > 0:
         tokens = torch.multinomial(torch.softmax(draft.reshape(-1, vocab), -1), 1, generator=gen).view(batch, k)
     else:
-        tokens = torch.zeros(batch, 0, dtype=torch.int64, device="cuda")
+        tokens = torch.zeros(batch, 0, dtype=torch.int64, device=device)
     return (target.to(dtype).contiguous(), draft.to(dtype).contiguous() if draft_kind == "logits" else None,
             tokens.contiguous())
 

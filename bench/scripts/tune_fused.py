@@ -42,6 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ncu_fused import make_inputs  # noqa: E402  (same inputs as the profiling script)
+
 PARAMS = ("CHUNK1", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "PROGRAMS_PER_SM")
 PASS2_PARAMS = ("PROGRAMS_PER_SM", "NUM_WARPS2", "BLOCK2")
 PASS1_PARAMS = ("NUM_WARPS1", "CHUNK1")
@@ -87,19 +90,6 @@ def git_commit() -> str:
                               cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def make_inputs(torch, batch: int, k: int, vocab: int, dtype, seed: int, device: str):
-    """As bench/scripts/ncu_fused.py: target ~ 3 N(0,1), draft = target + N(0,1) ("mid" acceptance), drafted tokens
-    sampled from the draft."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    target = torch.randn(batch, k + 1, vocab, device=device, generator=gen) * 3.0
-    draft = target[:, :k] + torch.randn(batch, k, vocab, device=device, generator=gen)
-    if k > 0:
-        tokens = torch.multinomial(torch.softmax(draft.reshape(-1, vocab), -1), 1, generator=gen).view(batch, k)
-    else:
-        tokens = torch.zeros(batch, 0, dtype=torch.int64, device=device)
-    return target.to(dtype).contiguous(), draft.to(dtype).contiguous(), tokens.contiguous()
 
 
 def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[tuple[str, dict]]:
@@ -329,7 +319,7 @@ def main(argv=None) -> int:
     print(f"device {device_name}, torch {torch.__version__}, triton {triton.__version__}, "
           f"SMs {report['sm_count']}, defaults {short(tuner.defaults)}", flush=True)
     for batch in args.batches:
-        target, draft, tokens = make_inputs(torch, batch, args.k, args.vocab, dtype, args.seed, args.device)
+        target, draft, tokens = make_inputs(torch, batch, args.k, args.vocab, dtype, "logits", args.seed, args.device)
         seeds = torch.arange(batch, device=args.device, dtype=torch.int64) + args.seed
         offsets = torch.full((batch,), 1000, device=args.device, dtype=torch.int64)
         tuner.inputs[batch] = (target, draft, tokens, seeds, offsets)
