@@ -6,35 +6,22 @@ cut by a time budget) in detail, the ``verify-*`` kernel benchmarks for the band
 Tables follow the paper's layout (Tables 1, 5, 6, 8, 2/7, 3) with the paper's rows (``paper.py``) directly beside
 ours; figures follow Fig. 3 (verification time per step vs γ) and Figs. 4-5 (peak memory vs γ; Fig. 4 is text, Fig.
 5 is ASR, as in the paper). The setup table names device, versions, models, sample sizes and commit of every run.
+The table renderers live in ``report_tables.py``; this module loads the results and assembles the report.
 """
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from . import paper
 from .report_e2e import e2e_section
+from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
+    DATASET_NAMES, METHOD_ORDER, _dataset, _device, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct, _temp,
+    noise_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
 
 EXACT = ("tiled", "fused", "reference")
-METHOD_ORDER = ("hf", "reference", "tiled", "fused", "sigmoid")
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
-DATASET_NAMES = {"xsum": "XSum", "cnndm": "CNN/DM", "ljspeech": "LJSpeech (8 clips)",
-                 "synthetic": "synthetic espeak-ng speech (NOT LibriSpeech)"}
-
-
-def _f(x, fmt="{:.3f}", none="–"):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return none
-    try:
-        return fmt.format(x)
-    except (ValueError, TypeError):
-        return str(x)
-
-
-def _pct(x):
-    return _f(x, "{:+.1f}%")
 
 
 def load_results(folder: Path) -> tuple[list, list]:
@@ -57,43 +44,12 @@ def load_results(folder: Path) -> tuple[list, list]:
     return runs, others
 
 
-def _is_gpu(r: dict) -> bool:
-    dev = str((r.get("environment") or {}).get("device"))
-    return dev != "None" and "CPU" not in dev
-
-
 def _run_order(r: dict):
     task_rank = {"summarization": 0, "asr": 1}.get(r.get("task"), 2)
     data_rank = {"xsum": 0, "cnndm": 1, "ljspeech": 2, "synthetic": 3}.get(r.get("dataset"), 4)
     cfg = r.get("config") or {}
     return (0 if _is_gpu(r) else 1, task_rank, data_rank, -(cfg.get("temperature") or 0),
             str((r.get("environment") or {}).get("date")), r.get("_source", ""))
-
-
-def _methods(rows: dict) -> list:
-    return [m for m in METHOD_ORDER if m in rows] + [m for m in rows if m not in METHOD_ORDER]
-
-
-def _dataset(r: dict) -> str:
-    return DATASET_NAMES.get(r.get("dataset"), str(r.get("dataset")))
-
-
-def _pair(r: dict) -> str:
-    return f"{r.get('target')} / {r.get('draft')}"
-
-
-def _device(r: dict) -> str:
-    dev = str((r.get("environment") or {}).get("device"))
-    return dev.replace("NVIDIA ", "").replace(" 80GB HBM3", "")
-
-
-def _temp(r: dict) -> str:
-    return _f((r.get("config") or {}).get("temperature"), "{:g}")
-
-
-def _label(r: dict) -> str:
-    """Short run label used in every table: dataset, T, device."""
-    return f"{_dataset(r)}, T={_temp(r)}, {_device(r)}"
 
 
 def _warmup_kind(r: dict) -> str:
@@ -107,10 +63,6 @@ def _warmup_kind(r: dict) -> str:
     if any(isinstance(i, dict) for i in infos):
         return "one short generation (CPU: nothing to compile)"
     return "one 8-token generation only (**first-call costs may be inside timed regions**)"
-
-
-def _ours_note(r: dict) -> str:
-    return "" if _is_gpu(r) else " (CPU: Triton interpreter)"
 
 
 # --------------------------------------------------------------------------------------------------- setup
@@ -153,201 +105,6 @@ def setup_section(runs: list) -> list[str]:
             "accepted draft, else −1) as in the paper. Sigmoid uses (α, β) = (−1e4, 1e4) for text and (−1e3, 1e3) "
             "for ASR, as the paper.", ""]
     return out
-
-
-# --------------------------------------------------------------------------------------------------- tables
-def table1(runs: list) -> list[str]:
-    out = ["## Table 1 — accuracy and Δ% profiling time (total time inside the verification step vs the baseline)",
-           "", "Ours: `hf` is the baseline; the paper's *exact* kernel is our `tiled`; `fused` is ours. "
-           "Paper rows: A100, fp16, transformers 4.38.2 baseline.", "",
-           "| source | dataset | target / draft | metric | n | baseline | exact (tiled) | fused | sigmoid | "
-           "identical to baseline (tiled / fused) | Δ% exact (tiled) | Δ% fused | Δ% sigmoid |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        rows = r.get("methods") or {}
-        if not rows:
-            continue
-        metric = r.get("metric", "metric")
-        g = lambda m, k: (rows.get(m) or {}).get(k)  # noqa: E731
-        same = " / ".join(_f(g(m, "identical_to_baseline"), "{:.0%}") for m in ("tiled", "fused"))
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {metric.upper()} | {r.get('n')} | "
-                   f"{_f(g('hf', metric))} | {_f(g('tiled', metric))} | {_f(g('fused', metric))} | "
-                   f"{_f(g('sigmoid', metric))} | {same} | {_pct(g('tiled', 'delta_profiling_pct'))} | "
-                   f"{_pct(g('fused', 'delta_profiling_pct'))} | {_pct(g('sigmoid', 'delta_profiling_pct'))} |")
-    for d, t, dr, m, b, e, s, de, ds in paper.TABLE1:
-        out.append(f"| paper | {d} | {t} / {dr} | {m} | 10% | {b} | {e} | – | {s} | – | {de:+.1f}% | – | "
-                   f"{ds:+.1f}% |")
-    return out + ["", "At temperature 0 the exact methods must give token-identical outputs (100 %); at temperature 1 "
-                  "`hf` draws its random numbers differently (torch generator, transformers' semantics) from "
-                  "`tiled`/`fused` (counter-based Philox, identical to each other), so their texts differ and their "
-                  "metrics agree only within sampling noise.", ""]
-
-
-def noise_table(runs: list) -> list[str]:
-    """Sampled runs (T > 0): is each exact method's metric within sampling noise of the baseline's?"""
-    from .metrics import paired_bootstrap
-    lines = []
-    for r in runs:
-        rows, refs, metric = r.get("methods") or {}, r.get("references"), r.get("metric")
-        base = (rows.get("hf") or {}).get("texts")
-        if not (r.get("config") or {}).get("temperature") or not base or not refs or metric not in ("rouge1", "wer"):
-            continue
-        for m in ("tiled", "fused"):
-            texts = (rows.get(m) or {}).get("texts")
-            if not texts or len(texts) != len(base) or len(refs) < len(base):
-                continue
-            d, lo, hi = paired_bootstrap(metric, base, texts, refs[:len(base)])
-            verdict = "yes" if lo <= 0 <= hi else "**no**"
-            lines.append(f"| {_label(r)} | {metric.upper()} | {m} | {len(base)} | {d:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
-                         f"{verdict} |")
-    if not lines:
-        return []
-    return ["### Sampled runs: exact methods vs the baseline within sampling noise?", "",
-            "Paired bootstrap over the examples (2,000 resamples): metric(method) − metric(`hf`) and its 95 % "
-            "interval; \"yes\" = the interval contains 0.", "",
-            "| dataset | metric | method | n | difference | 95 % interval | within noise |", "|---|---|---|---|---|---|---|",
-            *lines, ""]
-
-
-def table5(runs: list) -> list[str]:
-    out = ["## Table 5 — wall clock of the whole decoding loop, Δ% vs baseline", "",
-           "| source | dataset | target / draft | n | engine | baseline wall (s) | Δ% tiled | Δ% fused | Δ% sigmoid |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        rows = r.get("methods") or {}
-        if not rows:
-            continue
-        g = lambda m, k: (rows.get(m) or {}).get(k)  # noqa: E731
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {r.get('n')} | "
-                   f"{(r.get('config') or {}).get('compile', 'eager')} | {_f(g('hf', 'wall_time_s'), '{:.2f}')} | "
-                   f"{_pct(g('tiled', 'delta_wall_pct'))} | {_pct(g('fused', 'delta_wall_pct'))} | "
-                   f"{_pct(g('sigmoid', 'delta_wall_pct'))} |")
-    for d, t, dr, e, s in paper.TABLE5:
-        out.append(f"| paper | {d} | {t} / {dr} | 10% | HF generate | – | {e:+.1f}% (exact) | – | {s:+.1f}% |")
-    return out + ["", "Wall clock includes the draft and target forwards (and, with sigmoid, its different "
-                  "acceptance, hence a different number of steps): it mixes verification speed with how many "
-                  "tokens each method accepts.", ""]
-
-
-def table6(runs: list) -> list[str]:
-    out = ["## Table 6 — time inside the verification step per decoding step (ms, mean ± std over examples)", "",
-           "| source | dataset | target / draft | baseline | exact (tiled) | fused | sigmoid | Δ% tiled | Δ% fused | "
-           "Δ% sigmoid |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        rows = r.get("methods") or {}
-        if not rows:
-            continue
-        cell = lambda m: (f"{_f((rows.get(m) or {}).get('verify_step_ms'))} ± "  # noqa: E731
-                          f"{_f((rows.get(m) or {}).get('verify_step_ms_std'))}" if m in rows else "–")
-        g = lambda m: (rows.get(m) or {}).get("delta_step_pct")  # noqa: E731
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {cell('hf')} | {cell('tiled')} | "
-                   f"{cell('fused')} | {cell('sigmoid')} | {_pct(g('tiled'))} | {_pct(g('fused'))} | "
-                   f"{_pct(g('sigmoid'))} |")
-    for d, t, dr, b, e, s, de, ds in paper.TABLE6:
-        out.append(f"| paper | {d} | {t} / {dr} | {b[0]} ± {b[1]} | {e[0]} ± {e[1]} | – | {s[0]} ± {s[1]} | "
-                   f"{de:+.1f}% | – | {ds:+.1f}% |")
-    return out + [""]
-
-
-def table8(runs: list) -> list[str]:
-    acc_runs = [r for r in runs if r.get("acceptance")]
-    if not acc_runs:
-        return []
-    gammas = paper.TABLE8_GAMMAS
-    head = " | ".join(f"α γ0={g}" for g in gammas) + " | " + " | ".join(f"ms γ0={g}" for g in gammas)
-    out = ["## Table 8 — acceptance rate and verification ms per step for initial γ0 (heuristic schedule)", "",
-           f"| source | dataset | target / draft | method | {head} |", "|---|---|---|---|" + "---|" * 2 * len(gammas)]
-    for r in acc_runs:
-        acc = r["acceptance"]
-        for m in _methods(acc):
-            by = acc[m]
-            cells = [_f(by.get(str(g), {}).get("alpha"), "{:.1%}") for g in gammas]
-            cells += [_f(by.get(str(g), {}).get("verify_step_ms")) for g in gammas]
-            out.append(f"| ours{_ours_note(r)} | {_label(r)} (n={r.get('sweep_n')}) | {_pair(r)} | {m} | "
-                       + " | ".join(cells) + " |")
-    for m, (acc, ms) in paper.TABLE8_QWEN.items():
-        out.append(f"| paper | XSum (10%) | Qwen 7B / Qwen 0.5B | {m} | " + " | ".join(f"{a}%" for a in acc) + " | "
-                   + " | ".join(f"{t}" for t in ms) + " |")
-    return out + ["", "α here = accepted / drafted tokens (a rejection ends a block, so later drafted tokens count "
-                  "as not accepted).", ""]
-
-
-def table7(runs: list) -> list[str]:
-    ab_runs = [r for r in runs if r.get("alphabeta")]
-    out = ["## Tables 2 / 7 — sigmoid (α, β) scaling sweep, with its measured distortion", ""]
-    if ab_runs:
-        out += ["| source | dataset | target / draft | scale (α, β) | metric | Δ% profiling | α (acceptance) | "
-                "acceptance inflation vs hf | TV distance, first token (max over shapes) | acceptance inflation "
-                "(closed form) |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in ab_runs:
-            metric = r.get("metric", "metric")
-            for row in r["alphabeta"].get("rows", []):
-                dist = row.get("distortion") or {}
-                tv = _f(dist.get("tv"), "{:.3f}") if dist.get("available") else ("n/a" if dist else "–")
-                infl = _f(dist.get("acceptance_inflation"), "×{:.3f}") if dist.get("available") else "–"
-                out.append(f"| ours{_ours_note(r)} | {_label(r)} (n={r['alphabeta'].get('examples')}) | "
-                           f"{_pair(r)} | {row.get('label')} | {metric.upper()} {_f(row.get(metric), '{:.4f}')} | "
-                           f"{_pct(row.get('delta_profiling_pct'))} | {_f(row.get('alpha'))} | "
-                           f"{_f(row.get('alpha_inflation'), '{:+.3f}')} | {tv} | {infl} |")
-    if not ab_runs:
-        out += ["| source | dataset | target / draft | scale (α, β) | metric | Δ% profiling |", "|---|---|---|---|---|---|"]
-    for name, d in paper.TABLE7.items():
-        pair, _, data = name.partition(" (")
-        for sc, (v, dp) in d.items():
-            tail = " | – | – | – | – |" if ab_runs else " |"
-            out.append(f"| paper | {data.rstrip(')')} | {pair} | −{sc:g} {sc:g} | {v} | {dp:+.1f}%{tail}")
-    return out + ["", "Distortion: total-variation distance between the law of the first token sigmoid emits and "
-                  "the target's, from `tilespec.exactness.distortion`'s closed form (K = 1, float64) on LM-like "
-                  "logit rows; exact methods have TV 0 by construction (and pass the exactness suite). Sigmoid's "
-                  "higher acceptance is part of its error, not a gain.", ""]
-
-
-def table3(runs: list, others: list) -> list[str]:
-    out = ["## Table 3 — realized bandwidth of the verification step", "",
-           "Ours (eval runs): bytes the verification must read (target γ+1 and draft γ logit rows per step, in the "
-           "logits' dtype) / time inside `verify()` — a lower bound of the DRAM traffic the paper counts with "
-           "Nsight Compute sectors. Kernel-only numbers from the `verify-*` benchmark follow below.", "",
-           "| source | dataset | target / draft | baseline GB/s | exact (tiled) GB/s | fused GB/s | sigmoid GB/s |",
-           "|---|---|---|---|---|---|---|"]
-    for r in runs:
-        rows = r.get("methods") or {}
-        if not rows:
-            continue
-        g = lambda m: _f((rows.get(m) or {}).get("bandwidth_gbps"), "{:.2f}")  # noqa: E731
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {g('hf')} | {g('tiled')} | {g('fused')} | "
-                   f"{g('sigmoid')} |")
-    for name, b, e, s in paper.TABLE3:
-        out.append(f"| paper | XSum / CV16 (100 ex.) | {name} | {b} | {e} | – | {s} |")
-    out.append("")
-    for path, doc in others:
-        if path.name.startswith("verify-") and isinstance(doc, dict) and "EXPERIMENT" not in str(doc.get("note")):
-            out += verify_kernel_table(path, doc)
-    return out
-
-
-def verify_kernel_table(path: Path, doc: dict) -> list[str]:
-    """GPU kernel-level view of Tables 3/6 from a ``verify-*`` benchmark file (B = 1, temperature 1, eager)."""
-    from .metrics import delta_pct
-
-    rows = [r for r in doc.get("rows", []) if isinstance(r, dict) and r.get("B") == 1
-            and r.get("temperature") == 1.0 and r.get("regime") == "mid" and not r.get("top_k")
-            and r.get("dtype") == "bf16" and r.get("V") in (51865, 151936)]
-    if not rows:
-        return []
-    methods = [m for m in ("hf", "tiled", "fused", "sigmoid") if any(m in r.get("results", {}) for r in rows)]
-    out = [f"Verification step alone on {doc.get('device')} (`{path.name}`, batch 1, bf16 logits, temperature 1, "
-           "eager launches; µs per call, Δ% vs `hf`, realized GB/s = bytes that must be read / time):", "",
-           "| V | γ | " + " | ".join(f"{m} µs" for m in methods) + " | " +
-           " | ".join(f"Δ% {m}" for m in methods if m != "hf") + " | " + " | ".join(f"{m} GB/s" for m in methods)
-           + " |", "|---|---|" + "---|" * (3 * len(methods) - 1)]
-    for r in sorted(rows, key=lambda r: (r["V"], r["K"])):
-        res = r["results"]
-        us = [(res.get(m) or {}).get("eager_us") for m in methods]
-        base = (res.get("hf") or {}).get("eager_us")
-        out.append(f"| {r['V']} | {r['K']} | " + " | ".join(_f(u, "{:.0f}") for u in us) + " | " +
-                   " | ".join(_pct(delta_pct(base, (res.get(m) or {}).get("eager_us"))) for m in methods if m != "hf")
-                   + " | " + " | ".join(_f((res.get(m) or {}).get("eager_GBps"), "{:.1f}") for m in methods) + " |")
-    return out + [""]
 
 
 def per_run_details(runs: list) -> list[str]:
