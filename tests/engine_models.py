@@ -1,6 +1,7 @@
 """Tiny random Hugging Face models for the engine tests (fp32, CPU, a few ms per forward)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -56,3 +57,12 @@ def whisper_layer_skip(model, layers: int):
     draft = type(model)(type(model.config)(**cfg)).eval()
     draft.load_state_dict(model.state_dict(), strict=False)
     return draft
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: thread start-up costs more than the math. Use with ``pytestmark`` or autouse re-exports."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

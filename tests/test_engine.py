@@ -7,15 +7,10 @@ import torch
 from tilespec.engine import GammaSchedule, SpeculativeDecoder, optimal_gamma
 from tilespec.verify import SamplingParams
 
-from engine_models import layer_skip, tiny_lm
+from engine_models import layer_skip, one_thread, tiny_lm  # noqa: F401 (fixture)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: thread start-up costs more than the math
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

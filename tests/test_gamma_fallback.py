@@ -13,15 +13,10 @@ import torch
 from tilespec.engine import GammaSchedule, SpeculativeDecoder, expected_speedup
 from tilespec.verify import SamplingParams
 
-from engine_models import tiny_lm
+from engine_models import one_thread, tiny_lm  # noqa: F401 (fixture)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: thread start-up costs more than the math
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def drive(schedule: GammaSchedule, alpha: float, c: float, steps: int, seed: int = 0, timed: bool = True) -> list:
@@ -112,6 +107,12 @@ def check_stats(stats, batch: int, max_new_tokens: int, draft_forwards: int) -> 
     assert d["fallback_steps"] == stats.fallback_steps and d["fallback_at_step"] == stats.fallback_at_step
 
 
+def fresh_compile():
+    from tilespec.engine.decoder import release_compiled
+    release_compiled()
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("compile", [False, "debug"])
 def test_forced_fallback_greedy_equals_target_only(models, compile):
     target, draft = models["target"], models["draft"]
@@ -119,6 +120,8 @@ def test_forced_fallback_greedy_equals_target_only(models, compile):
     expected = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(),
                                   eos_token_id=[]).generate(prompts, max_new_tokens=n).sequences
     kwargs = dict(max_gamma=1, gamma=1) if compile else dict(max_gamma=8, gamma=4)  # few traced shapes
+    # dynamo does not guard on module hooks: drop compiled runners/code so the counting hook is traced in
+    fresh_compile()
     dec = SpeculativeDecoder(target, draft, gamma_schedule="optimal", fallback_below=1e9, compile=compile,
                              sampling=SamplingParams.greedy(), eos_token_id=[], **kwargs)
     calls = count_calls(draft)
@@ -126,6 +129,7 @@ def test_forced_fallback_greedy_equals_target_only(models, compile):
         out = dec.generate(prompts, max_new_tokens=n)
     finally:
         draft._forward_hooks.clear()
+        fresh_compile()
     assert out.sequences == expected
     assert out.stats.fallback_at_step == 4   # min_steps timed speculative steps, then target-only for good
     check_stats(out.stats, len(prompts), n, calls[0])

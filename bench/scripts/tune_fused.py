@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ncu_fused import make_inputs  # noqa: E402  (same inputs as the profiling script)
+from ncu_fused import git_commit, make_inputs  # noqa: E402  (same inputs as the profiling script)
 
 PARAMS = ("CHUNK1", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "PROGRAMS_PER_SM")
 PASS2_PARAMS = ("PROGRAMS_PER_SM", "NUM_WARPS2", "BLOCK2")
@@ -82,14 +82,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def fail(message: str) -> "NoReturn":  # noqa: F821
     print(f"tune_fused.py: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[tuple[str, dict]]:
