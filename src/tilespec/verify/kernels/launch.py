@@ -46,6 +46,7 @@ DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, co
 MODE_LOGITS, MODE_SIGMOID, MODE_PROBS = (c.value for c in (common.MODE_LOGITS, common.MODE_SIGMOID,
                                                            common.MODE_PROBS))
 CHUNK1 = 8192
+SUB1 = 2048               # pass-1 slice loaded per loop iteration (a divisor of the chunk; no effect on results' law)
 BLOCK2 = 1024
 TILE = 1024
 RB = 8
@@ -120,7 +121,7 @@ class _Plan:
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
           stats: bool) -> _Plan:
-    key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, BLOCK2, TILE, RB, ROW_ELEMS,
+    key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
            MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
     plan = _PLANS.get(key)
     if plan is not None:
@@ -147,6 +148,8 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.const1 = dict(HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=has_thr, CHUNK=chunk, num_warps=NUM_WARPS1)
         if p.rows1:
             p.const1["BLOCK_B"] = bb1
+        else:
+            p.const1["SUB"] = min(SUB1, chunk)
         shape = (batch, 2 * k_max + 1, p.nc1)
         p.m, p.s = torch.empty(shape, **f32), torch.empty(shape, **f32)
         p.a = torch.empty(shape, dtype=torch.int32, device=device)
