@@ -46,7 +46,8 @@ DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, co
 MODE_LOGITS, MODE_SIGMOID, MODE_PROBS = (c.value for c in (common.MODE_LOGITS, common.MODE_SIGMOID,
                                                            common.MODE_PROBS))
 CHUNK1 = 8192
-SUB1 = 2048               # pass-1 slice loaded per loop iteration (a divisor of the chunk; no effect on results' law)
+SUB1 = 8192               # pass-1 slice per loop iteration (divides the chunk). One slice = one load per program: on
+                          # the H100 2048 made B=64 ~10 % faster but B=1 ~1.5 us slower (tune-fused-pass1-*.json)
 BLOCK2 = 1024
 TILE = 1024
 RB = 8
