@@ -25,7 +25,7 @@ from tilespec.verify.validation import resolve_sampling
 
 from .gamma import GammaSchedule
 from .metrics import PhaseTimer, RunStats, peak_memory
-from .runner import ModelRunner, is_encoder_decoder, shares_encoder
+from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
 
@@ -166,7 +166,7 @@ class SpeculativeDecoder:
         reuse = self.compile and not is_encoder_decoder(model)  # a cross-attention cache cannot be reset in place
         if reuse and key in _COMPILED_RUNNERS and _COMPILED_RUNNERS[key].model is model:
             return _COMPILED_RUNNERS[key]
-        runner = ModelRunner(model, capacity, compile=self.compile)
+        runner = make_runner(model, capacity, compile=self.compile)
         if reuse:
             _COMPILED_RUNNERS[key] = runner
         return runner
@@ -214,6 +214,9 @@ class SpeculativeDecoder:
         timer.start("prefill")
         target = self._runner("target", self.target, capacity, batch)
         draft = self._runner("draft", self.draft, capacity, batch) if spec else None
+        stats.runtime = target.mode
+        stats.draft_runtime = draft.mode if spec else ""
+        compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft) if r is not None)
         if encdec:
             enc = target.encode(input_features)
             if spec:
@@ -311,6 +314,8 @@ class SpeculativeDecoder:
             step_no += 1
 
         stats.wall_time = time.perf_counter() - t_start
+        stats.compile_seconds = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft)
+                                    if r is not None) - compile_before
         stats.times = timer.resolve()
         stats.new_tokens = sum(produced)
         stats.kv_cache_bytes = target.memory_bytes() + (draft.memory_bytes() if spec else 0)

@@ -85,6 +85,9 @@ class RunStats:
     method: str = ""
     fallback_steps: int = 0        # target-only steps after the optimal schedule's fallback
     fallback_at_step: Optional[int] = None   # index of the first such step
+    runtime: str = ""              # how the target's forwards ran: eager / graphs / native / native-graphs ...
+    draft_runtime: str = ""        # the same for the draft model ("" without one)
+    compile_seconds: float = 0.0   # compile + capture time of new shapes inside this call (0 once warm)
 
     @property
     def alpha(self) -> float:

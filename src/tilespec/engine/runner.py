@@ -19,31 +19,55 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .cache import SlotCache, gather_slots
 from .graphs import GraphCache
+from .native.runner import NATIVE_MODES, NativeRunner, native_reason
 
 
 GRAPH_MODES = ("graphs", "compiled-graphs")
+CUDA_GRAPH_MODES = GRAPH_MODES + ("native-graphs",)   # every mode that replays forwards as CUDA graphs
 
 
-def step_mode(compile: bool | str, device: torch.device) -> str:
-    """How a runner executes decode/verify forwards: "eager", "graphs", "compiled-graphs" or "compile".
+def step_mode(compile: bool | str, device: torch.device, model=None) -> str:
+    """How a runner executes decode/verify forwards: "eager", "graphs", "compiled-graphs", "native",
+    "native-graphs" or "compile".
 
-    compile=False -> eager; True -> "graphs" on CUDA and eager elsewhere; "graphs" -> eager kernels
-    captured in CUDA graphs; "compiled-graphs" -> the attention-free parts of the decoder (norms, MLP, rotary)
-    compiled with torch.compile (see :func:`compile_decoder_layers`) and everything captured in CUDA graphs
-    (experimental: tested on a tiny model on the GPU, not yet measured on a real one); "debug" or a torch.compile mode
-    string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
+    compile=False -> eager (the transformers modules); True -> on CUDA "native-graphs" when ``model`` is a supported
+    Llama-family model (engine/native: compiled layer function, whole forward in one CUDA graph) and "graphs"
+    otherwise, eager elsewhere; "graphs" -> the transformers modules' eager kernels captured in CUDA graphs;
+    "compiled-graphs" -> their attention-free parts compiled, then captured (experimental); "native" -> the native
+    decoder eagerly (any device); "native-graphs" -> the native decoder compiled and captured (CUDA); "debug" or a
+    torch.compile mode string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
     """
     if compile is False or compile is None:
         return "eager"
     if compile is True:
-        return "graphs" if device.type == "cuda" else "eager"
-    if compile in GRAPH_MODES:
+        if device.type != "cuda":
+            return "eager"
+        return "native-graphs" if model is not None and native_reason(model) is None else "graphs"
+    if compile in GRAPH_MODES or compile == "native-graphs":
         if device.type != "cuda":
             raise ValueError(f"compile={compile!r} needs a CUDA device")
+        return compile
+    if compile == "native":
         return compile
     if not isinstance(compile, str):
         raise TypeError(f"compile must be a bool or a string, got {compile!r}")
     return "compile"
+
+
+def make_runner(model, capacity: int, *, compile: bool | str = False):
+    """The runner for ``model``: a :class:`NativeRunner` for the native modes, else a :class:`ModelRunner`.
+
+    compile="native"/"native-graphs" on a model the native path does not support raises (say which path you want);
+    compile=True picks the native path only where it is supported.
+    """
+    mode = step_mode(compile, next(model.parameters()).device, model)
+    if mode in NATIVE_MODES:
+        reason = native_reason(model)
+        if reason is not None:
+            raise ValueError(f"compile={compile!r}: no native path for {type(model).__name__} ({reason}); "
+                             "use compile=True or 'graphs'")
+        return NativeRunner(model, capacity, mode=mode)
+    return ModelRunner(model, capacity, compile=compile)
 
 
 def _raise_recompile_limits(limit: int) -> None:
@@ -137,7 +161,9 @@ class ModelRunner:
         self.past = EncoderDecoderCache(self.cache, DynamicCache()) if self.encdec else self.cache
         self.encoder_out: Optional[torch.Tensor] = None
         self._step = self._forward
-        self.mode = step_mode(compile, self.device)
+        self.mode = step_mode(compile, self.device, model)
+        if self.mode in NATIVE_MODES:   # True on CUDA picks native for supported models: make_runner builds those
+            self.mode = "graphs"
         self.compiled = self.mode != "eager"
         if self.mode in GRAPH_MODES:
             if self.mode == "compiled-graphs":

@@ -21,7 +21,7 @@ from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
 from .metrics import PhaseTimer
-from .runner import ModelRunner
+from .runner import CUDA_GRAPH_MODES, ModelRunner
 from .state import BatchState, chunk_mask
 
 
@@ -72,7 +72,7 @@ def _sampler(mode: str):
     """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
     paths run it as one CUDA graph or one compiled function)."""
     global _COMPILED_SAMPLER
-    if mode in ("graphs", "compiled-graphs"):
+    if mode in CUDA_GRAPH_MODES:
         return _graphed_sampler
     if mode == "eager":
         return sample_draft
@@ -180,6 +180,6 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         out = nxt[:, None]
     else:
         num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                      state.seq_len, graphs=graph_verify and target.mode in ("graphs", "compiled-graphs"))
+                                      state.seq_len, graphs=graph_verify and target.mode in CUDA_GRAPH_MODES)
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

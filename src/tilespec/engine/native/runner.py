@@ -1,0 +1,156 @@
+"""``NativeRunner``: the engine's model runner over a native decoder (engine/native/llama.py), eager or compiled.
+
+Same contract as :class:`tilespec.engine.runner.ModelRunner` (forward / select / memory_bytes / capacity / mode):
+``forward(tokens [B, q], positions [B, q], mask [B, 1, q, C] bool, write_slot)`` writes the q new K/V states at
+slots [write_slot, write_slot + q) and returns fresh float32 logits [B, q or keep, V].
+
+Modes:
+  * "native": the native decoder eagerly (any device; the CPU tests check it token for token against transformers);
+  * "native-graphs" (CUDA): decode/verify forwards run a ``torch.compile``d copy of the layer function (compiled
+    once per model and shared by its layers; shapes become dynamic after the first change, so a new batch size, q
+    or capacity costs at most one recompile) and are captured whole, with the mask conversion, in one CUDA graph
+    per (B, q, C). Prefill (long, one per generation) runs the eager layer.
+Compiled code is cached across processes by inductor's own on-disk caches (FX graph and autotune caches, on by
+default); :attr:`compile_seconds` records the time spent compiling in this process.
+"""
+from __future__ import annotations
+
+import time
+import types
+from typing import Optional
+
+import torch
+
+from ..graphs import GraphCache
+from .llama import NativeLlama, decoder_layer, unsupported_reason
+
+NATIVE_MODES = ("native", "native-graphs")
+_COMPILED_LAYERS: dict = {}
+
+
+def native_reason(model) -> Optional[str]:
+    """None when ``model`` can take the native path, else the reason it keeps the transformers modules."""
+    return unsupported_reason(model)
+
+
+def native_model(model) -> NativeLlama:
+    """The (cached) native decoder of ``model``."""
+    native = getattr(model, "_tilespec_native", None)
+    if native is None:
+        native = NativeLlama(model)
+        model._tilespec_native = native
+    return native
+
+
+def compiled_layer(model):
+    """A torch.compile'd copy of :func:`decoder_layer` private to ``model``.
+
+    Why a copy: dynamo keys its cache (and its automatic-dynamic bookkeeping) on the function's code object; a
+    target and its draft have different hidden sizes, so sharing one code object would turn the hidden size into a
+    dynamic dimension after the second model and slow every reduction. A renamed code object keeps them apart.
+    """
+    key = id(model)
+    entry = _COMPILED_LAYERS.get(key)
+    if entry is None or entry[0]() is not model:
+        import weakref
+        code = decoder_layer.__code__.replace(co_name=f"decoder_layer_{len(_COMPILED_LAYERS)}")
+        fn = types.FunctionType(code, decoder_layer.__globals__, code.co_name, decoder_layer.__defaults__,
+                                decoder_layer.__closure__)
+        fn.__kwdefaults__ = decoder_layer.__kwdefaults__
+        cfg = torch._dynamo.config
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, knob):
+                setattr(cfg, knob, max(getattr(cfg, knob), 64))
+        entry = (weakref.ref(model), torch.compile(fn, dynamic=None, fullgraph=True))
+        _COMPILED_LAYERS[key] = entry
+    return entry[1]
+
+
+class NativeRunner:
+    """One model's native decoder and KV caches for one (batch, capacity); see the module docstring."""
+
+    def __init__(self, model, capacity: int, *, mode: str = "native"):
+        if mode not in NATIVE_MODES:
+            raise ValueError(f"mode must be one of {NATIVE_MODES}, got {mode!r}")
+        if capacity <= 0:
+            raise ValueError(f"cache capacity must be positive, got {capacity}")
+        self.model = model
+        self.native = native_model(model)
+        self.device = self.native.embed.device
+        self.dtype = self.native.dtype
+        if mode == "native-graphs" and self.device.type != "cuda":
+            raise ValueError("the native-graphs mode needs a CUDA device")
+        self.mode = mode
+        self.compiled = mode != "native"
+        self.encdec = False
+        self._capacity = capacity
+        self.write_pos = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.caches: Optional[list] = None
+        self.compile_seconds = 0.0
+        self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
+        self._layer = compiled_layer(model) if mode == "native-graphs" else decoder_layer
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        return additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+
+    def _graph_forward(self, tokens, positions, mask, key=None):
+        return self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
+                                   layer_fn=self._layer)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
+                keep: Optional[int] = None, compiled: bool = True) -> torch.Tensor:
+        """tokens/positions [B, q] int64, bool mask [B, 1, q, C] -> float32 logits [B, q or keep, V] (fresh)."""
+        b, q = tokens.shape
+        if write_slot < 0 or write_slot + q > self.capacity:
+            raise RuntimeError(f"cache overflow: writing {q} slots at {write_slot} into a capacity of {self.capacity}")
+        if self.caches is None or self.caches[0][0].shape[0] != b:
+            self.caches = self.native.new_caches(b, self.capacity)
+            if self._graphs is not None:
+                self._graphs.clear()           # captured graphs point at the old buffers
+        self.write_pos.fill_(write_slot)
+        if compiled and self._graphs is not None:
+            t0 = time.perf_counter()
+            n = len(self._graphs)
+            logits = self._graphs(tokens, positions, mask)
+            if len(self._graphs) != n:         # a new shape: compile (maybe) + warm-up + capture happened
+                self.compile_seconds += time.perf_counter() - t0
+            if keep is not None:
+                logits = logits[:, -keep:]
+            return logits.float() if logits.dtype != torch.float32 else logits.clone()
+        logits = self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
+                                     keep=keep)
+        return logits.float()
+
+    def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
+        """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots)."""
+        if self.caches is None:
+            return
+        shrink = rows.shape[0] != self.caches[0][0].shape[0]
+        new_caches = []
+        for pair in self.caches:
+            moved = []
+            for buf in pair:
+                src = buf.index_select(0, rows)
+                idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1],
+                                                           src.shape[3])
+                new = torch.gather(src, 2, idx)
+                if shrink:
+                    moved.append(new)
+                else:
+                    buf.copy_(new)             # in place: captured graphs keep their addresses
+                    moved.append(buf)
+            new_caches.append(tuple(moved))
+        self.caches = new_caches
+        if shrink and self._graphs is not None:
+            self._graphs.clear()
+
+    def memory_bytes(self) -> int:
+        if self.caches is None:
+            return 0
+        return sum(t.numel() * t.element_size() for pair in self.caches for t in pair)

@@ -1,0 +1,112 @@
+"""The native decoder (engine/native) computes what transformers computes: logits, greedy tokens, sampled tokens."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.native import NativeLlama, NativeRunner, unsupported_reason
+from tilespec.engine.runner import ModelRunner, make_runner, step_mode
+from tilespec.engine.state import prefill_mask
+from tilespec.verify import SamplingParams
+
+from engine_models import layer_skip, one_thread, tiny_lm, tiny_whisper  # noqa: F401
+
+PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_native_logits_match_transformers(family):
+    model = tiny_lm(3, family=family)
+    ids = torch.tensor([[3, 9, 27, 81, 11, 5]])
+    with torch.inference_mode():
+        ref = model(input_ids=ids).logits
+        runner = NativeRunner(model, 16)
+        pos = torch.arange(6)[None]
+        out = runner.forward(ids, pos, prefill_mask(torch.ones(1, 6, dtype=torch.bool), 16), 0)
+        # decode one more token through the cache: must equal the full forward's last row
+        nxt = torch.tensor([[42]])
+        full = model(input_ids=torch.cat([ids, nxt], dim=1)).logits[:, -1]
+        mask = torch.zeros(1, 1, 1, 16, dtype=torch.bool)
+        mask[..., :7] = True
+        step = runner.forward(nxt, torch.tensor([[6]]), mask, 6)[:, -1]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_native_shares_weights_with_the_model():
+    model = tiny_lm(4)
+    before = sum(p.numel() for p in model.parameters())
+    NativeLlama(model)
+    att = model.model.layers[0].self_attn
+    assert att.q_proj.weight.untyped_storage().data_ptr() == att.k_proj.weight.untyped_storage().data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == before
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_native_greedy_equals_transformers_generate(family, one_thread):
+    target = tiny_lm(11, family=family, logit_scale=4.0)
+    draft = layer_skip(target, 1)
+    for drafted in (None, draft):
+        dec = SpeculativeDecoder(target, drafted, gamma=3, method="reference", compile="native",
+                                 sampling=SamplingParams(temperature=0.0))
+        out = dec.generate(input_ids=PROMPTS, max_new_tokens=12)
+        for prompt, seq in zip(PROMPTS, out.sequences):
+            ref = target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                  max_new_tokens=12, do_sample=False, pad_token_id=0)
+            assert seq == ref[0, len(prompt):].tolist()
+
+
+def test_native_sampling_equals_the_transformers_path(one_thread):
+    target = tiny_lm(12, logit_scale=2.0)
+    draft = layer_skip(target, 1)
+    kwargs = dict(gamma=2, method="reference", sampling=SamplingParams(temperature=1.0), eos_token_id=-1, pad_token_id=0)
+    eager = SpeculativeDecoder(target, draft, compile=False, **kwargs).generate(input_ids=PROMPTS, max_new_tokens=10,
+                                                                                 seed=5)
+    native = SpeculativeDecoder(target, draft, compile="native", **kwargs).generate(input_ids=PROMPTS,
+                                                                                    max_new_tokens=10, seed=5)
+    assert native.sequences == eager.sequences
+
+
+def test_runner_selection():
+    cpu = torch.device("cpu")
+    llama = tiny_lm(1)
+    assert step_mode(True, cpu, llama) == "eager"
+    assert step_mode("native", cpu, llama) == "native"
+    assert isinstance(make_runner(llama, 8, compile="native"), NativeRunner)
+    assert isinstance(make_runner(llama, 8, compile=False), ModelRunner)
+    whisper = tiny_whisper(1)
+    assert unsupported_reason(whisper) is not None
+    with pytest.raises(ValueError, match="no native path"):
+        make_runner(whisper, 8, compile="native")
+    with pytest.raises(ValueError, match="CUDA"):
+        make_runner(llama, 8, compile="native-graphs")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_native_graphs_equal_native_eager_on_gpu(temperature):
+    target = tiny_lm(21, logit_scale=3.0).cuda()
+    draft = layer_skip(target, 1).cuda()
+    kwargs = dict(gamma=3, method="fused", sampling=SamplingParams(temperature=temperature), eos_token_id=-1, pad_token_id=0)
+    ref = SpeculativeDecoder(target, draft, compile="native", **kwargs).generate(input_ids=PROMPTS,
+                                                                                 max_new_tokens=16, seed=3)
+    fast = SpeculativeDecoder(target, draft, compile=True, **kwargs)
+    out = fast.generate(input_ids=PROMPTS, max_new_tokens=16, seed=3)
+    assert out.sequences == ref.sequences
+    assert out.stats.runtime == "native-graphs"
+
+
+@pytest.mark.gpu
+@cuda
+def test_native_bf16_logits_within_tolerance_on_gpu():
+    model = tiny_lm(22).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 9), device="cuda")
+    with torch.inference_mode():
+        ref = model(input_ids=ids).logits.float()
+        runner = NativeRunner(model, 32, mode="native-graphs")
+        pos = torch.arange(9, device="cuda")[None].expand(2, 9)
+        out = runner.forward(ids, pos, prefill_mask(torch.ones(2, 9, dtype=torch.bool, device="cuda"), 32), 0)
+    assert (out - ref).abs().max().item() < 0.05 * ref.abs().max().item()
