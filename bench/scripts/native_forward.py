@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -70,6 +71,35 @@ def forward_times(model, batches=(1, 8), qs=(1, 2, 3, 4, 6), capacity=512) -> li
     return rows
 
 
+def profile_replay(model, q: int = 1, capacity: int = 512, top: int = 25) -> dict:
+    """Per-kernel CUDA time of one q-token forward replay (torch.profiler over 20 replays)."""
+    from torch.profiler import ProfilerActivity, profile
+    from tilespec.engine.native import NativeRunner
+    runner = NativeRunner(model, capacity, mode="native-graphs")
+    tokens = torch.randint(0, 1000, (1, q), device="cuda")
+    pos = torch.arange(100, 100 + q, device="cuda")[None]
+    mask = torch.ones(1, 1, q, capacity, dtype=torch.bool, device="cuda")
+    runner.forward(tokens, pos, mask, 100)
+    graph = list(runner._graphs._graphs.values())[-1].graph
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t:
+            rows.append(dict(name=ev.key[:120], calls_per_forward=ev.count / 20, us_per_forward=t / 20))
+    rows.sort(key=lambda r: -r["us_per_forward"])
+    total = sum(r["us_per_forward"] for r in rows)
+    kernels = sum(r["calls_per_forward"] for r in rows)
+    print(f"  profile q={q}: {total:.0f} us of kernels in {kernels:.0f} launches per forward", flush=True)
+    for r in rows[:12]:
+        print(f"    {r['us_per_forward']:8.1f} us  x{r['calls_per_forward']:.0f}  {r['name'][:90]}", flush=True)
+    return dict(q=q, kernel_us_per_forward=total, kernels_per_forward=kernels, top=rows[:top])
+
+
 def engine_tok_s(model, batch: int, tokens: int, prompt_len: int = 64, reps: int = 3) -> dict:
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
@@ -118,7 +148,8 @@ def main() -> None:
     import transformers
     import triton
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
-               triton=triton.__version__, date=time.strftime("%Y-%m-%d"), weights="random-init (timing only)",
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
+               commit=os.environ.get("TILESPEC_COMMIT", "unknown"), weights="random-init (timing only)",
                models={})
     for name in SHAPES:
         print(name, flush=True)
@@ -128,6 +159,7 @@ def main() -> None:
         t0 = time.perf_counter()
         entry["forwards"] = forward_times(model, qs=(1, 2, 3, 4, 6) if "1.5b" in name else (1, 2, 3, 4))
         entry["forwards_total_s"] = time.perf_counter() - t0
+        entry["profile"] = profile_replay(model)
         if "1.5b" in name:
             entry["engine"] = [engine_tok_s(model, b, args.tokens) for b in (1, 8)]
             print("  engine", [(r["batch"], round(r["tok_s"], 1)) for r in entry["engine"]], flush=True)

@@ -28,6 +28,7 @@ from .metrics import PhaseTimer, RunStats, peak_memory
 from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
+from .step_graph import step_graphs_for
 
 
 _COMPILED_RUNNERS: dict = {}
@@ -216,7 +217,8 @@ class SpeculativeDecoder:
         draft = self._runner("draft", self.draft, capacity, batch) if spec else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if spec else ""
-        compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft) if r is not None)
+        fast = step_graphs_for(target, draft) if self.graph_verify else None   # whole steps as CUDA graphs
+        compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast) if r is not None)
         if encdec:
             enc = target.encode(input_features)
             if spec:
@@ -262,12 +264,18 @@ class SpeculativeDecoder:
                     runner.select(rows, slot_index)
                 stats.defrags += 1
             before = dict(timer.totals)
-            out = speculative_step(target, draft if gamma > 0 else None, state, gamma, sampling, resolved,
-                                   self.method, timer, graph_verify=self.graph_verify)
+            if fast is not None and fast.usable(self.method, sampling):
+                out = fast.step(state, gamma, sampling, resolved, self.method, timer)   # commits on the device
+            else:
+                out = speculative_step(target, draft if gamma > 0 else None, state, gamma, sampling, resolved,
+                                       self.method, timer, graph_verify=self.graph_verify)
             timer.start("bookkeeping")
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
             emitted_all = host[:, 0].tolist()
-            state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
+            if fast is not None and fast.usable(self.method, sampling):
+                fast.advance(state, max(emitted_all) - 1)
+            else:
+                state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
             if done:  # zombie rows (compiled path) keep no context, so they never fill the cache
                 state.valid[[i for i, r in enumerate(state.rows) if r in done]] = False
             emitted = [emitted_all[i] for i in live]
@@ -314,7 +322,7 @@ class SpeculativeDecoder:
             step_no += 1
 
         stats.wall_time = time.perf_counter() - t_start
-        stats.compile_seconds = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft)
+        stats.compile_seconds = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast)
                                     if r is not None) - compile_before
         stats.times = timer.resolve()
         stats.new_tokens = sum(produced)

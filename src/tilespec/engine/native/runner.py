@@ -86,6 +86,7 @@ class NativeRunner:
         self._capacity = capacity
         self.write_pos = torch.zeros((), dtype=torch.int64, device=self.device)
         self.caches: Optional[list] = None
+        self.cache_version = 0          # bumped whenever the K/V buffers are replaced (captured graphs go stale)
         self.compile_seconds = 0.0
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
         self._layer = compiled_layer(model) if mode == "native-graphs" else decoder_layer
@@ -111,6 +112,7 @@ class NativeRunner:
             raise RuntimeError(f"cache overflow: writing {q} slots at {write_slot} into a capacity of {self.capacity}")
         if self.caches is None or self.caches[0][0].shape[0] != b:
             self.caches = self.native.new_caches(b, self.capacity)
+            self.cache_version += 1
             if self._graphs is not None:
                 self._graphs.clear()           # captured graphs point at the old buffers
         self.write_pos.fill_(write_slot)
@@ -126,6 +128,13 @@ class NativeRunner:
         logits = self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
                                      keep=keep)
         return logits.float()
+
+    def raw_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
+                    keep: Optional[int] = None) -> torch.Tensor:
+        """The forward without a graph of its own, for capture inside a larger one (engine/step_graph.py):
+        ``write_pos`` a 0-d int64 device tensor; returns logits in the model dtype (a graph-owned buffer)."""
+        return self.native.forward(tokens, positions, self._additive(mask), write_pos, self.caches, keep=keep,
+                                   layer_fn=self._layer)
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots)."""
@@ -147,8 +156,10 @@ class NativeRunner:
                     moved.append(buf)
             new_caches.append(tuple(moved))
         self.caches = new_caches
-        if shrink and self._graphs is not None:
-            self._graphs.clear()
+        if shrink:
+            self.cache_version += 1
+            if self._graphs is not None:
+                self._graphs.clear()
 
     def memory_bytes(self) -> int:
         if self.caches is None:

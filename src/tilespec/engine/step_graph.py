@@ -1,0 +1,192 @@
+"""The whole decoding step as two CUDA graphs, for native runners (engine/native): the host launches two replays
+and reads the emitted tokens once per step.
+
+Why: with the forwards at ~2 ms, the ~40 small eager launches around them per step (masks, positions, sampling
+glue, the commit's bookkeeping) cost ~0.5 ms of host time during which the GPU idles, because each step ends in
+the one host read. Here everything between two host reads is captured:
+  * graph D (speculative steps with a draft model): the γ draft forwards with their sampling -> draft tokens [B, γ]
+    and, when sampling, the draft logits [B, γ, V];
+  * graph T: the target forward over [pending, d_1..d_K], ``verify()`` (or the greedy argmax of a target-only
+    step) and the commit: the slots of accepted tokens become valid, and seq_len / pending / prev advance.
+Two graphs rather than one so the draft and target phases keep their own CUDA-event times (the ``optimal`` γ
+schedule estimates the cost ratio c from them). Drafts from elsewhere (context drafters) enter graph T as
+``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged).
+
+The write pointer W is a device scalar here (``write_dev``): the draft writes at W-1 .. W+γ-1 and the target at
+W .. W+K inside one capture. Keys: (γ or K, method, sampling, the sampling flags, greedy). Shapes: B, C fixed per
+generation. The device commit matches :meth:`BatchState.commit` exactly; the host only advances W.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from tilespec.verify import verify
+from tilespec.verify.types import ResolvedSampling, SamplingParams
+
+from .graphs import GraphCache
+from .metrics import PhaseTimer
+from .state import BatchState, chunk_mask
+from .step import StepOutput, sample_draft
+
+_FLAGS = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
+
+
+def _resolved(tensors, flags) -> ResolvedSampling:
+    return ResolvedSampling(*tensors, *flags)
+
+
+class _Direct:
+    """GraphCache's interface without capture: the same step functions run eagerly (CPU, the "native" mode)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, key=None):
+        return self.fn(*args, key=key)
+
+    def __len__(self) -> int:
+        return 0
+
+    def clear(self) -> None:
+        pass
+
+
+class StepGraphs:
+    """Captured draft and target+verify+commit blocks of one (target, draft) pair of native-graphs runners.
+
+    ``usable(method, sampling)`` says whether a step can run here (graph-safe method, hashable sampling);
+    :meth:`step` runs one step and updates ``state`` (all but the host-side write pointer, see :meth:`advance`).
+    """
+
+    def __init__(self, target, draft=None, *, capture: bool = True,
+                 graph_safe_methods=frozenset({"reference", "fused", "sigmoid", "tiled"})):
+        self.target, self.draft = target, draft
+        self.graph_safe = graph_safe_methods
+        self.write_dev = torch.zeros((), dtype=torch.int64, device=target.device)
+        wrap = GraphCache if capture else _Direct
+        self._draft_graphs = wrap(self._draft_block)
+        self._target_graphs = wrap(self._target_block)
+        self.compile_seconds = 0.0      # first-use compile + capture time of new step shapes
+        self._versions: tuple = ()
+
+    def usable(self, method: str, sampling: SamplingParams) -> bool:
+        try:
+            hash(sampling)
+        except TypeError:
+            return False
+        return method in self.graph_safe
+
+    # ---------------------------------------------------------------------------------------- captured bodies
+    def _draft_block(self, valid, seq_len, pending, prev, seeds, w, *sampling_tensors, key):
+        gamma, flags, greedy = key
+        resolved = _resolved(sampling_tensors, flags)
+        runner = self.draft
+        pos0 = seq_len - 1
+        tokens_in = torch.stack([prev, pending], dim=1)
+        positions = torch.stack([(pos0 - 1).clamp(min=0), pos0], dim=1)
+        logits = runner.raw_forward(tokens_in, positions, chunk_mask(valid, w, w - 1, 2), w - 1, keep=1)[:, 0]
+        tokens, all_logits = [], []
+        for i in range(1, gamma + 1):
+            logits = logits.float()
+            tok = sample_draft(logits, resolved, seeds, pos0 + i, greedy)
+            tokens.append(tok)
+            if not greedy:
+                all_logits.append(logits)
+            if i < gamma:
+                logits = runner.raw_forward(tok[:, None], (pos0 + i)[:, None], chunk_mask(valid, w, w + i, 1),
+                                            w + i)[:, 0]
+        draft_tokens = torch.stack(tokens, dim=1)
+        return (draft_tokens, torch.stack(all_logits, dim=1)) if all_logits else (draft_tokens,)
+
+    def _target_block(self, valid, seq_len, pending, prev, seeds, w, draft_tokens, *extra, key):
+        method, sampling, greedy, has_logits, has_counts = key
+        draft_logits = extra[0] if has_logits else None
+        num_draft = extra[-1] if has_counts else None
+        k = draft_tokens.shape[1]
+        pos0 = seq_len - 1
+        tokens_in = torch.cat([pending[:, None], draft_tokens], dim=1)
+        positions = pos0[:, None] + torch.arange(k + 1, device=valid.device)[None, :]
+        logits = self.target.raw_forward(tokens_in, positions, chunk_mask(valid, w, w, k + 1), w).float()
+        if greedy and k == 0:
+            out = logits[:, 0].argmax(dim=-1)[:, None]
+            num_emitted = torch.ones_like(seq_len)
+        else:
+            res = verify(logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=num_draft,
+                         sampling=sampling, method=method, seed=seeds, offsets=seq_len, check_values=False)
+            num_emitted, out = res.num_emitted, res.output_tokens
+        # the commit of BatchState.commit, on the device
+        n_acc = num_emitted - 1
+        slots = torch.arange(valid.shape[1], device=valid.device)[None, :]
+        new_valid = valid | ((slots >= w) & (slots <= w + n_acc[:, None]))
+        last = out.gather(1, n_acc[:, None]).squeeze(1)
+        if k > 0:
+            prev_draft = draft_tokens.gather(1, (n_acc - 1).clamp(min=0)[:, None]).squeeze(1)
+            new_prev = torch.where(n_acc > 0, prev_draft, pending)
+        else:
+            new_prev = pending.clone()
+        return num_emitted, out, new_valid, seq_len + num_emitted, last, new_prev
+
+    # ---------------------------------------------------------------------------------------- host side
+    def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
+             method: str, timer: PhaseTimer, draft_tokens: Optional[torch.Tensor] = None,
+             num_draft_tokens: Optional[torch.Tensor] = None) -> StepOutput:
+        """One step: γ draft-model tokens (``gamma`` > 0 with a draft runner), or the given ``draft_tokens``
+        [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify + commit. Updates ``state``'s
+        device tensors; the caller reads the output once and calls :meth:`advance`."""
+        greedy = resolved.all_greedy
+        versions = tuple(r.cache_version for r in (self.target, self.draft) if r is not None)
+        if versions != self._versions:          # new K/V buffers: the captured steps point at the old ones
+            self._draft_graphs.clear()
+            self._target_graphs.clear()
+            self._versions = versions
+        self.write_dev.fill_(state.write)
+        base = (state.valid, state.seq_len, state.pending, state.prev, state.seeds, self.write_dev)
+        draft_logits = None
+        if draft_tokens is None and gamma > 0 and self.draft is not None:
+            timer.start("draft")
+            flags = tuple(getattr(resolved, f) for f in _FLAGS)
+            tensors = (resolved.temperature, resolved.top_k, resolved.top_p, resolved.min_p, resolved.lenience)
+            n, t0 = len(self._draft_graphs), time.perf_counter()
+            outs = self._draft_graphs(*base, *tensors, key=(gamma, flags, greedy))
+            if len(self._draft_graphs) != n:
+                self.compile_seconds += time.perf_counter() - t0
+            draft_tokens = outs[0]
+            draft_logits = outs[1] if len(outs) > 1 else None
+            timer.stop("draft")
+        elif draft_tokens is None:
+            draft_tokens = torch.zeros((state.size, 0), dtype=torch.int64, device=state.valid.device)
+        timer.start("target")
+        extra = ((draft_logits,) if draft_logits is not None else ()) + \
+                ((num_draft_tokens,) if num_draft_tokens is not None else ())
+        key = (method, sampling, greedy, draft_logits is not None, num_draft_tokens is not None)
+        n, t0 = len(self._target_graphs), time.perf_counter()
+        num_emitted, out, valid, seq_len, pending, prev = self._target_graphs(*base, draft_tokens, *extra, key=key)
+        if len(self._target_graphs) != n:
+            self.compile_seconds += time.perf_counter() - t0
+        timer.stop("target")
+        state.valid, state.seq_len, state.pending, state.prev = valid, seq_len, pending, prev
+        return StepOutput(draft_tokens=draft_tokens.clone(), num_emitted=num_emitted, output_tokens=out)
+
+    @staticmethod
+    def advance(state: BatchState, max_accepted: int) -> None:
+        """The host half of the commit: move the write pointer past the longest accepted block."""
+        state.write += max_accepted + 1
+
+
+def step_graphs_for(target, draft=None) -> Optional[StepGraphs]:
+    """The :class:`StepGraphs` of a (target, draft) pair of runners, kept on the target runner (so compiled runners
+    shared across generations share their captured steps); None unless every runner is native. In the "native"
+    mode (eager, any device) the same step functions run without capture, so CPU tests cover them."""
+    runners = (target,) if draft is None else (target, draft)
+    modes = {getattr(r, "mode", None) for r in runners}
+    if not modes <= {"native", "native-graphs"} or len(modes) != 1:
+        return None
+    table = target.__dict__.setdefault("_step_graphs", {})
+    key = id(draft)
+    entry = table.get(key)
+    if entry is None or entry.draft is not draft:
+        entry = table[key] = StepGraphs(target, draft, capture=modes == {"native-graphs"})
+    return entry
