@@ -110,3 +110,16 @@ def test_native_bf16_logits_within_tolerance_on_gpu():
         pos = torch.arange(9, device="cuda")[None].expand(2, 9)
         out = runner.forward(ids, pos, prefill_mask(torch.ones(2, 9, dtype=torch.bool, device="cuda"), 32), 0)
     assert (out - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+def test_native_step_functions_with_context_drafts(one_thread):
+    """Ragged n-gram drafts through the native step functions (device commit) equal target-only decoding."""
+    target = tiny_lm(13, logit_scale=4.0)
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 9, 10, 9], [3, 4]]
+    base = SpeculativeDecoder(target, None, compile="native", sampling=SamplingParams(temperature=0.0))
+    ref = base.generate(input_ids=prompts, max_new_tokens=16)
+    dec = SpeculativeDecoder(target, "ngram", gamma=4, compile="native", method="reference",
+                             sampling=SamplingParams(temperature=0.0))
+    out = dec.generate(input_ids=prompts, max_new_tokens=16)
+    assert out.sequences == ref.sequences
+    assert out.stats.context_steps > 0 and out.stats.runtime == "native"

@@ -6,7 +6,11 @@ Loop per step (B active requests, write pointer W; see state.py for the cache la
   3. ``verify()`` (any registered method), keyed by per-request seeds and absolute positions;
   4. one host read of the emitted counts and tokens; mark the accepted slots valid, advance W by max accepted + 1.
      Rejected slots become masked holes (rollback copies nothing); finished requests (EOS / length) leave the batch.
-With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks. A step with
+With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks. A context
+drafter ("ngram", "suffix"; drafters/) replaces step 1 by host-side matching over the tokens read in the previous
+step's host sync: ragged per-request drafts (0 tokens where nothing matches), verified without draft logits.
+The loop is split into ``prefill`` / ``step`` / ``commit`` / ``finish`` over a per-generation
+:class:`~tilespec.engine.generation.Generation` (``stream`` drives them), so generations never share results. A step with
 γ = 0 (the budget leaves nothing to draft, or the ``optimal`` schedule fell back for good because speculation is
 predicted to be slower) is a target-only step: no draft forward, verify() with K = 0, not fed to the schedule. After
 the fallback the draft runner is never touched again in that generation (its cache is left stale).
@@ -14,7 +18,6 @@ the fallback the draft runner is never touched again in that generation (its cac
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
 import torch
@@ -23,7 +26,9 @@ from tilespec.verify.registry import get_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
+from .drafters import resolve_drafter
 from .gamma import GammaSchedule
+from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
@@ -39,57 +44,23 @@ def release_compiled() -> None:
     _COMPILED_RUNNERS.clear()
 
 
-@dataclass
-class StepEvent:
-    """What one step produced: ``tokens[i]`` new tokens of request i (original index); ``finished`` requests."""
-
-    step: int
-    tokens: dict
-    finished: list
-
-
-@dataclass
-class GenerationOutput:
-    """``sequences[i]``: the new tokens of request i (prompt excluded); ``texts`` when a tokenizer is known."""
-
-    sequences: list
-    stats: RunStats
-    texts: Optional[list] = None
-    finish_reasons: list = field(default_factory=list)
-
-
-def _select_sampling(sampling: SamplingParams, rows: list) -> SamplingParams:
-    """Restrict per-request sampling fields to the original request indices ``rows``."""
-    changes = {}
-    for name in ("temperature", "top_k", "top_p", "min_p", "lenience"):
-        value = getattr(sampling, name)
-        if isinstance(value, torch.Tensor) and value.ndim > 0:
-            changes[name] = value[torch.as_tensor(rows, device=value.device)]
-        elif isinstance(value, (list, tuple)):
-            changes[name] = [value[r] for r in rows]
-    return replace(sampling, **changes) if changes else sampling
-
-
-def _eos_ids(model, tokenizer, eos_token_id) -> set:
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if eos_token_id is None and tokenizer is not None:
-            eos_token_id = tokenizer.eos_token_id
-    if eos_token_id is None:
-        return set()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
-
-
 class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``draft`` (or target-only decoding when ``draft`` is None).
 
     Args:
-        target, draft: transformers models (decoder-only causal LMs, or Whisper-style encoder-decoders) on the same
-            device with the same vocabulary. A draft sharing the target's encoder weights reuses its encoder output.
-        gamma: draft length (initial value for adaptive schedules); gamma_schedule: "constant" | "heuristic" |
-            "optimal" (see gamma.py); max_gamma caps adaptive schedules.
+        target: a transformers model (decoder-only causal LM, or Whisper-style encoder-decoder).
+        draft: None (target-only), a draft model (same device and vocabulary; a draft sharing the target's encoder
+            weights reuses its encoder output), "ngram" / "suffix" (context drafting, no model), a
+            :class:`~tilespec.engine.drafters.Drafter`, or [model, "ngram"] (context drafts where a request has a
+            match, the model otherwise). ``self.draft`` is the draft model (or None), ``self.drafter`` the Drafter.
+        gamma: draft length (initial value for adaptive schedules; the per-request cap of context drafts);
+            gamma_schedule: "constant" | "heuristic" | "optimal" (see gamma.py); max_gamma caps adaptive schedules.
         fallback_below: "optimal" only: once the estimates are measured, fall back to target-only decoding for the
             rest of a generation when the best predicted speedup (Leviathan Thm 3.8) is below this (0 disables).
+        schedule: the γ schedule factory, called once per generation as ``schedule(gamma_schedule, gamma,
+            max_gamma, fallback_below=...)`` and returning an object with ``next()`` and ``update(gamma,
+            num_accepted, draft_time, target_time)``; default :class:`GammaSchedule`.
+        verify_fn: replaces ``engine.step.run_verify`` (same signature) for every step, e.g. to record calls.
         method: verification method name ("reference", "hf", "fused", ...).
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts.
@@ -109,15 +80,20 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
-                 cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0):
+                 cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
+                 schedule=None, verify_fn=None):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
-        if draft is not None and not hasattr(draft, "config"):
-            raise TypeError(f"draft must be a Hugging Face model or None, got {type(draft).__name__}")
+        drafter = resolve_drafter(draft)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be a factory like GammaSchedule, got {type(schedule).__name__}")
+        if verify_fn is not None and not callable(verify_fn):
+            raise TypeError(f"verify_fn must be callable like engine.step.run_verify, got {type(verify_fn).__name__}")
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
         get_method(method)                                 # unknown methods fail here, not mid-generation
+        draft = drafter.model if drafter is not None else None
         if draft is not None:
             if is_encoder_decoder(target) != is_encoder_decoder(draft):
                 raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
@@ -127,18 +103,20 @@ class SpeculativeDecoder:
                 raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
             if next(target.parameters()).device != next(draft.parameters()).device:
                 raise ValueError("target and draft must be on the same device")
-        self.target, self.draft = target, draft
+        self.target, self.draft, self.drafter = target, draft, drafter
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
         self.fallback_below = fallback_below
+        self.schedule_factory = schedule or GammaSchedule
+        self.verify_fn = verify_fn
         self.method, self.sampling, self.tokenizer, self.compile = method, sampling, tokenizer, compile
-        self.eos = _eos_ids(target, tokenizer, eos_token_id)
+        self.eos = eos_ids(target, tokenizer, eos_token_id)
         if pad_token_id is None and tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
         self.pad_id = int(pad_token_id) if pad_token_id is not None else (min(self.eos) if self.eos else 0)
         self.device = next(target.parameters()).device
         self.cache_slack = cache_slack
         self.graph_verify = graph_verify
-        self.last_stats: Optional[RunStats] = None
+        self.last_stats: Optional[RunStats] = None   # convenience: the stats of the last generation that finished
 
     # ----------------------------------------------------------------------------------------------- inputs
     def _prompt_lists(self, input_ids, prompts) -> list:
@@ -174,15 +152,10 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------------------------------------- decoding
     @torch.inference_mode()
-    def stream(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
-               input_features: Optional[torch.Tensor] = None) -> Iterator[StepEvent]:
-        """Decode and yield a :class:`StepEvent` per step; stats land in ``self.last_stats`` at the end.
-
-        input_ids: token lists / [B, L] tensor (no padding), or prompts: str / list of str (needs a tokenizer).
-        For encoder-decoder models input_ids are the decoder prompts (e.g. Whisper's forced prefix) and
-        input_features [B, mels, frames] feed the encoder.
-        seed: int (request i uses seed + i) or per-request list; drives the counter-based random streams.
-        """
+    def prefill(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
+                input_features: Optional[torch.Tensor] = None) -> Generation:
+        """Validate the inputs, build the caches and run the prompt through target (and draft model): a new
+        :class:`Generation`. Arguments as for :meth:`stream`."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         prompt_lists = self._prompt_lists(input_ids, prompts)
@@ -194,7 +167,7 @@ class SpeculativeDecoder:
             raise ValueError(f"input_features has {input_features.shape[0]} rows for {batch} decoder prompts")
         ids, is_tok = left_pad(prompt_lists, self.pad_id, self.device)
         width = ids.shape[1]
-        spec = self.draft is not None
+        spec = self.drafter is not None
         g_max = self.max_gamma if self.gamma_schedule != "constant" else self.gamma
         slack = self.cache_slack if self.cache_slack is not None else (0 if batch == 1 else max_new_tokens)
         capacity = width + max_new_tokens + slack + (g_max + 2 if spec else 2)
@@ -206,28 +179,25 @@ class SpeculativeDecoder:
                 raise ValueError(f"prompt + max_new_tokens exceeds the decoder's {limit} positions")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        schedule = GammaSchedule(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
-                                 fallback_below=self.fallback_below)
+        schedule = self.schedule_factory(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
+                                         fallback_below=self.fallback_below)
         timer = PhaseTimer(self.device)
-        stats = RunStats(requests=batch, method=self.method if spec else "target-only")
+        stats = RunStats(requests=batch, method=self.method if spec else "target-only",
+                         drafter=self.drafter.name if spec else "")
         t_start = time.perf_counter()
 
         timer.start("prefill")
         target = self._runner("target", self.target, capacity, batch)
-        draft = self._runner("draft", self.draft, capacity, batch) if spec else None
-        stats.runtime = target.mode
-        stats.draft_runtime = draft.mode if spec else ""
-        fast = step_graphs_for(target, draft) if self.graph_verify else None   # whole steps as CUDA graphs
-        compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast) if r is not None)
+        draft = self._runner("draft", self.draft, capacity, batch) if self.draft is not None else None
         if encdec:
             enc = target.encode(input_features)
-            if spec:
+            if draft is not None:
                 draft.encode(input_features, shared=enc if shares_encoder(self.target, self.draft) else None)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
-        for runner in (target, draft) if spec else (target,):
+        for runner in (target, draft) if draft is not None else (target,):
             runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
         valid = torch.zeros((batch, capacity), dtype=torch.bool, device=self.device)
         valid[:, :p] = pad_valid
@@ -237,107 +207,202 @@ class SpeculativeDecoder:
         state = BatchState(valid=valid, seq_len=is_tok.sum(dim=1), pending=ids[:, p].clone(),
                            prev=ids[:, p - 1].clone(), write=p, rows=list(range(batch)),
                            seeds=torch.as_tensor(list(seeds), dtype=torch.int64, device=self.device))
+        context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
+        stats.runtime = target.mode
+        stats.draft_runtime = draft.mode if draft is not None else ""
+        fast = step_graphs_for(target, draft) if self.graph_verify and self.verify_fn is None else None
+        compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast) if r is not None)
         timer.stop("prefill")
+        sampling = select_sampling(self.sampling, state.rows)
+        return Generation(state=state, target=target, draft=draft, schedule=schedule, timer=timer, stats=stats,
+                          capacity=capacity, max_new_tokens=max_new_tokens, sampling=sampling,
+                          resolved=resolve_sampling(sampling, state.size, self.device), context=context,
+                          t_start=t_start, produced=[0] * batch, sequences=[[] for _ in range(batch)],
+                          reasons=["length"] * batch, fast=fast, compile_before=compile_before)
 
-        produced = [0] * batch
-        self._sequences = [[] for _ in range(batch)]
-        self._reasons = ["length"] * batch
-        sampling = _select_sampling(self.sampling, state.rows)
-        resolved = resolve_sampling(sampling, state.size, self.device)
-        step_no = 0
-        done: set = set()   # compiled path: finished rows stay in the batch (static shapes) and are ignored
-        while len(done) < state.size:
-            live = [i for i, r in enumerate(state.rows) if r not in done]
-            remaining = max(max_new_tokens - produced[state.rows[i]] for i in live)
-            proposed = schedule.next() if spec else 0       # one next() per step (wrappers may count calls)
-            fallback = spec and proposed == 0                # the schedule gave up on speculation for good
-            gamma = min(proposed, remaining - 1)
-            runners = (target, draft) if spec and not fallback else (target,)  # a fallen-back draft is never used
-            if fallback:
-                stats.fallback_steps += 1
-                if stats.fallback_at_step is None:
-                    stats.fallback_at_step = step_no
-            if state.write + gamma + 1 > capacity:
-                slot_index, _ = state.plan_defrag()
-                rows = torch.arange(state.size, device=self.device)
-                for runner in runners:
-                    runner.select(rows, slot_index)
-                stats.defrags += 1
-            before = dict(timer.totals)
-            if fast is not None and fast.usable(self.method, sampling):
-                out = fast.step(state, gamma, sampling, resolved, self.method, timer)   # commits on the device
-            else:
-                out = speculative_step(target, draft if gamma > 0 else None, state, gamma, sampling, resolved,
-                                       self.method, timer, graph_verify=self.graph_verify)
-            timer.start("bookkeeping")
-            host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
-            emitted_all = host[:, 0].tolist()
-            if fast is not None and fast.usable(self.method, sampling):
-                fast.advance(state, max(emitted_all) - 1)
-            else:
-                state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
-            if done:  # zombie rows (compiled path) keep no context, so they never fill the cache
-                state.valid[[i for i, r in enumerate(state.rows) if r in done]] = False
-            emitted = [emitted_all[i] for i in live]
-            new_tokens, finished, keep = {}, [], []
-            for i in live:
-                r = state.rows[i]
-                toks = host[i, 1:1 + emitted_all[i]].tolist()[:max_new_tokens - produced[r]]
-                for j, t in enumerate(toks):
-                    if t in self.eos:
-                        toks = toks[:j + 1]
-                        self._reasons[r] = "eos"
-                        break
-                self._sequences[r] += toks
-                produced[r] += len(toks)
-                new_tokens[r] = toks
-                if self._reasons[r] == "eos" or produced[r] >= max_new_tokens:
-                    finished.append(r)
-                else:
-                    keep.append(i)
-            stats.steps += 1
-            stats.target_calls += 1
-            stats.draft_calls += gamma if gamma > 0 else 0
-            stats.request_steps += len(live)
-            stats.drafted += gamma * len(live)
-            stats.accepted += sum(e - 1 for e in emitted)
-            stats.tested += sum(min(e, gamma) for e in emitted) if gamma > 0 else 0
-            stats.emitted += sum(emitted)
-            stats.gammas.append(gamma)
-            totals = timer.resolve() if timer.cuda else timer.totals
-            if gamma > 0:
-                schedule.update(gamma, [e - 1 for e in emitted], totals["draft"] - before["draft"],
-                                totals["target"] - before["target"])
-            if finished and keep and not self.compile:
-                rows = state.keep_rows(keep)
-                ident = torch.arange(capacity, device=self.device)[None, :].expand(len(keep), capacity)
-                for runner in runners:
-                    runner.select(rows, ident)
-                sampling = _select_sampling(self.sampling, state.rows)
-                resolved = resolve_sampling(sampling, state.size, self.device)
-            elif finished:
-                done.update(finished)
-            timer.stop("bookkeeping")
-            yield StepEvent(step=step_no, tokens=new_tokens, finished=finished)
-            step_no += 1
+    def _context_drafts(self, gen: Generation, live: list, cap: int) -> Optional[list]:
+        """Host-side proposals per batch position (live rows only; [] = no match), or None if none matched."""
+        drafts = [[] for _ in range(gen.state.size)]
+        for i in live:
+            limit = min(cap, gen.remaining(i) - 1)
+            if limit > 0:
+                drafts[i] = gen.context.propose(gen.state.rows[i], limit)
+        return drafts if any(drafts) else None
 
-        stats.wall_time = time.perf_counter() - t_start
-        stats.compile_seconds = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast)
-                                    if r is not None) - compile_before
-        stats.times = timer.resolve()
-        stats.new_tokens = sum(produced)
-        stats.kv_cache_bytes = target.memory_bytes() + (draft.memory_bytes() if spec else 0)
+    @torch.inference_mode()
+    def step(self, gen: Generation) -> PlannedStep:
+        """Choose γ (and context drafts), defragment if needed, run draft/target/verify: no host sync."""
+        state, stats, timer = gen.state, gen.stats, gen.timer
+        before = dict(timer.totals)
+        live = gen.live()
+        remaining = max(gen.remaining(i) for i in live)
+        spec = self.drafter is not None
+        proposed = gen.schedule.next() if spec else 0    # one next() per step (wrappers may count calls)
+        fallback = spec and proposed == 0                # the schedule gave up on speculation for good
+        gamma = min(proposed, remaining - 1)
+        drafts = None
+        if gamma > 0 and gen.context is not None:
+            timer.start("draft")
+            drafts = self._context_drafts(gen, live, gamma)
+            timer.stop("draft")
+            if drafts is not None:
+                gamma = max(len(d) for d in drafts)
+            elif gen.draft is None:
+                gamma = 0                                # no match and no model: a target-only step
+        use_model = gen.draft is not None and not fallback
+        runners = (gen.target, gen.draft) if use_model else (gen.target,)  # a fallen-back draft is never used
+        if fallback:
+            stats.fallback_steps += 1
+            if stats.fallback_at_step is None:
+                stats.fallback_at_step = gen.step_no
+        if state.write + gamma + 1 > gen.capacity:
+            slot_index, _ = state.plan_defrag()
+            rows = torch.arange(state.size, device=self.device)
+            for runner in runners:
+                runner.select(rows, slot_index)
+            stats.defrags += 1
+        context = None
+        if drafts is not None:
+            timer.start("draft")
+            padded = torch.tensor([d + [self.pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64)
+            counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
+            context = (padded.to(self.device, non_blocking=True), counts.to(self.device, non_blocking=True))
+            timer.stop("draft")
+        draft_runner = gen.draft if use_model and (gamma > 0 or context is not None) else None
+        committed = (gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
+                     and (context is None or draft_runner is None))
+        if committed:   # the whole step in captured graphs, commit included (step_graph.py)
+            out = gen.fast.step(state, gamma if draft_runner is not None else 0, gen.sampling, gen.resolved,
+                                self.method, timer, *(context or ()))
+        else:
+            out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
+                                   timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context)
+        forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
+        return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
+                           draft_forwards=forwards, committed=committed)
+
+    def commit(self, gen: Generation, planned: PlannedStep) -> StepEvent:
+        """The step's one host read: apply the verify result, record tokens / EOS / counters, drop finished rows."""
+        state, stats, timer, out = gen.state, gen.stats, gen.timer, planned.out
+        live, gamma = planned.live, planned.gamma
+        timer.start("bookkeeping")
+        host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
+        emitted_all = host[:, 0].tolist()
+        if planned.committed:
+            gen.fast.advance(state, max(emitted_all) - 1)
+        else:
+            state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
+        if gen.done:  # zombie rows (compiled path) keep no context, so they never fill the cache
+            state.valid[[i for i, r in enumerate(state.rows) if r in gen.done]] = False
+        emitted = [emitted_all[i] for i in live]
+        ks = [len(planned.drafts[i]) if planned.drafts is not None else gamma for i in live]
+        new_tokens, finished, keep = {}, [], []
+        for i in live:
+            r = state.rows[i]
+            toks = host[i, 1:1 + emitted_all[i]].tolist()[:gen.max_new_tokens - gen.produced[r]]
+            for j, t in enumerate(toks):
+                if t in self.eos:
+                    toks = toks[:j + 1]
+                    gen.reasons[r] = "eos"
+                    break
+            gen.sequences[r] += toks
+            gen.produced[r] += len(toks)
+            new_tokens[r] = toks
+            if gen.context is not None:
+                gen.context.extend(r, toks)
+            if gen.reasons[r] == "eos" or gen.produced[r] >= gen.max_new_tokens:
+                finished.append(r)
+            else:
+                keep.append(i)
+        stats.steps += 1
+        stats.target_calls += 1
+        stats.draft_calls += planned.draft_forwards
+        if planned.drafts is not None:
+            stats.context_steps += 1
+            stats.match_request_steps += sum(1 for k in ks if k > 0)
+        stats.request_steps += len(live)
+        stats.drafted += sum(ks)
+        stats.accepted += sum(e - 1 for e in emitted)
+        stats.tested += sum(min(e, k) for e, k in zip(emitted, ks))
+        stats.emitted += sum(emitted)
+        stats.gammas.append(gamma)
+        totals = timer.resolve() if timer.cuda else timer.totals
+        if gamma > 0:
+            drafted = [(e - 1, k) for e, k in zip(emitted, ks) if k > 0]
+            gen.schedule.update(gamma, [a for a, _ in drafted], totals["draft"] - planned.before["draft"],
+                                totals["target"] - planned.before["target"])
+        if finished and keep and not self.compile:
+            rows = state.keep_rows(keep)
+            ident = torch.arange(gen.capacity, device=self.device)[None, :].expand(len(keep), gen.capacity)
+            for runner in planned.runners:
+                runner.select(rows, ident)
+            gen.sampling = select_sampling(self.sampling, state.rows)
+            gen.resolved = resolve_sampling(gen.sampling, state.size, self.device)
+        elif finished:
+            gen.done.update(finished)
+        timer.stop("bookkeeping")
+        event = StepEvent(step=gen.step_no, tokens=new_tokens, finished=finished)
+        gen.step_no += 1
+        return event
+
+    def finish(self, gen: Generation) -> GenerationOutput:
+        """Close the generation's counters and return its output (also kept in ``self.last_stats``)."""
+        stats = gen.stats
+        stats.wall_time = time.perf_counter() - gen.t_start
+        stats.times = gen.timer.resolve()
+        stats.compile_seconds = sum(getattr(r, "compile_seconds", 0.0) for r in (gen.target, gen.draft, gen.fast)
+                                    if r is not None) - gen.compile_before
+        stats.new_tokens = sum(gen.produced)
+        stats.kv_cache_bytes = gen.target.memory_bytes() + (gen.draft.memory_bytes() if gen.draft is not None else 0)
         stats.peak_memory_bytes = peak_memory(self.device)
+        if gen.context is not None:
+            gen.context.close()
         self.last_stats = stats
+        texts = None
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode(s, skip_special_tokens=True) for s in gen.sequences]
+        return GenerationOutput(sequences=gen.sequences, stats=stats, texts=texts, finish_reasons=gen.reasons)
 
+    @torch.inference_mode()
+    def stream(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
+               input_features: Optional[torch.Tensor] = None, on_finish=None) -> Iterator[StepEvent]:
+        """Decode and yield a :class:`StepEvent` per step; stats land in ``self.last_stats`` at the end.
+
+        input_ids: token lists / [B, L] tensor (no padding), or prompts: str / list of str (needs a tokenizer).
+        For encoder-decoder models input_ids are the decoder prompts (e.g. Whisper's forced prefix) and
+        input_features [B, mels, frames] feed the encoder.
+        seed: int (request i uses seed + i) or per-request list; drives the counter-based random streams.
+        on_finish: optional callable receiving the :class:`GenerationOutput` when the generation ends.
+        """
+        gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
+                           input_features=input_features)
+        while not gen.finished:
+            yield self.commit(gen, self.step(gen))
+        output = self.finish(gen)
+        if on_finish is not None:
+            on_finish(output)
+
+    @torch.inference_mode()
     def generate(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
                  input_features: Optional[torch.Tensor] = None) -> GenerationOutput:
         """Decode to completion; returns the new tokens per request, decoded texts (with a tokenizer) and stats."""
-        for _ in self.stream(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
-                             input_features=input_features):
-            pass
-        texts = None
-        if self.tokenizer is not None:
-            texts = [self.tokenizer.decode(s, skip_special_tokens=True) for s in self._sequences]
-        return GenerationOutput(sequences=self._sequences, stats=self.last_stats, texts=texts,
-                                finish_reasons=self._reasons)
+        gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
+                           input_features=input_features)
+        while not gen.finished:
+            self.commit(gen, self.step(gen))
+        return self.finish(gen)
+
+    def warmup(self, prompt_len: int = 16, max_new_tokens: int = 8, batch: int = 1) -> RunStats:
+        """One uncounted generation on a synthetic prompt (token ids 1..prompt_len, repeated so context drafters
+        match): lazy initialisations, and on the compiled paths the graphs of those shapes. Returns its stats."""
+        if not (isinstance(prompt_len, int) and prompt_len >= 1 and isinstance(batch, int) and batch >= 1):
+            raise ValueError(f"warmup needs prompt_len >= 1 and batch >= 1, got {prompt_len!r}, {batch!r}")
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        ids = [[1 + (j % 7) % (vocab - 1) for j in range(prompt_len)] for _ in range(batch)]
+        features = None
+        if is_encoder_decoder(self.target):
+            cfg = self.target.config
+            frames = 2 * getattr(cfg, "max_source_positions", 1500)
+            features = torch.zeros(batch, cfg.num_mel_bins, frames, device=self.device,
+                                   dtype=next(self.target.parameters()).dtype)
+        return self.generate(ids, max_new_tokens=max_new_tokens, input_features=features).stats

@@ -10,6 +10,9 @@ Definitions (see docs/engine.md and decoding-peers.md §5):
   * fallback_steps: steps decoded target-only because the ``optimal`` schedule fell back (predicted speedup < 1),
     from step ``fallback_at_step`` on (None: no fallback); they draft nothing, so alpha / alpha_tested / draft_calls
     describe the speculative steps only;
+  * drafter: the drafter's name ("ngram", "suffix", a model, "MODEL+ngram"; "" for target-only);
+    context_steps: steps drafted from the context; match_share = request-steps whose context had a match /
+    request-steps (the share of a request's steps that drafted anything from its context);
   * time_{draft,target,verify}: seconds inside the draft forwards, the target forward and ``verify()``; on CUDA they
     come from CUDA events read once at the end of the run (no extra host syncs inside a step).
 """
@@ -88,6 +91,9 @@ class RunStats:
     runtime: str = ""              # how the target's forwards ran: eager / graphs / native / native-graphs ...
     draft_runtime: str = ""        # the same for the draft model ("" without one)
     compile_seconds: float = 0.0   # compile + capture time of new shapes inside this call (0 once warm)
+    drafter: str = ""
+    context_steps: int = 0         # steps drafted by a context drafter (ngram / suffix)
+    match_request_steps: int = 0   # request-steps whose context matched (drafted >= 1 token)
 
     @property
     def alpha(self) -> float:
@@ -100,6 +106,11 @@ class RunStats:
     @property
     def block_efficiency(self) -> float:
         return self.emitted / self.request_steps if self.request_steps else float("nan")
+
+    @property
+    def match_share(self) -> float:
+        """Share of request-steps with a context match (0 for drafters that do not match the context)."""
+        return self.match_request_steps / self.request_steps if self.request_steps else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -126,7 +137,7 @@ class RunStats:
         d.pop("gammas")
         d.update(alpha=self.alpha, alpha_tested=self.alpha_tested, block_efficiency=self.block_efficiency,
                  tokens_per_second=self.tokens_per_second, mean_gamma=self.mean_gamma,
-                 mean_spec_gamma=self.mean_spec_gamma,
+                 mean_spec_gamma=self.mean_spec_gamma, match_share=self.match_share,
                  verify_share=self.verify_share)
         return d
 

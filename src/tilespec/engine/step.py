@@ -93,9 +93,11 @@ def _method_constants(method: str) -> tuple:
     return ()
 
 
-def _graph_verify(target_logits, draft_tokens, seeds, offsets, *draft_logits, key):
-    method, sampling, _ = key
-    res = verify(target_logits, draft_tokens, draft_logits=draft_logits[0] if draft_logits else None,
+def _graph_verify(target_logits, draft_tokens, seeds, offsets, *extra, key):
+    method, sampling, _, has_logits = key
+    draft_logits = extra[0] if has_logits else None
+    counts = extra[1 if has_logits else 0] if len(extra) > int(has_logits) else None
+    res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=counts,
                  sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
     return res.num_emitted, res.output_tokens
 
@@ -103,10 +105,24 @@ def _graph_verify(target_logits, draft_tokens, seeds, offsets, *draft_logits, ke
 _VERIFY_GRAPHS = GraphCache(_graph_verify)
 
 
+def drop_verify_graphs(method: str) -> int:
+    """Forget the verify graphs captured for ``method`` (e.g. after changing its module-level constants);
+    returns how many were dropped."""
+    graphs = getattr(_VERIFY_GRAPHS, "_graphs", None)
+    if not isinstance(graphs, dict):
+        return 0
+    stale = [s for s in graphs if isinstance(s, tuple) and s and isinstance(s[0], tuple) and s[0]
+             and s[0][0] == method]
+    for sig in stale:
+        del graphs[sig]
+    return len(stale)
+
+
 def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingParams, method: str, seeds, offsets,
-               graphs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               graphs: bool, num_draft_tokens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """verify() -> (num_emitted [B], output_tokens [B, K+1]); replayed as a CUDA graph when ``graphs`` and the
-    method and sampling allow it (scalar sampling parameters: they are baked into the graph's key)."""
+    method and sampling allow it (scalar sampling parameters: they are baked into the graph's key).
+    num_draft_tokens [B]: per-request draft lengths of a ragged (context-drafted) step, None = K for all."""
     try:
         hash(sampling)
         hashable = True
@@ -114,11 +130,12 @@ def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingPara
         hashable = False
     if graphs and hashable and method in GRAPH_SAFE_METHODS and target_logits.is_cuda:
         extra = (draft_logits,) if draft_logits is not None else ()
+        extra += (num_draft_tokens,) if num_draft_tokens is not None else ()
         num_emitted, out = _VERIFY_GRAPHS(target_logits, draft_tokens, seeds, offsets, *extra,
-                                          key=(method, sampling, _method_constants(method)))
+                                          key=(method, sampling, _method_constants(method), draft_logits is not None))
         return num_emitted.clone(), out.clone()
-    res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
-                 seed=seeds, offsets=offsets, check_values=False)
+    res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=num_draft_tokens,
+                 sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
     return res.num_emitted, res.output_tokens
 
 
@@ -159,11 +176,26 @@ def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Ten
 
 def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
                      sampling: SamplingParams, resolved: ResolvedSampling, method: str,
-                     timer: PhaseTimer, graph_verify: bool = True) -> StepOutput:
-    """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft)."""
+                     timer: PhaseTimer, graph_verify: bool = True, verify_fn=None,
+                     context: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> StepOutput:
+    """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft).
+
+    context: (draft_tokens [B, K], num_draft_tokens [B]) proposed on the host by a context drafter (deterministic,
+    ragged); then ``draft`` (a fallback model's runner, or None) only scores the same chunk as the target, so its
+    cache stays complete for later model-drafted steps. verify_fn: replaces :func:`run_verify` (same signature).
+    """
+    verify_fn = verify_fn or run_verify
     greedy = resolved.all_greedy
     b = state.size
-    if draft is not None and gamma > 0:
+    counts = None
+    if context is not None:
+        draft_tokens, counts = context
+        draft_logits = None
+        if draft is not None:
+            timer.start("draft")
+            target_block(draft, state, draft_tokens)
+            timer.stop("draft")
+    elif draft is not None and gamma > 0:
         timer.start("draft")
         draft_tokens, draft_logits = draft_block(draft, state, gamma, resolved, greedy)
         timer.stop("draft")
@@ -179,7 +211,9 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         num_emitted = torch.ones(b, dtype=torch.int64, device=nxt.device)
         out = nxt[:, None]
     else:
-        num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                      state.seq_len, graphs=graph_verify and target.mode in CUDA_GRAPH_MODES)
+        graphs = graph_verify and target.mode in CUDA_GRAPH_MODES
+        extra = {} if counts is None else {"num_draft_tokens": counts}
+        num_emitted, out = verify_fn(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
+                                     state.seq_len, graphs=graphs, **extra)
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

@@ -118,18 +118,10 @@ def engine_compile(cfg: EvalConfig, device) -> bool | str:
 
 
 def _drop_sigmoid_graphs() -> None:
-    """Forget CUDA graphs captured for ``sigmoid``: α and β are kernel arguments baked into a captured graph, and
-    the engine's verify-graph key is (method, sampling), so a graph captured at one scale would replay at another."""
-    try:
-        from tilespec.engine import step
-    except ImportError:
-        return
-    cache = getattr(step, "_VERIFY_GRAPHS", None)
-    graphs = getattr(cache, "_graphs", None)
-    if isinstance(graphs, dict):
-        for sig in [s for s in graphs if isinstance(s, tuple) and s and isinstance(s[0], tuple) and s[0]
-                    and s[0][0] == "sigmoid"]:
-            del graphs[sig]
+    """Forget CUDA graphs captured for ``sigmoid``: α and β are kernel arguments baked into a captured graph."""
+    from tilespec.engine.step import drop_verify_graphs
+
+    drop_verify_graphs("sigmoid")
 
 
 @contextlib.contextmanager
@@ -178,24 +170,30 @@ class VerifyCall:
     offsets: torch.Tensor
 
 
-@contextlib.contextmanager
-def record_verify_calls(calls: list):
-    """Record every ``engine.step.run_verify`` call (as :class:`VerifyCall`) while the context is open."""
+_RECORDERS: list = []   # lists collecting VerifyCall records while record_verify_calls is open
+
+
+def harness_verify(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs, **kwargs):
+    """The ``verify_fn`` of the harness' decoders: ``engine.step.run_verify``, recorded while
+    :func:`record_verify_calls` is open."""
     from tilespec.engine import step
 
-    original = step.run_verify
-
-    def recording(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs):
+    for calls in _RECORDERS:
         calls.append(VerifyCall(target_logits.dtype, draft_logits.dtype if draft_logits is not None else None,
                                 int(target_logits.shape[-1]), target_logits.device, bool(graphs),
                                 seeds.detach().clone(), offsets.detach().clone()))
-        return original(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs)
+    return step.run_verify(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs,
+                           **kwargs)
 
-    step.run_verify = recording
+
+@contextlib.contextmanager
+def record_verify_calls(calls: list):
+    """Record every verify call (as :class:`VerifyCall`) of decoders built by :func:`make_decoder` while open."""
+    _RECORDERS.append(calls)
     try:
         yield calls
     finally:
-        step.run_verify = original
+        _RECORDERS.remove(calls)
 
 
 def warm_verify(method: str, sampling, ks, call: VerifyCall, temperature: float) -> list[tuple]:
@@ -245,21 +243,27 @@ class _ForcedSchedule:
         return getattr(self.inner, name)
 
 
+_FORCED: list = []   # the γ sequences forced_gammas is forcing (innermost last)
+
+
+def harness_schedule(*args, **kwargs):
+    """The ``schedule`` factory of the harness' decoders: :class:`GammaSchedule`, with the γ values of the
+    innermost open :func:`forced_gammas` first."""
+    from tilespec.engine import GammaSchedule
+
+    inner = GammaSchedule(*args, **kwargs)
+    return _ForcedSchedule(inner, _FORCED[-1]) if _FORCED else inner
+
+
 @contextlib.contextmanager
 def forced_gammas(values):
-    """Make decoders created inside the context draft ``values`` (in order) on their first steps."""
-    from tilespec.engine import decoder as dec_mod
-
-    original = dec_mod.GammaSchedule
-
-    def factory(*args, **kwargs):
-        return _ForcedSchedule(original(*args, **kwargs), values)
-
-    dec_mod.GammaSchedule = factory
+    """Make decoders built by :func:`make_decoder` draft ``values`` (in order) on the first steps of every
+    generation started inside the context."""
+    _FORCED.append(list(values))
     try:
         yield
     finally:
-        dec_mod.GammaSchedule = original
+        _FORCED.pop()
 
 
 _WARM_MODEL_KS: dict = {}   # (target, draft, capacity bucket, limit, compile) -> draft lengths already warmed
@@ -370,7 +374,8 @@ def make_decoder(target, draft, method: str, cfg: EvalConfig, *, gamma: Optional
     return SpeculativeDecoder(target, draft, gamma=gamma, gamma_schedule=schedule or cfg.schedule,
                               max_gamma=max(cfg.max_gamma, gamma), method=method,
                               sampling=SamplingParams(temperature=cfg.temperature),
-                              compile=engine_compile(cfg, device),
+                              compile=engine_compile(cfg, device), schedule=harness_schedule,
+                              verify_fn=harness_verify,
                               graph_verify=False)  # every method's verify timed eagerly, like the hf baseline
 
 

@@ -1,0 +1,111 @@
+"""Per-generation state of :class:`~tilespec.engine.SpeculativeDecoder`: everything one ``stream``/``generate``
+call owns, so two generations on one decoder never share results.
+
+A :class:`Generation` holds the device-side :class:`~tilespec.engine.state.BatchState`, the runners, the γ
+schedule, the context drafter's matching state, the timer and counters, and the host-side results
+(``sequences[r]``, ``reasons[r]`` by original request index r). ``done`` lists requests that finished but stay in
+the batch (the compiled path keeps static shapes); ``finished`` is True once every request is done.
+
+:class:`PlannedStep` is what ``SpeculativeDecoder.step`` hands to ``commit``: the step's device outputs plus the
+host facts decided before it (live rows, γ, per-row draft lengths, phase totals before the step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+from tilespec.verify.types import SamplingParams
+
+from .metrics import PhaseTimer, RunStats
+from .state import BatchState
+from .step import StepOutput
+
+
+@dataclass
+class StepEvent:
+    """What one step produced: ``tokens[i]`` new tokens of request i (original index); ``finished`` requests."""
+
+    step: int
+    tokens: dict
+    finished: list
+
+
+@dataclass
+class GenerationOutput:
+    """``sequences[i]``: the new tokens of request i (prompt excluded); ``texts`` when a tokenizer is known."""
+
+    sequences: list
+    stats: RunStats
+    texts: Optional[list] = None
+    finish_reasons: list = field(default_factory=list)
+
+
+def select_sampling(sampling: SamplingParams, rows: list) -> SamplingParams:
+    """Restrict per-request sampling fields to the original request indices ``rows``."""
+    changes = {}
+    for name in ("temperature", "top_k", "top_p", "min_p", "lenience"):
+        value = getattr(sampling, name)
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            changes[name] = value[torch.as_tensor(rows, device=value.device)]
+        elif isinstance(value, (list, tuple)):
+            changes[name] = [value[r] for r in rows]
+    return replace(sampling, **changes) if changes else sampling
+
+
+def eos_ids(model, tokenizer, eos_token_id) -> set:
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+@dataclass
+class Generation:
+    state: BatchState
+    target: object                      # ModelRunner of the target
+    draft: Optional[object]             # ModelRunner of the draft model (None: no model, or never used)
+    schedule: object                    # next() / update(...) (gamma.py's GammaSchedule or an injected one)
+    timer: PhaseTimer
+    stats: RunStats
+    capacity: int
+    max_new_tokens: int
+    sampling: object                    # SamplingParams restricted to the active rows
+    resolved: object                    # its ResolvedSampling
+    context: Optional[object] = None    # the context drafter's ContextState
+    t_start: float = 0.0
+    step_no: int = 0
+    produced: list = field(default_factory=list)
+    sequences: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)
+    done: set = field(default_factory=set)
+    fast: Optional[object] = None       # step_graph.StepGraphs when the runners are native (whole-step graphs)
+    compile_before: float = 0.0         # runners' compile seconds before this generation
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) >= self.state.size
+
+    def live(self) -> list:
+        """Positions (in the active batch) of the rows still generating."""
+        return [i for i, r in enumerate(self.state.rows) if r not in self.done]
+
+    def remaining(self, i: int) -> int:
+        """New tokens row i (position in the batch) may still emit."""
+        return self.max_new_tokens - self.produced[self.state.rows[i]]
+
+
+@dataclass
+class PlannedStep:
+    out: StepOutput
+    live: list                          # batch positions of the live rows
+    gamma: int                          # the step's draft length: max over rows (0: target-only)
+    drafts: Optional[list] = None       # per batch position: tokens drafted (context steps), else None
+    before: dict = field(default_factory=dict)
+    runners: tuple = ()
+    draft_forwards: int = 0             # forwards of the draft model in this step
+    committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
