@@ -123,3 +123,18 @@ def test_native_step_functions_with_context_drafts(one_thread):
     out = dec.generate(input_ids=prompts, max_new_tokens=16)
     assert out.sequences == ref.sequences
     assert out.stats.context_steps > 0 and out.stats.runtime == "native"
+
+
+def test_run_ahead_target_only_with_eos_and_lengths(one_thread):
+    """Target-only native steps run one step ahead of the host read: rows ending by EOS mid-batch keep exactly the
+    tokens the transformers path gives, and the extra step is not counted as emitted tokens."""
+    target = tiny_lm(14, logit_scale=4.0)
+    kwargs = dict(sampling=SamplingParams(temperature=0.0), pad_token_id=0)
+    first = SpeculativeDecoder(target, None, eos_token_id=-1, **kwargs).generate(input_ids=PROMPTS, max_new_tokens=6)
+    eos = first.sequences[1][2]                       # request 1 ends at its third token
+    ref = SpeculativeDecoder(target, None, eos_token_id=eos, **kwargs).generate(input_ids=PROMPTS, max_new_tokens=9)
+    out = SpeculativeDecoder(target, None, eos_token_id=eos, compile="native", **kwargs).generate(
+        input_ids=PROMPTS, max_new_tokens=9)
+    assert out.sequences == ref.sequences and out.finish_reasons == ref.finish_reasons
+    assert out.stats.new_tokens == sum(map(len, ref.sequences))
+    assert out.stats.emitted == ref.stats.emitted

@@ -278,22 +278,43 @@ class SpeculativeDecoder:
             out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context)
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
+        advanced = committed and not spec        # target-only: W moves by exactly one slot, known now
+        if advanced:
+            state.write += 1
         return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
-                           draft_forwards=forwards, committed=committed)
+                           draft_forwards=forwards, committed=committed, advanced=advanced)
+
+    def _run_ahead(self, gen: Generation, planned: PlannedStep) -> Optional[PlannedStep]:
+        """Launch the next step before reading ``planned`` (target-only steps on the whole-step graphs, whose
+        inputs do not depend on the host read): the GPU then never waits for the host's bookkeeping. A request that
+        ends at ``planned`` (EOS) is computed once more and ignored; None when the next step is not certain to be
+        needed (every live request ends at ``planned`` by length) or cannot run ahead."""
+        if not planned.advanced or gen.finished:
+            return None
+        if all(gen.remaining(i) <= 1 for i in gen.live()):
+            return None
+        return self.step(gen)
 
     def commit(self, gen: Generation, planned: PlannedStep) -> StepEvent:
         """The step's one host read: apply the verify result, record tokens / EOS / counters, drop finished rows."""
         state, stats, timer, out = gen.state, gen.stats, gen.timer, planned.out
-        live, gamma = planned.live, planned.gamma
+        live = [i for i in planned.live if state.rows[i] not in gen.done]   # run-ahead: some may have ended since
+        gamma = planned.gamma
         timer.start("bookkeeping")
         host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
         emitted_all = host[:, 0].tolist()
-        if planned.committed:
+        if planned.advanced:
+            pass                                  # the step moved W when it was launched
+        elif planned.committed:
             gen.fast.advance(state, max(emitted_all) - 1)
         else:
             state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
         if gen.done:  # zombie rows (compiled path) keep no context, so they never fill the cache
             state.valid[[i for i, r in enumerate(state.rows) if r in gen.done]] = False
+        if not live:  # a run-ahead step after every request ended: nothing to record
+            stats.target_calls += 1
+            timer.stop("bookkeeping")
+            return StepEvent(step=gen.step_no, tokens={}, finished=[])
         emitted = [emitted_all[i] for i in live]
         ks = [len(planned.drafts[i]) if planned.drafts is not None else gamma for i in live]
         new_tokens, finished, keep = {}, [], []
@@ -376,8 +397,12 @@ class SpeculativeDecoder:
         """
         gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
                            input_features=input_features)
-        while not gen.finished:
-            yield self.commit(gen, self.step(gen))
+        planned = None
+        while planned is not None or not gen.finished:
+            planned = planned or self.step(gen)
+            ahead = self._run_ahead(gen, planned)
+            yield self.commit(gen, planned)
+            planned = ahead
         output = self.finish(gen)
         if on_finish is not None:
             on_finish(output)
@@ -388,8 +413,12 @@ class SpeculativeDecoder:
         """Decode to completion; returns the new tokens per request, decoded texts (with a tokenizer) and stats."""
         gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
                            input_features=input_features)
-        while not gen.finished:
-            self.commit(gen, self.step(gen))
+        planned = None
+        while planned is not None or not gen.finished:
+            planned = planned or self.step(gen)
+            ahead = self._run_ahead(gen, planned)
+            self.commit(gen, planned)
+            planned = ahead
         return self.finish(gen)
 
     def warmup(self, prompt_len: int = 16, max_new_tokens: int = 8, batch: int = 1) -> RunStats:

@@ -109,3 +109,4 @@ class PlannedStep:
     runners: tuple = ()
     draft_forwards: int = 0             # forwards of the draft model in this step
     committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
+    advanced: bool = False              # ... and W was advanced when the step was launched (target-only steps)
