@@ -30,6 +30,7 @@ from .drafters import resolve_drafter
 from .gamma import GammaSchedule
 from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
 from .metrics import PhaseTimer, RunStats, peak_memory
+from .native import NativeRunner
 from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
@@ -142,10 +143,12 @@ class SpeculativeDecoder:
         """Compiled runners are shared process-wide per (model, role, capacity, batch, compile mode), so decoders
         that differ only in sampling or verify method reuse the same graphs; eager runners are rebuilt."""
         key = (id(model), name, capacity, batch, str(self.compile))
-        reuse = self.compile and not is_encoder_decoder(model)  # a cross-attention cache cannot be reset in place
-        if reuse and key in _COMPILED_RUNNERS and _COMPILED_RUNNERS[key].model is model:
-            return _COMPILED_RUNNERS[key]
+        cached = _COMPILED_RUNNERS.get(key)
+        if self.compile and cached is not None and cached.model is model:
+            return cached
         runner = make_runner(model, capacity, compile=self.compile)
+        # transformers' cross-attention cache cannot be reset in place; native runners re-fill theirs on encode()
+        reuse = self.compile and (not is_encoder_decoder(model) or isinstance(runner, NativeRunner))
         if reuse:
             _COMPILED_RUNNERS[key] = runner
         return runner

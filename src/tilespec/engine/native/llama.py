@@ -142,6 +142,8 @@ class NativeLlama:
     embedding, RoPE table, final norm and LM head around it, on caches from :meth:`new_caches`.
     """
 
+    encoder_decoder = False
+
     def __init__(self, model):
         reason = unsupported_reason(model)
         if reason is not None:
@@ -190,3 +192,6 @@ class NativeLlama:
         if keep is not None:
             h = h[:, -keep:]
         return F.linear(rms_norm(h, self.norm, self.eps), self.lm_head)
+
+
+NativeLlama.layer = staticmethod(decoder_layer)

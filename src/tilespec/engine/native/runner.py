@@ -22,28 +22,35 @@ from typing import Optional
 import torch
 
 from ..graphs import GraphCache
-from .llama import NativeLlama, decoder_layer, unsupported_reason
+from .llama import NativeLlama, unsupported_reason
+from .whisper import NativeWhisperDecoder, whisper_unsupported_reason
 
 NATIVE_MODES = ("native", "native-graphs")
 _COMPILED_LAYERS: dict = {}
 
 
+def _native_class(model):
+    return NativeWhisperDecoder if type(model).__name__ == "WhisperForConditionalGeneration" else NativeLlama
+
+
 def native_reason(model) -> Optional[str]:
     """None when ``model`` can take the native path, else the reason it keeps the transformers modules."""
+    if _native_class(model) is NativeWhisperDecoder:
+        return whisper_unsupported_reason(model)
     return unsupported_reason(model)
 
 
-def native_model(model) -> NativeLlama:
-    """The (cached) native decoder of ``model``."""
+def native_model(model):
+    """The (cached) native decoder of ``model``: :class:`NativeLlama` or :class:`NativeWhisperDecoder`."""
     native = getattr(model, "_tilespec_native", None)
     if native is None:
-        native = NativeLlama(model)
+        native = _native_class(model)(model)
         model._tilespec_native = native
     return native
 
 
 def compiled_layer(model):
-    """A torch.compile'd copy of :func:`decoder_layer` private to ``model``.
+    """A torch.compile'd copy of the native decoder's layer function, private to ``model``.
 
     Why a copy: dynamo keys its cache (and its automatic-dynamic bookkeeping) on the function's code object; a
     target and its draft have different hidden sizes, so sharing one code object would turn the hidden size into a
@@ -53,10 +60,10 @@ def compiled_layer(model):
     entry = _COMPILED_LAYERS.get(key)
     if entry is None or entry[0]() is not model:
         import weakref
-        code = decoder_layer.__code__.replace(co_name=f"decoder_layer_{len(_COMPILED_LAYERS)}")
-        fn = types.FunctionType(code, decoder_layer.__globals__, code.co_name, decoder_layer.__defaults__,
-                                decoder_layer.__closure__)
-        fn.__kwdefaults__ = decoder_layer.__kwdefaults__
+        layer = native_model(model).layer
+        code = layer.__code__.replace(co_name=f"{layer.__name__}_{len(_COMPILED_LAYERS)}")
+        fn = types.FunctionType(code, layer.__globals__, code.co_name, layer.__defaults__, layer.__closure__)
+        fn.__kwdefaults__ = layer.__kwdefaults__
         cfg = torch._dynamo.config
         for knob in ("recompile_limit", "cache_size_limit"):
             if hasattr(cfg, knob):
@@ -82,18 +89,50 @@ class NativeRunner:
             raise ValueError("the native-graphs mode needs a CUDA device")
         self.mode = mode
         self.compiled = mode != "native"
-        self.encdec = False
+        self.encdec = self.native.encoder_decoder
+        self.encoder_out: Optional[torch.Tensor] = None
         self._capacity = capacity
         self.write_pos = torch.zeros((), dtype=torch.int64, device=self.device)
         self.caches: Optional[list] = None
         self.cache_version = 0          # bumped whenever the K/V buffers are replaced (captured graphs go stale)
         self.compile_seconds = 0.0
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
-        self._layer = compiled_layer(model) if mode == "native-graphs" else decoder_layer
+        self._layer = compiled_layer(model) if mode == "native-graphs" else self.native.layer
 
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    def _ensure_caches(self, batch: int) -> None:
+        if self.caches is None or self.caches[0][0].shape[0] != batch:
+            self.caches = self.native.new_caches(batch, self.capacity)
+            self.cache_version += 1
+            if self._graphs is not None:
+                self._graphs.clear()           # captured graphs point at the old buffers
+
+    def encode(self, input_features: torch.Tensor, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Encoder-decoder models: run (or reuse) the transformers encoder once, input_features [B, mels, frames]
+        -> [B, T, d], and project it to every layer's cross-attention K/V (copied into the existing buffers when
+        the shapes repeat, so captured graphs stay valid)."""
+        if not self.encdec:
+            raise TypeError("encode() is only for encoder-decoder models")
+        if shared is None:
+            feats = input_features.to(self.device, self.dtype)
+            shared = self.model.get_encoder()(feats).last_hidden_state
+        self.encoder_out = shared
+        self._ensure_caches(shared.shape[0])
+        cross = self.native.cross_states(shared)
+        same = len(self.caches[0]) == 4 and self.caches[0][2].shape == cross[0][0].shape
+        if same:
+            for (_, _, ck, cv), (k, v) in zip(self.caches, cross):
+                ck.copy_(k)
+                cv.copy_(v)
+        else:
+            self.caches = [(k, v) + kv for (k, v, *_), kv in zip(self.caches, cross)]
+            self.cache_version += 1
+            if self._graphs is not None:
+                self._graphs.clear()
+        return shared
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
@@ -110,11 +149,9 @@ class NativeRunner:
         b, q = tokens.shape
         if write_slot < 0 or write_slot + q > self.capacity:
             raise RuntimeError(f"cache overflow: writing {q} slots at {write_slot} into a capacity of {self.capacity}")
-        if self.caches is None or self.caches[0][0].shape[0] != b:
-            self.caches = self.native.new_caches(b, self.capacity)
-            self.cache_version += 1
-            if self._graphs is not None:
-                self._graphs.clear()           # captured graphs point at the old buffers
+        if self.encdec and self.encoder_out is None:
+            raise RuntimeError("call encode() before decoding an encoder-decoder model")
+        self._ensure_caches(b)
         self.write_pos.fill_(write_slot)
         if compiled and self._graphs is not None:
             t0 = time.perf_counter()
@@ -126,7 +163,7 @@ class NativeRunner:
                 logits = logits[:, -keep:]
             return logits.float() if logits.dtype != torch.float32 else logits.clone()
         logits = self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
-                                     keep=keep)
+                                     keep=keep, layer_fn=self.native.layer)
         return logits.float()
 
     def raw_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
@@ -137,26 +174,30 @@ class NativeRunner:
                                    layer_fn=self._layer)
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
-        """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots)."""
+        """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots); the
+        cross-attention K/V and the encoder output only lose rows."""
         if self.caches is None:
             return
         shrink = rows.shape[0] != self.caches[0][0].shape[0]
         new_caches = []
-        for pair in self.caches:
+        for entry in self.caches:
             moved = []
-            for buf in pair:
+            for j, buf in enumerate(entry):
                 src = buf.index_select(0, rows)
-                idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1],
-                                                           src.shape[3])
-                new = torch.gather(src, 2, idx)
+                if j < 2:
+                    idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1],
+                                                               src.shape[3])
+                    src = torch.gather(src, 2, idx)
                 if shrink:
-                    moved.append(new)
+                    moved.append(src)
                 else:
-                    buf.copy_(new)             # in place: captured graphs keep their addresses
+                    buf.copy_(src)             # in place: captured graphs keep their addresses
                     moved.append(buf)
             new_caches.append(tuple(moved))
         self.caches = new_caches
         if shrink:
+            if self.encoder_out is not None:
+                self.encoder_out = self.encoder_out.index_select(0, rows)
             self.cache_version += 1
             if self._graphs is not None:
                 self._graphs.clear()
@@ -164,4 +205,4 @@ class NativeRunner:
     def memory_bytes(self) -> int:
         if self.caches is None:
             return 0
-        return sum(t.numel() * t.element_size() for pair in self.caches for t in pair)
+        return sum(t.numel() * t.element_size() for entry in self.caches for t in entry[:2])
