@@ -298,6 +298,7 @@ class SpeculativeDecoder:
             return None
         return self.step(gen)
 
+    @torch.inference_mode()
     def commit(self, gen: Generation, planned: PlannedStep) -> StepEvent:
         """The step's one host read: apply the verify result, record tokens / EOS / counters, drop finished rows."""
         state, stats, timer, out = gen.state, gen.stats, gen.timer, planned.out
@@ -369,6 +370,7 @@ class SpeculativeDecoder:
         gen.step_no += 1
         return event
 
+    @torch.inference_mode()
     def finish(self, gen: Generation) -> GenerationOutput:
         """Close the generation's counters and return its output (also kept in ``self.last_stats``)."""
         stats = gen.stats
