@@ -90,7 +90,8 @@ class SpeculativeDecoder:
             "optimal" (see gamma.py); max_gamma caps adaptive schedules.
         fallback_below: "optimal" only: once the estimates are measured, fall back to target-only decoding for the
             rest of a generation when the best predicted speedup (Leviathan Thm 3.8) is below this (0 disables).
-        method: verification method name ("reference", "hf", "fused", ...).
+        method: verification method name ("reference", "hf", "fused", ...); method_options: its options (e.g.
+            sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key.
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts.
         compile: the fast path for the decode/verify steps (see ``engine.runner.step_mode``): True or "graphs" =
@@ -109,7 +110,8 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
-                 cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0):
+                 cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
+                 method_options: Optional[dict] = None):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         if draft is not None and not hasattr(draft, "config"):
@@ -117,7 +119,7 @@ class SpeculativeDecoder:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
-        get_method(method)                                 # unknown methods fail here, not mid-generation
+        self.method_options = get_method(method).resolve_options(method_options)  # bad ones fail here, not mid-run
         if draft is not None:
             if is_encoder_decoder(target) != is_encoder_decoder(draft):
                 raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
@@ -265,10 +267,12 @@ class SpeculativeDecoder:
                 stats.defrags += 1
             before = dict(timer.totals)
             if fast is not None and fast.usable(self.method, sampling):
-                out = fast.step(state, gamma, sampling, resolved, self.method, timer)   # commits on the device
+                out = fast.step(state, gamma, sampling, resolved, self.method, timer,   # commits on the device
+                                method_options=self.method_options)
             else:
                 out = speculative_step(target, draft if gamma > 0 else None, state, gamma, sampling, resolved,
-                                       self.method, timer, graph_verify=self.graph_verify)
+                                       self.method, timer, graph_verify=self.graph_verify,
+                                       method_options=self.method_options)
             timer.start("bookkeeping")
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync per step
             emitted_all = host[:, 0].tolist()

@@ -17,6 +17,7 @@ import torch
 
 from tilespec.verify import rng, verify
 from tilespec.verify.distributions import log_probs
+from tilespec.verify.registry import get_method
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
@@ -81,22 +82,11 @@ def _sampler(mode: str):
     return _COMPILED_SAMPLER
 
 
-# verification methods whose device work never syncs with the host, so a step can replay them as a CUDA graph
-GRAPH_SAFE_METHODS = frozenset({"reference", "fused", "sigmoid", "tiled"})
-
-
-def _method_constants(method: str) -> tuple:
-    """Module-level settings a method reads at call time (they are baked into a captured graph, so they key it)."""
-    if method == "sigmoid":
-        from tilespec.verify.methods.sigmoid import get_constants
-        return get_constants()
-    return ()
-
-
 def _graph_verify(target_logits, draft_tokens, seeds, offsets, *draft_logits, key):
-    method, sampling, _ = key
+    method, sampling, options = key
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits[0] if draft_logits else None,
-                 sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
+                 sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=offsets,
+                 check_values=False)
     return res.num_emitted, res.output_tokens
 
 
@@ -104,21 +94,22 @@ _VERIFY_GRAPHS = GraphCache(_graph_verify)
 
 
 def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingParams, method: str, seeds, offsets,
-               graphs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               graphs: bool, options: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """verify() -> (num_emitted [B], output_tokens [B, K+1]); replayed as a CUDA graph when ``graphs`` and the
-    method and sampling allow it (scalar sampling parameters: they are baked into the graph's key)."""
+    method (its registry record's ``graph_safe``) and sampling allow it (scalar sampling parameters: they are baked
+    into the graph's key, and so are the method's resolved ``options``, ((name, value), ...))."""
     try:
         hash(sampling)
         hashable = True
     except TypeError:
         hashable = False
-    if graphs and hashable and method in GRAPH_SAFE_METHODS and target_logits.is_cuda:
+    if graphs and hashable and target_logits.is_cuda and get_method(method).graph_safe:
         extra = (draft_logits,) if draft_logits is not None else ()
         num_emitted, out = _VERIFY_GRAPHS(target_logits, draft_tokens, seeds, offsets, *extra,
-                                          key=(method, sampling, _method_constants(method)))
+                                          key=(method, sampling, tuple(options)))
         return num_emitted.clone(), out.clone()
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits, sampling=sampling, method=method,
-                 seed=seeds, offsets=offsets, check_values=False)
+                 options=dict(options), seed=seeds, offsets=offsets, check_values=False)
     return res.num_emitted, res.output_tokens
 
 
@@ -159,7 +150,7 @@ def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Ten
 
 def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
                      sampling: SamplingParams, resolved: ResolvedSampling, method: str,
-                     timer: PhaseTimer, graph_verify: bool = True) -> StepOutput:
+                     timer: PhaseTimer, graph_verify: bool = True, method_options: tuple = ()) -> StepOutput:
     """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft)."""
     greedy = resolved.all_greedy
     b = state.size
@@ -180,6 +171,7 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         out = nxt[:, None]
     else:
         num_emitted, out = run_verify(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                      state.seq_len, graphs=graph_verify and target.mode in CUDA_GRAPH_MODES)
+                                      state.seq_len, graphs=graph_verify and target.mode in CUDA_GRAPH_MODES,
+                                      options=method_options)
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

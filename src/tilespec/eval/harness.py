@@ -19,9 +19,19 @@ import torch
 
 from .metrics import bandwidth_gbps, delta_pct, mean_std, verify_bytes
 
-METHODS = ("hf", "tiled", "fused", "sigmoid")
 BASELINE = "hf"
 SIGMOID_SCALE = {"summarization": 1e4, "asr": 1e3}   # the paper's α = -s, β = s per task
+
+
+def default_methods() -> tuple:
+    """The methods an evaluation runs by default: every registered method whose record says ``evaluate``."""
+    from tilespec.verify.registry import all_methods
+    return tuple(m.name for m in all_methods() if m.evaluate)
+
+
+def method_options(method: str, cfg: "EvalConfig") -> dict:
+    """The options ``method`` runs with under ``cfg``: sigmoid gets the protocol's (α, β) = (-s, s)."""
+    return {"alpha": -float(cfg.sigmoid_scale), "beta": float(cfg.sigmoid_scale)} if method == "sigmoid" else {}
 
 
 @dataclass
@@ -32,7 +42,7 @@ class EvalConfig:
     dataset: str = "xsum"
     limit: Optional[int] = None
     seed: int = 0
-    methods: tuple = METHODS
+    methods: tuple = field(default_factory=default_methods)
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: Optional[str] = "qwen2.5-coder-0.5b-instruct"
     device: str = "cpu"
@@ -60,9 +70,10 @@ class EvalConfig:
 
     def __post_init__(self):
         self.methods = tuple(self.methods)
-        unknown = [m for m in self.methods if m not in METHODS + ("reference",)]
+        from tilespec.verify.registry import available_methods
+        unknown = [m for m in self.methods if m not in available_methods()]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + ('reference',))}")
+            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(available_methods())}")
         if not self.methods:
             raise ValueError("at least one method is needed")
         if self.task not in SIGMOID_SCALE:
@@ -117,39 +128,6 @@ def engine_compile(cfg: EvalConfig, device) -> bool | str:
     return "graphs"
 
 
-def _drop_sigmoid_graphs() -> None:
-    """Forget CUDA graphs captured for ``sigmoid``: α and β are kernel arguments baked into a captured graph, and
-    the engine's verify-graph key is (method, sampling), so a graph captured at one scale would replay at another."""
-    try:
-        from tilespec.engine import step
-    except ImportError:
-        return
-    cache = getattr(step, "_VERIFY_GRAPHS", None)
-    graphs = getattr(cache, "_graphs", None)
-    if isinstance(graphs, dict):
-        for sig in [s for s in graphs if isinstance(s, tuple) and s and isinstance(s[0], tuple) and s[0]
-                    and s[0][0] == "sigmoid"]:
-            del graphs[sig]
-
-
-@contextlib.contextmanager
-def sigmoid_constants(scale: float):
-    """Temporarily set the sigmoid method's (α, β) = (-scale, scale) through its public setter."""
-    from tilespec.verify.methods import sigmoid as sig
-
-    old = sig.get_constants()
-    changed = old != (-float(scale), float(scale))
-    sig.set_constants(-float(scale), float(scale))
-    if changed:
-        _drop_sigmoid_graphs()
-    try:
-        yield
-    finally:
-        sig.set_constants(*old)
-        if changed:
-            _drop_sigmoid_graphs()
-
-
 def reachable_ks(gamma: int, schedule: str, max_gamma: int, temperature: float) -> list[int]:
     """Every draft length K that ``verify()`` can see in a generation: the engine drafts
     ``min(schedule γ, remaining - 1)``, so K runs over 0..γ_max (γ_max = γ for a constant schedule, else
@@ -176,6 +154,7 @@ class VerifyCall:
     graphs: bool
     seeds: torch.Tensor
     offsets: torch.Tensor
+    options: tuple = ()
 
 
 @contextlib.contextmanager
@@ -185,11 +164,12 @@ def record_verify_calls(calls: list):
 
     original = step.run_verify
 
-    def recording(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs):
+    def recording(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs, options=()):
         calls.append(VerifyCall(target_logits.dtype, draft_logits.dtype if draft_logits is not None else None,
                                 int(target_logits.shape[-1]), target_logits.device, bool(graphs),
-                                seeds.detach().clone(), offsets.detach().clone()))
-        return original(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs)
+                                seeds.detach().clone(), offsets.detach().clone(), tuple(options)))
+        return original(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs,
+                        options)
 
     step.run_verify = recording
     try:
@@ -225,7 +205,8 @@ def _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, 
             if kind == "logits":
                 dl = torch.randn(batch, k, call.vocab, generator=gen).to(call.device, call.draft_dtype or
                                                                        call.logits_dtype)
-            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs)
+            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs,
+                       options=call.options)
             visited.append((k, kind))
 
 
@@ -370,12 +351,8 @@ def make_decoder(target, draft, method: str, cfg: EvalConfig, *, gamma: Optional
     return SpeculativeDecoder(target, draft, gamma=gamma, gamma_schedule=schedule or cfg.schedule,
                               max_gamma=max(cfg.max_gamma, gamma), method=method,
                               sampling=SamplingParams(temperature=cfg.temperature),
-                              compile=engine_compile(cfg, device),
+                              compile=engine_compile(cfg, device), method_options=method_options(method, cfg),
                               graph_verify=False)  # every method's verify timed eagerly, like the hf baseline
-
-
-def _method_ctx(method: str, cfg: EvalConfig):
-    return sigmoid_constants(cfg.sigmoid_scale) if method == "sigmoid" else contextlib.nullcontext()
 
 
 def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,
@@ -386,11 +363,10 @@ def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig
     dec = make_decoder(target, draft, method, cfg, gamma=gamma, schedule=schedule)
     limit = max_new_tokens or cfg.max_new_tokens
     run = MethodRun(method=method)
-    with _method_ctx(method, cfg):
-        if warmup and prepared:
-            run.warmup = warm_up(dec, prepared, method, cfg, gamma=gamma, schedule=schedule, limit=limit)
-        for i, p in enumerate(prepared):
-            _generate_into(run, dec, task, p, cfg.seed + i, limit)
+    if warmup and prepared:
+        run.warmup = warm_up(dec, prepared, method, cfg, gamma=gamma, schedule=schedule, limit=limit)
+    for i, p in enumerate(prepared):
+        _generate_into(run, dec, task, p, cfg.seed + i, limit)
     return run
 
 
@@ -472,18 +448,16 @@ def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print,
     decs = {m: make_decoder(target, draft, m, cfg) for m in cfg.methods}
     runs = {m: MethodRun(method=m) for m in cfg.methods}
     for m in cfg.methods:
-        with _method_ctx(m, cfg):
-            if cfg.warmup and prepared:
-                runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
-                                         limit=cfg.max_new_tokens)
+        if cfg.warmup and prepared:
+            runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
+                                     limit=cfg.max_new_tokens)
     log(f"  [{time.strftime('%H:%M:%S')}] warm-up done ({', '.join(cfg.methods)})")
     for i, p in enumerate(prepared):
         if i > 0 and deadline is not None and time.time() > deadline:
             log(f"  time budget reached: main comparison on {i} of {len(prepared)} examples")
             break
         for m in cfg.methods:
-            with _method_ctx(m, cfg):
-                _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
+            _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
         if (i + 1) % 5 == 0 or i + 1 == len(prepared):
             log(f"  [{time.strftime('%H:%M:%S')}] {i + 1}/{len(prepared)} examples")
     n = len(runs[cfg.methods[0]].stats)

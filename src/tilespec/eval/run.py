@@ -75,9 +75,7 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
     from tilespec.verify.registry import get_method
 
     t0 = time.time()
-    for method in cfg.methods:
-        get_method(method)
-    if any(m in ("tiled", "fused", "sigmoid") for m in cfg.methods):
+    if any(get_method(m).needs_triton for m in cfg.methods):
         # import the kernels package before the models: without CUDA it selects Triton's interpreter, which must
         # happen before anything else imports triton (interpreted kernels fail otherwise)
         import tilespec.verify.kernels  # noqa: F401
