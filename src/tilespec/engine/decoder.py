@@ -25,6 +25,7 @@ from tilespec.verify.validation import resolve_sampling
 
 from .gamma import GammaSchedule
 from .metrics import PhaseTimer, RunStats, peak_memory
+from .prompts import encode_prompts
 from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
@@ -93,7 +94,9 @@ class SpeculativeDecoder:
         method: verification method name ("reference", "hf", "fused", ...); method_options: its options (e.g.
             sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key.
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
-        tokenizer: optional; needed for string prompts and decoded texts.
+        tokenizer: optional; needed for string prompts and decoded texts. String prompts are encoded by
+            :func:`tilespec.engine.prompts.encode_prompts`: wrapped in the tokenizer's chat template when it has one
+            (as the CLI and ``tilespec.generate`` do); ``chat=False`` tokenizes the raw text.
         compile: the fast path for the decode/verify steps (see ``engine.runner.step_mode``): True or "graphs" =
             CUDA-graph replay of every forward, the draft sampler and verify (CUDA; True means eager on CPU);
             "compiled-graphs" = also torch.compile the norms/MLPs (experimental); another string = that
@@ -111,7 +114,7 @@ class SpeculativeDecoder:
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
                  cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
-                 method_options: Optional[dict] = None):
+                 method_options: Optional[dict] = None, chat: bool = True):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         if draft is not None and not hasattr(draft, "config"):
@@ -140,6 +143,7 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.cache_slack = cache_slack
         self.graph_verify = graph_verify
+        self.chat = chat
         self.last_stats: Optional[RunStats] = None
 
     # ----------------------------------------------------------------------------------------------- inputs
@@ -150,7 +154,7 @@ class SpeculativeDecoder:
             if self.tokenizer is None:
                 raise ValueError("string prompts need a tokenizer (SpeculativeDecoder(..., tokenizer=...))")
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-            return [self.tokenizer(p, add_special_tokens=True).input_ids for p in prompts]
+            return encode_prompts(self.tokenizer, prompts, self.chat)
         if isinstance(input_ids, torch.Tensor):
             if input_ids.ndim == 1:
                 input_ids = input_ids[None]

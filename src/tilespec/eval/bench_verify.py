@@ -234,18 +234,8 @@ def _gpu_checks(torch) -> dict:
 
 
 def _versions(torch):
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("triton", "transformers", "flashinfer"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as err:  # noqa: BLE001
-            out[mod] = f"unavailable: {type(err).__name__}: {str(err)[:120]}"
-    try:
-        out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                       timeout=10).stdout.strip() or os.environ.get("TILESPEC_COMMIT", "")
-    except Exception:  # noqa: BLE001
-        out["commit"] = os.environ.get("TILESPEC_COMMIT", "")
-    return out
+    from tilespec.env import git_commit, versions
+    return {**versions("flashinfer"), "commit": git_commit() or ""}
 
 
 def _fmt(res, key):
