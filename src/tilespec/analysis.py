@@ -404,6 +404,11 @@ class OnlineGammaEstimator:
             self._target_time = self.decay * self._target_time + float(target_time)
             self._target_calls = self.decay * self._target_calls + 1.0
 
+    @property
+    def timed_steps(self) -> float:
+        """How many target timings the estimate of c rests on (decayed; a plain count when decay = 1)."""
+        return self._target_calls
+
     def gamma(self) -> int:
         """The γ in [1, gamma_max] maximising Theorem 3.8 at the current estimates."""
         return optimal_gamma(self.alpha, self.c, gamma_max=self.gamma_max).gamma

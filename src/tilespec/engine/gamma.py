@@ -18,38 +18,18 @@ Only ``optimal`` ever returns 0.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
+from tilespec import analysis
+from tilespec.analysis import OnlineGammaEstimator, expected_tokens  # noqa: F401  (re-exported by tilespec.engine)
+
 SCHEDULES = ("constant", "heuristic", "optimal")
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens per target call] = (1 - α^(γ+1)) / (1 - α) (Leviathan eq. 1); γ + 1 when α = 1."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def expected_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan Theorem 3.8: expected walltime improvement factor over target-only decoding."""
-    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+expected_speedup = analysis.walltime_improvement    # Leviathan Theorem 3.8, under the engine's older name
 
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
-    """argmax over γ in [1, max_gamma] of :func:`expected_speedup` (ties -> smaller γ)."""
-    try:  # the analysis module's implementation (Leviathan Thm 3.8, exhaustive search) when it is present
-        from tilespec.analysis import optimal_gamma as analysis_optimal
-    except ImportError:
-        analysis_optimal = None
-    if analysis_optimal is not None:
-        return int(analysis_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
-    best, best_val = 1, -math.inf
-    for g in range(1, max_gamma + 1):
-        val = expected_speedup(alpha, g, c)
-        if val > best_val + 1e-12:
-            best, best_val = g, val
-    return best
+    """argmax over γ in [1, max_gamma] of Theorem 3.8 (ties -> smaller γ): ``tilespec.analysis.optimal_gamma``'s γ."""
+    return int(analysis.optimal_gamma(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
 
 
 class GammaSchedule:
@@ -76,13 +56,10 @@ class GammaSchedule:
             raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
         self._current = gamma
-        # α estimate: Beta-like pseudo counts so the first steps do not swing to extremes
-        self.accepted = prior_alpha * prior_weight
-        self.tested = prior_weight
-        self.draft_time = 0.0
-        self.target_time = 0.0
-        self.draft_calls = 0
-        self.target_calls = 0
+        # α and c: the analysis module's online estimator without decay (a plain running MLE), whose pseudo counts
+        # keep the first steps from swinging to extremes
+        self.estimator = OnlineGammaEstimator(gamma_max=self.max_gamma, decay=1.0, alpha0=prior_alpha,
+                                              c0=default_c, prior_weight=prior_weight)
         self.default_c = default_c
         self.fallback_below, self.min_steps = float(fallback_below), min_steps
         self.steps = 0                               # update() calls: speculative steps seen
@@ -91,13 +68,11 @@ class GammaSchedule:
 
     @property
     def alpha(self) -> float:
-        return min(self.accepted / self.tested, 1.0 - 1e-6)
+        return min(self.estimator.alpha, 1.0 - 1e-6)
 
     @property
     def cost_ratio(self) -> float:
-        if self.draft_calls == 0 or self.target_calls == 0 or self.target_time <= 0:
-            return self.default_c
-        return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
+        return self.estimator.c
 
     def next(self) -> int:
         """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
@@ -105,7 +80,7 @@ class GammaSchedule:
             alpha, c = self.alpha, self.cost_ratio
             self._current = optimal_gamma(alpha, c, self.max_gamma)
             best = expected_speedup(alpha, self._current, c)
-            if self.target_calls >= self.min_steps and best < self.fallback_below:
+            if self.estimator.timed_steps >= self.min_steps and best < self.fallback_below:
                 self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 
@@ -120,14 +95,9 @@ class GammaSchedule:
         if not num_accepted:
             return
         self.steps += 1
-        for n in num_accepted:
-            self.accepted += n
-            self.tested += n + (1 if n < gamma else 0)
-        if draft_time > 0 and target_time > 0:
-            self.draft_time += draft_time
-            self.draft_calls += gamma
-            self.target_time += target_time
-            self.target_calls += 1
+        timed = draft_time > 0 and target_time > 0
+        self.estimator.observe(list(num_accepted), gamma, draft_time if timed else None,
+                               target_time if timed else None)
         if self.kind == "heuristic":
             if all(n == gamma for n in num_accepted):
                 self._current = min(self._current + 2, self.max_gamma)
