@@ -82,8 +82,6 @@ def run_exactness(args) -> int:
     else:
         console.print(f"[green]all {len(results)} checks passed[/] in {elapsed:.0f}s")
     if args.json:
-        import os
-
         import torch
         try:
             import triton

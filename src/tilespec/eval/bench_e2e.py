@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import random
 import sys
 import time
@@ -178,7 +179,7 @@ def run_hf(target, draft, batches, temperature, args, device, tok, feats=None) -
 
 
 def run_engine(target, draft, batches, temperature, method, args, device, feats=None, engine="eager") -> dict:
-    from tilespec.engine import SpeculativeDecoder, expected_speedup
+    from tilespec.engine import RunStats, SpeculativeDecoder, expected_speedup
     from tilespec.verify import SamplingParams
     sampling = SamplingParams(temperature=temperature)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=method,
@@ -207,24 +208,17 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
         from tilespec.engine.runner import uncompile_decoder_layers
         for m in (target, draft) if draft is not None else (target,):
             uncompile_decoder_layers(m)
-    n = sum(s.new_tokens for s in runs)
-    wall = sum(s.wall_time for s in runs)
-    times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
+    tot = RunStats.merge(runs)
+    n, wall, times = tot.new_tokens, tot.wall_time, tot.times
     res = {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall, "times": times,
-           "peak_memory_bytes": max(s.peak_memory_bytes for s in runs), "steps": sum(s.steps for s in runs),
-           "kv_cache_bytes": max(s.kv_cache_bytes for s in runs), "defrags": sum(s.defrags for s in runs),
-           "warmup_seconds": warmup_seconds}
-    step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
-    res["verify_share"] = times.get("verify", 0.0) / step if step else None
+           "peak_memory_bytes": tot.peak_memory_bytes, "steps": tot.steps, "kv_cache_bytes": tot.kv_cache_bytes,
+           "defrags": tot.defrags, "warmup_seconds": warmup_seconds}
+    res["verify_share"] = None if math.isnan(tot.verify_share) else tot.verify_share
     if draft is not None:
-        drafted, accepted = sum(s.drafted for s in runs), sum(s.accepted for s in runs)
-        tested = sum(s.tested for s in runs)
-        rs = sum(s.request_steps for s in runs)
-        d_calls, t_calls = sum(s.draft_calls for s in runs), sum(s.target_calls for s in runs)
-        c = (times["draft"] / d_calls) / (times["target"] / t_calls) if d_calls and times.get("target") else None
-        alpha_t = accepted / tested if tested else 0.0
-        res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
-                   block_efficiency=sum(s.emitted for s in runs) / rs if rs else None,
+        alpha_t = tot.alpha_tested if tot.tested else 0.0
+        c = tot.cost_ratio
+        res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
+                   block_efficiency=tot.block_efficiency if tot.request_steps else None,
                    mean_gamma=sum(s.mean_gamma for s in runs) / len(runs))
         # Theorem 3.8 assumes a constant γ; with an adaptive schedule use the measured mean γ (rounded).
         g = args.gamma if args.gamma_schedule == "constant" else max(1, round(res["mean_gamma"]))

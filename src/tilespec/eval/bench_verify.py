@@ -18,9 +18,7 @@ import inspect
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import time
 
 # Outside contenders: transformers' own ``_speculative_sampling`` (B = 1) and FlashInfer's chain kernel.

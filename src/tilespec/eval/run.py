@@ -7,6 +7,7 @@ invocations (summarization, then ASR) can share one file.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -16,7 +17,9 @@ import torch
 from tilespec.env import run_record
 
 from .data import load_dataset
-from .harness import EvalConfig, clean, run_main
+from .aggregate import clean
+from .config import EvalConfig
+from .harness import run_main
 from .studies import acceptance_study, alphabeta_study, gamma_study
 from .tasks import make_task
 

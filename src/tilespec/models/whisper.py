@@ -11,8 +11,8 @@ from pathlib import Path
 SAMPLE_RATE = 16000
 
 
-def load_audio(path) -> "numpy.ndarray":  # noqa: F821
-    """Mono float32 samples at 16 kHz (any rate soundfile reads is resampled with a polyphase filter)."""
+def load_audio(path):
+    """numpy array of mono float32 samples at 16 kHz (any rate soundfile reads is resampled with a polyphase filter)."""
     from math import gcd
 
     import numpy as np
