@@ -125,12 +125,14 @@ class RunStats:
     def merge(cls, runs: list) -> "RunStats":
         """The stats of several generations as one: counters, times and γs summed/concatenated, memory maxed, so
         that the aggregates above (alpha, alpha_tested, block_efficiency, ...) are pooled over all of them."""
-        total = cls(method=runs[0].method if runs else "")
+        first = runs[0] if runs else cls()
+        total = cls(method=first.method, runtime=first.runtime, draft_runtime=first.draft_runtime)
         for r in runs:
             for name in ("requests", "new_tokens", "steps", "target_calls", "draft_calls", "request_steps", "drafted",
                          "accepted", "tested", "emitted", "defrags", "fallback_steps"):
                 setattr(total, name, getattr(total, name) + getattr(r, name))
             total.wall_time += r.wall_time
+            total.compile_seconds += r.compile_seconds
             for phase, t in r.times.items():
                 total.times[phase] = total.times.get(phase, 0.0) + t
             total.gammas += list(r.gammas)
