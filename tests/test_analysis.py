@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import tilespec
-from tilespec.analysis import (GammaChoice, OnlineGammaEstimator, acceptance_rate, acceptance_rate_from_logits,
-                               analyze, expected_alpha, expected_tokens, lenient_output_distribution,
-                               operations_factor, optimal_gamma, walltime_improvement)
+from tilespec.analysis import (GammaChoice, acceptance_rate, acceptance_rate_from_logits, analyze, expected_alpha,
+                               expected_tokens, lenient_output_distribution, operations_factor, optimal_gamma,
+                               walltime_improvement)
+from tilespec.engine.gamma import OnlineGammaEstimator
 
 
 def brute_improvement(alpha, gamma, c):

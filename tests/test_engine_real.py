@@ -11,7 +11,7 @@ def test_smollm2_greedy_speculative_equals_target():
     models = pytest.importorskip("tilespec.models")
     if not models.is_cached("smollm2-135m-instruct"):
         pytest.skip("smollm2-135m-instruct is not cached (tilespec models fetch smollm2-135m-instruct)")
-    from tilespec.cli.generate import encode_prompts
+    from tilespec.engine.prompts import encode_prompts
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
 

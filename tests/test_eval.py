@@ -14,6 +14,8 @@ from tilespec.eval.harness import EvalConfig
 from tilespec.eval.report import build_report
 from tilespec.eval.run import evaluate, write_results
 from tilespec.eval.tasks import AsrTask, TextTask
+from tilespec.verify import SamplingParams
+from tilespec.verify.registry import get_method
 
 from engine_models import layer_skip, tiny_lm, tiny_whisper, whisper_layer_skip
 
@@ -258,20 +260,30 @@ def test_forced_gammas_drive_the_engine(lm_pair):
     assert dec.generate(input_ids=[ids], max_new_tokens=20, seed=0).stats.gammas[0] == 5   # patch undone
 
 
-def test_sigmoid_scale_change_drops_captured_sigmoid_graphs(monkeypatch):
+def test_sigmoid_scale_is_a_method_option_that_keys_the_verify_graph(monkeypatch):
     from tilespec.engine import step
-    from tilespec.eval.harness import sigmoid_constants
+    from tilespec.eval.harness import method_options
+
+    keys = []
 
     class FakeCache:
-        def __init__(self):
-            self._graphs = {(("sigmoid", "s"), ((1, 2),)): 1, (("fused", "s"), ((1, 2),)): 2}
+        def __call__(self, *args, key):
+            keys.append(key)
+            b = args[0].shape[0]
+            return torch.ones(b, dtype=torch.int64), torch.zeros(b, args[1].shape[1] + 1, dtype=torch.int64)
 
-    fake = FakeCache()
-    monkeypatch.setattr(step, "_VERIFY_GRAPHS", fake, raising=False)
-    with sigmoid_constants(123.0):
-        assert list(fake._graphs) == [(("fused", "s"), ((1, 2),))]     # alpha/beta are baked into captured graphs
-        fake._graphs[(("sigmoid", "s"), ((1, 2),))] = 3
-    assert all(k[0][0] != "sigmoid" for k in fake._graphs)
+    class CudaLike(torch.Tensor):
+        is_cuda = True
+
+    monkeypatch.setattr(step, "_VERIFY_GRAPHS", FakeCache())
+    logits = torch.zeros(1, 2, 8).as_subclass(CudaLike)
+    seeds, offsets = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    for scale in (1e3, 1e4):
+        opts = get_method("sigmoid").resolve_options(method_options("sigmoid", small_cfg(sigmoid_scale=scale)))
+        step.run_verify(logits, torch.zeros(1, 1, dtype=torch.int64), None, SamplingParams(), "sigmoid", seeds,
+                        offsets, graphs=True, options=opts)
+    assert keys[0] != keys[1]                                         # alpha/beta are baked into captured graphs
+    assert keys[0][2] == (("alpha", -1e3), ("beta", 1e3)) and keys[1][2] == (("alpha", -1e4), ("beta", 1e4))
 
 
 def test_time_budget_cuts_every_method_at_the_same_example(lm_pair):

@@ -159,6 +159,11 @@ def test_sigmoid_is_labelled_and_runs():
     assert bool((got.output_tokens.gather(1, got.num_accepted[:, None]) >= 0).all())
     with pytest.raises(NotImplementedError, match="greedy"):
         verify(target, tokens, method="sigmoid", sampling=SamplingParams(temperature=0.0), **kwargs)
+    assert (got.extras["alpha"], got.extras["beta"]) == (-1e4, 1e4)
+    scaled = verify(target, tokens, method="sigmoid", options={"alpha": -2.0, "beta": 2.0}, seed=1, **kwargs)
+    assert (scaled.extras["alpha"], scaled.extras["beta"]) == (-2.0, 2.0)
+    with pytest.raises(ValueError, match="no option"):
+        verify(target, tokens, method="fused", options={"alpha": -2.0}, seed=1, **kwargs)
 
 
 @pytest.mark.parametrize("method", ["fused", "tiled", "sigmoid"])

@@ -339,3 +339,16 @@ def test_valid_inputs_all_dtypes():
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         res = tilespec.verify(target.to(dtype), tokens.int(), draft_logits=draft.to(dtype), seed=0)
         assert res.output_tokens.dtype == torch.int64
+
+
+def test_method_options_are_validated_and_registry_records_describe_methods():
+    from tilespec.verify.registry import all_methods, get_method
+    names = [m.name for m in all_methods()]
+    assert names[:5] == ["hf", "reference", "tiled", "fused", "sigmoid"]
+    assert {m.name for m in all_methods() if m.graph_safe} == {"reference", "fused", "sigmoid", "tiled"}
+    assert not get_method("sigmoid").exact and get_method("sigmoid").needs_triton
+    assert get_method("sigmoid").resolve_options({"beta": 5}) == (("alpha", -1e4), ("beta", 5.0))
+    with pytest.raises(ValueError, match="no option"):
+        get_method("reference").resolve_options({"alpha": 1.0})
+    with pytest.raises(ValueError, match="alpha < 0 < beta"):
+        get_method("sigmoid").resolve_options({"alpha": 1.0})

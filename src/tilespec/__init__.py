@@ -1,14 +1,15 @@
-"""tilespec: exact, fast speculative decoding for PyTorch and Hugging Face models."""
-import os as _os
+"""tilespec: exact, fast speculative decoding for PyTorch and Hugging Face models.
 
-import torch as _torch
+``tilespec.generate`` / ``tilespec.transcribe`` / ``tilespec.load`` (see :mod:`tilespec.api`) for models,
+``tilespec.verify`` with :class:`SamplingParams` for the accept/resample step alone.
+"""
+from .env import use_triton_interpreter_without_cuda as _interpreter
 
-if not _torch.cuda.is_available():
-    # Without CUDA the Triton kernels can only run in Triton's interpreter, and Triton reads this variable when it
-    # is first imported (transformers may import it early), so it is set as soon as tilespec is imported.
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
+_interpreter()   # before anything imports triton (see tilespec.env)
 
+from .api import generate, load, transcribe  # noqa: E402
 from .verify import SamplingParams, VerifyResult, available_methods, verify  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["verify", "SamplingParams", "VerifyResult", "available_methods", "__version__"]
+__all__ = ["generate", "transcribe", "load", "verify", "SamplingParams", "VerifyResult", "available_methods",
+           "__version__"]

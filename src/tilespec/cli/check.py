@@ -10,6 +10,8 @@ import platform
 import sys
 import time
 
+from tilespec.env import triton_interpreted
+
 
 def register(sub) -> None:
     check = sub.add_parser("check", help="correctness checks")
@@ -37,11 +39,8 @@ def _print_row(console, r) -> None:
 
 
 def _git_commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    from tilespec.env import git_commit
+    return git_commit() or "unknown"
 
 
 def run_exactness(args) -> int:
@@ -83,8 +82,6 @@ def run_exactness(args) -> int:
     else:
         console.print(f"[green]all {len(results)} checks passed[/] in {elapsed:.0f}s")
     if args.json:
-        import os
-
         import torch
         try:
             import triton
@@ -93,7 +90,7 @@ def run_exactness(args) -> int:
             triton_version = None
         payload = {"command": " ".join(sys.argv), "commit": _git_commit(), "samples": args.samples, "alpha": args.alpha,
                    "device": args.device, "torch": torch.__version__, "triton": triton_version,
-                   "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1", "python": platform.python_version(),
+                   "triton_interpret": triton_interpreted(), "python": platform.python_version(),
                    "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": elapsed,
                    "results": [r.to_dict() for r in results], "distortion": distortions}
         with open(args.json, "w") as fh:

@@ -42,11 +42,12 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
                             "$TILESPEC_SYNTH_DIR; synthetic speech (espeak-ng), NOT LibriSpeech)")
     p.add_argument("--limit", type=int, default=None, help="examples, subsampled with --seed (default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling and decoding seed (default 0)")
-    p.add_argument("--methods", default="hf,tiled,fused,sigmoid", help="comma-separated (hf = the paper's baseline)")
+    p.add_argument("--methods", default=None, help="comma-separated (hf = the paper's baseline; default: every "
+                                                   "registered method marked evaluate: hf, tiled, fused, sigmoid)")
     p.add_argument("--target", default=d["target"])
     p.add_argument("--draft", default=d["draft"], help="registry name or NAME:layers=N; 'none' for target-only")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default) / float16 (CUDA default) / bfloat16")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) / bfloat16 (CUDA default) / float16")
     p.add_argument("--max-new-tokens", type=int, default=100 if task == "summarization" else 128)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1: speculative sampling)")
     p.add_argument("--gamma", type=int, default=5, help="initial γ of the heuristic (default 5)")
@@ -116,14 +117,16 @@ def register(sub) -> None:
 
 def build_config(args):
     """EvalConfig from parsed arguments (ValueError for bad values)."""
+    from tilespec.env import pick_dtype
     from tilespec.eval.harness import EvalConfig
 
     studies = ("main", "acceptance", "gamma", "alphabeta") if args.studies == "all" else \
         tuple(s.strip() for s in args.studies.split(",") if s.strip())
-    dtype = args.dtype or ("float16" if str(args.device).startswith("cuda") else "float32")
+    dtype = args.dtype or str(pick_dtype("auto", args.device)).removeprefix("torch.")
     draft = None if str(args.draft).lower() in ("none", "") else args.draft
     return EvalConfig(task=args.task, dataset=args.dataset, limit=args.limit, seed=args.seed,
-                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      **({"methods": tuple(m.strip() for m in args.methods.split(",") if m.strip())}
+                         if args.methods else {}),
                       target=args.target, draft=draft, device=args.device, dtype=dtype,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, gamma=args.gamma,
                       schedule=args.schedule, sigmoid_scale=args.sigmoid_scale, studies=studies,

@@ -1,12 +1,17 @@
 """``tilespec generate``: speculative text generation with a target/draft pair, streamed, with a stats table.
 
-Also holds the helpers ``demo`` and ``transcribe`` share: loading a pair, sampling options, the stats table.
+Also holds the argument and printing helpers ``demo`` and ``transcribe`` share (the stats table, streamed text);
+loading, prompt encoding and device/dtype picking are library calls (tilespec.api, engine.prompts, tilespec.env).
 """
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+from tilespec.api import load_pair
+from tilespec.engine.prompts import encode_prompts
+from tilespec.env import pick_device, pick_dtype
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 
@@ -28,62 +33,9 @@ def add_decoding_arguments(p) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def pick_device(name: str):
-    import torch
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda requested but CUDA is not available")
-    return dev
-
-
-def pick_dtype(name: str, device):
-    import torch
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose float32, bfloat16 or float16")
-    return table[name]
-
-
 def sampling_from_args(args):
     from tilespec.verify import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-
-
-def load_pair(target_name: str, draft_name, device, dtype, log=None):
-    """Load (target, draft or None, tokenizer). ``NAME:layers=N`` drafts are built on the loaded target."""
-    from tilespec import models
-    if log:
-        log(f"loading target {target_name} ({dtype}, {device}) ...")
-    target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
-    draft = None
-    if draft_name:
-        if log:
-            log(f"loading draft {draft_name} ...")
-        base = draft_name.split(":", 1)[0]
-        on_target = target if (":" in draft_name and base == target_name) else None
-        draft, _ = models.load(draft_name, role="draft", dtype=dtype, device=device, download=True, target=on_target)
-    return target, draft, tok
-
-
-def chat_prompt(tok, text: str, chat: bool) -> str:
-    """Wrap ``text`` in the tokenizer's chat template (instruct models) when it has one and ``chat`` is on."""
-    if chat and getattr(tok, "chat_template", None):
-        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                       add_generation_prompt=True)
-    return text
-
-
-def encode_prompts(tok, texts, chat: bool) -> list:
-    out = []
-    for t in texts:
-        wrapped = chat_prompt(tok, t, chat)
-        out.append(tok(wrapped, add_special_tokens=not (chat and getattr(tok, "chat_template", None))).input_ids)
-    return out
 
 
 def stats_rows(stats) -> list:

@@ -10,49 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from .generate import add_decoding_arguments, load_pair, pick_device, pick_dtype, print_stats, sampling_from_args
+from tilespec.api import load_pair
+from tilespec.env import pick_device, pick_dtype
+from tilespec.models.whisper import decoder_prompt, features, load_audio
 
-SAMPLE_RATE = 16000
-
-
-def load_audio(path: Path):
-    """Mono float32 samples at 16 kHz (any rate soundfile reads is resampled with a polyphase filter)."""
-    import numpy as np
-    import soundfile as sf
-    from math import gcd
-    from scipy.signal import resample_poly
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"audio file not found: {path}")
-    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    mono = data.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        g = gcd(int(rate), SAMPLE_RATE)
-        mono = resample_poly(mono, SAMPLE_RATE // g, int(rate) // g).astype(np.float32)
-    return mono
-
-
-def decoder_prompt(model, tok, language: str = "en") -> list:
-    """The forced decoder prefix token ids for plain transcription without timestamps."""
-    gc = model.generation_config
-    sot = gc.decoder_start_token_id
-    no_ts = getattr(gc, "no_timestamps_token_id", None)
-    tokenizer = getattr(tok, "tokenizer", tok)
-    if no_ts is None:
-        no_ts = tokenizer.convert_tokens_to_ids("<|notimestamps|>")
-    if getattr(gc, "is_multilingual", False):
-        lang_ids = getattr(gc, "lang_to_id", {}) or {}
-        key = f"<|{language}|>"
-        if key not in lang_ids:
-            raise ValueError(f"unknown language {language!r} for this Whisper model")
-        task = (getattr(gc, "task_to_id", {}) or {}).get("transcribe")
-        return [sot, lang_ids[key], task, no_ts]
-    return [sot, no_ts]
-
-
-def features(tok, audios, device, dtype):
-    extractor = getattr(tok, "feature_extractor", tok)
-    feats = extractor(audios, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-    return feats.to(device=device, dtype=dtype)
+from .generate import add_decoding_arguments, print_stats, sampling_from_args
 
 
 def run(args) -> int:

@@ -31,6 +31,7 @@ from .gamma import GammaSchedule
 from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .native import NativeRunner
+from .prompts import encode_prompts
 from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
@@ -63,8 +64,12 @@ class SpeculativeDecoder:
             num_accepted, draft_time, target_time)``; default :class:`GammaSchedule`.
         verify_fn: replaces ``engine.step.run_verify`` (same signature) for every step, e.g. to record calls.
         method: verification method name ("reference", "hf", "fused", ...).
+        method: verification method name ("reference", "hf", "fused", ...); method_options: its options (e.g.
+            sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key.
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
-        tokenizer: optional; needed for string prompts and decoded texts.
+        tokenizer: optional; needed for string prompts and decoded texts. String prompts are encoded by
+            :func:`tilespec.engine.prompts.encode_prompts`: wrapped in the tokenizer's chat template when it has one
+            (as the CLI and ``tilespec.generate`` do); ``chat=False`` tokenizes the raw text.
         compile: the fast path for the decode/verify steps (see ``engine.runner.step_mode``): True or "graphs" =
             CUDA-graph replay of every forward, the draft sampler and verify (CUDA; True means eager on CPU);
             "compiled-graphs" = also torch.compile the norms/MLPs (experimental); another string = that
@@ -82,7 +87,8 @@ class SpeculativeDecoder:
                  method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
                  cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
-                 schedule=None, verify_fn=None):
+                 schedule=None, verify_fn=None, method_options: Optional[dict] = None,
+                 chat: bool = True):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
@@ -93,7 +99,7 @@ class SpeculativeDecoder:
         if verify_fn is not None and not callable(verify_fn):
             raise TypeError(f"verify_fn must be callable like engine.step.run_verify, got {type(verify_fn).__name__}")
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
-        get_method(method)                                 # unknown methods fail here, not mid-generation
+        self.method_options = get_method(method).resolve_options(method_options)  # bad ones fail here, not mid-run
         draft = drafter.model if drafter is not None else None
         if draft is not None:
             if is_encoder_decoder(target) != is_encoder_decoder(draft):
@@ -117,6 +123,7 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.cache_slack = cache_slack
         self.graph_verify = graph_verify
+        self.chat = chat
         self.last_stats: Optional[RunStats] = None   # convenience: the stats of the last generation that finished
 
     # ----------------------------------------------------------------------------------------------- inputs
@@ -127,7 +134,7 @@ class SpeculativeDecoder:
             if self.tokenizer is None:
                 raise ValueError("string prompts need a tokenizer (SpeculativeDecoder(..., tokenizer=...))")
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-            return [self.tokenizer(p, add_special_tokens=True).input_ids for p in prompts]
+            return encode_prompts(self.tokenizer, prompts, self.chat)
         if isinstance(input_ids, torch.Tensor):
             if input_ids.ndim == 1:
                 input_ids = input_ids[None]
@@ -276,10 +283,11 @@ class SpeculativeDecoder:
                      and (context is None or draft_runner is None))
         if committed:   # the whole step in captured graphs, commit included (step_graph.py)
             out = gen.fast.step(state, gamma if draft_runner is not None else 0, gen.sampling, gen.resolved,
-                                self.method, timer, *(context or ()))
+                                self.method, timer, *(context or ()), method_options=self.method_options)
         else:
             out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
-                                   timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context)
+                                   timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
+                                   method_options=self.method_options)
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
         advanced = committed and not spec        # target-only: W moves by exactly one slot, known now
         if advanced:

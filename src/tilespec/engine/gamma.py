@@ -1,4 +1,5 @@
-"""Draft-length (γ) schedules: constant, the HF heuristic, and Leviathan-optimal with online estimates.
+"""Draft-length (γ) schedules: constant, the HF heuristic, and Leviathan-optimal with online estimates of α and c
+(:class:`OnlineGammaEstimator`; the closed forms of Equation 1 / Theorem 3.8 come from :mod:`tilespec.analysis`).
 
 A schedule is asked for γ before each step (``next()``) and told the outcome of each speculative step after it
 (``update``, γ >= 1 only). One schedule serves one generation; with a batch, one γ serves all active requests (the
@@ -21,35 +22,124 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
+import torch
+
+from tilespec import analysis
+from tilespec.analysis import _check_alpha, _check_cost, _check_gamma, optimal_gamma as _optimal, walltime_improvement
+
 SCHEDULES = ("constant", "heuristic", "optimal")
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens per target call] = (1 - α^(γ+1)) / (1 - α) (Leviathan eq. 1); γ + 1 when α = 1."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def expected_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan Theorem 3.8: expected walltime improvement factor over target-only decoding."""
-    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+# The engine's names for Leviathan's Equation 1 and Theorem 3.8 (re-exported by tilespec.engine).
+expected_tokens = analysis.expected_tokens
+expected_speedup = walltime_improvement
 
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
-    """argmax over γ in [1, max_gamma] of :func:`expected_speedup` (ties -> smaller γ)."""
-    try:  # the analysis module's implementation (Leviathan Thm 3.8, exhaustive search) when it is present
-        from tilespec.analysis import optimal_gamma as analysis_optimal
-    except ImportError:
-        analysis_optimal = None
-    if analysis_optimal is not None:
-        return int(analysis_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
-    best, best_val = 1, -math.inf
-    for g in range(1, max_gamma + 1):
-        val = expected_speedup(alpha, g, c)
-        if val > best_val + 1e-12:
-            best, best_val = g, val
-    return best
+    """argmax over γ in [1, max_gamma] of Theorem 3.8 (ties -> smaller γ): ``tilespec.analysis.optimal_gamma``'s γ."""
+    return int(_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
+
+
+def _host_array(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.atleast_1d(np.asarray(x, dtype=np.float64))
+
+
+class OnlineGammaEstimator:
+    """Running estimates of α and c from what the engine observes, and the γ that maximises Theorem 3.8.
+
+    α: a request that drafted K tokens and had n accepted made n + 1 Bernoulli(β) trials if n < K (n successes,
+    then a rejection) and K trials if n = K (all successes). The estimate is the ratio of exponentially decayed sums,
+    α̂ = A / T with A ← d·A + Σ n and T ← d·T + Σ (n + [n < K]), which is the maximum-likelihood α of the i.i.d.
+    model (the naive n / K is biased low because the count is capped at K). ``prior_weight`` pseudo-trials at
+    ``alpha0`` keep early estimates sane and keep T > 0.
+
+    c: decayed averages of draft time per draft step and of target time per call, c = (draft / step) / (target /
+    call). Timings are optional; without any, ``c0`` is used.
+
+    ``gamma()`` returns argmax_γ S(α̂, γ, ĉ) over [1, gamma_max] (ties to the smaller γ). Edge cases are safe: α̂ = 1
+    gives gamma_max (if ĉ < 1), α̂ = 0 gives 1, zero timings are ignored.
+
+    Args:
+        gamma_max: upper clamp for the chosen γ (>= 1).
+        decay: d in (0, 1], the weight of the past per observation (1 = plain running average); the effective
+            memory is about 1 / (1 - d) observations.
+        alpha0, c0: initial guesses.  prior_weight: pseudo-trials behind alpha0 (> 0).
+    """
+
+    def __init__(self, gamma_max: int = 16, decay: float = 0.95, alpha0: float = 0.6, c0: float = 0.05,
+                 prior_weight: float = 4.0):
+        self.gamma_max = _check_gamma(gamma_max, "gamma_max")
+        if not (0.0 < float(decay) <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not (float(prior_weight) > 0.0) or math.isinf(float(prior_weight)):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight}")
+        self.decay = float(decay)
+        self._accepted = _check_alpha(alpha0) * float(prior_weight)
+        self._trials = float(prior_weight)
+        self._c0 = _check_cost("c0", c0)
+        self._draft_time = self._draft_steps = 0.0
+        self._target_time = self._target_calls = 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Current estimate of α in [0, 1]."""
+        return min(max(self._accepted / self._trials, 0.0), 1.0)
+
+    @property
+    def c(self) -> float:
+        """Current estimate of the cost ratio c (c0 until both draft and target timings were observed)."""
+        if self._draft_steps > 0 and self._target_calls > 0 and self._target_time > 0:
+            return (self._draft_time / self._draft_steps) / (self._target_time / self._target_calls)
+        return self._c0
+
+    def observe(self, num_accepted, num_drafted, draft_time: Optional[float] = None,
+                target_time: Optional[float] = None) -> None:
+        """Record one verification step.
+
+        Args:
+            num_accepted: accepted draft tokens per request (int, sequence, numpy array or tensor [B]).
+            num_drafted: drafted tokens per request K_b, same shape or a scalar; requests with K_b = 0 add nothing.
+            draft_time: seconds spent on the max(K_b) sequential draft steps of this step (optional).
+            target_time: seconds of the target call of this step (optional).
+        """
+        n = _host_array(num_accepted)
+        k = np.broadcast_to(_host_array(num_drafted), n.shape)
+        if not (np.isfinite(n).all() and np.isfinite(k).all()):
+            raise ValueError("num_accepted and num_drafted must be finite")
+        if (n < 0).any() or (n > k).any():
+            raise ValueError("num_accepted must lie in [0, num_drafted] for every request")
+        trials = n + (n < k)
+        self._accepted = self.decay * self._accepted + float(n.sum())
+        self._trials = self.decay * self._trials + float(trials.sum())
+        steps = float(k.max()) if k.size else 0.0
+        if draft_time is not None and steps > 0:
+            if not (float(draft_time) >= 0.0) or math.isinf(float(draft_time)):
+                raise ValueError(f"draft_time must be a finite number >= 0, got {draft_time}")
+            self._draft_time = self.decay * self._draft_time + float(draft_time)
+            self._draft_steps = self.decay * self._draft_steps + steps
+        if target_time is not None:
+            if not (float(target_time) > 0.0) or math.isinf(float(target_time)):
+                raise ValueError(f"target_time must be a finite number > 0, got {target_time}")
+            self._target_time = self.decay * self._target_time + float(target_time)
+            self._target_calls = self.decay * self._target_calls + 1.0
+
+    @property
+    def timed_steps(self) -> float:
+        """How many target timings the estimate of c rests on (decayed; a plain count when decay = 1)."""
+        return self._target_calls
+
+    def gamma(self) -> int:
+        """The γ in [1, gamma_max] maximising Theorem 3.8 at the current estimates."""
+        return _optimal(self.alpha, self.c, gamma_max=self.gamma_max).gamma
+
+    def expected_improvement(self, gamma: Optional[int] = None) -> float:
+        """Theorem 3.8 at the current estimates for ``gamma`` (default: :meth:`gamma`)."""
+        return walltime_improvement(self.alpha, self.gamma() if gamma is None else gamma, self.c)
+
+    def __repr__(self) -> str:
+        return (f"OnlineGammaEstimator(alpha={self.alpha:.4f}, c={self.c:.4f}, gamma={self.gamma()}, "
+                f"gamma_max={self.gamma_max})")
 
 
 class GammaSchedule:
@@ -76,13 +166,10 @@ class GammaSchedule:
             raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
         self._current = gamma
-        # α estimate: Beta-like pseudo counts so the first steps do not swing to extremes
-        self.accepted = prior_alpha * prior_weight
-        self.tested = prior_weight
-        self.draft_time = 0.0
-        self.target_time = 0.0
-        self.draft_calls = 0
-        self.target_calls = 0
+        # α and c: the analysis module's online estimator without decay (a plain running MLE), whose pseudo counts
+        # keep the first steps from swinging to extremes
+        self.estimator = OnlineGammaEstimator(gamma_max=self.max_gamma, decay=1.0, alpha0=prior_alpha,
+                                              c0=default_c, prior_weight=prior_weight)
         self.default_c = default_c
         self.fallback_below, self.min_steps = float(fallback_below), min_steps
         self.steps = 0                               # update() calls: speculative steps seen
@@ -91,13 +178,11 @@ class GammaSchedule:
 
     @property
     def alpha(self) -> float:
-        return min(self.accepted / self.tested, 1.0 - 1e-6)
+        return min(self.estimator.alpha, 1.0 - 1e-6)
 
     @property
     def cost_ratio(self) -> float:
-        if self.draft_calls == 0 or self.target_calls == 0 or self.target_time <= 0:
-            return self.default_c
-        return (self.draft_time / self.draft_calls) / (self.target_time / self.target_calls)
+        return self.estimator.c
 
     def next(self) -> int:
         """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
@@ -105,7 +190,7 @@ class GammaSchedule:
             alpha, c = self.alpha, self.cost_ratio
             self._current = optimal_gamma(alpha, c, self.max_gamma)
             best = expected_speedup(alpha, self._current, c)
-            if self.target_calls >= self.min_steps and best < self.fallback_below:
+            if self.estimator.timed_steps >= self.min_steps and best < self.fallback_below:
                 self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 
@@ -120,14 +205,9 @@ class GammaSchedule:
         if not num_accepted:
             return
         self.steps += 1
-        for n in num_accepted:
-            self.accepted += n
-            self.tested += n + (1 if n < gamma else 0)
-        if draft_time > 0 and target_time > 0:
-            self.draft_time += draft_time
-            self.draft_calls += gamma
-            self.target_time += target_time
-            self.target_calls += 1
+        timed = draft_time > 0 and target_time > 0
+        self.estimator.observe(list(num_accepted), gamma, draft_time if timed else None,
+                               target_time if timed else None)
         if self.kind == "heuristic":
             if all(n == gamma for n in num_accepted):
                 self._current = min(self._current + 2, self.max_gamma)

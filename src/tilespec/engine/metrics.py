@@ -132,6 +132,32 @@ class RunStats:
         step = sum(self.times.get(p, 0.0) for p in ("draft", "target", "verify"))
         return self.times.get("verify", 0.0) / step if step > 0 else float("nan")
 
+    @classmethod
+    def merge(cls, runs: list) -> "RunStats":
+        """The stats of several generations as one: counters, times and γs summed/concatenated, memory maxed, so
+        that the aggregates above (alpha, alpha_tested, block_efficiency, ...) are pooled over all of them."""
+        first = runs[0] if runs else cls()
+        total = cls(method=first.method, runtime=first.runtime, draft_runtime=first.draft_runtime)
+        for r in runs:
+            for name in ("requests", "new_tokens", "steps", "target_calls", "draft_calls", "request_steps", "drafted",
+                         "accepted", "tested", "emitted", "defrags", "fallback_steps"):
+                setattr(total, name, getattr(total, name) + getattr(r, name))
+            total.wall_time += r.wall_time
+            total.compile_seconds += r.compile_seconds
+            for phase, t in r.times.items():
+                total.times[phase] = total.times.get(phase, 0.0) + t
+            total.gammas += list(r.gammas)
+            total.peak_memory_bytes = max(total.peak_memory_bytes, r.peak_memory_bytes)
+            total.kv_cache_bytes = max(total.kv_cache_bytes, r.kv_cache_bytes)
+        return total
+
+    @property
+    def cost_ratio(self) -> Optional[float]:
+        """Measured c = (draft time / draft forward) / (target time / target forward); None when not measured."""
+        d, t = self.times.get("draft", 0.0), self.times.get("target", 0.0)
+        return (d / self.draft_calls) / (t / self.target_calls) if self.draft_calls and self.target_calls and t \
+            else None
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("gammas")

@@ -17,6 +17,7 @@ import torch
 
 from tilespec.verify import rng, verify
 from tilespec.verify.distributions import log_probs
+from tilespec.verify.registry import get_method
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
@@ -81,61 +82,40 @@ def _sampler(mode: str):
     return _COMPILED_SAMPLER
 
 
-# verification methods whose device work never syncs with the host, so a step can replay them as a CUDA graph
-GRAPH_SAFE_METHODS = frozenset({"reference", "fused", "sigmoid", "tiled"})
-
-
-def _method_constants(method: str) -> tuple:
-    """Module-level settings a method reads at call time (they are baked into a captured graph, so they key it)."""
-    if method == "sigmoid":
-        from tilespec.verify.methods.sigmoid import get_constants
-        return get_constants()
-    return ()
-
-
 def _graph_verify(target_logits, draft_tokens, seeds, offsets, *extra, key):
-    method, sampling, _, has_logits = key
+    method, sampling, options, has_logits = key
     draft_logits = extra[0] if has_logits else None
     counts = extra[1 if has_logits else 0] if len(extra) > int(has_logits) else None
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=counts,
-                 sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
+                 sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=offsets,
+                 check_values=False)
     return res.num_emitted, res.output_tokens
 
 
 _VERIFY_GRAPHS = GraphCache(_graph_verify)
 
 
-def drop_verify_graphs(method: str) -> int:
-    """Forget the verify graphs captured for ``method`` (e.g. after changing its module-level constants);
-    returns how many were dropped."""
-    graphs = getattr(_VERIFY_GRAPHS, "_graphs", None)
-    if not isinstance(graphs, dict):
-        return 0
-    stale = [s for s in graphs if isinstance(s, tuple) and s and isinstance(s[0], tuple) and s[0]
-             and s[0][0] == method]
-    for sig in stale:
-        del graphs[sig]
-    return len(stale)
-
-
 def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingParams, method: str, seeds, offsets,
-               graphs: bool, num_draft_tokens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+               graphs: bool, num_draft_tokens: Optional[torch.Tensor] = None,
+               options: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """verify() -> (num_emitted [B], output_tokens [B, K+1]); replayed as a CUDA graph when ``graphs`` and the
-    method and sampling allow it (scalar sampling parameters: they are baked into the graph's key).
+    method (its registry record's ``graph_safe``) and sampling allow it (scalar sampling parameters: they are baked
+    into the graph's key, and so are the method's resolved ``options``, ((name, value), ...)).
     num_draft_tokens [B]: per-request draft lengths of a ragged (context-drafted) step, None = K for all."""
     try:
         hash(sampling)
         hashable = True
     except TypeError:
         hashable = False
-    if graphs and hashable and method in GRAPH_SAFE_METHODS and target_logits.is_cuda:
+    if graphs and hashable and target_logits.is_cuda and get_method(method).graph_safe:
         extra = (draft_logits,) if draft_logits is not None else ()
         extra += (num_draft_tokens,) if num_draft_tokens is not None else ()
         num_emitted, out = _VERIFY_GRAPHS(target_logits, draft_tokens, seeds, offsets, *extra,
-                                          key=(method, sampling, _method_constants(method), draft_logits is not None))
+                                          key=(method, sampling, tuple(options), draft_logits is not None))
         return num_emitted.clone(), out.clone()
     res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=num_draft_tokens,
-                 sampling=sampling, method=method, seed=seeds, offsets=offsets, check_values=False)
+                 sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=offsets,
+                 check_values=False)
     return res.num_emitted, res.output_tokens
 
 
@@ -177,12 +157,14 @@ def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Ten
 def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
                      sampling: SamplingParams, resolved: ResolvedSampling, method: str,
                      timer: PhaseTimer, graph_verify: bool = True, verify_fn=None,
-                     context: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> StepOutput:
+                     context: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                     method_options: tuple = ()) -> StepOutput:
     """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft).
 
     context: (draft_tokens [B, K], num_draft_tokens [B]) proposed on the host by a context drafter (deterministic,
     ragged); then ``draft`` (a fallback model's runner, or None) only scores the same chunk as the target, so its
     cache stays complete for later model-drafted steps. verify_fn: replaces :func:`run_verify` (same signature).
+    method_options: the method's resolved options, ((name, value), ...).
     """
     verify_fn = verify_fn or run_verify
     greedy = resolved.all_greedy
@@ -214,6 +196,6 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         graphs = graph_verify and target.mode in CUDA_GRAPH_MODES
         extra = {} if counts is None else {"num_draft_tokens": counts}
         num_emitted, out = verify_fn(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                     state.seq_len, graphs=graphs, **extra)
+                                     state.seq_len, graphs=graphs, options=method_options, **extra)
     timer.stop("verify")
     return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)

@@ -13,8 +13,8 @@ schedule estimates the cost ratio c from them). Drafts from elsewhere (context d
 ``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged).
 
 The write pointer W is a device scalar here (``write_dev``): the draft writes at W-1 .. W+γ-1 and the target at
-W .. W+K inside one capture. Keys: (γ or K, method, sampling, the sampling flags, greedy). Shapes: B, C fixed per
-generation. The device commit matches :meth:`BatchState.commit` exactly; the host only advances W.
+W .. W+K inside one capture. Keys: (γ or K, method, its options, sampling, the sampling flags, greedy). Shapes: B, C
+fixed per generation. The device commit matches :meth:`BatchState.commit` exactly; the host only advances W.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from tilespec.verify import verify
+from tilespec.verify.registry import get_method
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
@@ -57,14 +58,13 @@ class _Direct:
 class StepGraphs:
     """Captured draft and target+verify+commit blocks of one (target, draft) pair of native-graphs runners.
 
-    ``usable(method, sampling)`` says whether a step can run here (graph-safe method, hashable sampling);
+    ``usable(method, sampling)`` says whether a step can run here (a method whose registry record is graph-safe,
+    hashable sampling);
     :meth:`step` runs one step and updates ``state`` (all but the host-side write pointer, see :meth:`advance`).
     """
 
-    def __init__(self, target, draft=None, *, capture: bool = True,
-                 graph_safe_methods=frozenset({"reference", "fused", "sigmoid", "tiled"})):
+    def __init__(self, target, draft=None, *, capture: bool = True):
         self.target, self.draft = target, draft
-        self.graph_safe = graph_safe_methods
         self.write_dev = torch.zeros((), dtype=torch.int64, device=target.device)
         wrap = GraphCache if capture else _Direct
         self._draft_graphs = wrap(self._draft_block)
@@ -77,7 +77,7 @@ class StepGraphs:
             hash(sampling)
         except TypeError:
             return False
-        return method in self.graph_safe
+        return get_method(method).graph_safe
 
     # ---------------------------------------------------------------------------------------- captured bodies
     def _draft_block(self, valid, seq_len, pending, prev, seeds, w, *sampling_tensors, key):
@@ -102,7 +102,7 @@ class StepGraphs:
         return (draft_tokens, torch.stack(all_logits, dim=1)) if all_logits else (draft_tokens,)
 
     def _target_block(self, valid, seq_len, pending, prev, seeds, w, draft_tokens, *extra, key):
-        method, sampling, greedy, has_logits, has_counts = key
+        method, options, sampling, greedy, has_logits, has_counts = key
         draft_logits = extra[0] if has_logits else None
         num_draft = extra[-1] if has_counts else None
         k = draft_tokens.shape[1]
@@ -115,7 +115,8 @@ class StepGraphs:
             num_emitted = torch.ones_like(seq_len)
         else:
             res = verify(logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=num_draft,
-                         sampling=sampling, method=method, seed=seeds, offsets=seq_len, check_values=False)
+                         sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=seq_len,
+                         check_values=False)
             num_emitted, out = res.num_emitted, res.output_tokens
         # the commit of BatchState.commit, on the device
         n_acc = num_emitted - 1
@@ -132,9 +133,10 @@ class StepGraphs:
     # ---------------------------------------------------------------------------------------- host side
     def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
              method: str, timer: PhaseTimer, draft_tokens: Optional[torch.Tensor] = None,
-             num_draft_tokens: Optional[torch.Tensor] = None) -> StepOutput:
+             num_draft_tokens: Optional[torch.Tensor] = None, method_options: tuple = ()) -> StepOutput:
         """One step: γ draft-model tokens (``gamma`` > 0 with a draft runner), or the given ``draft_tokens``
-        [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify + commit. Updates ``state``'s
+        [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify (with the method's resolved
+        options, ((name, value), ...), part of the graph key) + commit. Updates ``state``'s
         device tensors; the caller reads the output once and calls :meth:`advance`."""
         greedy = resolved.all_greedy
         versions = tuple(r.cache_version for r in (self.target, self.draft) if r is not None)
@@ -161,7 +163,8 @@ class StepGraphs:
         timer.start("target")
         extra = ((draft_logits,) if draft_logits is not None else ()) + \
                 ((num_draft_tokens,) if num_draft_tokens is not None else ())
-        key = (method, sampling, greedy, draft_logits is not None, num_draft_tokens is not None)
+        key = (method, tuple(method_options), sampling, greedy, draft_logits is not None,
+               num_draft_tokens is not None)
         n, t0 = len(self._target_graphs), time.perf_counter()
         num_emitted, out, valid, seq_len, pending, prev = self._target_graphs(*base, draft_tokens, *extra, key=key)
         if len(self._target_graphs) != n:

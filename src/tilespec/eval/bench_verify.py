@@ -18,12 +18,22 @@ import inspect
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import time
 
-CONTENDERS = ("fused", "tiled", "sigmoid", "reference", "hf", "flashinfer")
+# Outside contenders: transformers' own ``_speculative_sampling`` (B = 1) and FlashInfer's chain kernel.
+EXTERNAL = ("hf", "flashinfer")
+
+
+def contenders() -> tuple:
+    """Every registered method (the registry's ``hf`` is replaced by transformers' own function), then EXTERNAL."""
+    from tilespec.verify.registry import all_methods
+    return tuple(m.name for m in all_methods() if m.name not in EXTERNAL) + EXTERNAL
+
+
+def _not_exact(name: str) -> bool:
+    from tilespec.verify.registry import get_method
+    return name not in EXTERNAL and not get_method(name).exact
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=int, nargs="+", default=[1, 5, 10, 20], help="K values")
     parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 51865, 151936, 256000])
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"])
-    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
+    parser.add_argument("--contenders", nargs="+", default=list(contenders()))
     parser.add_argument("--sweep", action="store_true", help="add the sampling-config x regime sweep at K=5, "
                                                              "V=151936, bf16, B in {1, 64}")
     parser.add_argument("--reps", type=int, default=30, help="timed eager calls per contender")
@@ -67,12 +77,13 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
     from tilespec.verify.validation import prepare_inputs
     temp, top_k = cfg
     b, k = tokens.shape
-    if name in ("fused", "tiled", "sigmoid", "reference"):
+    if name not in EXTERNAL:
         sampling = SamplingParams(temperature=temp, top_k=top_k)
         inputs = prepare_inputs(target, tokens, draft_logits=draft, sampling=sampling, seed=seed,
                                 check_values=False)
-        method = get_method(name).fn
-        return (lambda: method(inputs)), True
+        method = get_method(name)
+        options = dict(method.resolve_options())
+        return (lambda: method.fn(inputs, **options)), method.graph_safe
     if name == "hf":
         if b != 1:
             raise RuntimeError("transformers' _speculative_sampling is B = 1 only")
@@ -201,14 +212,14 @@ def _gpu_checks(torch) -> dict:
             nd = torch.randint(0, 6, (64,), device="cuda")
             inputs = prepare_inputs(target, tokens, draft_logits=draft, num_draft_tokens=nd,
                                     sampling=SamplingParams(temperature=temp, top_k=top_k), seed=99, offsets=5)
-            ref = get_method("reference").fn(inputs)
+            ref = get_method("reference")(inputs)
             for name in ("fused", "tiled"):
-                got = get_method(name).fn(inputs)
+                got = get_method(name)(inputs)
                 same = ((got.output_tokens == ref.output_tokens).all(1) & (got.num_accepted == ref.num_accepted))
                 out[f"{name}/{dtype_name}/T{temp}/k{top_k}"] = round(same.float().mean().item(), 4)
     target, draft, tokens = _make_inputs(torch, 8, 5, 151936, torch.bfloat16, "mid", seed=4)
     inputs = prepare_inputs(target, tokens, draft_logits=draft, seed=5)
-    fused = get_method("fused").fn
+    fused = get_method("fused")
     eager = fused(inputs).output_tokens.clone()
     fused(inputs)
     graph = torch.cuda.CUDAGraph()
@@ -221,18 +232,8 @@ def _gpu_checks(torch) -> dict:
 
 
 def _versions(torch):
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("triton", "transformers", "flashinfer"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as err:  # noqa: BLE001
-            out[mod] = f"unavailable: {type(err).__name__}: {str(err)[:120]}"
-    try:
-        out["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                       timeout=10).stdout.strip() or os.environ.get("TILESPEC_COMMIT", "")
-    except Exception:  # noqa: BLE001
-        out["commit"] = os.environ.get("TILESPEC_COMMIT", "")
-    return out
+    from tilespec.env import git_commit, versions
+    return {**versions("flashinfer"), "commit": git_commit() or ""}
 
 
 def _fmt(res, key):
@@ -248,7 +249,7 @@ def run(args) -> int:
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     path = args.json or f"bench/results/verify-{device.replace(' ', '_')}-{date}.json"
-    doc = {"device": device, "date": date, "versions": _versions(torch), "note": "sigmoid is NOT EXACT",
+    doc = {"device": device, "date": date, "versions": _versions(torch), "note": "; ".join(f"{n} is NOT EXACT" for n in contenders() if _not_exact(n)),
            "timing": {"eager": "median host wall time per call, synchronised after each call",
                       "graph": "CUDA events over replays of captured single calls, rotating input copies"},
            "rows": []}
@@ -300,13 +301,13 @@ def plot_verify(doc: dict, out_path: str, batches=(1, 64), vocab=151936, dtype="
         rows = sorted((r for r in doc["rows"] if r["B"] == b and r["V"] == vocab and r["dtype"] == dtype
                        and r["temperature"] == 1.0 and r["top_k"] == 0 and r["regime"] == "mid"),
                       key=lambda r: r["K"])
-        for i, name in enumerate(CONTENDERS):
+        for i, name in enumerate(contenders()):
             color = f"C{i}"
             for key, style in (("graph_us", "-"), ("eager_us", "--")):
                 pts = [(r["K"], r["results"].get(name, {}).get(key)) for r in rows]
                 pts = [(k, t) for k, t in pts if t]
                 if pts:
-                    label = f"{name}{' (NOT exact)' if name == 'sigmoid' else ''} {key.split('_')[0]}"
+                    label = f"{name}{' (NOT exact)' if _not_exact(name) else ''} {key.split('_')[0]}"
                     ax.plot(*zip(*pts), style, marker="o", color=color, label=label)
         ax.set(xlabel="draft tokens per call (gamma = K)", ylabel="time per call (us)", yscale="log",
                title=f"B={b}, V={vocab}, {dtype} logits, T=1 - {doc.get('device', '')}")

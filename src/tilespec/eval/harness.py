@@ -3,143 +3,22 @@
 Protocol (the seed paper's, §4.1): batch size 1, the transformers γ heuristic (start 5, +2 when a whole draft is
 accepted, else -1), seeds ``seed + i`` for example i under every method, and an uncounted warm-up per method (see
 :func:`warm_up`) that visits every draft length K the schedule can reach, so that no Triton compilation, CUDA-graph
-capture or other first-call cost lands inside a timed region. Per method we keep the texts, the accuracy metric, the time inside ``verify()`` (CUDA events on GPU,
-perf_counter on CPU; the engine's RunStats), the wall clock of the whole decoding loop, acceptance, peak memory and
-the bytes the verification must read; Δ% columns compare each method with the ``hf`` baseline.
+capture or other first-call cost lands inside a timed region. Per method we keep the texts, the accuracy metric,
+the time inside ``verify()`` (CUDA events on GPU, perf_counter on CPU; the engine's RunStats), the wall clock of
+the whole decoding loop, acceptance, peak memory and the bytes the verification must read; Δ% columns compare each method with the ``hf`` baseline.
+Settings live in :mod:`.config`, the aggregation of a run in :mod:`.aggregate`.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from .metrics import bandwidth_gbps, delta_pct, mean_std, verify_bytes
-
-METHODS = ("hf", "tiled", "fused", "sigmoid")
-BASELINE = "hf"
-SIGMOID_SCALE = {"summarization": 1e4, "asr": 1e3}   # the paper's α = -s, β = s per task
-
-
-@dataclass
-class EvalConfig:
-    """Settings of one evaluation run (recorded verbatim in the results JSON)."""
-
-    task: str = "summarization"
-    dataset: str = "xsum"
-    limit: Optional[int] = None
-    seed: int = 0
-    methods: tuple = METHODS
-    target: str = "qwen2.5-coder-1.5b-instruct"
-    draft: Optional[str] = "qwen2.5-coder-0.5b-instruct"
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_new_tokens: int = 100
-    temperature: float = 1.0
-    gamma: int = 5
-    schedule: str = "heuristic"
-    max_gamma: int = 20
-    sigmoid_scale: Optional[float] = None
-    max_article_chars: Optional[int] = 4000
-    studies: tuple = ("main",)
-    sweep_limit: int = 4
-    sweep_gammas: tuple = tuple(range(1, 21))
-    accept_gammas: tuple = (3, 5, 10, 15)
-    scales: tuple = (10.0, 1e3, 1e4, 1e5)
-    sweep_max_new_tokens: int = 40
-    sweep_schedule: str = "constant"
-    warmup: bool = True
-    compile: str = "auto"
-    time_budget: Optional[float] = None
-    main_share: float = 0.6
-
-    COMPILE_MODES = ("auto", "eager", "graphs", "compiled-graphs")
-
-    def __post_init__(self):
-        self.methods = tuple(self.methods)
-        unknown = [m for m in self.methods if m not in METHODS + ("reference",)]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS + ('reference',))}")
-        if not self.methods:
-            raise ValueError("at least one method is needed")
-        if self.task not in SIGMOID_SCALE:
-            raise ValueError(f"unknown task {self.task!r}; choose summarization or asr")
-        for name in ("max_new_tokens", "gamma", "max_gamma", "sweep_limit", "sweep_max_new_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit must be a positive integer, got {self.limit!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.temperature == 0 and ("sigmoid" in self.methods or "alphabeta" in self.studies):
-            raise ValueError("sigmoid has no greedy mode (temperature 0): drop it from --methods / --studies or "
-                             "sample (temperature > 0)")
-        bad = [s for s in self.studies if s not in ("main", "acceptance", "gamma", "alphabeta")]
-        if bad:
-            raise ValueError(f"unknown studies {bad}; choose from main, acceptance, gamma, alphabeta")
-        if any(g < 1 for g in tuple(self.sweep_gammas) + tuple(self.accept_gammas)):
-            raise ValueError("gamma values must be >= 1")
-        if any(s <= 0 for s in self.scales):
-            raise ValueError("sigmoid scales must be > 0 (alpha = -s, beta = s)")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
-        if not 0 < self.main_share <= 1:
-            raise ValueError(f"main_share must be in (0, 1], got {self.main_share!r}")
-        if self.sweep_schedule not in ("constant", "heuristic"):
-            raise ValueError(f"sweep_schedule must be constant or heuristic, got {self.sweep_schedule!r}")
-        if self.compile not in self.COMPILE_MODES:
-            raise ValueError(f"compile must be one of {', '.join(self.COMPILE_MODES)}, got {self.compile!r}")
-        if self.sigmoid_scale is None:
-            self.sigmoid_scale = SIGMOID_SCALE[self.task]
-
-    def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-
-
-def engine_compile(cfg: EvalConfig, device) -> bool | str:
-    """The ``compile`` argument for :class:`SpeculativeDecoder`: "auto" = plain CUDA-graph capture ("graphs") on
-    CUDA when the engine has it (``tilespec.engine.runner.step_mode``), else eager; "eager" = False; "graphs" and
-    "compiled-graphs" are passed on as they are."""
-    if cfg.compile == "eager":
-        return False
-    if cfg.compile != "auto":
-        return cfg.compile
-    if torch.device(device).type != "cuda":
-        return False
-    try:
-        from tilespec.engine.runner import step_mode  # noqa: F401  (present once the engine has CUDA graphs)
-    except ImportError:
-        return False
-    return "graphs"
-
-
-def _drop_sigmoid_graphs() -> None:
-    """Forget CUDA graphs captured for ``sigmoid``: α and β are kernel arguments baked into a captured graph."""
-    from tilespec.engine.step import drop_verify_graphs
-
-    drop_verify_graphs("sigmoid")
-
-
-@contextlib.contextmanager
-def sigmoid_constants(scale: float):
-    """Temporarily set the sigmoid method's (α, β) = (-scale, scale) through its public setter."""
-    from tilespec.verify.methods import sigmoid as sig
-
-    old = sig.get_constants()
-    changed = old != (-float(scale), float(scale))
-    sig.set_constants(-float(scale), float(scale))
-    if changed:
-        _drop_sigmoid_graphs()
-    try:
-        yield
-    finally:
-        sig.set_constants(*old)
-        if changed:
-            _drop_sigmoid_graphs()
+from .aggregate import add_deltas, summarize
+from .config import EvalConfig, engine_compile, method_options
 
 
 def reachable_ks(gamma: int, schedule: str, max_gamma: int, temperature: float) -> list[int]:
@@ -168,6 +47,7 @@ class VerifyCall:
     graphs: bool
     seeds: torch.Tensor
     offsets: torch.Tensor
+    options: tuple = ()
 
 
 _RECORDERS: list = []   # lists collecting VerifyCall records while record_verify_calls is open
@@ -181,7 +61,7 @@ def harness_verify(target_logits, draft_tokens, draft_logits, sampling, method, 
     for calls in _RECORDERS:
         calls.append(VerifyCall(target_logits.dtype, draft_logits.dtype if draft_logits is not None else None,
                                 int(target_logits.shape[-1]), target_logits.device, bool(graphs),
-                                seeds.detach().clone(), offsets.detach().clone()))
+                                seeds.detach().clone(), offsets.detach().clone(), tuple(kwargs.get("options", ()))))
     return step.run_verify(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs,
                            **kwargs)
 
@@ -223,7 +103,8 @@ def _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, 
             if kind == "logits":
                 dl = torch.randn(batch, k, call.vocab, generator=gen).to(call.device, call.draft_dtype or
                                                                        call.logits_dtype)
-            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs)
+            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs,
+                       options=call.options)
             visited.append((k, kind))
 
 
@@ -298,8 +179,10 @@ def warm_models(dec, prepared: list, ks, limit: int, gamma_max: int, seed: int) 
     Returns the number of warm-up generations run."""
     from tilespec.engine.runner import is_encoder_decoder
 
-    if not dec.compile or is_encoder_decoder(dec.target):
-        return 0   # eager forwards need no capture; encoder-decoder runners are rebuilt (recaptured) per generation
+    from tilespec.engine.native.runner import native_reason
+
+    if not dec.compile or (is_encoder_decoder(dec.target) and native_reason(dec.target) is not None):
+        return 0   # eager forwards need no capture; transformers' encoder-decoder runners are rebuilt per generation
     runs = 0
     for p in prepared:
         bucket = _capacity_bucket(len(p.ids), limit, gamma_max)
@@ -347,11 +230,6 @@ def warm_up(dec, prepared: list, method: str, cfg: EvalConfig, *, gamma: int, sc
     return info
 
 
-def _vocab_and_itemsize(model) -> tuple[int, int]:
-    head = model.get_output_embeddings().weight
-    return int(head.shape[0]), int(head.element_size())
-
-
 @dataclass
 class MethodRun:
     """Raw per-example results of decoding a list of inputs with one method and one γ setting."""
@@ -375,12 +253,8 @@ def make_decoder(target, draft, method: str, cfg: EvalConfig, *, gamma: Optional
                               max_gamma=max(cfg.max_gamma, gamma), method=method,
                               sampling=SamplingParams(temperature=cfg.temperature),
                               compile=engine_compile(cfg, device), schedule=harness_schedule,
-                              verify_fn=harness_verify,
+                              verify_fn=harness_verify, method_options=method_options(method, cfg),
                               graph_verify=False)  # every method's verify timed eagerly, like the hf baseline
-
-
-def _method_ctx(method: str, cfg: EvalConfig):
-    return sigmoid_constants(cfg.sigmoid_scale) if method == "sigmoid" else contextlib.nullcontext()
 
 
 def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,
@@ -391,11 +265,10 @@ def decode_all(target, draft, task, prepared: list, method: str, cfg: EvalConfig
     dec = make_decoder(target, draft, method, cfg, gamma=gamma, schedule=schedule)
     limit = max_new_tokens or cfg.max_new_tokens
     run = MethodRun(method=method)
-    with _method_ctx(method, cfg):
-        if warmup and prepared:
-            run.warmup = warm_up(dec, prepared, method, cfg, gamma=gamma, schedule=schedule, limit=limit)
-        for i, p in enumerate(prepared):
-            _generate_into(run, dec, task, p, cfg.seed + i, limit)
+    if warmup and prepared:
+        run.warmup = warm_up(dec, prepared, method, cfg, gamma=gamma, schedule=schedule, limit=limit)
+    for i, p in enumerate(prepared):
+        _generate_into(run, dec, task, p, cfg.seed + i, limit)
     return run
 
 
@@ -404,63 +277,6 @@ def _generate_into(run: MethodRun, dec, task, p, seed: int, limit: int) -> None:
     run.sequences.append(list(out.sequences[0]))
     run.texts.append(task.decode(out.sequences[0]))
     run.stats.append(out.stats)
-
-
-def summarize(run: MethodRun, target, *, task=None, examples: Optional[list] = None) -> dict:
-    """Aggregate a :class:`MethodRun`: metric, verify/wall time, per-step stats, acceptance, memory, bandwidth."""
-    stats = run.stats
-    vocab, itemsize = _vocab_and_itemsize(target)
-    verify_s = sum(s.times.get("verify", 0.0) for s in stats)
-    steps = sum(s.steps for s in stats)
-    per_example_ms = [1e3 * s.times.get("verify", 0.0) / s.steps for s in stats if s.steps]
-    _, std_ms = mean_std(per_example_ms)
-    drafted = sum(s.drafted for s in stats)
-    tested = sum(s.tested for s in stats)
-    accepted = sum(s.accepted for s in stats)
-    nbytes = sum(verify_bytes(s.gammas, vocab, itemsize, 1) for s in stats)
-    gammas = [g for s in stats for g in s.gammas]
-    phases = {}
-    for s in stats:
-        for k, v in s.times.items():
-            phases[k] = phases.get(k, 0.0) + v
-    out = dict(
-        method=run.method, examples=len(stats), steps=steps, new_tokens=sum(s.new_tokens for s in stats),
-        verify_time_s=verify_s, verify_step_ms=1e3 * verify_s / steps if steps else float("nan"),
-        verify_step_ms_std=std_ms, wall_time_s=sum(s.wall_time for s in stats), phase_times_s=phases,
-        alpha=accepted / drafted if drafted else float("nan"), alpha_tested=accepted / tested if tested else float("nan"),
-        mean_gamma=sum(gammas) / len(gammas) if gammas else 0.0,
-        peak_memory_bytes=max((s.peak_memory_bytes for s in stats), default=0),
-        verify_bytes=nbytes, bandwidth_gbps=bandwidth_gbps(nbytes, verify_s),
-        texts=list(run.texts),
-    )
-    if task is not None and examples is not None:
-        out[task.metric] = task.score(run.texts, examples)
-    return out
-
-
-def add_deltas(methods: dict, baseline: str = BASELINE, sequences: Optional[dict] = None) -> None:
-    """Add Δ% (profiling = total verify time, per-step, wall clock) vs ``baseline`` and output agreement in place."""
-    base = methods.get(baseline)
-    if base is None:
-        return
-    for name, row in methods.items():
-        row["delta_profiling_pct"] = delta_pct(base["verify_time_s"], row["verify_time_s"])
-        row["delta_step_pct"] = delta_pct(base["verify_step_ms"], row["verify_step_ms"])
-        row["delta_wall_pct"] = delta_pct(base["wall_time_s"], row["wall_time_s"])
-        if sequences and name in sequences and baseline in sequences:
-            same = [a == b for a, b in zip(sequences[name], sequences[baseline])]
-            row["identical_to_baseline"] = sum(same) / len(same) if same else float("nan")
-
-
-def clean(obj):
-    """JSON-safe copy: NaN/inf -> None, tuples -> lists."""
-    if isinstance(obj, float):
-        return None if math.isnan(obj) or math.isinf(obj) else obj
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    return obj
 
 
 def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print,
@@ -477,18 +293,16 @@ def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print,
     decs = {m: make_decoder(target, draft, m, cfg) for m in cfg.methods}
     runs = {m: MethodRun(method=m) for m in cfg.methods}
     for m in cfg.methods:
-        with _method_ctx(m, cfg):
-            if cfg.warmup and prepared:
-                runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
-                                         limit=cfg.max_new_tokens)
+        if cfg.warmup and prepared:
+            runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
+                                     limit=cfg.max_new_tokens)
     log(f"  [{time.strftime('%H:%M:%S')}] warm-up done ({', '.join(cfg.methods)})")
     for i, p in enumerate(prepared):
         if i > 0 and deadline is not None and time.time() > deadline:
             log(f"  time budget reached: main comparison on {i} of {len(prepared)} examples")
             break
         for m in cfg.methods:
-            with _method_ctx(m, cfg):
-                _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
+            _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
         if (i + 1) % 5 == 0 or i + 1 == len(prepared):
             log(f"  [{time.strftime('%H:%M:%S')}] {i + 1}/{len(prepared)} examples")
     n = len(runs[cfg.methods[0]].stats)

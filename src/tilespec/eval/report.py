@@ -16,10 +16,10 @@ from pathlib import Path
 from . import paper
 from .report_e2e import e2e_section
 from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
-    DATASET_NAMES, METHOD_ORDER, _dataset, _device, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct, _temp,
+    DATASET_NAMES, METHOD_ORDER, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct,
+    _suffix, _temp,
     noise_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
 
-EXACT = ("tiled", "fused", "reference")
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 
@@ -120,7 +120,7 @@ def per_run_details(runs: list) -> list[str]:
         for m in _methods(rows):
             x = rows[m]
             ph = x.get("phase_times_s") or {}
-            out.append(f"| {m}{' (baseline)' if m == 'hf' else ''} | {'no' if m == 'sigmoid' else 'yes'} | "
+            out.append(f"| {m}{' (baseline)' if m == 'hf' else ''} | {'yes' if _exact(m) else 'no'} | "
                        f"{x.get('steps')} | {x.get('new_tokens')} | {_f(x.get('alpha'))} | "
                        f"{_f(x.get('mean_gamma'), '{:.2f}')} | {_f(x.get('verify_time_s'))} | "
                        f"{_f(x.get('wall_time_s'), '{:.2f}')} | {_f(ph.get('draft'), '{:.2f}')} / "
@@ -136,8 +136,7 @@ def _plot_lines(ax, r: dict, key: str, scale: float) -> None:
         by = r["gamma_sweep"][method]
         gs = sorted(int(g) for g in by)
         ys = [(by[str(g)].get(key) if by[str(g)].get(key) is not None else float("nan")) * scale for g in gs]
-        ax.plot(gs, ys, marker="o", ms=3, label=method + (" (baseline)" if method == "hf" else
-                                                          " (not exact)" if method == "sigmoid" else ""))
+        ax.plot(gs, ys, marker="o", ms=3, label=method + _suffix(method))
     cfg = r.get("config") or {}
     ax.set_xlabel(f"γ ({cfg.get('sweep_schedule', 'constant')})")
     ax.set_title(f"{r.get('target')} / {r.get('draft')}\n{_label(r)}, n={r.get('sweep_n')}", fontsize=8)

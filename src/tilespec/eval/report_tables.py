@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tilespec.verify.registry import all_methods, get_method
+
 from . import paper
 
-METHOD_ORDER = ("hf", "reference", "tiled", "fused", "sigmoid")
+METHOD_ORDER = tuple(m.name for m in all_methods())   # the registry's display order
 DATASET_NAMES = {"xsum": "XSum", "cnndm": "CNN/DM", "ljspeech": "LJSpeech (8 clips)",
                  "synthetic": "synthetic espeak-ng speech (NOT LibriSpeech)"}
 
@@ -38,6 +40,18 @@ def _is_gpu(r: dict) -> bool:
 
 def _methods(rows: dict) -> list:
     return [m for m in METHOD_ORDER if m in rows] + [m for m in rows if m not in METHOD_ORDER]
+
+
+def _exact(method: str) -> bool:
+    """The registry's word on ``method`` (a name a results file has but this version lacks counts as exact)."""
+    try:
+        return get_method(method).exact
+    except ValueError:
+        return True
+
+
+def _suffix(method: str) -> str:
+    return " (baseline)" if method == "hf" else "" if _exact(method) else " (not exact)"
 
 
 def _dataset(r: dict) -> str:
@@ -245,7 +259,8 @@ def verify_kernel_table(path: Path, doc: dict) -> list[str]:
             and r.get("dtype") == "bf16" and r.get("V") in (51865, 151936)]
     if not rows:
         return []
-    methods = [m for m in ("hf", "tiled", "fused", "sigmoid") if any(m in r.get("results", {}) for r in rows)]
+    evaluated = [m.name for m in all_methods() if m.evaluate]
+    methods = [m for m in evaluated if any(m in r.get("results", {}) for r in rows)]
     out = [f"Verification step alone on {doc.get('device')} (`{path.name}`, batch 1, bf16 logits, temperature 1, "
            "eager launches; µs per call, Δ% vs `hf`, realized GB/s = bytes that must be read / time):", "",
            "| V | γ | " + " | ".join(f"{m} µs" for m in methods) + " | " +

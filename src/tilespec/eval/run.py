@@ -8,43 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from tilespec.env import run_record
+
 from .data import load_dataset
-from .harness import EvalConfig, clean, run_main
+from .aggregate import clean
+from .config import EvalConfig
+from .harness import run_main
 from .studies import acceptance_study, alphabeta_study, gamma_study
 from .tasks import make_task
 
 
 def environment(device: torch.device) -> dict:
-    """Device name, library versions and the git commit of the checkout."""
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    if not commit and os.environ.get("TILESPEC_COMMIT"):
-        commit = f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT; the checkout had no .git)"
-    env = dict(python=platform.python_version(), torch=torch.__version__, transformers=transformers.__version__,
-               platform=platform.platform(), commit=commit, date=time.strftime("%Y-%m-%d"))
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if device.type == "cuda":
-        env["device"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device"] = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    """The run record (``tilespec.env.run_record``: device, versions, commit, date), plus a note on CPU runs."""
+    env = run_record(device, short_commit=True)
+    if device.type != "cuda":
         env["note"] = ("CPU run: tiled/fused/sigmoid are Triton kernels executed by Triton's interpreter "
                        "(TRITON_INTERPRET=1), so their times measure the interpreter, not the kernels")
     return env
@@ -75,9 +58,7 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
     from tilespec.verify.registry import get_method
 
     t0 = time.time()
-    for method in cfg.methods:
-        get_method(method)
-    if any(m in ("tiled", "fused", "sigmoid") for m in cfg.methods):
+    if any(get_method(m).needs_triton for m in cfg.methods):
         # import the kernels package before the models: without CUDA it selects Triton's interpreter, which must
         # happen before anything else imports triton (interpreted kernels fail otherwise)
         import tilespec.verify.kernels  # noqa: F401

@@ -13,7 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from .harness import BASELINE, EvalConfig, decode_all, delta_pct, summarize
+from .aggregate import summarize
+from .config import BASELINE, EvalConfig
+from .harness import decode_all
+from .metrics import delta_pct
 
 
 def _prepared(task, examples, target):

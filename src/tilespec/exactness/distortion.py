@@ -59,7 +59,6 @@ def sigmoid_first_token_law(target: torch.Tensor, draft: torch.Tensor, alpha: fl
 
 def _sample_kernel(method: str, target, draft, alpha, beta, samples, seed) -> torch.Tensor:
     """Empirical law of the first emitted token from ``samples`` K = 1 requests through the method's kernel."""
-    from ..verify.methods.sigmoid import sigmoid_with
     from ..verify.validation import prepare_inputs
     from ..verify.registry import get_method
     gen = torch.Generator().manual_seed(seed)
@@ -69,7 +68,8 @@ def _sample_kernel(method: str, target, draft, alpha, beta, samples, seed) -> to
     t[:, 1] = target
     d = draft.view(1, 1, -1).expand(samples, 1, -1).contiguous().to(device)
     inputs = prepare_inputs(t, tokens.view(-1, 1).to(device), draft_logits=d, seed=seed * 7919, check_values=False)
-    result = sigmoid_with(inputs, alpha, beta) if method == "sigmoid" else get_method(method).fn(inputs)
+    options = {"alpha": alpha, "beta": beta} if method == "sigmoid" else None
+    result = get_method(method)(inputs, options)
     first = result.output_tokens[:, 0].cpu()
     return torch.bincount(first, minlength=target.numel()).double() / samples
 

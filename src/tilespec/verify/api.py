@@ -1,7 +1,7 @@
 """``verify()``: the one entry point for the accept/resample step of speculative decoding."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -12,8 +12,9 @@ from .validation import prepare_inputs
 
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_logits: Optional[torch.Tensor] = None,
            draft_probs: Optional[torch.Tensor] = None, num_draft_tokens=None,
-           sampling: SamplingParams = SamplingParams(), method: str = "reference", seed=None,
-           generator: Optional[torch.Generator] = None, offsets=None, check_values: bool = True) -> VerifyResult:
+           sampling: SamplingParams = SamplingParams(), method: str = "reference", options: Optional[Mapping] = None,
+           seed=None, generator: Optional[torch.Generator] = None, offsets=None,
+           check_values: bool = True) -> VerifyResult:
     """Accept or reject each request's draft tokens and sample the next token, exactly from the target's law.
 
     Args:
@@ -25,7 +26,10 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
         num_draft_tokens: [B] per-request draft lengths K_b in [0, K] (ragged batch); default K for every request.
             K_b = 0 samples only the next token from target row 0.
         sampling: temperature / top-k / top-p / min-p / lenience, scalars or per request.
-        method: a registered method name ("reference", "hf", "tiled", "fused", "sigmoid", ...).
+        method: a registered method name ("reference", "hf", "tiled", "fused", "sigmoid", ...; see
+            ``tilespec.verify.registry.all_methods()``).
+        options: the method's options (e.g. sigmoid's {"alpha": -1e3, "beta": 1e3}); unset ones keep their defaults,
+            unknown names raise ValueError.
         seed: int (request b uses seed + b), or per-request seeds [B]; None draws seeds from ``generator`` or the
             default torch generator. Random numbers are keyed by (seed, offsets + position), so a request's result
             does not depend on the rest of the batch.
@@ -41,6 +45,6 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
                             num_draft_tokens=num_draft_tokens, sampling=sampling, seed=seed, generator=generator,
                             offsets=offsets, check_values=check_values)
     chosen = get_method(method)
-    result = chosen.fn(inputs)
+    result = chosen(inputs, options)
     result.method, result.exact = chosen.name, chosen.exact
     return result

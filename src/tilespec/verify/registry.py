@@ -1,18 +1,25 @@
-"""The registry of verification methods: each method is one module that registers a function under a name.
+"""The registry of verification methods: one :class:`Method` record per method, the one list everyone iterates.
 
-A method is ``fn(inputs: VerifyInputs) -> VerifyResult``. It must honour the whole contract (ragged K_b, seeds,
-SamplingParams) or raise NotImplementedError naming what it does not support; ``exact`` says whether its output
-law equals the target's (the exactness suite holds every exact method to that).
+A method is one module under ``tilespec.verify.methods`` that registers ``fn(inputs: VerifyInputs, **options) ->
+VerifyResult`` with :func:`register_method`. The record says what the engine, the evaluation, the benchmarks and the
+report need to know: whether the output law equals the target's (``exact``; the exactness suite holds every exact
+method to that), whether its device work never syncs with the host (``graph_safe``: the engine may replay it as a
+CUDA graph), whether it needs Triton, its options with their defaults, and whether the evaluation runs it by default.
+A method honours the whole contract (ragged K_b, seeds, SamplingParams) or raises NotImplementedError naming what it
+does not support. Options are resolved to a sorted tuple of (name, value) pairs, hashable, so they can key a graph.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
+import importlib.util
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
 
 from .types import VerifyInputs, VerifyResult
 
-MethodFn = Callable[[VerifyInputs], VerifyResult]
+MethodFn = Callable[..., VerifyResult]
+Options = tuple   # ((name, value), ...) sorted by name
 
 
 @dataclass(frozen=True)
@@ -21,41 +28,79 @@ class Method:
     fn: MethodFn
     exact: bool
     description: str
+    graph_safe: bool = False
+    needs_triton: bool = False
+    options: Options = field(default=())
+    evaluate: bool = True
+    check_options: Optional[Callable[..., None]] = None
+
+    def resolve_options(self, options: Optional[Mapping] = None) -> Options:
+        """Defaults overridden by ``options`` -> sorted ((name, value), ...); unknown names raise ValueError."""
+        given = dict(options or {})
+        defaults = dict(self.options)
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            known = ", ".join(defaults) or "none"
+            raise ValueError(f"method {self.name!r} has no option(s) {unknown}; its options: {known}")
+        merged = {**defaults, **{k: type(defaults[k])(v) for k, v in given.items()}}
+        if self.check_options is not None:
+            self.check_options(**merged)
+        return tuple(sorted(merged.items()))
+
+    def __call__(self, inputs: VerifyInputs, options: Optional[Mapping] = None) -> VerifyResult:
+        if self.needs_triton and importlib.util.find_spec("triton") is None:
+            raise ImportError(f"method {self.name!r} needs Triton; install it (pip install 'tilespec[gpu]')")
+        return self.fn(inputs, **dict(self.resolve_options(options)))
 
 
 _METHODS: dict[str, Method] = {}
-# Modules that register methods when imported; importing lazily keeps `import tilespec` free of Triton.
-_PROVIDERS = {
-    "reference": "tilespec.verify.methods.reference",
-    "hf": "tilespec.verify.methods.hf",
-    "tiled": "tilespec.verify.methods.tiled",
-    "sigmoid": "tilespec.verify.methods.sigmoid",
-    "fused": "tilespec.verify.methods.fused",
-}
+_BUILTINS_LOADED = False
 
 
-def register_method(name: str, *, exact: bool, description: str) -> Callable[[MethodFn], MethodFn]:
-    """Decorator: ``@register_method("reference", exact=True, description=...)``."""
+def register_method(name: str, *, exact: bool, description: str, graph_safe: bool = False,
+                    needs_triton: bool = False, options: Optional[Mapping] = None, evaluate: bool = True,
+                    check_options: Optional[Callable[..., None]] = None) -> Callable[[MethodFn], MethodFn]:
+    """Decorator: ``@register_method("reference", exact=True, description=..., graph_safe=True)``."""
     def wrap(fn: MethodFn) -> MethodFn:
-        _METHODS[name] = Method(name=name, fn=fn, exact=exact, description=description)
+        _METHODS[name] = Method(name=name, fn=fn, exact=exact, description=description, graph_safe=graph_safe,
+                                needs_triton=needs_triton, options=tuple(sorted((options or {}).items())),
+                                evaluate=evaluate, check_options=check_options)
         return fn
     return wrap
 
 
+def _load_builtins() -> None:
+    """Import every module of ``tilespec.verify.methods`` (they import Triton lazily, inside their functions)."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    from . import methods
+    for info in pkgutil.iter_modules(methods.__path__):
+        importlib.import_module(f"{methods.__name__}.{info.name}")
+    _BUILTINS_LOADED = True
+
+
 def get_method(name: str) -> Method:
-    if name not in _METHODS and name in _PROVIDERS:
-        try:
-            importlib.import_module(_PROVIDERS[name])
-        except ModuleNotFoundError as err:
-            if err.name and err.name.startswith("tilespec"):
-                raise ValueError(f"verification method {name!r} is not implemented in this version") from err
-            raise ImportError(f"method {name!r} needs {err.name!r}; install it (e.g. pip install "
-                              f"'tilespec[gpu]' for Triton)") from err
+    """The record of ``name``; unknown names raise ValueError listing the available ones."""
+    if name not in _METHODS:
+        _load_builtins()
     if name not in _METHODS:
         raise ValueError(f"unknown verification method {name!r}; available: {', '.join(available_methods())}")
     return _METHODS[name]
 
 
+def all_methods() -> list[Method]:
+    """Every registered method record, built-in ones first in the order of :data:`ORDER`, then the others by name."""
+    _load_builtins()
+    rank = {n: i for i, n in enumerate(ORDER)}
+    return sorted(_METHODS.values(), key=lambda m: (rank.get(m.name, len(ORDER)), m.name))
+
+
 def available_methods() -> list[str]:
-    """Names of methods that can be requested (registered or provided by a known module)."""
-    return sorted(set(_METHODS) | set(_PROVIDERS))
+    """Names of the methods that can be requested."""
+    _load_builtins()
+    return sorted(_METHODS)
+
+
+# Display order in tables and benchmark listings (baseline first, then the exact methods, the non-exact last).
+ORDER = ("hf", "reference", "tiled", "fused", "sigmoid")

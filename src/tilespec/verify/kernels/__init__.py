@@ -12,9 +12,6 @@ requests per program), ``launch`` (the Python wrappers, launch plans, layout cho
 """
 from __future__ import annotations
 
-import os
+from tilespec.env import use_triton_interpreter_without_cuda
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+use_triton_interpreter_without_cuda()

@@ -49,7 +49,7 @@ def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next
     return torch.where(cols == num_accepted[:, None], next_token[:, None], out)
 
 
-@register_method("reference", exact=True,
+@register_method("reference", exact=True, graph_safe=True, evaluate=False,
                  description="exact; batched PyTorch, log-space test, Gumbel-max residual (the semantics oracle)")
 def reference(inputs: VerifyInputs) -> VerifyResult:
     sampling = inputs.sampling

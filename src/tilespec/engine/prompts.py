@@ -1,0 +1,28 @@
+"""Text prompts -> token ids, the one way every entry point does it (``SpeculativeDecoder(prompts=...)``,
+``tilespec.generate``, the CLI, the end-to-end benchmark).
+
+The rule: with ``chat=True`` (the default) and a tokenizer that has a chat template (instruct models), a prompt is
+one user turn wrapped by ``apply_chat_template(..., add_generation_prompt=True)`` and tokenized without adding
+special tokens again (the template holds them); otherwise the raw text is tokenized with the tokenizer's special
+tokens. ``chat=False`` keeps raw text for every tokenizer.
+"""
+from __future__ import annotations
+
+
+def uses_chat_template(tok, chat: bool = True) -> bool:
+    return bool(chat and getattr(tok, "chat_template", None))
+
+
+def chat_prompt(tok, text: str, chat: bool = True) -> str:
+    """``text`` as one user turn of the tokenizer's chat template, when it has one and ``chat`` is on."""
+    if uses_chat_template(tok, chat):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+    return text
+
+
+def encode_prompts(tok, texts, chat: bool = True) -> list[list[int]]:
+    """Token id lists of ``texts`` (a str or a list of str) under the rule in the module docstring."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    special = not uses_chat_template(tok, chat)
+    return [list(tok(chat_prompt(tok, t, chat), add_special_tokens=special).input_ids) for t in texts]

@@ -1,0 +1,115 @@
+"""The environment, in one place: tilespec's home and data folders, device/dtype picking, Triton's interpreter switch
+and the run record every benchmark / evaluation JSON carries.
+
+Folders:
+  * ``tilespec_home()``: ``$TILESPEC_HOME`` or ``~/.cache/tilespec`` (model cache, fetched wheels, derived data).
+  * ``data_root()``: evaluation data that cannot be fetched from a package index (CNN/DM, LJSpeech clips):
+    ``$TILESPEC_DATA`` or ``tilespec_home()/data``. Library code names no other path.
+Device and dtype: ``pick_device("auto")`` is CUDA when available, else CPU; ``pick_dtype("auto", device)`` is bf16 on
+a GPU and fp32 on CPU, for generation, transcription, evaluation and benchmarks alike.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+def tilespec_home() -> Path:
+    """``$TILESPEC_HOME`` or ``~/.cache/tilespec``."""
+    return Path(os.environ.get("TILESPEC_HOME") or Path.home() / ".cache" / "tilespec").expanduser()
+
+
+def data_root() -> Path:
+    """The evaluation data folder: ``$TILESPEC_DATA`` or ``tilespec_home()/data``."""
+    env = os.environ.get("TILESPEC_DATA")
+    return Path(env).expanduser() if env else tilespec_home() / "data"
+
+
+def use_triton_interpreter_without_cuda() -> None:
+    """Without CUDA, Triton kernels can only run in Triton's interpreter; Triton reads ``TRITON_INTERPRET`` when it
+    is first imported (transformers may import it early), so ``import tilespec`` calls this before anything else.
+    An explicit setting is kept."""
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def pick_device(name="auto"):
+    """"auto" -> cuda when available, else cpu; other names are checked (cuda without CUDA is an error)."""
+    import torch
+    if str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} requested but CUDA is not available; use device='cpu' or 'auto'")
+    return dev
+
+
+def pick_dtype(name="auto", device=None):
+    """"auto" -> bfloat16 on a GPU, float32 on CPU; names float32/fp32, bfloat16/bf16, float16/fp16; a
+    torch.dtype is returned as it is."""
+    import torch
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        return torch.bfloat16 if device is not None and torch.device(device).type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose float32, bfloat16 or float16 (or auto)")
+    return getattr(torch, DTYPES[name])
+
+
+def git_commit(short: bool = False) -> str | None:
+    """The commit of the checkout tilespec runs from, else ``$TILESPEC_COMMIT`` (marked as such), else None."""
+    try:
+        args = ["git", "rev-parse"] + (["--short"] if short else []) + ["HEAD"]
+        commit = subprocess.run(args, capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    if not commit and os.environ.get("TILESPEC_COMMIT"):
+        commit = f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT; the checkout had no .git)"
+    return commit
+
+
+def versions(*extra: str) -> dict:
+    """python, torch, triton, transformers (and any ``extra`` module) versions; a missing module reads None."""
+    import importlib
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "triton", "transformers") + extra:
+        try:
+            out[mod] = importlib.import_module(mod).__version__
+        except Exception:  # noqa: BLE001  (an optional module may fail in many ways; record it as absent)
+            out[mod] = None
+    return out
+
+
+def device_name(device) -> str:
+    """The GPU's name, or a CPU description with its thread count."""
+    import torch
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def run_record(device=None, *extra_modules: str, short_commit: bool = False) -> dict:
+    """What every results JSON records, flat: device, python/torch/triton/transformers (+ ``extra_modules``)
+    versions, commit, date (UTC, ISO), platform, triton_interpret, and cuda on a GPU."""
+    import torch
+    device = torch.device(device) if device is not None else pick_device()
+    rec = dict(device=device_name(device), **versions(*extra_modules), commit=git_commit(short_commit),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               platform=platform.platform(), triton_interpret=triton_interpreted())
+    if device.type == "cuda":
+        rec["cuda"] = torch.version.cuda
+    return rec
