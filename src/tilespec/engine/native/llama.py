@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -112,8 +113,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, ln1: torch.Tensor, qkv: torch.Tensor,
                   qkv_bias: torch.Tensor | None, o: torch.Tensor, ln2: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float) -> torch.Tensor:
-    """One pre-norm decoder layer on hidden states h [B, q, d]; writes its K/V at slots write_pos + [0, q)."""
+                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float,
+                  flex: bool = False) -> torch.Tensor:
+    """One pre-norm decoder layer on hidden states h [B, q, d]; writes its K/V at slots write_pos + [0, q).
+    ``flex``: attention through FlexAttention (compiled paths only: inductor's decoding kernel) instead of SDPA."""
     b, q, _ = h.shape
     x = rms_norm(h, ln1, eps)
     proj = F.linear(x, qkv, qkv_bias)
@@ -127,7 +130,12 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
     slots = write_pos + torch.arange(q, device=h.device)
     k_cache.index_copy_(2, slots, xk)
     v_cache.index_copy_(2, slots, xv)
-    attn = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask, enable_gqa=heads != kv_heads)
+    if flex:
+        def add_mask(score, bi, hi, qi, kvi):
+            return score + mask[bi, 0, qi, kvi]
+        attn = flex_attention(xq, k_cache, v_cache, score_mod=add_mask, enable_gqa=heads != kv_heads)
+    else:
+        attn = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask, enable_gqa=heads != kv_heads)
     h = h + F.linear(attn.transpose(1, 2).reshape(b, q, nq), o)
     x = rms_norm(h, ln2, eps)
     gu = F.linear(x, gate_up)
@@ -181,14 +189,14 @@ class NativeLlama:
         return emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
-                caches: list, keep: int | None = None, layer_fn=decoder_layer) -> torch.Tensor:
+                caches: list, keep: int | None = None, layer_fn=decoder_layer, **layer_kw) -> torch.Tensor:
         """tokens/positions [B, q], additive mask [B, 1, q, C] -> logits [B, q or keep, V] (model dtype)."""
         h = F.embedding(tokens, self.embed)
         cos, sin = self.rope(positions)
         for w, (k_cache, v_cache) in zip(self.layers, caches):
             h = layer_fn(h, cos, sin, mask, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias, w.o, w.ln2,
                               w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                              eps=self.eps)
+                              eps=self.eps, **layer_kw)
         if keep is not None:
             h = h[:, -keep:]
         return F.linear(rms_norm(h, self.norm, self.eps), self.lm_head)

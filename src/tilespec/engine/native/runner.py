@@ -15,6 +15,7 @@ default); :attr:`compile_seconds` records the time spent compiling in this proce
 """
 from __future__ import annotations
 
+import os
 import time
 import types
 from typing import Optional
@@ -98,6 +99,8 @@ class NativeRunner:
         self.compile_seconds = 0.0
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
         self._layer = compiled_layer(model) if mode == "native-graphs" else self.native.layer
+        # FlexAttention's decoding kernel exists only compiled; Whisper keeps SDPA (its layer ignores the flag)
+        self._layer_kw = {"flex": mode == "native-graphs" and os.environ.get("TILESPEC_FLEX", "0") == "1"}
 
     @property
     def capacity(self) -> int:
@@ -140,7 +143,7 @@ class NativeRunner:
 
     def _graph_forward(self, tokens, positions, mask, key=None):
         return self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
-                                   layer_fn=self._layer)
+                                   layer_fn=self._layer, **self._layer_kw)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
@@ -171,7 +174,7 @@ class NativeRunner:
         """The forward without a graph of its own, for capture inside a larger one (engine/step_graph.py):
         ``write_pos`` a 0-d int64 device tensor; returns logits in the model dtype (a graph-owned buffer)."""
         return self.native.forward(tokens, positions, self._additive(mask), write_pos, self.caches, keep=keep,
-                                   layer_fn=self._layer)
+                                   layer_fn=self._layer, **self._layer_kw)
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots); the

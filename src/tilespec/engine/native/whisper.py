@@ -72,7 +72,7 @@ def _layer_weights(layer) -> WhisperLayerWeights:
 
 def whisper_layer(h, mask, write_pos, k_cache, v_cache, cross_k, cross_v, ln1_w, ln1_b, qkv_w, qkv_b, o_w, o_b,
                   ln2_w, ln2_b, cq_w, cq_b, co_w, co_b, ln3_w, ln3_b, fc1_w, fc1_b, fc2_w, fc2_b, *,
-                  heads: int, head_dim: int, eps: float):
+                  heads: int, head_dim: int, eps: float, flex: bool = False):
     """One Whisper decoder layer on h [B, q, d]; writes its self-attention K/V at slots write_pos + [0, q)."""
     b, q, d = h.shape
     x = F.layer_norm(h, (d,), ln1_w, ln1_b, eps)
@@ -131,13 +131,13 @@ class NativeWhisperDecoder:
             out.append((k, v))
         return out
 
-    def forward(self, tokens, positions, mask, write_pos, caches, keep=None, layer_fn=whisper_layer):
+    def forward(self, tokens, positions, mask, write_pos, caches, keep=None, layer_fn=whisper_layer, **layer_kw):
         """caches: per layer (K, V, K_x, V_x) -> logits [B, q or keep, V] (model dtype)."""
         h = F.embedding(tokens, self.embed) + F.embedding(positions, self.positions)
         for w, (k, v, ck, cv) in zip(self.layers, caches):
             h = layer_fn(h, mask, write_pos, k, v, ck, cv, w.ln1_w, w.ln1_b, w.qkv_w, w.qkv_b, w.o_w, w.o_b,
                          w.ln2_w, w.ln2_b, w.cq_w, w.cq_b, w.co_w, w.co_b, w.ln3_w, w.ln3_b, w.fc1_w, w.fc1_b,
-                         w.fc2_w, w.fc2_b, heads=self.heads, head_dim=self.head_dim, eps=self.eps)
+                         w.fc2_w, w.fc2_b, heads=self.heads, head_dim=self.head_dim, eps=self.eps, **layer_kw)
         if keep is not None:
             h = h[:, -keep:]
         h = F.layer_norm(h, (h.shape[-1],), self.norm_w, self.norm_b, self.eps)
