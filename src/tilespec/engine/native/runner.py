@@ -99,7 +99,8 @@ class NativeRunner:
         self.compile_seconds = 0.0
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
         self._layer = compiled_layer(model) if mode == "native-graphs" else self.native.layer
-        # FlexAttention's decoding kernel exists only compiled; Whisper keeps SDPA (its layer ignores the flag)
+        # FlexAttention's decoding kernel (compiled only) measured slower than cuDNN SDPA at decode shapes on an H100
+        # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: TILESPEC_FLEX=1
         self._layer_kw = {"flex": mode == "native-graphs" and os.environ.get("TILESPEC_FLEX", "0") == "1"}
 
     @property
