@@ -88,6 +88,29 @@ def default_cases(seed: int = 0) -> list[Case]:
     cases.append(Case("lenience 0.5", base_t[:4], draft_logits=base_d[:3], sampling=SamplingParams(lenience=0.5)))
     cases.append(Case("lenience 0.3 greedy", base_t[:4], draft_logits=close_d,
                       sampling=SamplingParams(temperature=0.0, lenience=0.3)))
+    cases += peer_cases(g, base_t)
+    return cases
+
+
+def peer_cases(g: torch.Generator, base_t: torch.Tensor) -> list[Case]:
+    """Situations the peers' rejection-sampler tests exercise (vLLM, FlashInfer, transformers), written for our
+    contract: draft_probs are normalised by the caller (verify() rejects rows that do not sum to 1)."""
+    v = base_t.shape[-1]
+    raw = torch.rand(3, v, generator=g, dtype=torch.float64)          # vLLM-style raw uniform draft weights
+    cases = [Case("raw rand draft_probs, normalised", base_t[:4], draft_probs=(raw / raw.sum(-1, keepdim=True)).float(),
+                  single_request=True)]
+    same = torch.softmax(base_t[:3].double(), -1)                      # q = p: the residual is all zero (or rounding)
+    cases.append(Case("draft_probs = p (zero residual)", base_t[:4], draft_probs=same.float(), single_request=True))
+    one_t = torch.full((4, v), float("-inf"))
+    one_t[torch.arange(4), torch.tensor([2, 5, 5, 9])] = 0.0
+    one_q = torch.zeros(3, v)
+    one_q[torch.arange(3), torch.tensor([2, 5, 6])] = 1.0               # agrees, agrees, then q(x) = 0 where p(x) = 1
+    cases.append(Case("one-hot p and q (zero residual, then rejection)", one_t, draft_probs=one_q,
+                      single_request=True))
+    peaked = torch.zeros(4, v)
+    peaked[:, 0] = 8.0                                                 # peaked target vs a uniform draft
+    cases.append(Case("peaked target, uniform draft_probs", peaked, draft_probs=torch.full((3, v), 1.0 / v),
+                      single_request=True))
     return cases
 
 

@@ -44,6 +44,15 @@ def biased_reference(*args, **kwargs) -> VerifyResult:
     return result
 
 
+def _one_stream(method: str) -> bool:
+    """True for a registered method that draws the whole batch from one generator (``hf``): it is given one seed
+    for the whole chunk (repeated per request) instead of per-request seeds."""
+    try:
+        return not get_method(method).batch_invariant
+    except ValueError:   # a test sampler such as the power check's, not a registered method
+        return False
+
+
 def _draw_drafts(case: Case, laws_q: torch.Tensor | None, count: int, gen: torch.Generator) -> torch.Tensor:
     """[count, K] draft tokens: sampled from the processed draft law q [K, V], or the fixed one-hot tokens."""
     k = case.max_draft
@@ -114,6 +123,7 @@ def run_case(case: Case, sampler: Sampler, method: str, samples: int, alpha: flo
         q = draft_log_probs(fixed, vocab, resolved, dl, dp)[0].double().exp()
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.tensor(case.lengths)
+    one_stream = _one_stream(method)
     collected_tokens, collected_acc, collected_kind = [], [], []
     done = 0
     while done < samples:
@@ -124,7 +134,8 @@ def run_case(case: Case, sampler: Sampler, method: str, samples: int, alpha: flo
             draft_logits=None if dl is None else dl.expand(m, -1, -1).contiguous().to(device),
             draft_probs=None if dp is None else dp.expand(m, -1, -1).contiguous().to(device),
             num_draft_tokens=None if case.single_request else kinds.to(device),
-            sampling=case.sampling, seed=seeds.to(device), check_values=(done == 0))
+            sampling=case.sampling, seed=(seeds[:1].expand(m) if one_stream else seeds).to(device),
+            check_values=(done == 0))
         result = sampler(tl.expand(m, -1, -1).contiguous().to(device), _draw_drafts(case, q, m, gen).to(device),
                          **kwargs)
         collected_tokens.append(result.output_tokens.cpu().numpy())

@@ -33,6 +33,7 @@ class Method:
     options: Options = field(default=())
     evaluate: bool = True
     check_options: Optional[Callable[..., None]] = None
+    batch_invariant: bool = True   # a request's tokens never depend on the rest of the batch (keyed randomness)
 
     def resolve_options(self, options: Optional[Mapping] = None) -> Options:
         """Defaults overridden by ``options`` -> sorted ((name, value), ...); unknown names raise ValueError."""
@@ -59,12 +60,15 @@ _BUILTINS_LOADED = False
 
 def register_method(name: str, *, exact: bool, description: str, graph_safe: bool = False,
                     needs_triton: bool = False, options: Optional[Mapping] = None, evaluate: bool = True,
-                    check_options: Optional[Callable[..., None]] = None) -> Callable[[MethodFn], MethodFn]:
-    """Decorator: ``@register_method("reference", exact=True, description=..., graph_safe=True)``."""
+                    check_options: Optional[Callable[..., None]] = None,
+                    batch_invariant: bool = True) -> Callable[[MethodFn], MethodFn]:
+    """Decorator: ``@register_method("reference", exact=True, description=..., graph_safe=True)``.
+    ``batch_invariant=False`` marks a method whose random numbers come from one stream for the whole batch
+    (per-request seeds are then refused)."""
     def wrap(fn: MethodFn) -> MethodFn:
         _METHODS[name] = Method(name=name, fn=fn, exact=exact, description=description, graph_safe=graph_safe,
                                 needs_triton=needs_triton, options=tuple(sorted((options or {}).items())),
-                                evaluate=evaluate, check_options=check_options)
+                                evaluate=evaluate, check_options=check_options, batch_invariant=batch_invariant)
         return fn
     return wrap
 

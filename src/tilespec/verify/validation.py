@@ -45,6 +45,68 @@ def _check_finite_logits(name: str, logits: torch.Tensor, rows_valid: Optional[t
         raise ValueError(f"{name}[{b}, {r}] is -inf everywhere: no token can be sampled from it")
 
 
+def draft_probs_tolerance(dtype: torch.dtype) -> float:
+    """How far a used draft_probs row's sum may be from 1: 1e-3, or one unit of rounding for bf16 (whose softmax
+    rows are off by up to ~3e-3 after the cast)."""
+    return max(1e-3, torch.finfo(dtype).eps)
+
+
+def _check_draft_probs(draft_probs: torch.Tensor, valid: torch.Tensor) -> None:
+    """Used rows must be finite, non-negative and sum to 1 within :func:`draft_probs_tolerance`. Rows are taken as
+    given (never renormalised), so every method sees the same q; a row off by more than the tolerance would
+    silently change the output law, hence an error. Padding rows (valid False) are not read."""
+    if not torch.isfinite(draft_probs).all() or (draft_probs < 0).any():
+        raise ValueError("draft_probs must be finite and non-negative")
+    sums = draft_probs.sum(-1, dtype=torch.float32)
+    if ((sums <= 0) & valid).any():
+        raise ValueError("draft_probs has a used row with zero mass: pass the distribution the draft tokens were "
+                         "sampled from")
+    tol = draft_probs_tolerance(draft_probs.dtype)
+    off = ((sums - 1).abs() > tol) & valid
+    if off.any():
+        b, i = (int(v) for v in off.nonzero()[0])
+        raise ValueError(f"draft_probs[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 (tolerance {tol:.3g}): "
+                         f"pass normalised probabilities, e.g. probs / probs.sum(-1, keepdim=True), or pass "
+                         f"draft_logits instead")
+
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def _check_int64(name: str, value, spread: int) -> None:
+    """Python-int seeds / offsets (or sequences of them) must fit int64, including ``value + spread`` (an int seed
+    gives request b the seed + b). Tensors are already int64 or converted by torch."""
+    if isinstance(value, int):
+        values = [value]
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        values, spread = list(value), 0
+    else:
+        return
+    bad = [v for v in values if not INT64_MIN <= v <= INT64_MAX - spread]
+    if bad:
+        raise ValueError(f"{name} = {bad[0]} does not fit a signed 64-bit integer"
+                         f"{f' (request b uses {name} + b, up to + {spread})' if spread else ''}: "
+                         f"use values in [-2**63, 2**63 - 1{f' - {spread}' if spread else ''}], e.g. {name} % 2**62")
+
+
+def check_shared_stream_seed(method: str, seed, check_values: bool) -> None:
+    """A method that draws the whole batch from one generator (``hf``) cannot honour per-request seeds: reject a
+    per-request seed list/tensor with different values instead of silently ignoring it. Tensors are read only when
+    ``check_values`` (one host sync)."""
+    if seed is None or isinstance(seed, int):
+        return
+    if isinstance(seed, torch.Tensor):
+        if not check_values:
+            return
+        distinct = int(torch.unique(seed).numel())
+    else:
+        distinct = len({int(s) for s in seed})
+    if distinct > 1:
+        raise ValueError(f"method {method!r} draws every request from one generator, so it cannot honour "
+                         f"{distinct} different per-request seeds (its tokens depend on the batch); pass one int "
+                         f"seed, or use method 'reference', 'tiled' or 'fused' for per-request seeds")
+
+
 # ---------------------------------------------------------------------------------------------- constant tensors
 # Tensors that are pure functions of Python values (a scalar broadcast to [B], K_max per request, zero offsets, int
 # seeds) are made once per (device, value, B) and reused: every torch.full / arange is a kernel launch and ~5-10 us
@@ -255,21 +317,25 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
             bad = valid & ((draft_tokens < 0) | (draft_tokens >= vocab))
             if bad.any():
                 b, i = (int(v) for v in bad.nonzero()[0])
-                raise ValueError(f"draft_tokens[{b}, {i}] = {int(draft_tokens[b, i])} is out of range [0, {vocab})")
+                value = int(draft_tokens[b, i])
+                fix = (f"; for a shorter draft pass num_draft_tokens (request {b} drafted K_b tokens => "
+                       f"num_draft_tokens[{b}] = K_b); positions past K_b are padding and may hold any value, "
+                       f"e.g. -1" if value < 0 else
+                       f"; ids must index the target's vocabulary (target_logits.shape[-1] = {vocab})")
+                raise ValueError(f"draft_tokens[{b}, {i}] = {value} is out of range [0, {vocab}){fix}")
         rows_valid = torch.arange(rows, device=device)[None, :] <= num_draft[:, None]
         _check_finite_logits("target_logits", target_logits, rows_valid)
         if draft_logits is not None:
             _check_finite_logits("draft_logits", draft_logits, valid)
         if draft_probs is not None:
-            if not torch.isfinite(draft_probs).all() or (draft_probs < 0).any():
-                raise ValueError("draft_probs must be finite and non-negative")
-            if ((draft_probs.sum(-1) <= 0) & valid).any():
-                raise ValueError("draft_probs has a used row with zero mass")
+            _check_draft_probs(draft_probs, valid)
     if draft_tokens.dtype != torch.int64:
         draft_tokens = draft_tokens.long()
     if ragged and k_max > 0:
         draft_tokens = draft_tokens.masked_fill(_const_positions(device, k_max) >= num_draft[:, None], 0)
 
+    _check_int64("offsets", offsets, 0)
+    _check_int64("seed", seed, batch - 1)
     if offsets is None:
         offsets_t = const_full(device, batch, 0, torch.int64)
     elif isinstance(offsets, int):

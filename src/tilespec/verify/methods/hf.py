@@ -4,8 +4,10 @@ Semantics per request (B = 1 in transformers; here applied request by request): 
 p = softmax(target logits) after the same warpers; ratio = p(x)/q(x); accept while rand <= ratio (the cumsum of
 rejections trick); at the first rejection sample ``torch.multinomial`` from clamp(p - q, min=0) / sum, else from the
 bonus row. It draws from one torch generator (seeded from the first request's seed, or the caller's generator)
-instead of tilespec's counter-based stream, so its tokens depend on batch composition, as in transformers. It is
-exact but unfused; use it as the baseline. For B = 1 it is exactly the 4.38 computation.
+instead of tilespec's counter-based stream, so its tokens depend on batch composition, as in transformers; it is
+registered ``batch_invariant=False`` and verify() refuses per-request seeds that differ. An all-zero residual
+(which transformers would turn into NaN) falls back to p. It is exact but unfused; use it as the baseline. For
+B = 1 it is exactly the 4.38 computation.
 """
 from __future__ import annotations
 
@@ -37,7 +39,11 @@ def _hf_batched(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, num_draf
     if gamma > 0:
         q_n = q.gather(1, row.clamp(max=gamma - 1)).squeeze(1)
         p_prime = torch.clamp(p_n - q_n, min=0)
-        p_prime = p_prime / p_prime.sum(-1, keepdim=True)
+        # transformers divides by the sum unguarded: an all-zero residual (q >= p everywhere, e.g. unnormalised q,
+        # or p == q up to rounding, where a rejection has probability ~0) would hand NaN to multinomial. Fall back
+        # to p_n there, as the other methods do.
+        mass = p_prime.sum(-1, keepdim=True)
+        p_prime = torch.where(mass > 0, p_prime / mass.clamp(min=torch.finfo(mass.dtype).tiny), p_n)
         p_prime = torch.where((n_matches < num_draft)[:, None], p_prime, p_n)
     else:
         p_prime = p_n
@@ -45,7 +51,7 @@ def _hf_batched(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, num_draf
     return n_matches, next_token
 
 
-@register_method("hf", exact=True,
+@register_method("hf", exact=True, batch_invariant=False,
                  description="exact; transformers 4.38 _speculative_sampling semantics (softmax, ratio, cumsum, "
                              "clamp(p-q)/sum, multinomial), batched, torch generator")
 def hf(inputs: VerifyInputs) -> VerifyResult:
