@@ -18,6 +18,7 @@ the fallback the draft runner is never touched again in that generation (its cac
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Iterator, Optional
 
 import torch
@@ -28,6 +29,7 @@ from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
 from .gamma import GammaSchedule
+from .inputs import check_request
 from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .native import NativeRunner
@@ -39,6 +41,14 @@ from .step_graph import step_graphs_for
 
 
 _COMPILED_RUNNERS: dict = {}
+_LEASES: dict = {}   # id(shared runner) -> weakref to the unfinished Generation decoding with it
+
+
+def _in_use(runner) -> bool:
+    """True while another generation (an open or abandoned-but-referenced stream) decodes with ``runner``."""
+    ref = _LEASES.get(id(runner))
+    gen = ref() if ref is not None else None
+    return gen is not None and not gen.finished
 
 
 def release_compiled() -> None:
@@ -108,8 +118,10 @@ class SpeculativeDecoder:
             dv = draft.get_output_embeddings().weight.shape[0]
             if tv != dv:
                 raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
-            if next(target.parameters()).device != next(draft.parameters()).device:
-                raise ValueError("target and draft must be on the same device")
+            t_dev, d_dev = next(target.parameters()).device, next(draft.parameters()).device
+            if t_dev != d_dev:
+                raise ValueError(f"target is on {t_dev} but draft on {d_dev}: move both to one device, "
+                                 f"e.g. draft.to(target.device)")
         self.target, self.draft, self.drafter = target, draft, drafter
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
         self.fallback_below = fallback_below
@@ -148,15 +160,17 @@ class SpeculativeDecoder:
 
     def _runner(self, name: str, model, capacity: int, batch: int) -> ModelRunner:
         """Compiled runners are shared process-wide per (model, role, capacity, batch, compile mode), so decoders
-        that differ only in sampling or verify method reuse the same graphs; eager runners are rebuilt."""
+        that differ only in sampling or verify method reuse the same graphs; eager runners are rebuilt. A shared
+        runner is leased to one unfinished generation at a time: another open stream gets a runner of its own."""
         key = (id(model), name, capacity, batch, str(self.compile))
         cached = _COMPILED_RUNNERS.get(key)
-        if self.compile and cached is not None and cached.model is model:
+        busy = cached is not None and _in_use(cached)
+        if self.compile and cached is not None and cached.model is model and not busy:
             return cached
         runner = make_runner(model, capacity, compile=self.compile)
         # transformers' cross-attention cache cannot be reset in place; native runners re-fill theirs on encode()
         reuse = self.compile and (not is_encoder_decoder(model) or isinstance(runner, NativeRunner))
-        if reuse:
+        if reuse and not busy:
             _COMPILED_RUNNERS[key] = runner
         return runner
 
@@ -169,6 +183,7 @@ class SpeculativeDecoder:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         prompt_lists = self._prompt_lists(input_ids, prompts)
+        seeds = check_request(self.target, self.draft, prompt_lists, max_new_tokens, seed, self.sampling)
         batch = len(prompt_lists)
         encdec = is_encoder_decoder(self.target)
         if encdec and input_features is None:
@@ -211,12 +226,9 @@ class SpeculativeDecoder:
             runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
         valid = torch.zeros((batch, capacity), dtype=torch.bool, device=self.device)
         valid[:, :p] = pad_valid
-        seeds = seed if not isinstance(seed, int) else [seed + i for i in range(batch)]
-        if len(seeds) != batch:
-            raise ValueError(f"got {len(seeds)} seeds for {batch} requests")
         state = BatchState(valid=valid, seq_len=is_tok.sum(dim=1), pending=ids[:, p].clone(),
                            prev=ids[:, p - 1].clone(), write=p, rows=list(range(batch)),
-                           seeds=torch.as_tensor(list(seeds), dtype=torch.int64, device=self.device))
+                           seeds=torch.as_tensor(seeds, dtype=torch.int64, device=self.device))
         context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
@@ -224,11 +236,15 @@ class SpeculativeDecoder:
         compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast) if r is not None)
         timer.stop("prefill")
         sampling = select_sampling(self.sampling, state.rows)
-        return Generation(state=state, target=target, draft=draft, schedule=schedule, timer=timer, stats=stats,
-                          capacity=capacity, max_new_tokens=max_new_tokens, sampling=sampling,
-                          resolved=resolve_sampling(sampling, state.size, self.device), context=context,
-                          t_start=t_start, produced=[0] * batch, sequences=[[] for _ in range(batch)],
-                          reasons=["length"] * batch, fast=fast, compile_before=compile_before)
+        gen = Generation(state=state, target=target, draft=draft, schedule=schedule, timer=timer, stats=stats,
+                         capacity=capacity, max_new_tokens=max_new_tokens, sampling=sampling,
+                         resolved=resolve_sampling(sampling, state.size, self.device), context=context,
+                         t_start=t_start, produced=[0] * batch, sequences=[[] for _ in range(batch)],
+                         reasons=["length"] * batch, fast=fast, compile_before=compile_before)
+        for runner in (target, draft):
+            if runner is not None and any(runner is r for r in _COMPILED_RUNNERS.values()):
+                _LEASES[id(runner)] = weakref.ref(gen)
+        return gen
 
     def _context_drafts(self, gen: Generation, live: list, cap: int) -> Optional[list]:
         """Host-side proposals per batch position (live rows only; [] = no match), or None if none matched."""
