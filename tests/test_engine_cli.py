@@ -62,7 +62,9 @@ def test_generate_errors(tiny_pair, tmp_path, capsys):
     assert main(["generate", "--target", "t"]) == 1
     assert "--prompt" in capsys.readouterr().err
     assert main(["generate", "--target", "t", "--batch-file", str(tmp_path / "missing.txt")]) == 1
-    assert main(["generate", "--target", "t", "--prompt", "x", "--gamma", "0"]) == 1
+    with pytest.raises(SystemExit) as exit_:   # a bad number is a usage error: argparse names the flag, status 2
+        main(["generate", "--target", "t", "--prompt", "x", "--gamma", "0"])
+    assert exit_.value.code == 2 and "argument --gamma: must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_demo_checks_greedy_equality(tiny_pair, capsys):

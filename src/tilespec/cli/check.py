@@ -9,6 +9,9 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
+
+from .generate import check_json_path, positive_int
 
 from tilespec.env import triton_interpreted
 
@@ -20,7 +23,7 @@ def register(sub) -> None:
     ex.add_argument("--method", action="append", dest="methods", metavar="NAME",
                     help="method to check (repeatable; 'multidraft' runs every multi-draft scheme). "
                          "Default: reference")
-    ex.add_argument("--samples", type=int, default=1_000_000, help="requests sampled per case (default 1e6)")
+    ex.add_argument("--samples", type=positive_int, default=1_000_000, help="requests sampled per case (default 1e6)")
     ex.add_argument("--alpha", type=float, default=1e-6, help="significance level of each test (default 1e-6)")
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--device", default="cpu", help="torch device the methods run on (cpu, cuda)")
@@ -49,6 +52,7 @@ def run_exactness(args) -> int:
     from ..exactness.suite import run_suite
     from ..verify.registry import get_method
 
+    check_json_path(Path(args.json) if args.json else None)
     console = Console()
     methods = args.methods or ["reference"]
     started = time.perf_counter()

@@ -5,7 +5,9 @@ loading, prompt encoding and device/dtype picking are library calls (tilespec.ap
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,16 +18,48 @@ from tilespec.env import pick_device, pick_dtype
 SCHEDULES = ("constant", "heuristic", "optimal")
 
 
+def _number(kind, low: float, rule: str, high: float = float("inf")):
+    """An argparse ``type`` that parses ``kind`` and requires low <= value <= high (argparse names the flag)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+    return parse
+
+
+positive_int = _number(int, 1, "an integer >= 1")
+non_negative_int = _number(int, 0, "an integer >= 0")
+non_negative_float = _number(float, 0.0, "a finite number >= 0", high=1e300)
+probability = _number(float, 1e-300, "a number in (0, 1]", high=1.0)
+
+
+def check_json_path(path: Path | None) -> None:
+    """Fail before any work when ``--json PATH`` cannot be written (a folder, or a folder we may not write)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a folder: give a file name, e.g. {path / 'out.json'}")
+    folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or \
+            (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"--json {path} cannot be written (no write permission in {folder}): choose another path")
+
+
 def add_decoding_arguments(p) -> None:
     """Options shared by generate / transcribe / demo."""
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per request (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--gamma", type=int, default=5, help="draft tokens per step (initial value if adaptive)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128,
+                   help="tokens to generate per request (default 128)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--gamma", type=positive_int, default=5, help="draft tokens per step (initial value if adaptive)")
     p.add_argument("--gamma-schedule", choices=SCHEDULES, default="constant")
     p.add_argument("--method", default="reference", help="verification method (reference, hf, fused, ...)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the counter-based random streams")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the counter-based random streams")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on GPU)")
     p.add_argument("--compile", action="store_true", help="compile decode/verify steps (CUDA graphs on GPU)")
@@ -109,6 +143,9 @@ def run(args) -> int:
     from tilespec.engine import SpeculativeDecoder
     if args.prompt is None and args.batch_file is None:
         raise ValueError("give --prompt TEXT or --batch-file FILE")
+    if args.prompt is not None and not args.prompt.strip():
+        raise ValueError("--prompt is empty: give some text to continue")
+    check_json_path(args.json)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)

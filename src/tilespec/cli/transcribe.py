@@ -14,7 +14,7 @@ from tilespec.api import load_pair
 from tilespec.env import pick_device, pick_dtype
 from tilespec.models.whisper import decoder_prompt, features, load_audio
 
-from .generate import add_decoding_arguments, print_stats, sampling_from_args
+from .generate import add_decoding_arguments, check_json_path, positive_int, print_stats, sampling_from_args
 
 
 def run(args) -> int:
@@ -22,6 +22,7 @@ def run(args) -> int:
     from tilespec.engine import SpeculativeDecoder
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
+    check_json_path(args.json)
     audios = [load_audio(Path(a)) for a in args.audio]
     target, draft, tok = load_pair(args.target, args.draft, device, dtype,
                                    log=lambda m: print(m, file=sys.stderr))
@@ -54,6 +55,6 @@ def register(sub) -> None:
     p.add_argument("--target", default="whisper-base", help="Whisper target (default whisper-base)")
     p.add_argument("--draft", default="whisper-base:layers=2", help="draft (default whisper-base:layers=2)")
     p.add_argument("--language", default="en")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     add_decoding_arguments(p)
     p.set_defaults(max_new_tokens=200, func=run)

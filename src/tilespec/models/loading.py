@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .cache import fetch, is_cached, model_dir, tilespec_home
-from .registry import REGISTRY, get_entry, parse_model_spec
+from .cache import fetch, is_cached, model_dir, tilespec_home, verify_cached
+from .registry import REGISTRY, closest_name, get_entry, parse_model_spec
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -51,7 +51,12 @@ def _load_hf(source: str, dtype: torch.dtype, **kw):
     """from_pretrained for a folder or a hub id; Whisper -> (WhisperForConditionalGeneration, processor)."""
     import transformers as tf
 
-    config = tf.AutoConfig.from_pretrained(source, **kw)
+    try:
+        config = tf.AutoConfig.from_pretrained(source, **kw)
+    except OSError as err:   # transformers' hub / cache miss: several lines; keep the first and name the fix
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"could not load {source!r} as a Hugging Face model ({first}); pass a registry "
+                                f"name (`tilespec models list`), a model folder or a .gguf file") from err
     if _is_whisper(config):
         model = tf.WhisperForConditionalGeneration.from_pretrained(source, dtype=dtype, **kw)
         return model, tf.AutoProcessor.from_pretrained(source, **kw)
@@ -149,6 +154,7 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
                 raise FileNotFoundError(f"model {spec_name!r} is not cached ({model_dir(spec_name)}); run "
                                         f"`tilespec models fetch {spec_name}` or pass download=True")
             fetch(spec_name)
+        verify_cached(spec_name)
         folder = model_dir(spec_name)
         if entry.kind == "gguf":
             model, tok = _load_gguf(folder / entry.source_name, folder, dtype, save_converted)
@@ -165,7 +171,11 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
         elif path.exists():
             raise ValueError(f"{path} is neither a .gguf file nor a model folder")
         elif _looks_like_path(spec_name):
-            raise FileNotFoundError(f"no such model file or folder: {path}")
+            raise FileNotFoundError(f"no such model file or folder: {path} (check the path, or pass a registry "
+                                    f"name from `tilespec models list`)")
+        elif "/" not in spec_name and closest_name(spec_name):   # a typo, not an owner/name hub id
+            raise ValueError(f"unknown model {spec_name!r}: not a registry name, file or folder; did you mean "
+                             f"{closest_name(spec_name)!r}? (`tilespec models list`)")
         else:
             model, tok = _load_hf(spec_name, dtype)
     model = model.to(device=device, dtype=dtype).eval()

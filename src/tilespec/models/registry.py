@@ -7,6 +7,7 @@ to take along. ``kind`` is ``"gguf"`` (a llama.cpp GGUF file loaded through tran
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 
@@ -92,7 +93,16 @@ def get_entry(name: str) -> ModelEntry:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(REGISTRY)}") from None
+        hint = f"did you mean {closest_name(name)!r}? " if closest_name(name) else ""
+        raise ValueError(f"unknown model {name!r}; {hint}known: {', '.join(REGISTRY)} "
+                         f"(`tilespec models list`)") from None
+
+
+def closest_name(name: str) -> str | None:
+    """The registry name closest to a typo'd ``name`` (difflib, case-insensitive), or None when none is close."""
+    lower = {n.lower(): n for n in REGISTRY}
+    hits = difflib.get_close_matches(str(name).lower(), list(lower), n=1, cutoff=0.6)
+    return lower[hits[0]] if hits else None
 
 
 _OPT = re.compile(r"^[A-Za-z_]\w*=[^,=:]*(,[A-Za-z_]\w*=[^,=:]*)*$")

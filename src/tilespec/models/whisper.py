@@ -20,7 +20,15 @@ def load_audio(path):
     from scipy.signal import resample_poly
     if not Path(path).is_file():
         raise FileNotFoundError(f"audio file not found: {path}")
-    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    if Path(path).stat().st_size == 0:
+        raise ValueError(f"audio file {path} is empty (0 bytes): give a recording")
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except sf.SoundFileError as err:
+        raise ValueError(f"{path} is not an audio file soundfile can read ({err}): give WAV/FLAC/OGG, or convert "
+                         f"it, e.g. `ffmpeg -i {path} -ar 16000 out.wav`") from None
+    if data.shape[0] == 0:
+        raise ValueError(f"audio file {path} holds no samples: give a non-empty recording")
     mono = data.mean(axis=1)
     if rate != SAMPLE_RATE:
         g = gcd(int(rate), SAMPLE_RATE)
