@@ -73,9 +73,10 @@ class SpeculativeDecoder:
             max_gamma, fallback_below=...)`` and returning an object with ``next()`` and ``update(gamma,
             num_accepted, draft_time, target_time)``; default :class:`GammaSchedule`.
         verify_fn: replaces ``engine.step.run_verify`` (same signature) for every step, e.g. to record calls.
-        method: verification method name ("reference", "hf", "fused", ...).
         method: verification method name ("reference", "hf", "fused", ...); method_options: its options (e.g.
-            sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key.
+            sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key. Every method
+            but "hf" keeps a request's tokens independent of the rest of the batch; "hf" (transformers' semantics)
+            draws the batch from one generator, so its tokens depend on the batch (per-request seeds not honoured).
         sampling: SamplingParams (scalars, or per-request sequences matching the batch).
         tokenizer: optional; needed for string prompts and decoded texts. String prompts are encoded by
             :func:`tilespec.engine.prompts.encode_prompts`: wrapped in the tokenizer's chat template when it has one
