@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -131,7 +132,7 @@ def unpack(parts_dir: str | Path, name: str | None = None) -> list[Path]:
         m = _read_manifest(mpath)
         final = model_dir(m["name"])
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{m['name']}-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{m['name']}-{os.getpid()}-", dir=final.parent))
         try:
             stream = _PartStream(folder, m["parts"])
             for f in m["files"]:
