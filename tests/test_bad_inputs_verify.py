@@ -234,3 +234,14 @@ def test_neg_inf_draft_probs_and_all_neg_inf_target_rows():
     target[0, K] = float("-inf")
     with pytest.raises(ValueError, match=r"target_logits\[0, 3\] is -inf everywhere"):
         tilespec.verify(target, tokens)
+
+
+def test_numpy_integer_seeds_work_float_seeds_are_a_type_error():
+    import numpy as np
+    target, _, tokens = make()
+    base = tilespec.verify(target, tokens, seed=3)
+    assert torch.equal(tilespec.verify(target, tokens, seed=np.int64(3)).output_tokens, base.output_tokens)
+    assert torch.equal(tilespec.verify(target, tokens, seed=np.array([3, 4])).output_tokens, base.output_tokens)
+    for bad in (1.5, torch.tensor([1.0, 2.0])):
+        with pytest.raises(TypeError, match=r"seed must be an int or integers \(one per request\).*pass int\(seed\)"):
+            tilespec.verify(target, tokens, seed=bad)

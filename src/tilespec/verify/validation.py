@@ -346,6 +346,8 @@ def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_prob
         if tuple(offsets_t.shape) != (batch,):
             raise ValueError(f"offsets must be an int or have shape [{batch}], got {tuple(offsets_t.shape)}")
     if seed is not None and not isinstance(seed, int):
+        if isinstance(seed, float) or (isinstance(seed, torch.Tensor) and seed.is_floating_point()):
+            raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40}: pass int(seed)")
         seed_shape = tuple(torch.as_tensor(seed).shape) if not isinstance(seed, torch.Tensor) else tuple(seed.shape)
         if seed_shape != (batch,):
             raise ValueError(f"seed must be an int or one seed per request (shape [{batch}]), got shape {seed_shape}")
