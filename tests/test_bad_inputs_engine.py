@@ -144,3 +144,26 @@ def test_stream_abandoned_midway_then_reused(models):
             stream.close()          # released at once; otherwise it stays open and holds its runners
         assert dec.generate([[4, 4]], max_new_tokens=8, seed=1).sequences == expected
         assert _collect(dec.stream([[4, 4]], max_new_tokens=8, seed=1)) == expected[0]
+
+
+@pytest.mark.parametrize("seed,err,msg", [(2**63 - 1, ValueError, "seed 9223372036854775808 is not an integer that fits"),
+                                          ([1, 2**64], ValueError, "seed 18446744073709551616 is not an integer"),
+                                          ([1, 2.5], ValueError, "seed 2.5 is not an integer"),
+                                          (1.5, TypeError, "seed must be an int .* got float"),
+                                          ([1, 2, 3], ValueError, "got 3 seeds for 2 requests")])
+def test_bad_seeds_fail_before_any_work(dec, seed, err, msg):
+    with pytest.raises(err, match=msg):
+        dec.generate([[1], [2]], max_new_tokens=2, seed=seed)
+
+
+def test_tensor_and_numpy_seeds_work(dec):
+    import numpy as np
+    a = dec.generate([[1], [2]], max_new_tokens=4, seed=[3, 4]).sequences
+    assert dec.generate([[1], [2]], max_new_tokens=4, seed=torch.tensor([3, 4])).sequences == a
+    assert dec.generate([[1], [2]], max_new_tokens=4, seed=np.int64(3)).sequences == a
+
+
+def test_per_request_sampling_of_the_wrong_length(models):
+    dec = SpeculativeDecoder(models["target"], models["draft"], sampling=SamplingParams(temperature=[0.5, 1.0, 0.7]))
+    with pytest.raises(ValueError, match="sampling.temperature has 3 entries for 2 requests: give one value per"):
+        dec.generate([[1], [2]], max_new_tokens=2)

@@ -49,6 +49,13 @@ def check_json_path(path: Path | None) -> None:
         raise ValueError(f"--json {path} cannot be written (no write permission in {folder}): choose another path")
 
 
+def check_decoding_args(args) -> None:
+    """The checks that need no model: run them before loading one (minutes) so a typo fails at once."""
+    from tilespec.verify.registry import get_method
+    get_method(args.method)
+    check_json_path(args.json)
+
+
 def add_decoding_arguments(p) -> None:
     """Options shared by generate / transcribe / demo."""
     p.add_argument("--max-new-tokens", type=positive_int, default=128,
@@ -145,7 +152,7 @@ def run(args) -> int:
         raise ValueError("give --prompt TEXT or --batch-file FILE")
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt is empty: give some text to continue")
-    check_json_path(args.json)
+    check_decoding_args(args)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)

@@ -14,7 +14,7 @@ from tilespec.api import load_pair
 from tilespec.env import pick_device, pick_dtype
 from tilespec.models.whisper import decoder_prompt, features, load_audio
 
-from .generate import add_decoding_arguments, check_json_path, positive_int, print_stats, sampling_from_args
+from .generate import add_decoding_arguments, check_decoding_args, positive_int, print_stats, sampling_from_args
 
 
 def run(args) -> int:
@@ -22,7 +22,7 @@ def run(args) -> int:
     from tilespec.engine import SpeculativeDecoder
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    check_json_path(args.json)
+    check_decoding_args(args)
     audios = [load_audio(Path(a)) for a in args.audio]
     target, draft, tok = load_pair(args.target, args.draft, device, dtype,
                                    log=lambda m: print(m, file=sys.stderr))

@@ -27,9 +27,14 @@ def vocab_limit(model) -> Optional[int]:
     return int(weight.shape[0]) if weight is not None else None
 
 
-def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-    """Raise ValueError naming the problem and the fix when a prompt holds ids outside the vocabulary or when
-    prompt + max_new_tokens exceeds the context of the target or the draft (the draft sees the same positions)."""
+def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_tokens: int, seed=0,
+                  sampling=None) -> list[int]:
+    """Raise ValueError naming the problem and the fix when a prompt holds ids outside the vocabulary, when
+    prompt + max_new_tokens exceeds the context of the target or the draft (the draft sees the same positions),
+    when the seeds do not fit int64 / do not match the batch, or a per-request sampling list has the wrong length.
+    Returns the per-request seeds (an int seed gives request i seed + i)."""
+    seeds = _seed_list(seed, len(prompts))
+    _check_sampling_lengths(sampling, len(prompts))
     vocab = vocab_limit(target)
     if vocab is not None:
         for i, prompt in enumerate(prompts):
@@ -47,3 +52,28 @@ def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_token
             raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the {role}'s "
                              f"context of {limit} positions (max_position_embeddings): shorten the prompt or lower "
                              f"max_new_tokens to at most {limit - longest}")
+    return seeds
+
+
+def _seed_list(seed, batch: int) -> list[int]:
+    if hasattr(seed, "tolist"):          # numpy / torch scalars and vectors
+        seed = seed.tolist()
+    if isinstance(seed, bool) or not isinstance(seed, (int, list, tuple)):
+        raise TypeError(f"seed must be an int (request i uses seed + i) or a list of {batch} ints, got "
+                        f"{type(seed).__name__}")
+    seeds = [seed + i for i in range(batch)] if isinstance(seed, int) else list(seed)
+    if not isinstance(seed, int) and len(seeds) != batch:
+        raise ValueError(f"got {len(seeds)} seeds for {batch} requests: pass one int or one seed per request")
+    bad = [s for s in seeds if not isinstance(s, int) or not -2**63 <= s < 2**63]
+    if bad:
+        raise ValueError(f"seed {bad[0]!r} is not an integer that fits int64 (request i uses seed + i): use a "
+                         f"smaller seed, e.g. seed % 2**62")
+    return seeds
+
+
+def _check_sampling_lengths(sampling, batch: int) -> None:
+    for name in ("temperature", "top_k", "top_p", "min_p", "lenience"):
+        value = getattr(sampling, name, None)
+        if isinstance(value, (list, tuple)) and len(value) != batch:
+            raise ValueError(f"sampling.{name} has {len(value)} entries for {batch} requests: give one value per "
+                             f"request or a single number")

@@ -10,6 +10,7 @@ does not support. Options are resolved to a sorted tuple of (name, value) pairs,
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import pkgutil
@@ -89,7 +90,9 @@ def get_method(name: str) -> Method:
     if name not in _METHODS:
         _load_builtins()
     if name not in _METHODS:
-        raise ValueError(f"unknown verification method {name!r}; available: {', '.join(available_methods())}")
+        close = difflib.get_close_matches(str(name), available_methods(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown verification method {name!r}; {hint}available: {', '.join(available_methods())}")
     return _METHODS[name]
 
 
