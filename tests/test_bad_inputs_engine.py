@@ -115,7 +115,7 @@ def _collect(stream) -> list:
     return [t for event in stream for t in event.tokens.get(0, [])]
 
 
-@pytest.mark.parametrize("compile", [False, "debug"])
+@pytest.mark.parametrize("compile", [False, "debug", "native"])
 def test_two_streams_on_one_decoder(models, compile):
     dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile=compile)
     a = dec.generate([[1, 2, 3]], max_new_tokens=10, seed=4).sequences[0]
@@ -134,8 +134,9 @@ def test_two_streams_on_one_decoder(models, compile):
     assert out.sequences[0] == b
 
 
-def test_stream_abandoned_midway_then_reused(models):
-    dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile="debug")
+@pytest.mark.parametrize("compile", ["debug", "native"])
+def test_stream_abandoned_midway_then_reused(models, compile):
+    dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile=compile)
     expected = dec.generate([[4, 4]], max_new_tokens=8, seed=1).sequences
     for close in (True, False):
         stream = dec.stream([[4, 4]], max_new_tokens=8, seed=1)
