@@ -168,3 +168,25 @@ def test_per_request_sampling_of_the_wrong_length(models):
     dec = SpeculativeDecoder(models["target"], models["draft"], sampling=SamplingParams(temperature=[0.5, 1.0, 0.7]))
     with pytest.raises(ValueError, match="sampling.temperature has 3 entries for 2 requests: give one value per"):
         dec.generate([[1], [2]], max_new_tokens=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compile", ["graphs", "native-graphs"])
+def test_two_streams_and_an_abandoned_one_on_cuda_graphs(compile):
+    """The lease of shared graph runners on the real CUDA-graph paths (run with -m gpu on the GPU machine)."""
+    target = tiny_lm(0, logit_scale=3.0).cuda()
+    dec = SpeculativeDecoder(target, layer_skip(target, 1), gamma=3, eos_token_id=[], compile=compile)
+    a = dec.generate([[1, 2, 3]], max_new_tokens=10, seed=4).sequences[0]
+    b = dec.generate([[7, 8]], max_new_tokens=10, seed=9).sequences[0]
+    got_a, got_b = [], []
+    for ea, eb in itertools.zip_longest(dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4),
+                                        dec.stream([[7, 8]], max_new_tokens=10, seed=9)):
+        got_a += ea.tokens.get(0, []) if ea else []
+        got_b += eb.tokens.get(0, []) if eb else []
+    assert (got_a, got_b) == (a, b)
+    abandoned = dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4)
+    next(abandoned)
+    assert dec.generate([[7, 8]], max_new_tokens=10, seed=9).sequences[0] == b
+    abandoned.close()
+    assert dec.generate([[1, 2, 3]], max_new_tokens=10, seed=4).sequences[0] == a
