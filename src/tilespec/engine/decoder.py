@@ -18,7 +18,6 @@ the fallback the draft runner is never touched again in that generation (its cac
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Iterator, Optional
 
 import torch
@@ -29,8 +28,9 @@ from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
 from .gamma import GammaSchedule
-from .inputs import check_request
 from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
+from .inputs import check_request
+from .leases import in_use, lease
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .native import NativeRunner
 from .prompts import encode_prompts
@@ -41,14 +41,6 @@ from .step_graph import step_graphs_for
 
 
 _COMPILED_RUNNERS: dict = {}
-_LEASES: dict = {}   # id(shared runner) -> weakref to the unfinished Generation decoding with it
-
-
-def _in_use(runner) -> bool:
-    """True while another generation (an open or abandoned-but-referenced stream) decodes with ``runner``."""
-    ref = _LEASES.get(id(runner))
-    gen = ref() if ref is not None else None
-    return gen is not None and not gen.finished
 
 
 def release_compiled() -> None:
@@ -165,7 +157,7 @@ class SpeculativeDecoder:
         runner is leased to one unfinished generation at a time: another open stream gets a runner of its own."""
         key = (id(model), name, capacity, batch, str(self.compile))
         cached = _COMPILED_RUNNERS.get(key)
-        busy = cached is not None and _in_use(cached)
+        busy = cached is not None and in_use(cached)   # another open stream decodes with it (leases.py)
         if self.compile and cached is not None and cached.model is model and not busy:
             return cached
         runner = make_runner(model, capacity, compile=self.compile)
@@ -242,9 +234,7 @@ class SpeculativeDecoder:
                          resolved=resolve_sampling(sampling, state.size, self.device), context=context,
                          t_start=t_start, produced=[0] * batch, sequences=[[] for _ in range(batch)],
                          reasons=["length"] * batch, fast=fast, compile_before=compile_before)
-        for runner in (target, draft):
-            if runner is not None and any(runner is r for r in _COMPILED_RUNNERS.values()):
-                _LEASES[id(runner)] = weakref.ref(gen)
+        lease(gen, (target, draft), _COMPILED_RUNNERS.values())
         return gen
 
     def _context_drafts(self, gen: Generation, live: list, cap: int) -> Optional[list]:
