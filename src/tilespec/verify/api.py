@@ -48,7 +48,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
     Returns:
         VerifyResult with output_tokens [B, K+1] (-1 padded), num_accepted [B], num_emitted [B], accepted [B, K].
     """
-    if isinstance(seed, numbers.Integral):   # numpy / torch integer scalars behave like the int they hold
+    if isinstance(seed, numbers.Integral):   # numpy integer scalars behave like the int they hold
         seed = int(seed)
     inputs = prepare_inputs(target_logits, draft_tokens, draft_logits=draft_logits, draft_probs=draft_probs,
                             num_draft_tokens=num_draft_tokens, sampling=sampling, seed=seed, generator=generator,
