@@ -44,8 +44,9 @@ def check_json_path(path: Path | None) -> None:
     if path.is_dir():
         raise ValueError(f"--json {path} is a folder: give a file name, e.g. {path / 'out.json'}")
     folder = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or \
-            (path.exists() and not os.access(path, os.W_OK)):
+    if not folder.is_dir():
+        raise ValueError(f"--json {path} cannot be written ({folder} is a file, not a folder): choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"--json {path} cannot be written (no write permission in {folder}): choose another path")
 
 
