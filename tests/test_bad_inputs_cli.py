@@ -113,6 +113,12 @@ def test_unwritable_json_path_fails_before_any_work(tmp_path, capsys):
         assert rc == 1 and "is a folder: give a file name" in one_error_line(err)
 
 
+def test_json_path_without_write_permission(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: False)   # the tests run as root, who may write anywhere
+    rc, err = run_cli(["generate", "--target", "x", "--prompt", "hi", "--json", str(tmp_path / "out.json")], capsys)
+    assert rc == 1 and f"no write permission in {tmp_path}" in one_error_line(err)
+
+
 # -------------------------------------------------------------------------------------------------- transcribe
 
 def test_transcribe_non_audio_empty_and_missing_files(tmp_path, capsys):
