@@ -1,0 +1,143 @@
+"""Which committed result files and rows the REPORT.md summary quotes (see ``report_summary.py``).
+
+Inputs are ``(path, parsed JSON or error string)`` pairs from ``load_results``. Files are ranked by their date
+(``environment.date`` / ``date`` / a ``YYYY-MM-DD`` in the name), then by how many systems they hold, then by name,
+so the choice is deterministic. Rows that failed (``error``), lack a rate, or are not dicts are ignored.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SMALL_N = 100  # sample sizes below this get a warning (the issue asks for hundreds of examples per dataset)
+# system kind -> summary label, in display order
+E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers static cache",
+             "hf-assisted": "transformers assisted (draft model)", "hf-prompt-lookup": "transformers prompt lookup",
+             "ar": "tilespec target-only", "tilespec": "tilespec + draft model", "ngram": "tilespec n-gram",
+             "suffix": "tilespec suffix", "tilespec+ngram": "tilespec draft model + n-gram",
+             "tilespec+suffix": "tilespec draft model + suffix"}
+HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
+VERIFY_BATCHES = (1, 64)
+VERIFY_GAMMA = 5
+
+
+def _num(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
+
+
+def _d(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def file_date(path: Path, doc: dict) -> str:
+    text = str(_d(doc.get("environment")).get("date") or doc.get("date") or "")
+    m = re.search(r"\d{4}-\d{2}-\d{2}", text) or re.search(r"\d{4}-\d{2}-\d{2}", Path(path).name)
+    return m.group(0) if m else ""
+
+
+def newest(files: list):
+    return max(files, key=lambda pd: (file_date(*pd[:2]), Path(pd[0]).name))
+
+
+def kind(row: dict) -> str | None:
+    """System kind of an e2e row: ``kind`` where recorded, else the system name before ``:`` / ``@``."""
+    k = row.get("kind") or re.split(r"[:@]", str(row.get("system") or ""))[0]
+    return k if k in E2E_ORDER else None
+
+
+def _rows(doc: dict) -> list:
+    res = doc.get("results")
+    return [r for r in res if isinstance(r, dict) and "error" not in r] if isinstance(res, list) else []
+
+
+def newest_e2e(others: list) -> tuple[list, list]:
+    """(newest real-weight e2e file per target/ASR setting, notes on skipped e2e files). Newest = latest day;
+    among one day's files the one comparing the most system kinds (a full comparison over a one-system sweep)."""
+    groups, notes = {}, []
+    for path, doc in others:
+        path = Path(path)
+        if not path.name.startswith("e2e-") or isinstance(doc, str):
+            continue
+        if not isinstance(doc, dict) or not _rows(doc):
+            notes.append(f"`{path.name}`: no result rows, skipped")
+            continue
+        st = _d(doc.get("settings"))
+        if st.get("random_init") or st.get("tiny"):
+            continue
+        groups.setdefault((str(st.get("target")), bool(st.get("whisper"))), []).append((path, doc))
+    picked = []
+    for key in sorted(groups):
+        picked.append(max(groups[key], key=lambda pd: (file_date(*pd), len({kind(r) for r in _rows(pd[1])}),
+                                                       pd[0].name)))
+    return picked, notes
+
+
+def _spread(row: dict) -> tuple | None:
+    """(min, max) tok/s over the batches a row recorded (``runs``), when there are at least two."""
+    rates = [_num(r.get("new_tokens")) / r["wall_time"] for r in row.get("runs") or []
+             if isinstance(r, dict) and _num(r.get("new_tokens")) is not None and (_num(r.get("wall_time")) or 0) > 0]
+    return (min(rates), max(rates)) if len(rates) >= 2 else None
+
+
+def e2e_groups(doc: dict) -> list:
+    """[((task, T), rows)] at B = 1: the fastest row of each system kind, in ``E2E_ORDER``, each a dict with kind,
+    label, system, tps, spread, vs_ar (over the fastest target-only row of the group), vs_static, runtime,
+    drafter, match_share."""
+    st = _d(doc.get("settings"))
+    task0 = "ljspeech" if st.get("whisper") else st.get("task") or st.get("dataset") or "?"
+    groups: dict = {}
+    for r in _rows(doc):
+        k, tps = kind(r), _num(r.get("tokens_per_second"))
+        if k is None or tps is None or r.get("batch_size", 1) != 1:
+            continue
+        g = groups.setdefault((str(r.get("task") or task0), _num(r.get("temperature"))), {})
+        if k not in g or tps > g[k]["tps"]:
+            g[k] = dict(kind=k, label=E2E_ORDER[k], system=str(r.get("system")), tps=tps, spread=_spread(r),
+                        runtime=r.get("runtime"), drafter=r.get("drafter"), match_share=_num(r.get("match_share")))
+    out = []
+    for (task, temp), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        ar, static = g.get("ar"), g.get("hf-static")
+        rows = [g[k] for k in E2E_ORDER if k in g]
+        for r in rows:
+            r["vs_ar"] = r["tps"] / ar["tps"] if ar and ar["tps"] else None
+            r["vs_static"] = r["tps"] / static["tps"] if static and static["tps"] else None
+        out.append(((task, temp), rows))
+    return out
+
+
+def native_files(others: list) -> list:
+    return [(Path(p), d) for p, d in others
+            if Path(p).name.startswith("native-forward-") and isinstance(d, dict) and isinstance(d.get("models"), dict)]
+
+
+def verify_headline(others: list):
+    """(path, doc, rows) of the newest non-experiment verify file: its V=151936 (else largest V) bf16, T=1,
+    mid-regime, no top-k rows at γ = VERIFY_GAMMA (else the smallest γ) for each of VERIFY_BATCHES; None if none."""
+    files = [(Path(p), d) for p, d in others if Path(p).name.startswith("verify-") and isinstance(d, dict)
+             and isinstance(d.get("rows"), list) and "EXPERIMENT" not in str(d.get("note") or "").upper()]
+    if not files:
+        return None
+    path, doc = newest(files)
+    ok = [r for r in doc["rows"] if isinstance(r, dict) and isinstance(r.get("results"), dict)
+          and r.get("dtype") == "bf16" and r.get("temperature") == 1.0 and r.get("regime", "mid") == "mid"
+          and not r.get("top_k") and _num(r.get("V")) and _num(r.get("K"))]
+    vs = {r["V"] for r in ok}
+    v = 151936 if 151936 in vs else max(vs, default=None)
+    rows = []
+    for b in VERIFY_BATCHES:
+        cand = [r for r in ok if r["V"] == v and r.get("B") == b]
+        pick = next((r for r in cand if r["K"] == VERIFY_GAMMA), min(cand, key=lambda r: r["K"], default=None))
+        if pick is not None:
+            rows.append(pick)
+    return path, doc, rows
+
+
+def exactness_files(others: list) -> list:
+    """[(path, doc, result dicts)] of every exactness file with at least one result."""
+    out = []
+    for p, d in others:
+        if Path(p).name.startswith("exactness-") and isinstance(d, dict):
+            res = [x for x in d.get("results") or [] if isinstance(x, dict)]
+            if res:
+                out.append((Path(p), d, res))
+    return out

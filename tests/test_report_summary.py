@@ -1,0 +1,160 @@
+"""REPORT.md's opening summary, from fabricated result files written to tmp_path only."""
+from __future__ import annotations
+
+import json
+
+from tilespec.eval.report import build_report, load_results
+from tilespec.eval.report_summary import TITLE, summary_section
+
+ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "transformers": "5.17", "commit": "abc1234",
+       "date": "2026-11-24T10:00:00+00:00"}
+
+
+def _write(folder, name, doc):
+    (folder / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+
+
+def _row(system, kind, tps, t=0.0, b=1, task="xsum", **kw):
+    return dict(dict(task=task, system=system, kind=kind, temperature=t, batch_size=b, requests=4,
+                     tokens_per_second=tps), **kw)
+
+
+def _new_layout():
+    """The bench helper's layout: kind/task per row, hf-static, context drafters, speedups recorded."""
+    runs = [dict(new_tokens=100, wall_time=0.5), dict(new_tokens=100, wall_time=0.25)]  # 200 and 400 tok/s
+    rows = [_row("hf", "hf", 20.0), _row("hf-static", "hf-static", 100.0), _row("hf-assisted", "hf-assisted", 50.0),
+            _row("hf-prompt-lookup", "hf-prompt-lookup", 80.0), _row("ar@auto", "ar", 250.0, runtime="native-graphs"),
+            _row("ar", "ar", 60.0),
+            _row("tilespec:fused/g3@auto", "tilespec", 300.0, runs=runs, runtime="native-graphs"),
+            _row("tilespec:fused/g5@auto", "tilespec", 280.0),
+            _row("ngram:fused/g5@auto", "ngram", 400.0, drafter="ngram", match_share=0.42),
+            {"task": "xsum", "system": "suffix:fused/g5@auto", "kind": "suffix", "temperature": 0.0,
+             "batch_size": 1, "error": "RuntimeError: boom"},
+            _row("tilespec:fused/g3@auto", "tilespec", 900.0, b=8),   # B=8: not in the B=1 summary
+            _row("ar@auto", "ar", 200.0, t=1.0), _row("tilespec:fused/g3@auto", "tilespec", 150.0, t=1.0)]
+    settings = dict(target="tgt-1.5b", draft="drf-0.5b", num_prompts=190, max_new_tokens=128, task="xsum")
+    return {"environment": ENV, "settings": settings, "results": rows}
+
+
+def _results(tmp_path):
+    _write(tmp_path, "e2e-new-2026-11-24.json", _new_layout())
+    old = {"environment": dict(ENV, gpu="NVIDIA H200", date="2026-11-21T10:00:00"),
+           "settings": dict(target="tgt-1.5b", num_prompts=4, max_new_tokens=48, dataset="xsum"),
+           "results": [_row("hf", None, 999.0, task=None)]}
+    _write(tmp_path, "e2e-older-2026-11-21.json", old)                       # same target, older: not summarized
+    _write(tmp_path, "e2e-asr-2026-11-21.json",                              # old layout: no kind/task
+           {"environment": dict(ENV, date="2026-11-21T10:00:00"),
+            "settings": dict(target="whisper-base", whisper=True, num_prompts=8, max_new_tokens=96),
+            "results": [_row("ar@graphs", None, 500.0, task=None),
+                        _row("tilespec:fused@graphs", None, 200.0, task=None), _row("hf", None, 25.0, task=None)]})
+    _write(tmp_path, "e2e-random-2026-11-25.json", {"environment": ENV, "settings": dict(target="tgt-1.5b",
+           random_init=True), "results": [_row("ar@graphs", None, 7777.0)]})
+    _write(tmp_path, "native-forward-random-init-H100-2026-11-23.json", {
+        "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-23", "weights": "random-init (timing only)",
+        "models": {"m-1.5b": {"floor_ms_at_3TBps": 1.0, "forwards": [
+            {"batch": 1, "q": 1, "graph_replay_ms": 2.5, "forward_call_ms": 2.7},
+            {"batch": 1, "q": 4, "graph_replay_ms": 3.0}]}}})
+    res = {"fused": {"graph_us": 10.0, "eager_us": 100.0}, "sigmoid": {"graph_us": 8.0, "eager_us": 90.0},
+           "hf": {"eager_us": 500.0}, "flashinfer": {"eager_us": 200.0}}
+    big = {"fused": {"graph_us": 300.0, "eager_us": 400.0}, "flashinfer": {"eager_us": 1600.0}}
+    verify_row = dict(V=151936, dtype="bf16", temperature=1.0, regime="mid", top_k=0)
+    _write(tmp_path, "verify-H100-2026-11-21.json", {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-21",
+           "rows": [dict(verify_row, B=1, K=5, results=res), dict(verify_row, B=1, K=5, top_k=50, results={}),
+                    dict(verify_row, B=64, K=5, results=big), dict(verify_row, B=64, K=1, results={})]})
+    _write(tmp_path, "verify-H100-2026-11-22-exp.json", {"date": "2026-11-22", "note": "EXPERIMENT (reverted)",
+           "rows": [dict(verify_row, B=1, K=5, results={"fused": {"graph_us": 1.0}})]})
+    _write(tmp_path, "exactness-cpu-2026-11-21.json", {"device": "cpu", "samples": 1000, "results": [
+        {"method": "fused", "passed": True, "exact_method": True, "min_p_value": 0.3, "max_tv": 0.01},
+        {"method": "fused", "passed": False, "exact_method": True, "min_p_value": 1e-9, "max_tv": 0.2},
+        {"method": "biased", "passed": True, "exact_method": False}]})
+    env = {"device": "NVIDIA H100 80GB HBM3"}
+    _write(tmp_path, "eval-H100-2026-11-21.json", {"runs": [
+        {"task": "summarization", "dataset": "xsum", "n": 20, "n_requested": 40, "environment": env,
+         "config": {"temperature": 1.0}},
+        {"task": "summarization", "dataset": "cnndm", "n": 199, "environment": env, "config": {"temperature": 0.0}}]})
+    return load_results(tmp_path)
+
+
+def test_summary_numbers(tmp_path):
+    runs, others = _results(tmp_path)
+    text = "\n".join(summary_section(runs, others, "fig.png"))
+    assert text.startswith(TITLE)
+    # (a) new layout: best row per kind at B=1; speedups over the best target-only (250) and hf-static (100)
+    assert "`e2e-new-2026-11-24.json` (commit abc1234, 2026-11-24)" in text and "n = 190 prompts" in text
+    assert "| xsum | 0 | transformers static cache | `hf-static` | 100.0 | 0.40× | 1.00× |" in text
+    assert ("| xsum | 0 | tilespec + draft model | `tilespec:fused/g3@auto` (runtime native-graphs) | 300.0 | 1.20× "
+            "| 3.00× |") in text
+    assert ("| xsum | 0 | tilespec n-gram | `ngram:fused/g5@auto` (drafter ngram, match 42 %) | 400.0 | 1.60× | "
+            "4.00× |") in text
+    assert "| xsum | 1 | tilespec + draft model | `tilespec:fused/g3@auto` | 150.0 | 0.75× | – |" in text
+    assert "suffix:fused" not in text   # its only row failed
+    assert ("xsum, T=0: fastest is tilespec n-gram at 400.0 tok/s (1.60× target-only, 4.00× the fastest "
+            "transformers system, transformers static cache)") in text
+    # old layout (no kind / task): whisper rows are ljspeech; older and random-init files are not summarized
+    assert "| ljspeech | 0 | tilespec + draft model | `tilespec:fused@graphs` | 200.0 | 0.40× | – |" in text
+    assert ("ljspeech, T=0: fastest is tilespec target-only at 500.0 tok/s (20.00× the fastest transformers system, "
+            "transformers (dynamic cache))") in text
+    assert "999.0" not in text and "7777" not in text
+    assert "⚠ n = 8 prompts" in text and "⚠ n = 190" not in text
+    assert "![end-to-end tok/s by system](fig.png)" in text
+    # (b) native forward vs floor, labelled random-init
+    assert "random-init weights (timing only)" in text and "m-1.5b 2.50 ms vs floor 1.00 ms (2.50× the floor)" in text
+    # (c) verify headline at B=1 and B=64 from the non-experiment file
+    assert "`verify-H100-2026-11-21.json`" in text and "-exp.json" not in text
+    assert ("B=1, γ=5: fused 10.0 µs (graph) / 100 µs (eager), sigmoid 8.0 µs (graph, NOT exact), transformers "
+            "500 µs (eager; fused 5.0× faster eager-vs-eager), FlashInfer 200 µs (eager; fused 2.0× faster") in text
+    assert "B=64, γ=5: fused 300.0 µs (graph) / 400 µs (eager)" in text and "transformers not measured" in text
+    assert "FlashInfer 1600 µs (eager; fused 4.0× faster" in text
+    # (d) exactness: the failure is shown, the power check counted apart
+    assert "fused on cpu: 1/2 exact-method checks passed, 1/1 planted-bias checks detected — **1 FAILED**" in text
+    # (e) sample sizes and the small-n warning
+    assert "xsum T=1 H100: n = 20 of 40 ⚠" in text and "cnndm T=0 H100: n = 199." in text
+    assert "**1 of 2 run(s) have n < 100**" in text
+
+
+def test_report_layout_and_figure(tmp_path):
+    res = tmp_path / "results"
+    res.mkdir()
+    _results(res)
+    text = build_report(res, tmp_path / "REPORT.md", tmp_path / "figs")
+    heads = [line for line in text.splitlines() if line.startswith("#")]
+    order = [next(i for i, h in enumerate(heads) if h.startswith(t)) for t in
+             ("## Summary", "## Table 1", "## End-to-end decoding", "## Native forward vs the HBM floor",
+              "## Verification kernel at B = 1 and B = 64", "## Exactness suites", "# Methods and raw files",
+              "## Runs", "## Other committed results")]
+    assert order == sorted(order)
+    assert (tmp_path / "figs" / "summary-e2e-tokps.png").stat().st_size > 0
+    assert "](figs/summary-e2e-tokps.png)" in text
+    assert ("| `native-forward-random-init-H100-2026-11-23.json` | H100 | m-1.5b | 1 | 4 | 3.00 | – | 1.00 | 3.00 |"
+            in text)
+    assert "| 1 | 5 | 10.0 / 100.0 | – / – | 8.0 / 90.0 | – / – | – / 500.0 | – / 200.0 |" in text
+    assert "| `exactness-cpu-2026-11-21.json` | cpu | fused | 1,000 | 1/2 | 1e-09 | 0.2 | 1/1 |" in text
+
+
+def test_missing_and_partial_files(tmp_path):
+    """Unreadable, empty and half-written files are skipped with a note; the report still renders."""
+    _write(tmp_path, "e2e-broken-2026-11-24.json", '{"results": [')
+    _write(tmp_path, "e2e-empty-2026-11-24.json", {"settings": {"target": "t"}, "results": "nope"})
+    _write(tmp_path, "e2e-failed-2026-11-24.json", {"settings": {"target": "u"}, "results": [{"error": "x"}]})
+    _write(tmp_path, "e2e-b8-2026-11-24.json", {"settings": {"target": "v"},
+                                                "results": [_row("ar", "ar", 9.0, b=8)]})
+    _write(tmp_path, "native-forward-x.json", {"models": {"m": {"forwards": [{"batch": 1, "q": 1}]}, "n": 3}})
+    _write(tmp_path, "verify-x.json", {"rows": [{"B": 1}, "junk"]})
+    _write(tmp_path, "exactness-x.json", {"results": "junk"})
+    _write(tmp_path, "eval-x.json", {"runs": [{"dataset": "xsum"}]})
+    text = build_report(tmp_path, tmp_path / "REPORT.md", tmp_path / "figs")
+    summary = text.split("## Table 1")[0]
+    assert "`e2e-broken-2026-11-24.json`: unreadable" in summary
+    assert "`e2e-empty-2026-11-24.json`: no result rows, skipped" in summary
+    assert "`e2e-failed-2026-11-24.json`: no result rows, skipped" in summary
+    assert "`e2e-b8-2026-11-24.json`: no successful B=1 row, skipped" in summary
+    assert "**(a) End-to-end decoding**: no real-weight" in summary
+    assert "`native-forward-x.json` has no B=1, q=1 forward with a floor, skipped" in summary
+    assert "`verify-x.json` has no B=1/B=64 bf16 row at T=1, skipped" in summary
+    assert "xsum T=– ?: n = ? ⚠" not in summary and "xsum T=– ?: n = ?." in summary
+    assert not (tmp_path / "figs" / "summary-e2e-tokps.png").exists()
+
+
+def test_no_results_at_all(tmp_path):
+    lines = summary_section([], [], None)
+    assert "no real-weight `e2e-*.json`" in "\n".join(lines) and "no eval runs committed" in "\n".join(lines)
