@@ -25,7 +25,8 @@ def _new_layout():
     rows = [_row("hf", "hf", 20.0), _row("hf-static", "hf-static", 100.0), _row("hf-assisted", "hf-assisted", 50.0),
             _row("hf-prompt-lookup", "hf-prompt-lookup", 80.0), _row("ar@auto", "ar", 250.0, runtime="native-graphs"),
             _row("ar", "ar", 60.0),
-            _row("tilespec:fused/g3@auto", "tilespec", 300.0, runs=runs, runtime="native-graphs"),
+            _row("tilespec:fused/g3@auto", "tilespec", 300.0, runs=runs, runtime="native-graphs", drafter="Qwen2",
+                 match_share=0.0),   # a model drafter: drafter / match share not shown
             _row("tilespec:fused/g5@auto", "tilespec", 280.0),
             _row("ngram:fused/g5@auto", "ngram", 400.0, drafter="ngram", match_share=0.42),
             {"task": "xsum", "system": "suffix:fused/g5@auto", "kind": "suffix", "temperature": 0.0,
@@ -158,3 +159,16 @@ def test_missing_and_partial_files(tmp_path):
 def test_no_results_at_all(tmp_path):
     lines = summary_section([], [], None)
     assert "no real-weight `e2e-*.json`" in "\n".join(lines) and "no eval runs committed" in "\n".join(lines)
+
+
+def test_e2e_groups_spread_and_kinds():
+    """Whiskers come from the per-batch rates of a row's ``runs``; old system names map to the same kinds."""
+    from tilespec.eval.report_summary_data import e2e_groups, kind
+    groups = dict(e2e_groups(_new_layout()))
+    best = {r["kind"]: r for r in groups[("xsum", 0.0)]}
+    assert best["tilespec"]["spread"] == (200.0, 400.0) and best["ngram"]["spread"] is None
+    assert [r["kind"] for r in groups[("xsum", 0.0)]] == ["hf", "hf-static", "hf-assisted", "hf-prompt-lookup", "ar",
+                                                          "tilespec", "ngram"]
+    assert [kind({"system": s}) for s in ("ar@graphs", "tilespec:fused@graphs", "hf-assisted",
+                                          "tilespec+ngram:fused/g3@auto", "mystery")] == [
+        "ar", "tilespec", "hf-assisted", "tilespec+ngram", None]

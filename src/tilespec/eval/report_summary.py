@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report_summary_data import (HF_KINDS, SMALL_N, e2e_groups, exactness_files, native_files, newest,
+from .report_summary_data import (CONTEXT_KINDS, HF_KINDS, SMALL_N, e2e_groups, exactness_files, native_files, newest,
                                   newest_e2e, verify_headline)
 
 TITLE = "## Summary"
+SHORT = {"hf": "HF\ndynamic", "hf-static": "HF\nstatic", "hf-assisted": "HF\nassisted", "hf-prompt-lookup":
+         "HF prompt\nlookup", "ar": "tilespec\ntarget-only", "tilespec": "tilespec\n+ draft", "ngram":
+         "tilespec\nn-gram", "suffix": "tilespec\nsuffix", "tilespec+ngram": "tilespec\n+ draft + n-gram",
+         "tilespec+suffix": "tilespec\n+ draft + suffix"}   # x tick labels of the bar chart
 
 
 def _f(x, fmt="{:.1f}", none="–"):
@@ -57,8 +61,9 @@ def e2e_lines(others: list, figure: str | None) -> tuple[list[str], list[str]]:
                 "|---|---|---|---|---|---|---|"]
         for (task, temp), rows in groups:
             for r in rows:
-                extra = [f"{k} {r[k]}" for k in ("runtime", "drafter") if r.get(k)]
-                if r.get("match_share") is not None:
+                context = r["kind"] in CONTEXT_KINDS   # drafter / match share mean something for these only
+                extra = [f"{k} {r[k]}" for k in ("runtime", "drafter") if r.get(k) and (context or k == "runtime")]
+                if context and r.get("match_share") is not None:
                     extra.append(f"match {r['match_share'] * 100:.0f} %")
                 cfg = f"`{r['system']}`" + (f" ({', '.join(extra)})" if extra else "")
                 out.append(f"| {task} | {_f(temp, '{:g}')} | {r['label']} | {cfg} | {_f(r['tps'])} | "
@@ -293,13 +298,15 @@ def e2e_figure(others: list, out_dir: Path) -> Path | None:
         from matplotlib.patches import Patch
     except ImportError:
         return None
-    width = max(6.5, 1.0 * max(len(p[3]) for p in panels))
+    width = max(6.5, 1.1 * max(len(p[3]) for p in panels))
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.2), squeeze=False)
     for ax, (path, doc, task, rows) in zip(axes[0], panels):
         tps = [r["tps"] for r in rows]
         colors = ["#9e9e9e" if r["kind"] in HF_KINDS else "#1f77b4" for r in rows]
-        bars = ax.bar(range(len(rows)), tps, color=colors)
-        ax.bar_label(bars, labels=[f"{t:.0f}" for t in tps], fontsize=7, padding=2)
+        ax.bar(range(len(rows)), tps, color=colors)
+        for i, r in enumerate(rows):   # value above the bar or its whisker
+            ax.annotate(f"{r['tps']:.3g}", (i, r["spread"][1] if r["spread"] else r["tps"]), xytext=(0, 3),
+                        textcoords="offset points", ha="center", fontsize=7)
         spread = [(i, r) for i, r in enumerate(rows) if r["spread"]]
         if spread:
             lo = [r["tps"] - r["spread"][0] for _, r in spread]
@@ -307,8 +314,7 @@ def e2e_figure(others: list, out_dir: Path) -> Path | None:
             ax.errorbar([i for i, _ in spread], [r["tps"] for _, r in spread], yerr=[lo, hi], fmt="none",
                         ecolor="black", capsize=3)
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([r["label"].replace(" (", "\n(").replace("tilespec ", "tilespec\n") for r in rows],
-                           fontsize=7)
+        ax.set_xticklabels([SHORT.get(r["kind"], r["kind"]) for r in rows], fontsize=7)
         ax.set_ylabel("decoding throughput (tokens / s)")
         st, env = doc.get("settings") or {}, doc.get("environment") or {}
         ax.set_title(f"{st.get('target', '?')}, {task}, B=1, T=0\n{_dev(env.get('gpu') or env.get('device'))}, "

@@ -17,6 +17,7 @@ E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers st
              "suffix": "tilespec suffix", "tilespec+ngram": "tilespec draft model + n-gram",
              "tilespec+suffix": "tilespec draft model + suffix"}
 HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
+CONTEXT_KINDS = ("ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
 VERIFY_BATCHES = (1, 64)
 VERIFY_GAMMA = 5
 
