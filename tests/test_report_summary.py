@@ -54,7 +54,9 @@ def _results(tmp_path):
         "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-23", "weights": "random-init (timing only)",
         "models": {"m-1.5b": {"floor_ms_at_3TBps": 1.0, "forwards": [
             {"batch": 1, "q": 1, "graph_replay_ms": 2.5, "forward_call_ms": 2.7},
-            {"batch": 1, "q": 4, "graph_replay_ms": 3.0}]}}})
+            {"batch": 1, "q": 4, "graph_replay_ms": 3.0}],
+            "engine": [{"batch": 1, "tok_s": 300.0, "runtime": "native-graphs"}, {"batch": 8, "tok_s": 2000.0}],
+            "hf_static": [{"batch": 1, "tok_s": 150.0}], "hf_dynamic": [{"batch": 1, "tok_s": 30.0}]}}})
     res = {"fused": {"graph_us": 10.0, "eager_us": 100.0}, "sigmoid": {"graph_us": 8.0, "eager_us": 90.0},
            "hf": {"eager_us": 500.0}, "flashinfer": {"eager_us": 200.0}}
     big = {"fused": {"graph_us": 300.0, "eager_us": 400.0}, "flashinfer": {"eager_us": 1600.0}}
@@ -99,6 +101,8 @@ def test_summary_numbers(tmp_path):
     assert "⚠ n = 8 prompts" in text and "⚠ n = 190" not in text
     assert "![end-to-end tok/s by system](fig.png)" in text
     # (b) native forward vs floor, labelled random-init
+    assert ("Target-only decoding in the same file: m-1.5b B=1: ours 300.0 tok/s (native-graphs) vs transformers "
+            "static cache 150.0 tok/s (2.00×).") in text
     assert "random-init weights (timing only)" in text and "m-1.5b 2.50 ms vs floor 1.00 ms (2.50× the floor)" in text
     # (c) verify headline at B=1 and B=64 from the non-experiment file
     assert "`verify-H100-2026-11-21.json`" in text and "-exp.json" not in text
@@ -128,6 +132,8 @@ def test_report_layout_and_figure(tmp_path):
     assert "](figs/summary-e2e-tokps.png)" in text
     assert ("| `native-forward-random-init-H100-2026-11-23.json` | H100 | m-1.5b | 1 | 4 | 3.00 | – | 1.00 | 3.00 |"
             in text)
+    assert "| m-1.5b | 1 | 300.0 | native-graphs | 150.0 | 30.0 | 2.00 |" in text
+    assert "| m-1.5b | 8 | 2000.0 | ? | – | – | – |" in text
     assert "| 1 | 5 | 10.0 / 100.0 | – / – | 8.0 / 90.0 | – / – | – / 500.0 | – / 200.0 |" in text
     assert "| `exactness-cpu-2026-11-21.json` | cpu | fused | 1,000 | 1/2 | 1e-09 | 0.2 | 1/1 |" in text
 

@@ -119,9 +119,31 @@ def native_lines(others: list) -> list[str]:
         cells.append(f"{model} {_f(ms, '{:.2f}')} ms vs floor {_f(floor, '{:.2f}')} ms ({ms / floor:.2f}× the floor)")
     if not cells:
         return [f"**(b) Native forward**: `{path.name}` has no B=1, q=1 forward with a floor, skipped.", ""]
+    decode = [f"{model} B={b}: ours {_f(ours)} tok/s ({runtime}) vs transformers static cache {_f(static)} tok/s "
+              f"({_x(ours / static if ours and static else None)})"
+              for model, b, ours, runtime, static, _ in decode_rows(doc) if b == 1]
     return [f"**(b) Native compiled forward, B = 1, q = 1, CUDA-graph replay — random-init weights (timing only)**, "
             f"{_dev(doc.get('device'))}, `{path.name}`: " + "; ".join(cells) + ". Floor = weight bytes / 3 TB/s "
-            "(HBM). Full table: *Native forward vs the HBM floor* below.", ""]
+            "(HBM)." + (" Target-only decoding in the same file: " + "; ".join(decode) + "." if decode else "")
+            + " Full tables: *Native forward vs the HBM floor* below.", ""]
+
+
+def decode_rows(doc: dict) -> list:
+    """[(model, batch, our tok/s, our runtime, HF static-cache tok/s, HF dynamic tok/s)] of a native file's
+    target-only decoding runs (``models.<m>.engine`` / ``hf_static`` / ``hf_dynamic``, matched by batch)."""
+    out = []
+    for model, m in (doc.get("models") or {}).items():
+        if not isinstance(m, dict) or not isinstance(m.get("engine"), list):
+            continue
+
+        def by_batch(key):
+            return {x.get("batch"): x.get("tok_s") for x in m.get(key) or [] if isinstance(x, dict)}
+        static, dynamic = by_batch("hf_static"), by_batch("hf_dynamic")
+        for e in m["engine"]:
+            if isinstance(e, dict) and isinstance(e.get("tok_s"), (int, float)):
+                b = e.get("batch")
+                out.append((model, b, e["tok_s"], e.get("runtime") or "?", static.get(b), dynamic.get(b)))
+    return out
 
 
 def native_table(others: list) -> list[str]:
@@ -144,6 +166,15 @@ def native_table(others: list) -> list[str]:
                 out.append(f"| `{path.name}` | {_dev(doc.get('device'))} | {model} | {fw.get('batch')} | "
                            f"{fw.get('q')} | {_f(ms, '{:.2f}')} | {_f(fw.get('forward_call_ms'), '{:.2f}')} | "
                            f"{_f(floor, '{:.2f}')} | {_f(ratio, '{:.2f}')} |")
+    decode = [(path, row) for path, doc in files for row in decode_rows(doc)]
+    if decode:
+        out += ["", "Target-only decoding, tokens per second (same random-init models; transformers' dynamic cache "
+                "may have run fewer tokens, see each file):", "",
+                "| file | model | B | ours tok/s | runtime | transformers static tok/s | transformers dynamic tok/s | "
+                "ours / static |", "|---|---|---|---|---|---|---|---|"]
+        for path, (model, b, ours, runtime, static, dynamic) in decode:
+            out.append(f"| `{path.name}` | {model} | {b} | {_f(ours)} | {runtime} | {_f(static)} | {_f(dynamic)} | "
+                       f"{_f(ours / static if static else None, '{:.2f}')} |")
     return out + [""]
 
 
