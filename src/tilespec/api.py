@@ -38,8 +38,11 @@ def load(name_or_path, *, device="auto", dtype="auto", role: Optional[str] = Non
 
 def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[str], None]] = None):
     """(target, draft or None, tokenizer) on ``device`` / ``dtype``; a ``TARGET:layers=N`` draft shares the loaded
-    target's weights."""
+    target's weights. A draft name with a context drafter ("ngram", "suffix", "MODEL+ngram") gives the engine's
+    ``draft=`` argument for it ("ngram", or [model, "ngram"])."""
     from . import models
+    from .engine.drafters import draft_spec, split_draft_name
+    draft_name, context = split_draft_name(draft_name)
     if log:
         log(f"loading target {target_name} ({dtype}, {device}) ...")
     target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
@@ -50,13 +53,14 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
         base = str(draft_name).split(":", 1)[0]
         on_target = target if (":" in str(draft_name) and base == str(target_name)) else None
         draft, _ = models.load(draft_name, role="draft", dtype=dtype, device=device, download=True, target=on_target)
-    return target, draft, tok
+    return target, draft_spec(draft, context), tok
 
 
 def _models(target, draft, tokenizer, device, dtype):
     """Resolve names to loaded models (cached per name, device, dtype); loaded models pass through."""
     if not isinstance(target, str):
-        if draft is not None and isinstance(draft, str):
+        from .engine.drafters import CONTEXT_DRAFTERS
+        if isinstance(draft, str) and draft not in CONTEXT_DRAFTERS:
             raise TypeError("with a loaded target model, pass the draft as a loaded model too (or both as names)")
         return target, draft, tokenizer
     dev = pick_device(device)

@@ -45,7 +45,8 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--methods", default=None, help="comma-separated (hf = the paper's baseline; default: every "
                                                    "registered method marked evaluate: hf, tiled, fused, sigmoid)")
     p.add_argument("--target", default=d["target"])
-    p.add_argument("--draft", default=d["draft"], help="registry name or NAME:layers=N; 'none' for target-only")
+    p.add_argument("--draft", default=d["draft"], help="registry name, NAME:layers=N, ngram, suffix or "
+                                                          "MODEL+ngram; 'none' for target-only")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) / bfloat16 (CUDA default) / float16")
     p.add_argument("--max-new-tokens", type=int, default=100 if task == "summarization" else 128)

@@ -90,6 +90,9 @@ def stats_rows(stats) -> list:
                  ("tokens per target call (τ)", f"{stats.block_efficiency:.2f}"),
                  ("mean γ (all steps / speculative steps)", f"{stats.mean_gamma:.2f} / {stats.mean_spec_gamma:.2f}"),
                  ("verify method", stats.method)]
+    if stats.context_steps or stats.drafter in ("ngram", "suffix"):
+        rows.insert(4, ("drafter", stats.drafter))
+        rows.append(("steps with a context match", f"{100 * stats.match_share:.0f} % of request-steps"))
     if stats.fallback_at_step is not None:
         rows.append(("fallback to target-only", f"from step {stats.fallback_at_step} ({stats.fallback_steps} steps)"))
     for phase in ("prefill", "draft", "target", "verify", "bookkeeping"):
@@ -185,7 +188,8 @@ def run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("generate", help="speculative text generation with a target and a draft model")
     p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
-    p.add_argument("--draft", default=None, help="draft model, e.g. NAME:layers=8 (omit for target-only)")
+    p.add_argument("--draft", default=None, help="draft: a model (e.g. NAME:layers=8), ngram, suffix (context drafting, "
+                                                 "no model) or MODEL+ngram (omit for target-only)")
     p.add_argument("--prompt", default=None, help="prompt text")
     p.add_argument("--batch-file", type=Path, default=None, help="prompts, one per line (or JSON lines)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")

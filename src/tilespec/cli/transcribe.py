@@ -53,7 +53,8 @@ def register(sub) -> None:
     p = sub.add_parser("transcribe", help="speculative Whisper transcription of audio files")
     p.add_argument("audio", nargs="+", help="audio files (wav, flac, ...)")
     p.add_argument("--target", default="whisper-base", help="Whisper target (default whisper-base)")
-    p.add_argument("--draft", default="whisper-base:layers=2", help="draft (default whisper-base:layers=2)")
+    p.add_argument("--draft", default="whisper-base:layers=2", help="draft (default whisper-base:layers=2); also ngram, "
+                                                                          "suffix or MODEL+ngram")
     p.add_argument("--language", default="en")
     p.add_argument("--batch-size", type=positive_int, default=8)
     add_decoding_arguments(p)

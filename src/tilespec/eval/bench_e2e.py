@@ -35,7 +35,8 @@ SHAPES = {
 
 def add_arguments(p) -> None:
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
+                   help="draft model, ngram / suffix (context drafting) or MODEL+ngram")
     p.add_argument("--dataset", choices=("xsum", "cnndm"), default="xsum", help="prompt source (summarisation)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with document/prompt (overrides)")
     p.add_argument("--xsum-wheel", type=Path, default=None,
@@ -102,7 +103,9 @@ def whisper_inputs(args, target, proc, device, dtype):
 
 
 def load_models(args, device, dtype):
+    """(target, draft, tokenizer); draft is the engine's ``draft=`` argument (model, "ngram", [model, "ngram"])."""
     import torch
+    from tilespec.engine.drafters import draft_spec, split_draft_name
     if args.tiny or args.random_init:
         from transformers import Qwen2Config, Qwen2ForCausalLM
         names = ("tiny-target", "tiny-draft") if args.tiny else ("qwen-1.5b", "qwen-0.5b")
@@ -112,7 +115,8 @@ def load_models(args, device, dtype):
             cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096, tie_word_embeddings=True,
                               attn_implementation="sdpa")
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
-        return out[0], out[1], None
+        model_name, context = split_draft_name(args.draft)
+        return out[0], draft_spec(out[1] if model_name else None, context), None
     from tilespec.api import load_pair
     if args.whisper:  # replace the text defaults, keep what the user chose
         if args.target == "qwen2.5-coder-1.5b-instruct":
@@ -130,14 +134,18 @@ def _sync(device):
 
 
 def run_hf(target, draft, batches, temperature, args, device, tok, feats=None) -> dict:
-    """transformers generate (assisted when ``draft`` is given), one request per call (HF's assisted limit)."""
+    """transformers generate (assisted when ``draft`` is given: with its draft model, or prompt lookup
+    (``prompt_lookup_num_tokens``) for a context-only draft), one request per call (HF's assisted limit)."""
     import torch
+    from tilespec.engine.drafters import draft_model
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=temperature > 0,
                pad_token_id=(tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0))
     if temperature > 0:
         gen.update(temperature=temperature, top_k=0, top_p=1.0)
-    if draft is not None:
-        gen.update(assistant_model=draft, num_assistant_tokens=args.gamma,
+    if draft is not None and draft_model(draft) is None:
+        gen.update(prompt_lookup_num_tokens=args.gamma)
+    elif draft is not None:
+        gen.update(assistant_model=draft_model(draft), num_assistant_tokens=args.gamma,
                    num_assistant_tokens_schedule="constant" if args.gamma_schedule == "constant" else "heuristic",
                    assistant_confidence_threshold=0.0)
     seqs, wall = [], 0.0
@@ -205,8 +213,9 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
         seqs += out.sequences
         runs.append(out.stats)
     if engine == "compiled-graphs":  # leave the models as they were for the next system (HF baselines: eager)
+        from tilespec.engine.drafters import draft_model
         from tilespec.engine.runner import uncompile_decoder_layers
-        for m in (target, draft) if draft is not None else (target,):
+        for m in (target, draft_model(draft)) if draft_model(draft) is not None else (target,):
             uncompile_decoder_layers(m)
     tot = RunStats.merge(runs)
     n, wall, times = tot.new_tokens, tot.wall_time, tot.times
@@ -218,7 +227,8 @@ def run_engine(target, draft, batches, temperature, method, args, device, feats=
         alpha_t = tot.alpha_tested if tot.tested else 0.0
         c = tot.cost_ratio
         res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
-                   block_efficiency=tot.block_efficiency if tot.request_steps else None,
+                   block_efficiency=tot.block_efficiency if tot.request_steps else None, drafter=tot.drafter,
+                   match_share=tot.match_share if tot.request_steps else None,
                    mean_gamma=sum(s.mean_gamma for s in runs) / len(runs))
         # Theorem 3.8 assumes a constant γ; with an adaptive schedule use the measured mean γ (rounded).
         g = args.gamma if args.gamma_schedule == "constant" else max(1, round(res["mean_gamma"]))

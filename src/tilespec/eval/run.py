@@ -34,17 +34,19 @@ def environment(device: torch.device) -> dict:
 
 
 def load_models(cfg: EvalConfig):
-    """(target, draft, processor) from the model registry; the draft may be ``NAME:layers=N`` (shares weights)."""
+    """(target, draft, processor) from the model registry; the draft may be ``NAME:layers=N`` (shares weights),
+    "ngram" / "suffix" or MODEL+ngram (then ``draft`` is the engine's ``draft=`` argument)."""
+    from tilespec.engine.drafters import draft_spec, split_draft_name
     from tilespec.models import load
 
     target, proc = load(cfg.target, role="asr" if cfg.task == "asr" else "target", dtype=cfg.dtype,
                         device=cfg.device)
     draft = None
-    if cfg.draft:
-        spec = cfg.draft
+    spec, context = split_draft_name(cfg.draft)
+    if spec:
         shares = spec.split(":", 1)[0] == cfg.target and ":layers=" in spec
         draft, _ = load(spec, role="draft", dtype=cfg.dtype, device=cfg.device, target=target if shares else None)
-    return target, draft, proc
+    return target, draft_spec(draft, context), proc
 
 
 def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional[list] = None,

@@ -5,6 +5,8 @@
   None -> None;  a Hugging Face model -> ModelDrafter;  "ngram" / "suffix" -> that context drafter;
   a Drafter instance -> itself;  [model, "ngram"] (either order; also a ContextDrafter instance) -> the context
   drafter with the model as its fallback for requests without a match.
+Draft *names* (the CLI's ``--draft``): "ngram", "suffix", "MODEL+ngram", "MODEL+suffix", or a model name;
+:func:`split_draft_name` parses them, :func:`draft_spec` builds the ``draft=`` argument once the model is loaded.
 """
 from __future__ import annotations
 
@@ -15,7 +17,42 @@ from .suffix import SuffixDrafter
 CONTEXT_DRAFTERS = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
 
 __all__ = ["Drafter", "ModelDrafter", "ContextDrafter", "ContextState", "NgramDrafter", "SuffixDrafter",
-           "CONTEXT_DRAFTERS", "resolve_drafter"]
+           "CONTEXT_DRAFTERS", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
+
+
+def split_draft_name(name: str | None) -> tuple:
+    """``--draft`` value -> (model name or None, context drafter name or None): "ngram" -> (None, "ngram"),
+    "qwen+suffix" -> ("qwen", "suffix"), "qwen" -> ("qwen", None), None / "" / "none" -> (None, None)."""
+    if name is None or str(name).strip().lower() in ("", "none"):
+        return None, None
+    name = str(name).strip()
+    if name in CONTEXT_DRAFTERS:
+        return None, name
+    model, plus, context = name.rpartition("+")
+    if plus and context in CONTEXT_DRAFTERS:
+        if not model:
+            raise ValueError(f"draft {name!r} names no model before '+'; use {context!r} alone or MODEL+{context}")
+        return model, context
+    if plus and context and not model.endswith(":") and "/" not in context and ":" not in context:
+        raise ValueError(f"unknown context drafter {context!r} in draft {name!r}; use MODEL+"
+                         f"{' or MODEL+'.join(CONTEXT_DRAFTERS)}")
+    return name, None
+
+
+def draft_spec(model, context: str | None):
+    """The ``draft=`` argument for a loaded draft model (or None) and a context drafter name (or None)."""
+    if context is None:
+        return model
+    return context if model is None else [model, context]
+
+
+def draft_model(draft):
+    """The Hugging Face draft model inside a ``draft=`` argument (model, list or Drafter), or None."""
+    if hasattr(draft, "config"):
+        return draft
+    if isinstance(draft, (list, tuple)):
+        return next((d for d in draft if hasattr(d, "config")), None)
+    return getattr(draft, "model", None)
 
 
 def _context(spec) -> ContextDrafter:
