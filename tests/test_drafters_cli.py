@@ -82,3 +82,15 @@ def test_eval_loads_context_drafts(monkeypatch):
     assert draft == "ngram" and calls == [("qwen2.5-coder-1.5b-instruct", "target")]
     _, draft, _ = load_models(EvalConfig(draft="qwen2.5-coder-0.5b-instruct+suffix", methods=("hf",)))
     assert isinstance(draft, list) and draft[1] == "suffix" and hasattr(draft[0], "config")
+
+
+def test_demo_times_both_modes_and_reports_the_speedup(registry, tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--target", "t", "--prompt", "abcabcabcabcabc", "--max-new-tokens", "12", "--repeats", "2",
+                 "--json", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("speedup ") and last.endswith("(same run, same model); outputs identical: yes")
+    rec = json.loads(out.read_text())
+    assert rec["draft"] == "ngram" and rec["outputs_identical"] is True and rec["new_tokens"] == 12
+    assert len(rec["target_only_seconds"]) == len(rec["speculative_seconds"]) == 2
+    assert rec["speedup"] == pytest.approx(sum(rec["target_only_seconds"]) / sum(rec["speculative_seconds"]))
