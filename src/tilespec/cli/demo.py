@@ -67,7 +67,8 @@ def run(args) -> int:
     ids = encode_prompts(tok, [args.prompt], True)
     for dec in (base, spec):   # uncounted: lazy initialisations (and graph captures with --compile)
         dec.warmup(prompt_len=min(len(ids[0]), 64), max_new_tokens=4)
-    console.print(f"[bold]prompt[/bold]: {args.prompt}\n[bold]speculative output[/bold]:")
+    from rich.markup import escape
+    console.print(f"[bold]prompt[/bold]: {escape(args.prompt)}\n[bold]speculative output[/bold]:")
     with torch.inference_mode():
         t0 = time.perf_counter()
         shown = stream_text(spec, tok, ids, args.max_new_tokens, args.seed)
