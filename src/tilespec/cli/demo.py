@@ -99,10 +99,10 @@ def run(args) -> int:
         console.print(f"[bold green]✓ speculative output equals the target's greedy output ({len(shown)} tokens, "
                       f"token for token)[/bold green]")
     if args.json:
-        from tilespec.eval.bench_e2e import environment
+        from tilespec.env import run_record
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "environment": environment(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target_name,
+            "environment": run_record(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target_name,
             "draft": draft_name, "dtype": str(dtype), "threads": torch.get_num_threads(), "prompt": args.prompt,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
             "target_only_seconds": base_times, "speculative_seconds": spec_times, "new_tokens": len(shown),
