@@ -168,3 +168,25 @@ def test_schedule_and_verify_hook_are_injected_through_the_constructor():
     assert warm.requests == 1 and 1 <= warm.new_tokens <= 3
     with pytest.raises(TypeError, match="schedule must be a factory"):
         SpeculativeDecoder(target, None, schedule=3)
+
+
+# ------------------------------------------------------------------------------------------------ GPU (-m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("draft", ["ngram", "suffix", "combo"])
+@pytest.mark.parametrize("method,temperature", [("reference", 0.0), ("fused", 0.0), ("fused", 1.0)])
+def test_context_drafts_on_the_gpu_paths(draft, method, temperature):
+    """CUDA graphs give the eager engine's tokens; greedy drafts on every runtime give target-only tokens."""
+    target = tiny_lm(3, logit_scale=8.0).cuda()
+    spec = [layer_skip(target, 1).cuda(), "ngram"] if draft == "combo" else draft
+    outs = {}
+    for mode in (False, "graphs", "native"):
+        sampling = SamplingParams(temperature=temperature)
+        out = SpeculativeDecoder(target, spec, gamma=4, method=method, eos_token_id=[], compile=mode,
+                                 sampling=sampling).generate(PROMPTS, max_new_tokens=24, seed=5)
+        assert out.stats.context_steps > 0
+        outs[mode] = out.sequences
+        if temperature == 0:
+            base = SpeculativeDecoder(target, None, sampling=sampling, eos_token_id=[], compile=mode)
+            assert out.sequences == base.generate(PROMPTS, max_new_tokens=24).sequences, mode
+    assert outs[False] == outs["graphs"]

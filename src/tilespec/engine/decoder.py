@@ -10,10 +10,10 @@ With no draft (``draft=None``) the same machinery decodes target-only, the basel
 drafter ("ngram", "suffix"; drafters/) replaces step 1 by host-side matching over the tokens read in the previous
 step's host sync: ragged per-request drafts (0 tokens where nothing matches), verified without draft logits.
 The loop is split into ``prefill`` / ``step`` / ``commit`` / ``finish`` over a per-generation
-:class:`~tilespec.engine.generation.Generation` (``stream`` drives them), so generations never share results. A step with
-γ = 0 (the budget leaves nothing to draft, or the ``optimal`` schedule fell back for good because speculation is
-predicted to be slower) is a target-only step: no draft forward, verify() with K = 0, not fed to the schedule. After
-the fallback the draft runner is never touched again in that generation (its cache is left stale).
+:class:`~tilespec.engine.generation.Generation` (``stream`` drives them), so generations never share results.
+A step with γ = 0 (the budget leaves nothing to draft, or the ``optimal`` schedule fell back for good because
+speculation is predicted to be slower) is a target-only step: no draft forward, verify() with K = 0, not fed to the
+schedule. After the fallback the draft runner is never touched again in that generation (its cache is left stale).
 """
 from __future__ import annotations
 
@@ -281,8 +281,10 @@ class SpeculativeDecoder:
         context = None
         if drafts is not None:
             timer.start("draft")
-            padded = torch.tensor([d + [self.pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64)
-            counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
+            pin = self.device.type == "cuda"           # pinned: the copies below are truly asynchronous
+            padded = torch.tensor([d + [self.pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64,
+                                  pin_memory=pin)
+            counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64, pin_memory=pin)
             context = (padded.to(self.device, non_blocking=True), counts.to(self.device, non_blocking=True))
             timer.stop("draft")
         draft_runner = gen.draft if use_model and (gamma > 0 or context is not None) else None
