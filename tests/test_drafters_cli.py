@@ -94,3 +94,16 @@ def test_demo_times_both_modes_and_reports_the_speedup(registry, tmp_path, capsy
     assert rec["draft"] == "ngram" and rec["outputs_identical"] is True and rec["new_tokens"] == 12
     assert len(rec["target_only_seconds"]) == len(rec["speculative_seconds"]) == 2
     assert rec["speedup"] == pytest.approx(sum(rec["target_only_seconds"]) / sum(rec["speculative_seconds"]))
+
+
+def test_eval_main_study_with_an_ngram_draft():
+    from test_eval import DOCS, ToyTokenizer as WordTokenizer, small_cfg
+    from tilespec.eval.run import evaluate
+
+    torch.set_num_threads(1)
+    target = tiny_lm(0, logit_scale=4.0)
+    rec = evaluate(small_cfg(methods=("hf", "reference"), draft="ngram", max_new_tokens=8), log=lambda *a: None,
+                   models=(target, "ngram", WordTokenizer()), examples=DOCS)
+    rows = rec["methods"]
+    assert {r["drafter"] for r in rows.values()} == {"ngram"}
+    assert rows["reference"]["identical_to_baseline"] == 1.0 and rows["hf"]["steps"] > 0

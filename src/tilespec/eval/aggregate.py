@@ -32,6 +32,7 @@ def summarize(run, target, *, task=None, examples: Optional[list] = None) -> dic
         verify_time_s=verify_s, verify_step_ms=1e3 * verify_s / tot.steps if tot.steps else float("nan"),
         verify_step_ms_std=std_ms, wall_time_s=tot.wall_time, phase_times_s=dict(tot.times),
         alpha=tot.alpha, alpha_tested=tot.alpha_tested, mean_gamma=tot.mean_gamma,
+        block_efficiency=tot.block_efficiency, drafter=tot.drafter, match_share=tot.match_share,
         peak_memory_bytes=tot.peak_memory_bytes, verify_bytes=nbytes, bandwidth_gbps=bandwidth_gbps(nbytes, verify_s),
         texts=list(run.texts),
     )
