@@ -137,10 +137,12 @@ class RunStats:
         """The stats of several generations as one: counters, times and γs summed/concatenated, memory maxed, so
         that the aggregates above (alpha, alpha_tested, block_efficiency, ...) are pooled over all of them."""
         first = runs[0] if runs else cls()
-        total = cls(method=first.method, runtime=first.runtime, draft_runtime=first.draft_runtime)
+        total = cls(method=first.method, runtime=first.runtime, draft_runtime=first.draft_runtime,
+                    drafter=first.drafter)
         for r in runs:
             for name in ("requests", "new_tokens", "steps", "target_calls", "draft_calls", "request_steps", "drafted",
-                         "accepted", "tested", "emitted", "defrags", "fallback_steps"):
+                         "accepted", "tested", "emitted", "defrags", "fallback_steps", "context_steps",
+                         "match_request_steps"):
                 setattr(total, name, getattr(total, name) + getattr(r, name))
             total.wall_time += r.wall_time
             total.compile_seconds += r.compile_seconds
