@@ -108,3 +108,12 @@ def test_env_picks_devices_dtypes_and_folders(monkeypatch, tmp_path):
     assert env.data_root() == tmp_path / "d"
     rec = env.run_record("cpu")
     assert rec["torch"] == torch.__version__ and rec["device"].startswith("CPU") and "date" in rec
+
+
+def test_generate_with_a_context_drafter(pair):
+    target, _ = pair
+    tok = ChatTokenizer()
+    out = tilespec.generate("abcabcabc", target=target, draft="ngram", tokenizer=tok, max_new_tokens=6)
+    ref = SpeculativeDecoder(target, "ngram", tokenizer=tok).generate(encode_prompts(tok, "abcabcabc"),
+                                                                      max_new_tokens=6)
+    assert out.sequences == ref.sequences and out.stats.drafter == ref.stats.drafter

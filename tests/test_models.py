@@ -265,3 +265,22 @@ def test_load_by_registry_name(home, fake_entry, monkeypatch):
     assert seen == [(model_path("fake-gguf"), "model.gguf", torch.float32)]
     assert (model_path("fake-gguf") / "hf-float32" / "config.json").is_file()
     assert m.tilespec_role == "target" and t is tok
+
+
+def test_public_api_loads_local_folders_by_path(tmp_path):
+    import tilespec
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.engine.prompts import encode_prompts
+    model, tok = _tiny_qwen(), _tiny_tokenizer()
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    folder = str(tmp_path / "m")
+    target, _ = tilespec.load(folder, device="cpu")
+    assert target.dtype == torch.float32                     # "auto" on CPU
+    # the word-level test tokenizer is given explicitly (transformers reloads it as a Qwen2 BPE tokenizer)
+    out = tilespec.generate(["w5 w6 w7"], target=folder, draft=f"{folder}:layers=1", tokenizer=tok,
+                            max_new_tokens=4, device="cpu", gamma=2)
+    draft, _ = load(f"{folder}:layers=1", target=target)
+    ref = SpeculativeDecoder(target, draft, gamma=2, tokenizer=tok).generate(encode_prompts(tok, ["w5 w6 w7"]),
+                                                                             max_new_tokens=4)
+    assert out.sequences == ref.sequences and len(out.sequences[0]) == 4

