@@ -30,22 +30,13 @@ from .drafters import resolve_drafter
 from .gamma import GammaSchedule
 from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
 from .inputs import check_request
-from .leases import in_use, lease
+from .leases import lease, release_compiled, shared_runner  # noqa: F401  (release_compiled: public)
 from .metrics import PhaseTimer, RunStats, peak_memory
-from .native import NativeRunner
-from .prompts import encode_prompts
-from .runner import ModelRunner, is_encoder_decoder, make_runner, shares_encoder
+from .prompts import prompt_lists
+from .runner import is_encoder_decoder, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
 from .step_graph import step_graphs_for
-
-
-_COMPILED_RUNNERS: dict = {}
-
-
-def release_compiled() -> None:
-    """Drop every cached compiled runner (their graphs and KV buffers)."""
-    _COMPILED_RUNNERS.clear()
 
 
 class SpeculativeDecoder:
@@ -73,11 +64,10 @@ class SpeculativeDecoder:
         tokenizer: optional; needed for string prompts and decoded texts. String prompts are encoded by
             :func:`tilespec.engine.prompts.encode_prompts`: wrapped in the tokenizer's chat template when it has one
             (as the CLI and ``tilespec.generate`` do); ``chat=False`` tokenizes the raw text.
-        compile: the fast path for the decode/verify steps (see ``engine.runner.step_mode``): True or "graphs" =
-            CUDA-graph replay of every forward, the draft sampler and verify (CUDA; True means eager on CPU);
-            "compiled-graphs" = also torch.compile the norms/MLPs (experimental); another string = that
-            torch.compile mode; "debug" = dynamo with the eager backend, for CPU tests. Shapes stay
-            static (fixed B, slot capacity, q in {1, 2, γ+1}): finished requests stay in the batch, ignored.
+        compile: the execution path (``engine.runner.step_mode``, docs/engine.md): True = on CUDA the native
+            compiled runtime with whole-step CUDA graphs for supported models, else graphs of the transformers
+            modules (eager on CPU); "native", "native-graphs", "graphs", "compiled-graphs", a torch.compile mode,
+            or "debug". Compiled shapes are static: finished requests stay in the batch, ignored.
         eos_token_id: int or list; defaults to the target's generation config / the tokenizer.
         graph_verify: on the CUDA-graph paths, also replay ``verify()`` as a graph (methods that never sync with the
             host, scalar sampling parameters). False keeps verification eager, e.g. to time every method the same
@@ -131,41 +121,11 @@ class SpeculativeDecoder:
         self.chat = chat
         self.last_stats: Optional[RunStats] = None   # convenience: the stats of the last generation that finished
 
-    # ----------------------------------------------------------------------------------------------- inputs
     def _prompt_lists(self, input_ids, prompts) -> list:
-        if (input_ids is None) == (prompts is None):
-            raise ValueError("pass exactly one of input_ids and prompts")
-        if prompts is not None:
-            if self.tokenizer is None:
-                raise ValueError("string prompts need a tokenizer (SpeculativeDecoder(..., tokenizer=...))")
-            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-            return encode_prompts(self.tokenizer, prompts, self.chat)
-        if isinstance(input_ids, torch.Tensor):
-            if input_ids.ndim == 1:
-                input_ids = input_ids[None]
-            if input_ids.ndim != 2 or input_ids.dtype.is_floating_point:
-                raise ValueError(f"input_ids must be an integer tensor [B, L], got {tuple(input_ids.shape)}")
-            return input_ids.tolist()
-        lists = list(input_ids)
-        if lists and isinstance(lists[0], int):
-            lists = [lists]
-        return [list(map(int, p)) for p in lists]
+        return prompt_lists(self.tokenizer, input_ids, prompts, self.chat)
 
-    def _runner(self, name: str, model, capacity: int, batch: int) -> ModelRunner:
-        """Compiled runners are shared process-wide per (model, role, capacity, batch, compile mode), so decoders
-        that differ only in sampling or verify method reuse the same graphs; eager runners are rebuilt. A shared
-        runner is leased to one unfinished generation at a time: another open stream gets a runner of its own."""
-        key = (id(model), name, capacity, batch, str(self.compile))
-        cached = _COMPILED_RUNNERS.get(key)
-        busy = cached is not None and in_use(cached)   # another open stream decodes with it (leases.py)
-        if self.compile and cached is not None and cached.model is model and not busy:
-            return cached
-        runner = make_runner(model, capacity, compile=self.compile)
-        # transformers' cross-attention cache cannot be reset in place; native runners re-fill theirs on encode()
-        reuse = self.compile and (not is_encoder_decoder(model) or isinstance(runner, NativeRunner))
-        if reuse and not busy:
-            _COMPILED_RUNNERS[key] = runner
-        return runner
+    def _runner(self, name: str, model, capacity: int, batch: int):
+        return shared_runner(model, name, capacity, batch, self.compile)
 
     # ----------------------------------------------------------------------------------------------- decoding
     @torch.inference_mode()
@@ -234,17 +194,8 @@ class SpeculativeDecoder:
                          resolved=resolve_sampling(sampling, state.size, self.device), context=context,
                          t_start=t_start, produced=[0] * batch, sequences=[[] for _ in range(batch)],
                          reasons=["length"] * batch, fast=fast, compile_before=compile_before)
-        lease(gen, (target, draft), _COMPILED_RUNNERS.values())
+        lease(gen, (target, draft))
         return gen
-
-    def _context_drafts(self, gen: Generation, live: list, cap: int) -> Optional[list]:
-        """Host-side proposals per batch position (live rows only; [] = no match), or None if none matched."""
-        drafts = [[] for _ in range(gen.state.size)]
-        for i in live:
-            limit = min(cap, gen.remaining(i) - 1)
-            if limit > 0:
-                drafts[i] = gen.context.propose(gen.state.rows[i], limit)
-        return drafts if any(drafts) else None
 
     @torch.inference_mode()
     def step(self, gen: Generation) -> PlannedStep:
@@ -260,7 +211,7 @@ class SpeculativeDecoder:
         drafts = None
         if gamma > 0 and gen.context is not None:
             timer.start("draft")
-            drafts = self._context_drafts(gen, live, gamma)
+            drafts = gen.context_drafts(live, gamma)
             timer.stop("draft")
             if drafts is not None:
                 gamma = max(len(d) for d in drafts)
@@ -338,38 +289,10 @@ class SpeculativeDecoder:
             return StepEvent(step=gen.step_no, tokens={}, finished=[])
         emitted = [emitted_all[i] for i in live]
         ks = [len(planned.drafts[i]) if planned.drafts is not None else gamma for i in live]
-        new_tokens, finished, keep = {}, [], []
-        for i in live:
-            r = state.rows[i]
-            toks = host[i, 1:1 + emitted_all[i]].tolist()[:gen.max_new_tokens - gen.produced[r]]
-            for j, t in enumerate(toks):
-                if t in self.eos:
-                    toks = toks[:j + 1]
-                    gen.reasons[r] = "eos"
-                    break
-            gen.sequences[r] += toks
-            gen.produced[r] += len(toks)
-            new_tokens[r] = toks
-            if gen.context is not None:
-                gen.context.extend(r, toks)
-            if gen.reasons[r] == "eos" or gen.produced[r] >= gen.max_new_tokens:
-                finished.append(r)
-            else:
-                keep.append(i)
-        stats.steps += 1
-        stats.target_calls += 1
-        stats.draft_calls += planned.draft_forwards
-        if planned.drafts is not None:
-            stats.context_steps += 1
-            stats.match_request_steps += sum(1 for k in ks if k > 0)
-        stats.request_steps += len(live)
-        stats.drafted += sum(ks)
-        stats.accepted += sum(e - 1 for e in emitted)
-        stats.tested += sum(min(e, k) for e, k in zip(emitted, ks))
-        stats.emitted += sum(emitted)
-        stats.gammas.append(gamma)
-        totals = timer.resolve() if timer.cuda else timer.totals
-        if gamma > 0:
+        new_tokens, finished, keep = gen.take(host, emitted_all, live, self.eos)
+        stats.count_step(gamma, planned.draft_forwards, ks, emitted, context=planned.drafts is not None)
+        if gamma > 0:   # (reading the CUDA events syncs: never on run-ahead target-only steps)
+            totals = timer.resolve() if timer.cuda else timer.totals
             drafted = [(e - 1, k) for e, k in zip(emitted, ks) if k > 0]
             gen.schedule.update(gamma, [a for a, _ in drafted], totals["draft"] - planned.before["draft"],
                                 totals["target"] - planned.before["target"])

@@ -94,6 +94,40 @@ class Generation:
         """Positions (in the active batch) of the rows still generating."""
         return [i for i, r in enumerate(self.state.rows) if r not in self.done]
 
+    def take(self, host: torch.Tensor, emitted_all: list, live: list, eos: set) -> tuple[dict, list, list]:
+        """Record a step's tokens: ``host`` [B, 1 + K + 1] = (num_emitted, output tokens) as read from the device.
+        Each live row keeps its emitted tokens up to max_new_tokens and the first EOS. Returns (new tokens by
+        request, requests that finished, batch positions that go on)."""
+        new_tokens, finished, keep = {}, [], []
+        for i in live:
+            r = self.state.rows[i]
+            toks = host[i, 1:1 + emitted_all[i]].tolist()[:self.max_new_tokens - self.produced[r]]
+            for j, t in enumerate(toks):
+                if t in eos:
+                    toks = toks[:j + 1]
+                    self.reasons[r] = "eos"
+                    break
+            self.sequences[r] += toks
+            self.produced[r] += len(toks)
+            new_tokens[r] = toks
+            if self.context is not None:
+                self.context.extend(r, toks)
+            if self.reasons[r] == "eos" or self.produced[r] >= self.max_new_tokens:
+                finished.append(r)
+            else:
+                keep.append(i)
+        return new_tokens, finished, keep
+
+    def context_drafts(self, live: list, cap: int) -> Optional[list]:
+        """The context drafter's host-side proposals per batch position (live rows only, at most ``cap`` tokens and
+        never past max_new_tokens; [] = no match), or None if no row matched."""
+        drafts = [[] for _ in range(self.state.size)]
+        for i in live:
+            limit = min(cap, self.remaining(i) - 1)
+            if limit > 0:
+                drafts[i] = self.context.propose(self.state.rows[i], limit)
+        return drafts if any(drafts) else None
+
     def remaining(self, i: int) -> int:
         """New tokens row i (position in the batch) may still emit."""
         return self.max_new_tokens - self.produced[self.state.rows[i]]

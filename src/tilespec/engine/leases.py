@@ -9,7 +9,34 @@ from __future__ import annotations
 
 import weakref
 
+from .native import NativeRunner
+from .runner import is_encoder_decoder, make_runner
+
 _LEASES: dict = {}   # id(shared runner) -> weakref to the Generation decoding with it
+_COMPILED_RUNNERS: dict = {}   # (id(model), role, capacity, batch, compile) -> shared runner
+
+
+def release_compiled() -> None:
+    """Drop every cached compiled runner (their graphs and KV buffers)."""
+    _COMPILED_RUNNERS.clear()
+
+
+def shared_runner(model, name: str, capacity: int, batch: int, compile):
+    """The runner of ``model`` in role ``name``: compiled runners are shared process-wide per (model, role,
+    capacity, batch, compile mode), so decoders that differ only in sampling or verify method reuse the same graphs;
+    eager runners are built per generation. A shared runner busy with another open generation is not handed out:
+    the caller gets a runner of its own."""
+    key = (id(model), name, capacity, batch, str(compile))
+    cached = _COMPILED_RUNNERS.get(key)
+    busy = cached is not None and in_use(cached)
+    if compile and cached is not None and cached.model is model and not busy:
+        return cached
+    runner = make_runner(model, capacity, compile=compile)
+    # transformers' cross-attention cache cannot be reset in place; native runners re-fill theirs on encode()
+    reuse = compile and (not is_encoder_decoder(model) or isinstance(runner, NativeRunner))
+    if reuse and not busy:
+        _COMPILED_RUNNERS[key] = runner
+    return runner
 
 
 def in_use(runner) -> bool:
@@ -19,8 +46,8 @@ def in_use(runner) -> bool:
     return gen is not None and not gen.finished
 
 
-def lease(gen, runners, shared) -> None:
-    """Lease to ``gen`` every runner of ``runners`` that is one of the ``shared`` (cached) runners."""
+def lease(gen, runners) -> None:
+    """Lease to ``gen`` every runner of ``runners`` that is a shared (cached) runner."""
     for runner in runners:
-        if runner is not None and any(runner is r for r in shared):
+        if runner is not None and any(runner is r for r in _COMPILED_RUNNERS.values()):
             _LEASES[id(runner)] = weakref.ref(gen)

@@ -95,6 +95,21 @@ class RunStats:
     context_steps: int = 0         # steps drafted by a context drafter (ngram / suffix)
     match_request_steps: int = 0   # request-steps whose context matched (drafted >= 1 token)
 
+    def count_step(self, gamma: int, draft_forwards: int, ks: list, emitted: list, context: bool) -> None:
+        """Count one step: ``ks`` tokens drafted and ``emitted`` tokens emitted per live request (same order)."""
+        self.steps += 1
+        self.target_calls += 1
+        self.draft_calls += draft_forwards
+        if context:
+            self.context_steps += 1
+            self.match_request_steps += sum(1 for k in ks if k > 0)
+        self.request_steps += len(emitted)
+        self.drafted += sum(ks)
+        self.accepted += sum(e - 1 for e in emitted)
+        self.tested += sum(min(e, k) for e, k in zip(emitted, ks))
+        self.emitted += sum(emitted)
+        self.gammas.append(gamma)
+
     @property
     def alpha(self) -> float:
         return self.accepted / self.drafted if self.drafted else float("nan")

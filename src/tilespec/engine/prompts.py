@@ -26,3 +26,26 @@ def encode_prompts(tok, texts, chat: bool = True) -> list[list[int]]:
     texts = [texts] if isinstance(texts, str) else list(texts)
     special = not uses_chat_template(tok, chat)
     return [list(tok(chat_prompt(tok, t, chat), add_special_tokens=special).input_ids) for t in texts]
+
+
+def prompt_lists(tok, input_ids=None, prompts=None, chat: bool = True) -> list[list[int]]:
+    """Exactly one of ``input_ids`` (token lists, one list, or an integer tensor [B, L] / [L]) and ``prompts``
+    (str or list of str, encoded by :func:`encode_prompts`, needs ``tok``) -> token id lists."""
+    import torch
+
+    if (input_ids is None) == (prompts is None):
+        raise ValueError("pass exactly one of input_ids and prompts")
+    if prompts is not None:
+        if tok is None:
+            raise ValueError("string prompts need a tokenizer (SpeculativeDecoder(..., tokenizer=...))")
+        return encode_prompts(tok, prompts, chat)
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.ndim == 1:
+            input_ids = input_ids[None]
+        if input_ids.ndim != 2 or input_ids.dtype.is_floating_point:
+            raise ValueError(f"input_ids must be an integer tensor [B, L], got {tuple(input_ids.shape)}")
+        return input_ids.tolist()
+    lists = list(input_ids)
+    if lists and isinstance(lists[0], int):
+        lists = [lists]
+    return [list(map(int, p)) for p in lists]
