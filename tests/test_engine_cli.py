@@ -76,17 +76,18 @@ def test_bench_e2e_smoke(tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "e2e.json"
     assert main(["bench", "e2e", "--tiny", "--num-prompts", "2", "--batch-sizes", "1,2", "--temperatures", "0",
-                 "--max-new-tokens", "6", "--methods", "reference", "--out", str(out)]) == 0
+                 "--max-new-tokens", "6", "--methods", "reference", "--modes", "hf,hf-assisted,ar,tilespec",
+                 "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     systems = {r["system"] for r in data["results"]}
-    assert {"hf", "hf-assisted", "ar", "tilespec:reference"} <= systems
-    spec = [r for r in data["results"] if r["system"] == "tilespec:reference"]
+    assert {"hf", "hf-assisted", "ar", "tilespec:reference/g5"} <= systems
+    spec = [r for r in data["results"] if r["kind"] == "tilespec"]
     assert all(r["greedy_match_ar"] == 1.0 for r in spec)
     assert data["environment"]["torch"] == torch.__version__
 
 
 def test_bench_e2e_warmup_covers_all_batches_and_schedule_gamma(tmp_path, monkeypatch):
-    """Warm-up runs every timed batch with the timed seeds; non-constant γ schedules predict with round(mean γ)."""
+    """Each timed batch runs right after its warm-up runs (same seeds); adaptive γ predicts with round(mean γ)."""
     from tilespec.engine import SpeculativeDecoder
     torch.set_num_threads(1)
     calls = []
@@ -100,10 +101,10 @@ def test_bench_e2e_warmup_covers_all_batches_and_schedule_gamma(tmp_path, monkey
     out = tmp_path / "e2e.json"
     assert main(["bench", "e2e", "--tiny", "--num-prompts", "3", "--batch-sizes", "2", "--temperatures", "0",
                  "--max-new-tokens", "6", "--methods", "reference", "--gamma-schedule", "heuristic",
-                 "--warmup", "2", "--out", str(out)]) == 0
-    # per engine config: 2 warm-up rounds over batches [2, 1] + 1 timed pass, all with seeds 1000*i
-    per_config = [(2, 0), (1, 1000)] * 3
+                 "--warmup", "2", "--modes", "ar,tilespec", "--out", str(out)]) == 0
+    # per engine config, per batch ([2, 1]): 2 warm-up runs, then the timed run, all with seeds 1000*i
+    per_config = [(2, 0)] * 3 + [(1, 1000)] * 3
     assert len(calls) % len(per_config) == 0 and calls[:len(per_config)] == per_config
     data = json.loads(out.read_text())
-    spec = [r for r in data["results"] if r["system"] == "tilespec:reference"]
+    spec = [r for r in data["results"] if r["kind"] == "tilespec"]
     assert spec and all(r["predicted_speedup_gamma"] == max(1, round(r["mean_gamma"])) for r in spec)

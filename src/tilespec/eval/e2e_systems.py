@@ -1,0 +1,224 @@
+"""The systems ``tilespec bench e2e`` times, each over the same prompt batches, and the configuration they run in.
+
+Systems (``Config.kind``):
+  * ``hf``: transformers ``generate`` with its default dynamic cache (left-padded batches);
+  * ``hf-static``: ``generate(cache_implementation="static")``; on CUDA transformers compiles the decode forward;
+  * ``hf-assisted``: transformers assisted generation with the draft model (batch 1 only in transformers);
+  * ``hf-prompt-lookup``: transformers prompt lookup decoding (``prompt_lookup_num_tokens``; batch 1 only);
+  * ``ar``: our engine, target-only; ``tilespec``: our engine with the draft model, per verify method;
+  * ``ngram`` / ``suffix``: our engine with a context drafter (``SpeculativeDecoder(target, "ngram")``).
+
+Warm-up (never timed): systems that compile or capture (``hf-static``, ours) run every batch ``warmup`` times right
+before its timed run, with the same seeds and lengths, so the timed run replays what the warm-up compiled; the
+other HF systems warm up once on the first batch with a few tokens. ``compile_seconds`` = warm-up time minus the
+timed time of the same batches (the cost the first run of each shape pays). ``max_seconds`` > 0 stops a system after
+the batch that crosses it: ``requests`` is then the number measured (always a prefix of the prompts).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
+ENGINE_KINDS = ("ar", "tilespec", "ngram", "suffix")
+KINDS = HF_KINDS + ENGINE_KINDS
+BATCH1_ONLY = ("hf-assisted", "hf-prompt-lookup")
+CONTEXT_KINDS = ("ngram", "suffix")
+LIGHT_WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Config:
+    """One timed configuration; ``key`` identifies it in the JSON (resume skips keys already measured)."""
+
+    task: str
+    temperature: float
+    batch_size: int
+    kind: str
+    method: str | None = None       # verify method (speculative kinds)
+    engine: str = "eager"           # our engine's step mode: eager, graphs, ...
+    gamma: int | None = None        # constant γ, or the initial γ of an adaptive schedule
+    schedule: str | None = None     # constant | heuristic | optimal (speculative kinds)
+
+    @property
+    def system(self) -> str:
+        if self.kind in HF_KINDS:
+            return self.kind
+        name = self.kind if self.method is None else f"{self.kind}:{self.method}"
+        if self.schedule is not None:
+            name += f"/g{self.gamma}" if self.schedule == "constant" else f"/{self.schedule}"
+        return name + ("" if self.engine == "eager" else f"@{self.engine}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.task}|T={self.temperature:g}|B={self.batch_size}|{self.system}"
+
+
+def output_hash(tokens: list) -> str:
+    """Short digest of one request's new tokens (rows compare outputs without storing them)."""
+    return hashlib.sha1(",".join(map(str, tokens)).encode()).hexdigest()[:16]
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _truncate(row: list, eos: set) -> list:
+    for j, t in enumerate(row):
+        if t in eos:
+            return row[:j + 1]
+    return row
+
+
+def _eos(model, tok) -> set:
+    e = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if e is None and tok is not None:
+        e = getattr(tok, "eos_token_id", None)
+    return set() if e is None else ({int(e)} if isinstance(e, int) else {int(x) for x in e})
+
+
+def _timed_batches(batches, max_seconds, run_one, warm_one, warmup: int):
+    """Run ``warm_one`` ``warmup`` times then ``run_one`` per batch; stop after the batch crossing max_seconds.
+    ``run_one(i, batch)`` returns (output, timed seconds). Returns (outputs, timed seconds, warm-up seconds)."""
+    outs, timed, warm = [], 0.0, 0.0
+    for i, batch in enumerate(batches):
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            warm_one(i, batch)
+        warm += time.perf_counter() - t0
+        out, dt = run_one(i, batch)
+        outs.append(out)
+        timed += dt
+        if max_seconds and timed >= max_seconds:
+            break
+    return outs, timed, warm
+
+
+def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -> dict:
+    """One transformers system over ``batches`` (token id lists; Whisper: decoder prefixes with encoder ``feats``
+    [N, mels, frames], HF builds its own prefix from language/task); returns sequences, timings, peak memory."""
+    import torch
+    from tilespec.engine.metrics import peak_memory
+    pad = tok.pad_token_id if tok is not None and getattr(tok, "pad_token_id", None) is not None else 0
+    gen = dict(max_new_tokens=args.max_new_tokens, do_sample=cfg.temperature > 0, pad_token_id=pad)
+    if cfg.temperature > 0:
+        gen.update(temperature=cfg.temperature, top_k=0, top_p=1.0)
+    if cfg.kind == "hf-static":
+        gen["cache_implementation"] = "static"
+    elif cfg.kind == "hf-assisted":
+        gen.update(assistant_model=draft, num_assistant_tokens=cfg.gamma, assistant_confidence_threshold=0.0,
+                   num_assistant_tokens_schedule="constant" if cfg.schedule == "constant" else "heuristic")
+    elif cfg.kind == "hf-prompt-lookup":
+        gen.update(prompt_lookup_num_tokens=args.lookup_tokens)
+    eos = _eos(target, tok)
+    starts = {id(b): sum(len(x) for x in batches[:i]) for i, b in enumerate(batches)}
+
+    def call(batch, **over):
+        if feats is not None:
+            f = feats[starts[id(batch)]:starts[id(batch)] + len(batch)]
+            kw = {k: v for k, v in {**gen, **over}.items() if k != "pad_token_id"}
+            _sync(device)
+            t0 = time.perf_counter()
+            out = target.generate(input_features=f, language="en", task="transcribe", **kw).tolist()
+            _sync(device)
+            rows = [r[len(p):] if r[:len(p)] == p else r for r, p in zip(out, batch)]
+            return [_truncate(r, eos) for r in rows], time.perf_counter() - t0
+        width = max(len(ids) for ids in batch)
+        x = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = target.generate(x, attention_mask=mask, **{**gen, **over})
+        _sync(device)
+        return [_truncate(r, eos) for r in out[:, width:].tolist()], time.perf_counter() - t0
+
+    full = cfg.kind == "hf-static"
+    warm_one = (lambda i, b: call(b)) if full else (lambda i, b: None)
+    warm = 0.0
+    if not full and args.warmup and batches:
+        t0 = time.perf_counter()
+        call(batches[0], max_new_tokens=min(LIGHT_WARMUP_TOKENS, args.max_new_tokens))
+        warm = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    outs, timed, warm_full = _timed_batches(batches, args.max_seconds, lambda i, b: call(b), warm_one,
+                                            args.warmup if full else 0)
+    seqs = [s for out in outs for s in out]
+    res = dict(sequences=seqs, new_tokens=sum(map(len, seqs)), wall_time=timed, warmup_seconds=warm + warm_full,
+               peak_memory_bytes=peak_memory(device))
+    if full:
+        res["compile_seconds"] = max(0.0, warm_full / max(args.warmup, 1) - timed)
+    return res
+
+
+def make_decoder(cfg: Config, target, draft, args):
+    """Our decoder for ``cfg``; RuntimeError naming the gap when this engine lacks a context drafter."""
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.verify import SamplingParams
+    the_draft = {"ar": None, "tilespec": draft}.get(cfg.kind, cfg.kind)
+    if cfg.kind == "tilespec" and draft is None:
+        raise RuntimeError("the tilespec system needs a draft model (--draft NAME)")
+    kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
+              sampling=SamplingParams(temperature=cfg.temperature),
+              compile=False if cfg.engine == "eager" else cfg.engine)
+    try:
+        return SpeculativeDecoder(target, the_draft, **kw)
+    except (TypeError, ValueError) as err:
+        if cfg.kind in CONTEXT_KINDS:
+            raise RuntimeError(f"this engine has no context drafter {cfg.kind!r} yet (SpeculativeDecoder(draft="
+                               f"{cfg.kind!r}) says: {err})") from err
+        raise
+
+
+def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) -> dict:
+    """Our engine over ``batches``: sequences, timings, the engine's stats per batch and the derived α, τ, c."""
+    from tilespec.engine import expected_speedup
+    dec = make_decoder(cfg, target, draft, args)
+    starts = [sum(len(b) for b in batches[:i]) for i in range(len(batches))]
+
+    def one(i, batch):
+        f = None if feats is None else feats[starts[i]:starts[i] + len(batch)]
+        out = dec.generate(batch, max_new_tokens=args.max_new_tokens, seed=1000 * i, input_features=f)
+        return out, out.stats.wall_time
+
+    outs, timed, warm = _timed_batches(batches, args.max_seconds, one, one, args.warmup)
+    if cfg.engine == "compiled-graphs":  # leave the models as they were for the next system (HF baselines: eager)
+        from tilespec.engine.runner import uncompile_decoder_layers
+        for m in (target, draft) if draft is not None else (target,):
+            uncompile_decoder_layers(m)
+    runs = [o.stats for o in outs]
+    times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
+    t_calls, d_calls = sum(s.target_calls for s in runs), sum(s.draft_calls for s in runs)
+    res = dict(sequences=[s for o in outs for s in o.sequences], new_tokens=sum(s.new_tokens for s in runs),
+               wall_time=timed, warmup_seconds=warm,
+               compile_seconds=max(0.0, warm / max(args.warmup, 1) - timed) if args.warmup else None,
+               times=times, steps=sum(s.steps for s in runs), peak_memory_bytes=max(s.peak_memory_bytes for s in runs),
+               kv_cache_bytes=max(s.kv_cache_bytes for s in runs), defrags=sum(s.defrags for s in runs),
+               target_calls=t_calls, draft_calls=d_calls,
+               target_forward_ms=1e3 * times.get("target", 0.0) / t_calls if t_calls else None,
+               draft_forward_ms=1e3 * times.get("draft", 0.0) / d_calls if d_calls else None,
+               runs=[s.to_dict() for s in runs])
+    step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
+    res["verify_share"] = times.get("verify", 0.0) / step if step else None
+    if cfg.kind == "ar":
+        res["target_q"] = 1
+        return res
+    drafted, accepted = sum(s.drafted for s in runs), sum(s.accepted for s in runs)
+    tested, rs = sum(s.tested for s in runs), sum(s.request_steps for s in runs)
+    gammas = [g for s in runs for g in s.gammas]
+    if res["draft_forward_ms"] and res["target_forward_ms"]:
+        c = res["draft_forward_ms"] / res["target_forward_ms"]
+    else:  # a context drafter runs no draft forward: its cost is host work inside the step, ≈ 0 of a forward
+        c = 0.0 if cfg.kind in CONTEXT_KINDS else None
+    alpha_t = accepted / tested if tested else None
+    mean_gamma = sum(gammas) / len(gammas) if gammas else 0.0
+    g = cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma))
+    res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
+               block_efficiency=sum(s.emitted for s in runs) / rs if rs else None, mean_gamma=mean_gamma,
+               fallback_steps=sum(s.fallback_steps for s in runs), target_q=g + 1, predicted_speedup_gamma=g,
+               predicted_speedup=(expected_speedup(min(alpha_t, 0.999999), g, c)
+                                  if c is not None and alpha_t is not None else None))
+    return res

@@ -1,0 +1,159 @@
+"""``tilespec bench e2e`` on tiny random models: options, configurations, resume, row fields; the task data."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilespec.cli import main
+from tilespec.eval import bench_e2e
+from tilespec.eval.data import TASKS, data_root, load_code_edit, load_task
+from tilespec.eval.e2e_systems import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["bench", "e2e", "--tiny", "--prompts", "2", "--temperature", "0", "--max-new-tokens", "5",
+        "--methods", "reference", "--gamma", "2"]
+
+
+def parse(argv: list) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench_e2e.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_options_and_aliases_give_the_same_configurations():
+    new = parse(["--task", "code-edit,xsum", "--prompts", "4", "--batch", "1,8", "--temperature", "0,1",
+                 "--systems", "hf,hf-static,hf-prompt-lookup,ar,tilespec,ngram", "--gamma", "2,3",
+                 "--gamma-schedule", "constant,optimal", "--methods", "fused", "--json", "x.json"])
+    old = parse(["--dataset", "code-edit,xsum", "--num-prompts", "4", "--batch-sizes", "1,8", "--temperatures",
+                 "0,1", "--modes", "hf,hf-static,hf-prompt-lookup,ar,tilespec,ngram", "--gamma", "2,3",
+                 "--gamma-schedule", "constant,optimal", "--methods", "fused", "--out", "x.json"])
+    assert vars(new) == vars(old)
+    bench_e2e.check_args(new)
+    cfgs = bench_e2e.configs(new, ["code-edit", "xsum"])
+    assert len({c.key for c in cfgs}) == len(cfgs)
+    b1 = [c.system for c in cfgs if (c.task, c.temperature, c.batch_size) == ("xsum", 1.0, 1)]
+    assert b1 == ["ar", "hf-static", "tilespec:fused/g2", "tilespec:fused/g3", "tilespec:fused/optimal",
+                  "ngram:fused/g2", "ngram:fused/g3", "ngram:fused/optimal", "hf-prompt-lookup", "hf"]
+    b8 = [c.system for c in cfgs if (c.task, c.temperature, c.batch_size) == ("xsum", 1.0, 8)]
+    assert "hf-prompt-lookup" not in b8 and "hf-static" in b8          # prompt lookup is batch 1 only in HF
+    assert Config("cnndm", 0.0, 1, "ar", engine="graphs").key == "cnndm|T=0|B=1|ar@graphs"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--systems", "ar,vllm"], "unknown system(s) vllm"),
+    (["--task", "mmlu"], "--task must be"),
+    (["--batch", "0"], "--batch must be"),
+    (["--gamma-schedule", "fast"], "unknown --gamma-schedule fast"),
+])
+def test_bad_options_give_one_line_errors(argv, words, capsys):
+    assert main(["bench", "e2e", "--tiny"] + argv) == 1
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_bad_list_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--batch", "one"])
+    assert "expected a comma list of int values, got 'one'" in capsys.readouterr().err
+
+
+def test_rows_resume_and_comparisons(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1,2", "--systems", "ar,hf-static,tilespec", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["system"] for r in rows] == ["ar", "hf-static", "tilespec:reference/g2"] * 2
+    for r in rows:
+        assert r["requests"] == 2 and len(r["output_hashes"]) == 2 and r["tokens_per_second"] > 0
+        assert r["warmup_seconds"] >= 0 and r["peak_memory_bytes"] > 0 and "compile_seconds" in r
+    spec = [r for r in rows if r["kind"] == "tilespec"]
+    for r in spec:
+        for k in ("alpha", "alpha_tested", "block_efficiency", "cost_ratio", "mean_gamma", "predicted_speedup",
+                  "target_forward_ms", "draft_forward_ms", "speedup_vs_ar", "speedup_vs_hf_static"):
+            assert r[k] is not None and r[k] > 0, k
+        assert r["target_q"] == 3 and len(r["runs"]) == 2 // r["batch_size"]
+        assert r["greedy_equal_ar"] == [True, True] and r["greedy_match_ar"] == 1.0
+    # a rerun with the same settings measures nothing; a failed row is retried
+    doc = json.loads(out.read_text())
+    doc["results"][-1] = {"key": doc["results"][-1]["key"], "error": "boom"}
+    out.write_text(json.dumps(doc))
+    ran = []
+
+    def stub(cfg, *a):
+        ran.append(cfg.key)
+        raise RuntimeError("stub")
+    monkeypatch.setattr(bench_e2e, "_measure", stub)
+    assert main(TINY + ["--batch", "1,2", "--systems", "ar,hf-static,tilespec", "--json", str(out)]) == 0
+    assert ran == ["xsum|T=0|B=2|tilespec:reference/g2"]
+    assert json.loads(out.read_text())["results"][-1]["error"] == "stub"
+
+
+def test_resume_refuses_other_settings(tmp_path, capsys):
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1", "--systems", "ar", "--json", str(out)]) == 0
+    assert main(TINY + ["--batch", "1", "--systems", "ar", "--json", str(out), "--max-new-tokens", "4"]) == 1
+    assert "other settings (max_new_tokens: 5 there, 4 now)" in capsys.readouterr().err
+
+
+def test_budget_stops_between_configurations(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    clock = itertools.count(0.0, 10.0)  # every clock read advances 10 s
+    monkeypatch.setattr(bench_e2e.time, "perf_counter", lambda: float(next(clock)))
+    assert main(TINY + ["--batch", "1", "--systems", "ar,hf", "--budget-s", "15", "--json", str(out)]) == 0
+    assert [r["system"] for r in json.loads(out.read_text())["results"]] == ["ar"]
+
+
+def test_context_drafters_run_or_say_they_are_missing(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1", "--systems", "ar,ngram,suffix", "--json", str(out)]) == 0
+    rows = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("ngram:reference/g2", "suffix:reference/g2"):
+        r = rows[name]
+        if "error" in r:
+            assert "no context drafter" in r["error"]
+        else:
+            assert r["greedy_match_ar"] == 1.0 and r["cost_ratio"] is not None
+
+
+def test_code_edit_prompts():
+    rows = load_code_edit()
+    assert len(rows) >= 120 and len({r["id"] for r in rows}) == len(rows)
+    assert {r["kind"] for r in rows} == {"type-hints", "docstring", "rename", "f-strings", "validation"}
+    for r in rows:
+        assert r["source"].lstrip().startswith("def ") and r["python"].count(".") == 2
+        assert f"`{r['function']}`" in r["instruction"]
+    tasks = load_task("code-edit", 16)
+    assert len(tasks) == 16 and all(t["source"] in t["prompt"] and t["instruction"] in t["prompt"] for t in tasks)
+    assert [t["id"] for t in tasks] == [t["id"] for t in load_task("code-edit", 16)]
+    assert "code-edit" in TASKS
+
+
+def test_code_edit_file_is_the_generators_output():
+    version = load_code_edit()[0]["python"]
+    if platform.python_version() != version:
+        pytest.skip(f"the committed prompts come from CPython {version}, this is {platform.python_version()}")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scripts" / "make_code_edit.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not (Path(os.environ.get("TILESPEC_DATA", data_root())) / "cnndm" / "test.jsonl").is_file(),
+                    reason="no shared CNN/DM data (set TILESPEC_DATA)")
+def test_cnndm_task_prompts():
+    rows = load_task("cnndm", None, max_document_chars=500)
+    assert len(rows) == 199
+    assert all(r["prompt"].startswith("Summarize the following article") and len(r["prompt"]) < 600 for r in rows)
+    with pytest.raises(ValueError, match="unknown task 'mmlu'"):
+        load_task("mmlu")
