@@ -272,7 +272,7 @@ def plot(results: list, path: Path) -> bool:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
     ax.set_xticklabels([f"{task}\nT={t:g}, B={b}" for task, t, b in groups], fontsize=8)
     ax.set_ylabel("tokens/s (all requests)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
@@ -337,15 +337,15 @@ def run(args) -> int:
             print(f"[e2e] budget of {args.budget_s:g} s reached with {len(todo) - n} configurations left; run the "
                   f"same command again to continue", file=sys.stderr)
             break
-        if cfg.task not in prompts:
-            prompts[cfg.task] = prompt_ids(args, cfg.task, tok, vocab)
-        p = prompts[cfg.task]
-        batches = [p[i:i + cfg.batch_size] for i in range(0, len(p), cfg.batch_size)]
         if cfg.kind in missing:
             err = missing[cfg.kind]
         else:
             print(f"[e2e] {cfg.key} ...", file=sys.stderr, flush=True)
             try:
+                if cfg.task not in prompts:
+                    prompts[cfg.task] = prompt_ids(args, cfg.task, tok, vocab)
+                p = prompts[cfg.task]
+                batches = [p[i:i + cfg.batch_size] for i in range(0, len(p), cfg.batch_size)]
                 err, r = None, _measure(cfg, target, draft, batches, args, device, tok, feats)
             except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking the rest
                 err = e

