@@ -14,7 +14,8 @@
 #   default 170), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
 #   prompts), E2E_PROMPTS (16), E2E_TOKENS (128), E2E_COMPILE (our step mode, default graphs), E2E_METHODS
 #   (fused), E2E_CTX_GAMMA (5), E2E_DRAFTER_SYSTEMS (ar,ngram,suffix,hf-prompt-lookup; add hf-static for the
-#   issue-14 comparison), E2E_RES (/root/res/e2e-fast).
+#   issue-14 comparison), E2E_RES (/root/res/e2e-fast), E2E_ARGS (appended to every command; later options win,
+#   e.g. a CPU dry run: E2E_ARGS="--tiny --device cpu --dtype float32 --compile eager --prompts 2 --max-new-tokens 4").
 set -u
 STAGES=${*:-runtime-t0 runtime-t1 drafters-t0 drafters-t1}
 TOTAL=${E2E_TOTAL_S:-500}
@@ -44,7 +45,7 @@ for stage in $STAGES; do
   esac
   ts "$stage: budget ${budget}s"
   timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
-    "${args[@]}" --budget-s "$budget" --json "$RES/e2e-$stage.json" > "$RES/e2e-$stage.log" 2>&1
+    "${args[@]}" --budget-s "$budget" ${E2E_ARGS:-} --json "$RES/e2e-$stage.json" > "$RES/e2e-$stage.log" 2>&1
   ts "$stage: exit $? ($(grep -c '^\[e2e\].*tok/s' "$RES/e2e-$stage.log") configurations measured this call)"
   grep -E "tok/s|failed|budget|error" "$RES/e2e-$stage.log" | tail -n 40
   [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .

@@ -201,6 +201,9 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
                target_forward_ms=1e3 * times.get("target", 0.0) / t_calls if t_calls else None,
                draft_forward_ms=1e3 * times.get("draft", 0.0) / d_calls if d_calls else None,
                runs=[s.to_dict() for s in runs])
+    for name in ("runtime", "draft_runtime", "drafter"):  # newer engines say which path each model took
+        if getattr(runs[0], name, None):
+            res[name] = getattr(runs[0], name)
     step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
     res["verify_share"] = times.get("verify", 0.0) / step if step else None
     if cfg.kind == "ar":
@@ -216,6 +219,8 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
     alpha_t = accepted / tested if tested else None
     mean_gamma = sum(gammas) / len(gammas) if gammas else 0.0
     g = cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma))
+    if hasattr(runs[0], "match_request_steps"):  # context drafters: share of request-steps that found a match
+        res["match_share"] = sum(s.match_request_steps for s in runs) / rs if rs else None
     res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
                block_efficiency=sum(s.emitted for s in runs) / rs if rs else None, mean_gamma=mean_gamma,
                fallback_steps=sum(s.fallback_steps for s in runs), target_q=g + 1, predicted_speedup_gamma=g,
