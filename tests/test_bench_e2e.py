@@ -46,6 +46,13 @@ def test_options_and_aliases_give_the_same_configurations():
     b8 = [c.system for c in cfgs if (c.task, c.temperature, c.batch_size) == ("xsum", 1.0, 8)]
     assert "hf-prompt-lookup" not in b8 and "hf-static" in b8          # prompt lookup is batch 1 only in HF
     assert Config("cnndm", 0.0, 1, "ar", engine="graphs").key == "cnndm|T=0|B=1|ar@graphs"
+    # without a draft model only the systems that need none are configured; combinations are opt-in
+    none = parse(["--draft", "", "--batch", "1", "--temperature", "0"])
+    assert [c.system for c in bench_e2e.configs(none, ["xsum"])] == [
+        "ar", "hf-static", "ngram:reference/g5", "ngram:fused/g5", "suffix:reference/g5", "suffix:fused/g5",
+        "hf-prompt-lookup", "hf"]
+    both = parse(["--systems", "tilespec+ngram", "--batch", "1", "--temperature", "0", "--methods", "fused"])
+    assert [c.system for c in bench_e2e.configs(both, ["xsum"])] == ["tilespec+ngram:fused/g5"]
 
 
 @pytest.mark.parametrize("argv, words", [

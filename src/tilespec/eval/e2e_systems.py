@@ -6,7 +6,8 @@ Systems (``Config.kind``):
   * ``hf-assisted``: transformers assisted generation with the draft model (batch 1 only in transformers);
   * ``hf-prompt-lookup``: transformers prompt lookup decoding (``prompt_lookup_num_tokens``; batch 1 only);
   * ``ar``: our engine, target-only; ``tilespec``: our engine with the draft model, per verify method;
-  * ``ngram`` / ``suffix``: our engine with a context drafter (``SpeculativeDecoder(target, "ngram")``).
+  * ``ngram`` / ``suffix``: our engine with a context drafter (``SpeculativeDecoder(target, "ngram")``);
+  * ``tilespec+ngram`` / ``tilespec+suffix``: context drafts where the context matches, the draft model elsewhere.
 
 Warm-up (never timed): systems that compile or capture (``hf-static``, ours) run every batch ``warmup`` times right
 before its timed run, with the same seeds and lengths, so the timed run replays what the warm-up compiled; the
@@ -21,10 +22,11 @@ import time
 from dataclasses import dataclass
 
 HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
-ENGINE_KINDS = ("ar", "tilespec", "ngram", "suffix")
+ENGINE_KINDS = ("ar", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
 KINDS = HF_KINDS + ENGINE_KINDS
 BATCH1_ONLY = ("hf-assisted", "hf-prompt-lookup")
-CONTEXT_KINDS = ("ngram", "suffix")
+CONTEXT_KINDS = ("ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
+MODEL_KINDS = ("tilespec", "tilespec+ngram", "tilespec+suffix")   # need the draft model
 LIGHT_WARMUP_TOKENS = 8
 
 
@@ -158,18 +160,21 @@ def make_decoder(cfg: Config, target, draft, args):
     """Our decoder for ``cfg``; RuntimeError naming the gap when this engine lacks a context drafter."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
-    the_draft = {"ar": None, "tilespec": draft}.get(cfg.kind, cfg.kind)
-    if cfg.kind == "tilespec" and draft is None:
-        raise RuntimeError("the tilespec system needs a draft model (--draft NAME)")
+    the_draft = {"ar": None, "tilespec": draft, "ngram": "ngram", "suffix": "suffix"}.get(cfg.kind)
+    if cfg.kind in MODEL_KINDS:
+        if draft is None:
+            raise RuntimeError(f"the {cfg.kind} system needs a draft model (--draft NAME)")
+        if cfg.kind != "tilespec":
+            the_draft = [draft, cfg.kind.split("+")[1]]
     kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
               sampling=SamplingParams(temperature=cfg.temperature),
-              compile=False if cfg.engine == "eager" else cfg.engine)
+              compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
     except (TypeError, ValueError) as err:
         if cfg.kind in CONTEXT_KINDS:
             raise RuntimeError(f"this engine has no context drafter {cfg.kind!r} yet (SpeculativeDecoder(draft="
-                               f"{cfg.kind!r}) says: {err})") from err
+                               f"{the_draft!r}) says: {err})") from err
         raise
 
 
