@@ -12,8 +12,9 @@ compile_seconds, peak_memory_bytes, output_hashes (per request); ours also times
 q = target_q: 1 target-only, γ+1 speculative), draft_forward_ms, verify_share, runs (the engine's stats per
 batch), and runtime / draft_runtime / drafter / match_share where the engine reports them; speculative ones alpha,
 alpha_tested, block_efficiency (τ), mean_gamma, cost_ratio c, predicted_speedup (Leviathan Thm 3.8 from
-α_tested, c and γ = round(mean γ) for adaptive schedules). Added over the whole file after each configuration:
-speedup_vs_ar and speedup_vs_hf_static (same task, T, B; this run), and at T = 0 greedy_equal_ar
+α_tested, c and γ = round(mean γ) for adaptive schedules, round(drafted per request-step) for context drafters).
+Added over the whole file after each configuration: speedup_vs_ar and speedup_vs_hf_static (same task, T, B; this
+run), and at T = 0 greedy_equal_ar
 (per request) and greedy_match_ar (share).
 
 Resumable: the JSON (``--json``) is rewritten after every configuration, and a rerun with the same settings skips

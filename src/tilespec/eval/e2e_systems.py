@@ -223,7 +223,10 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
         c = 0.0 if cfg.kind in CONTEXT_KINDS else None
     alpha_t = accepted / tested if tested else None
     mean_gamma = sum(gammas) / len(gammas) if gammas else 0.0
-    g = cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma))
+    # Thm 3.8 assumes γ drafted every step; context drafters draft only where the context matches, so they use the
+    # tokens drafted per request-step (rounded), like adaptive schedules use their mean γ
+    g = (max(1, round(drafted / rs)) if cfg.kind in CONTEXT_KINDS and rs else
+         cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma)))
     if hasattr(runs[0], "match_request_steps"):  # context drafters: share of request-steps that found a match
         res["match_share"] = sum(s.match_request_steps for s in runs) / rs if rs else None
     res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
