@@ -227,7 +227,7 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
     # tokens drafted per request-step (rounded), like adaptive schedules use their mean γ
     g = (max(1, round(drafted / rs)) if cfg.kind in CONTEXT_KINDS and rs else
          cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma)))
-    if hasattr(runs[0], "match_request_steps"):  # context drafters: share of request-steps that found a match
+    if cfg.kind in CONTEXT_KINDS and hasattr(runs[0], "match_request_steps"):  # request-steps that found a match
         res["match_share"] = sum(s.match_request_steps for s in runs) / rs if rs else None
     res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
                block_efficiency=sum(s.emitted for s in runs) / rs if rs else None, mean_gamma=mean_gamma,
