@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -156,7 +155,7 @@ def test_code_edit_file_is_the_generators_output():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.skipif(not (Path(os.environ.get("TILESPEC_DATA", data_root())) / "cnndm" / "test.jsonl").is_file(),
+@pytest.mark.skipif(not (data_root() / "cnndm" / "test.jsonl").is_file(),
                     reason="no shared CNN/DM data (set TILESPEC_DATA)")
 def test_cnndm_task_prompts():
     rows = load_task("cnndm", None, max_document_chars=500)

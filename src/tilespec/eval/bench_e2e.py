@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,7 +93,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke test)")
     p.add_argument("--whisper", action="store_true", help="ASR: --target/--draft default to whisper-base and "
                    "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
-    p.add_argument("--audio-dir", type=Path, default=Path("/work/shared/data/ljspeech/wavs"))
+    p.add_argument("--audio-dir", type=Path, default=None, help="clips folder (default $TILESPEC_DATA/ljspeech/wavs)")
     p.add_argument("--compile", nargs="?", const="graphs", default="eager",
                    help="comma list of engine step modes to run our engine in: eager, auto (compile=True: the "
                         "engine's default fast path), graphs (CUDA-graph replay), native-graphs, or a torch.compile "
@@ -150,11 +148,6 @@ def configs(args, tasks: list) -> list:
 
 
 # ------------------------------------------------------------------------------------------------- inputs
-def _cli_helpers():
-    from tilespec.cli.generate import encode_prompts, load_pair, pick_device, pick_dtype
-    return encode_prompts, load_pair, pick_device, pick_dtype
-
-
 def prompt_ids(args, task: str, tok, vocab: int) -> list:
     """Token id lists of the task's first ``num_prompts`` prompts (chat-wrapped); random ids without a tokenizer."""
     if tok is None:
@@ -169,16 +162,19 @@ def prompt_ids(args, task: str, tok, vocab: int) -> list:
         texts = [r["prompt"] for r in load_task(task, None, path=path, max_document_chars=args.document_chars)]
     if len(texts) < args.num_prompts:
         raise ValueError(f"{task} has {len(texts)} prompts, fewer than --prompts {args.num_prompts}")
-    encode_prompts = _cli_helpers()[0]
+    from tilespec.engine.prompts import encode_prompts
     return encode_prompts(tok, texts[:args.num_prompts], True)
 
 
 def whisper_inputs(args, target, proc, device, dtype):
     """(decoder prompts [N], input_features [N, mels, frames]) for the first N LJSpeech clips."""
-    from tilespec.cli.transcribe import decoder_prompt, features, load_audio
-    clips = sorted(p for p in args.audio_dir.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts]
+    from tilespec.env import data_root
+    from tilespec.models.whisper import decoder_prompt, features, load_audio
+    folder = args.audio_dir or data_root() / "ljspeech" / "wavs"
+    clips = sorted(p for p in folder.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts] \
+        if folder.is_dir() else []
     if not clips:
-        raise FileNotFoundError(f"no .flac/.wav clips in {args.audio_dir}")
+        raise FileNotFoundError(f"no .flac/.wav clips in {folder} (pass --audio-dir or set TILESPEC_DATA)")
     prefix = decoder_prompt(target, proc)
     return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
 
@@ -201,29 +197,18 @@ def load_models(args, device, dtype):
             args.target = "whisper-base"
         if args.draft == "qwen2.5-coder-0.5b-instruct":
             args.draft = f"{args.target}:layers=2"
-    load_pair = _cli_helpers()[1]
+    from tilespec.api import load_pair
     return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
 
 
 # ------------------------------------------------------------------------------------------------- results
 def environment(device) -> dict:
-    import torch
-    import transformers
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": commit,
-           "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "platform": platform.platform(), "device": str(device)}
+    """The run record (``tilespec.env.run_record``) with ``device`` as given and the GPU's name as ``gpu``."""
+    from tilespec.env import run_record
+    env = run_record(device)
     if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
+        env["gpu"] = env["device"]
+    env["device"] = str(device)
     return env
 
 
@@ -309,7 +294,7 @@ def _measure(cfg: Config, target, draft, batches, args, device, tok, feats) -> d
 def run(args) -> int:
     check_args(args)
     t_start = time.perf_counter()
-    _, _, pick_device, pick_dtype = _cli_helpers()
+    from tilespec.env import pick_device, pick_dtype
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     out = args.out or Path("bench/results") / f"e2e-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"

@@ -18,6 +18,7 @@ the batch that crosses it: ``requests`` is then the number measured (always a pr
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 
@@ -180,7 +181,7 @@ def make_decoder(cfg: Config, target, draft, args):
 
 def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) -> dict:
     """Our engine over ``batches``: sequences, timings, the engine's stats per batch and the derived α, τ, c."""
-    from tilespec.engine import expected_speedup
+    from tilespec.engine import RunStats, expected_speedup
     dec = make_decoder(cfg, target, draft, args)
     starts = [sum(len(b) for b in batches[:i]) for i in range(len(batches))]
 
@@ -195,43 +196,38 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
         for m in (target, draft) if draft is not None else (target,):
             uncompile_decoder_layers(m)
     runs = [o.stats for o in outs]
-    times = {k: sum(s.times.get(k, 0.0) for s in runs) for k in runs[0].times}
-    t_calls, d_calls = sum(s.target_calls for s in runs), sum(s.draft_calls for s in runs)
-    res = dict(sequences=[s for o in outs for s in o.sequences], new_tokens=sum(s.new_tokens for s in runs),
-               wall_time=timed, warmup_seconds=warm,
+    tot = RunStats.merge(runs)
+    times = tot.times
+    res = dict(sequences=[s for o in outs for s in o.sequences], new_tokens=tot.new_tokens, wall_time=timed,
+               warmup_seconds=warm,
                compile_seconds=max(0.0, warm / max(args.warmup, 1) - timed) if args.warmup else None,
-               times=times, steps=sum(s.steps for s in runs), peak_memory_bytes=max(s.peak_memory_bytes for s in runs),
-               kv_cache_bytes=max(s.kv_cache_bytes for s in runs), defrags=sum(s.defrags for s in runs),
-               target_calls=t_calls, draft_calls=d_calls,
-               target_forward_ms=1e3 * times.get("target", 0.0) / t_calls if t_calls else None,
-               draft_forward_ms=1e3 * times.get("draft", 0.0) / d_calls if d_calls else None,
+               engine_compile_seconds=tot.compile_seconds, times=times, steps=tot.steps,
+               peak_memory_bytes=tot.peak_memory_bytes, kv_cache_bytes=tot.kv_cache_bytes, defrags=tot.defrags,
+               target_calls=tot.target_calls, draft_calls=tot.draft_calls,
+               target_forward_ms=1e3 * times.get("target", 0.0) / tot.target_calls if tot.target_calls else None,
+               draft_forward_ms=1e3 * times.get("draft", 0.0) / tot.draft_calls if tot.draft_calls else None,
+               verify_share=None if math.isnan(tot.verify_share) else tot.verify_share,
                runs=[s.to_dict() for s in runs])
-    for name in ("runtime", "draft_runtime", "drafter"):  # newer engines say which path each model took
+    for name in ("runtime", "draft_runtime", "drafter"):
         if getattr(runs[0], name, None):
             res[name] = getattr(runs[0], name)
-    step = sum(times.get(k, 0.0) for k in ("draft", "target", "verify"))
-    res["verify_share"] = times.get("verify", 0.0) / step if step else None
     if cfg.kind == "ar":
         res["target_q"] = 1
         return res
-    drafted, accepted = sum(s.drafted for s in runs), sum(s.accepted for s in runs)
-    tested, rs = sum(s.tested for s in runs), sum(s.request_steps for s in runs)
-    gammas = [g for s in runs for g in s.gammas]
-    if res["draft_forward_ms"] and res["target_forward_ms"]:
-        c = res["draft_forward_ms"] / res["target_forward_ms"]
-    else:  # a context drafter runs no draft forward: its cost is host work inside the step, ≈ 0 of a forward
-        c = 0.0 if cfg.kind in CONTEXT_KINDS else None
-    alpha_t = accepted / tested if tested else None
-    mean_gamma = sum(gammas) / len(gammas) if gammas else 0.0
+    rs = tot.request_steps
+    c = tot.cost_ratio
+    if c is None and cfg.kind in CONTEXT_KINDS:  # no draft forward: the lookup is host work inside the step
+        c = 0.0
+    alpha_t = tot.alpha_tested if tot.tested else None
     # Thm 3.8 assumes γ drafted every step; context drafters draft only where the context matches, so they use the
     # tokens drafted per request-step (rounded), like adaptive schedules use their mean γ
-    g = (max(1, round(drafted / rs)) if cfg.kind in CONTEXT_KINDS and rs else
-         cfg.gamma if cfg.schedule == "constant" else max(1, round(mean_gamma)))
-    if cfg.kind in CONTEXT_KINDS and hasattr(runs[0], "match_request_steps"):  # request-steps that found a match
-        res["match_share"] = sum(s.match_request_steps for s in runs) / rs if rs else None
-    res.update(alpha=accepted / drafted if drafted else None, alpha_tested=alpha_t, cost_ratio=c,
-               block_efficiency=sum(s.emitted for s in runs) / rs if rs else None, mean_gamma=mean_gamma,
-               fallback_steps=sum(s.fallback_steps for s in runs), target_q=g + 1, predicted_speedup_gamma=g,
+    g = (max(1, round(tot.drafted / rs)) if cfg.kind in CONTEXT_KINDS and rs else
+         cfg.gamma if cfg.schedule == "constant" else max(1, round(tot.mean_gamma)))
+    if cfg.kind in CONTEXT_KINDS:
+        res["match_share"] = tot.match_share if rs else None
+    res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
+               block_efficiency=tot.block_efficiency if rs else None, mean_gamma=tot.mean_gamma,
+               fallback_steps=tot.fallback_steps, target_q=g + 1, predicted_speedup_gamma=g,
                predicted_speedup=(expected_speedup(min(alpha_t, 0.999999), g, c)
                                   if c is not None and alpha_t is not None else None))
     return res
