@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .e2e_systems import CONTEXT_KINDS, HF_KINDS  # noqa: F401  (the system kinds of bench e2e, re-exported)
+
 SMALL_N = 100  # sample sizes below this get a warning (the issue asks for hundreds of examples per dataset)
 # system kind -> summary label, in display order
 E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers static cache",
@@ -16,8 +18,6 @@ E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers st
              "ar": "tilespec target-only", "tilespec": "tilespec + draft model", "ngram": "tilespec n-gram",
              "suffix": "tilespec suffix", "tilespec+ngram": "tilespec draft model + n-gram",
              "tilespec+suffix": "tilespec draft model + suffix"}
-HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
-CONTEXT_KINDS = ("ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
 VERIFY_BATCHES = (1, 64)
 VERIFY_GAMMA = 5
 
