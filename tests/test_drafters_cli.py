@@ -60,11 +60,13 @@ def test_generate_rejects_an_unknown_context_drafter(registry, capsys):
 def test_bench_e2e_with_ngram_draft(tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "e2e.json"
-    assert main(["bench", "e2e", "--tiny", "--draft", "ngram", "--num-prompts", "2", "--batch-sizes", "2",
-                 "--temperatures", "0", "--max-new-tokens", "6", "--methods", "reference", "--out", str(out)]) == 0
+    assert main(["bench", "e2e", "--tiny", "--draft", "ngram", "--num-prompts", "2", "--batch-sizes", "1",
+                 "--temperatures", "0", "--max-new-tokens", "6", "--methods", "reference", "--systems",
+                 "ar,tilespec,hf-assisted,hf-prompt-lookup", "--out", str(out)]) == 0
     rows = {r["system"]: r for r in json.loads(out.read_text())["results"]}
-    assert "error" not in rows["hf-assisted"]                       # transformers' prompt lookup decoding
-    assert rows["tilespec:reference"]["drafter"] == "ngram" and rows["tilespec:reference"]["greedy_match_ar"] == 1.0
+    assert "hf-assisted" not in rows and "error" not in rows["hf-prompt-lookup"]   # no draft model to assist with
+    spec = rows["tilespec:reference/g5"]
+    assert spec["drafter"] == "ngram" and spec["greedy_match_ar"] == 1.0
 
 
 def test_eval_loads_context_drafts(monkeypatch):

@@ -67,7 +67,8 @@ def _csv(kind):
 
 def add_arguments(p) -> None:
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="draft model ('' for none)")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
+                   help="the tilespec system's draft: a model, ngram / suffix, MODEL+ngram ('' for none)")
     p.add_argument("--task", "--dataset", dest="task", default="xsum",
                    help="comma list of code-edit, cnndm, xsum (prompt sources; see eval/data.py)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with prompt/document/text (overrides)")
@@ -127,6 +128,8 @@ def check_args(args) -> None:
 
 def configs(args, tasks: list) -> list:
     """Every configuration of the run, in the order they are timed (``ar`` first: the others compare to it)."""
+    from tilespec.engine.drafters import split_draft_name
+    model = split_draft_name(args.draft)[0]
     engines = [e for e in str(args.compile).split(",") if e]
     spec = [("constant", g) for g in args.gamma] if "constant" in args.gamma_schedule else []
     spec += [(s, args.gamma[0]) for s in args.gamma_schedule if s != "constant"]
@@ -135,7 +138,8 @@ def configs(args, tasks: list) -> list:
         for t in args.temperatures:
             for b in args.batch_sizes:
                 for kind in sorted(set(args.systems), key=ORDER.index):
-                    if (kind in BATCH1_ONLY and b > 1) or (kind in MODEL_KINDS + ("hf-assisted",) and not args.draft):
+                    if (kind in BATCH1_ONLY and b > 1) or (kind in MODEL_KINDS and not model) \
+                            or (kind == "tilespec" and not args.draft):
                         continue
                     if kind in HF_KINDS:
                         out.append(Config(task, t, b, kind, gamma=args.gamma[0], schedule=args.gamma_schedule[0]))
@@ -184,6 +188,7 @@ def load_models(args, device, dtype):
     import torch
     if args.tiny or args.random_init:
         from transformers import Qwen2Config, Qwen2ForCausalLM
+        from tilespec.engine.drafters import draft_spec, split_draft_name
         names = ("tiny-target", "tiny-draft") if args.tiny else ("qwen-1.5b", "qwen-0.5b")
         out = []
         for i, name in enumerate(names):
@@ -191,7 +196,8 @@ def load_models(args, device, dtype):
             cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096, tie_word_embeddings=True,
                               attn_implementation="sdpa")
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
-        return out[0], out[1] if args.draft else None, None
+        model, context = split_draft_name(args.draft)
+        return out[0], draft_spec(out[1] if model else None, context), None
     if args.whisper:  # replace the text defaults, keep what the user chose
         if args.target == "qwen2.5-coder-1.5b-instruct":
             args.target = "whisper-base"
@@ -318,9 +324,10 @@ def run(args) -> int:
     skipped = sorted({k for k in args.systems if k in BATCH1_ONLY} if max(args.batch_sizes) > 1 else set())
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: batch 1 only in transformers, not run at B > 1", file=sys.stderr)
-    skipped = sorted({k for k in args.systems if k in MODEL_KINDS + ("hf-assisted",)} if not args.draft else set())
+    from tilespec.engine.drafters import split_draft_name
+    skipped = sorted({k for k in args.systems if k in MODEL_KINDS} if not split_draft_name(args.draft)[0] else set())
     if skipped:
-        print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft '')", file=sys.stderr)
+        print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft {args.draft!r})", file=sys.stderr)
 
     def write():
         add_comparisons(results)

@@ -5,7 +5,8 @@ Systems (``Config.kind``):
   * ``hf-static``: ``generate(cache_implementation="static")``; on CUDA transformers compiles the decode forward;
   * ``hf-assisted``: transformers assisted generation with the draft model (batch 1 only in transformers);
   * ``hf-prompt-lookup``: transformers prompt lookup decoding (``prompt_lookup_num_tokens``; batch 1 only);
-  * ``ar``: our engine, target-only; ``tilespec``: our engine with the draft model, per verify method;
+  * ``ar``: our engine, target-only; ``tilespec``: our engine with ``--draft`` (a model, ``ngram`` / ``suffix`` or
+    ``MODEL+ngram``: the engine's ``draft=`` argument), per verify method;
   * ``ngram`` / ``suffix``: our engine with a context drafter (``SpeculativeDecoder(target, "ngram")``);
   * ``tilespec+ngram`` / ``tilespec+suffix``: context drafts where the context matches, the draft model elsewhere.
 
@@ -27,7 +28,7 @@ ENGINE_KINDS = ("ar", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec
 KINDS = HF_KINDS + ENGINE_KINDS
 BATCH1_ONLY = ("hf-assisted", "hf-prompt-lookup")
 CONTEXT_KINDS = ("ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
-MODEL_KINDS = ("tilespec", "tilespec+ngram", "tilespec+suffix")   # need the draft model
+MODEL_KINDS = ("tilespec+ngram", "tilespec+suffix", "hf-assisted")   # need a draft model
 LIGHT_WARMUP_TOKENS = 8
 
 
@@ -112,7 +113,8 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
     if cfg.kind == "hf-static":
         gen["cache_implementation"] = "static"
     elif cfg.kind == "hf-assisted":
-        gen.update(assistant_model=draft, num_assistant_tokens=cfg.gamma, assistant_confidence_threshold=0.0,
+        from tilespec.engine.drafters import draft_model
+        gen.update(assistant_model=draft_model(draft), num_assistant_tokens=cfg.gamma, assistant_confidence_threshold=0.0,
                    num_assistant_tokens_schedule="constant" if cfg.schedule == "constant" else "heuristic")
     elif cfg.kind == "hf-prompt-lookup":
         gen.update(prompt_lookup_num_tokens=args.lookup_tokens)
@@ -161,12 +163,14 @@ def make_decoder(cfg: Config, target, draft, args):
     """Our decoder for ``cfg``; RuntimeError naming the gap when this engine lacks a context drafter."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
+    from tilespec.engine.drafters import draft_model
     the_draft = {"ar": None, "tilespec": draft, "ngram": "ngram", "suffix": "suffix"}.get(cfg.kind)
+    if cfg.kind == "tilespec" and draft is None:
+        raise RuntimeError("the tilespec system needs --draft (a model, ngram, suffix or MODEL+ngram)")
     if cfg.kind in MODEL_KINDS:
-        if draft is None:
+        if draft_model(draft) is None:
             raise RuntimeError(f"the {cfg.kind} system needs a draft model (--draft NAME)")
-        if cfg.kind != "tilespec":
-            the_draft = [draft, cfg.kind.split("+")[1]]
+        the_draft = [draft_model(draft), cfg.kind.split("+")[1]]
     kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
               sampling=SamplingParams(temperature=cfg.temperature),
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
@@ -192,8 +196,9 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
 
     outs, timed, warm = _timed_batches(batches, args.max_seconds, one, one, args.warmup)
     if cfg.engine == "compiled-graphs":  # leave the models as they were for the next system (HF baselines: eager)
+        from tilespec.engine.drafters import draft_model
         from tilespec.engine.runner import uncompile_decoder_layers
-        for m in (target, draft) if draft is not None else (target,):
+        for m in (target, draft_model(draft)) if draft_model(draft) is not None else (target,):
             uncompile_decoder_layers(m)
     runs = [o.stats for o in outs]
     tot = RunStats.merge(runs)
