@@ -27,12 +27,13 @@ case $stage in
   prep) convert qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct ;;
   kernels)
     ts "GPU tests: native runtime, engine graphs, kernels"
-    timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py tests/test_kernels_gpu.py \
-      tests/test_bad_inputs_engine.py > $RES/pytest-gpu.log 2>&1; echo "pytest rc=$? $(tail -1 $RES/pytest-gpu.log)"
+    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py tests/test_kernels_gpu.py \
+      tests/test_drafters.py tests/test_bad_inputs_engine.py > $RES/pytest-gpu.log 2>&1
+    echo "pytest rc=$? $(tail -1 $RES/pytest-gpu.log)"; grep -E "FAILED|Error" $RES/pytest-gpu.log | head -20
     ts "compile cache: cold then warm process"
     for i in 1 2; do timeout 120 python3 bench/scripts/compile_cache.py --json $RES/compile-cache.json 2>&1 | tail -1; done
     ts "bench verify"
-    timeout 240 bash -c "${VERIFY_CMD:-python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 --sweep --time-budget 120 --json $RES/verify.json --plot $RES/verify.png}" \
+    timeout 240 bash -c "${VERIFY_CMD:-python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 --filters --check --json $RES/verify.json --plot $RES/verify.png}" \
       > $RES/verify.log 2>&1; echo "verify rc=$?"; tail -25 $RES/verify.log ;;
   e2e) E2E_RES=$RES/e2e-fast E2E_TOTAL_S=${E2E_TOTAL_S:-420} bash bench/gpu/e2e_fast.sh "$@" ;;
   *) echo "unknown stage $stage" >&2 ;;
