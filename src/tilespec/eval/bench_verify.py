@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "same tokens as reference and that graph replay matches")
     parser.add_argument("--time-budget", type=float, default=1e9, help="stop adding grid points after this many "
                                                                         "seconds (results so far are kept)")
+    parser.add_argument("--filters", action="store_true", help="add top-k 50 and top-p 0.9 rows (T=1, K=5, "
+                                                               "V=151936, bf16, 'mid') for every --batch")
 
 
 def _make_inputs(torch, b, k, v, dtype, regime, seed):
@@ -75,10 +77,10 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
     from tilespec.verify.registry import get_method
     from tilespec.verify.types import SamplingParams
     from tilespec.verify.validation import prepare_inputs
-    temp, top_k = cfg
+    temp, top_k, top_p = cfg
     b, k = tokens.shape
     if name not in EXTERNAL:
-        sampling = SamplingParams(temperature=temp, top_k=top_k)
+        sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p)
         inputs = prepare_inputs(target, tokens, draft_logits=draft, sampling=sampling, seed=seed,
                                 check_values=False)
         method = get_method(name)
@@ -88,13 +90,13 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
         if b != 1:
             raise RuntimeError("transformers' _speculative_sampling is B = 1 only")
         from transformers.generation.utils import _speculative_sampling as hf_fn
-        from transformers.generation.logits_process import TopKLogitsWarper
+        from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
         new = target.float() / temp
         cand = draft.float() / temp
-        if top_k:
-            warp = TopKLogitsWarper(top_k)
-            new = warp(None, new.view(-1, new.shape[-1])).view(new.shape)
-            cand = warp(None, cand.view(-1, cand.shape[-1])).view(cand.shape)
+        for on, warp in ((top_k, lambda: TopKLogitsWarper(top_k)), (top_p < 1.0, lambda: TopPLogitsWarper(top_p))):
+            if on:
+                new = warp()(None, new.view(-1, new.shape[-1])).view(new.shape)
+                cand = warp()(None, cand.view(-1, cand.shape[-1])).view(cand.shape)
         ids = torch.cat([torch.zeros(1, 3, dtype=torch.long, device="cuda"), tokens], dim=1)
         extra = {"is_done_candidate": False} if "is_done_candidate" in inspect.signature(hf_fn).parameters else {}
         return (lambda: hf_fn(ids, cand, k, new, **extra)), False
@@ -112,6 +114,9 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
             if top_k:
                 p = fs.top_k_renorm_probs(p.view(-1, p.shape[-1]), top_k).view(p.shape)
                 q = fs.top_k_renorm_probs(q.view(-1, q.shape[-1]), top_k).view(q.shape)
+            if top_p < 1.0:
+                p = fs.top_p_renorm_probs(p.view(-1, p.shape[-1]), top_p).view(p.shape)
+                q = fs.top_p_renorm_probs(q.view(-1, q.shape[-1]), top_p).view(q.shape)
             return fs.chain_speculative_sampling(q, ids32, p, **kw)
         return fi, bool(kw)
     raise RuntimeError(f"unknown contender {name}")
@@ -170,7 +175,8 @@ def _point(torch, args, b, k, v, dtype_name, cfg, regime, log):
     must_read = b * (2 * k + 1) * v * elt
     n_sets = max(1, min(4, math.ceil(200e6 / must_read)))
     sets = [_make_inputs(torch, b, k, v, dtype, regime, seed=17 + i) for i in range(n_sets)]
-    row = {"B": b, "K": k, "V": v, "dtype": dtype_name, "temperature": cfg[0], "top_k": cfg[1], "regime": regime,
+    row = {"B": b, "K": k, "V": v, "dtype": dtype_name, "temperature": cfg[0], "top_k": cfg[1], "top_p": cfg[2],
+           "regime": regime,
            "bytes_must_read": must_read, "input_sets": n_sets, "results": {}}
     for name in args.contenders:
         res = {}
@@ -207,16 +213,17 @@ def _gpu_checks(torch) -> dict:
     from tilespec.verify.validation import prepare_inputs
     out = {}
     for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        for temp, top_k in ((1.0, 0), (0.6, 50), (0.0, 0)):
+        for temp, top_k, top_p in ((1.0, 0, 1.0), (0.6, 50, 1.0), (1.0, 0, 0.9), (0.0, 0, 1.0)):
             target, draft, tokens = _make_inputs(torch, 64, 5, 151936, dtype, "mid", seed=3)
             nd = torch.randint(0, 6, (64,), device="cuda")
             inputs = prepare_inputs(target, tokens, draft_logits=draft, num_draft_tokens=nd,
-                                    sampling=SamplingParams(temperature=temp, top_k=top_k), seed=99, offsets=5)
+                                    sampling=SamplingParams(temperature=temp, top_k=top_k, top_p=top_p), seed=99,
+                                    offsets=5)
             ref = get_method("reference")(inputs)
             for name in ("fused", "tiled"):
                 got = get_method(name)(inputs)
                 same = ((got.output_tokens == ref.output_tokens).all(1) & (got.num_accepted == ref.num_accepted))
-                out[f"{name}/{dtype_name}/T{temp}/k{top_k}"] = round(same.float().mean().item(), 4)
+                out[f"{name}/{dtype_name}/T{temp}/k{top_k}/p{top_p}"] = round(same.float().mean().item(), 4)
     target, draft, tokens = _make_inputs(torch, 8, 5, 151936, torch.bfloat16, "mid", seed=4)
     inputs = prepare_inputs(target, tokens, draft_logits=draft, seed=5)
     fused = get_method("fused")
@@ -256,7 +263,7 @@ def run(args) -> int:
 
     def log(row):
         parts = [f"B={row['B']:<3} K={row['K']:<2} V={row['V']:<6} {row['dtype']:<4} T={row['temperature']} "
-                 f"k={row['top_k']} {row['regime']:<8}"]
+                 f"k={row['top_k']} p={row.get('top_p', 1.0)} {row['regime']:<8}"]
         for name, res in row["results"].items():
             parts.append(f"{name}: {_fmt(res, 'eager_us')}/{_fmt(res, 'graph_us')}" if "error" not in res
                          else f"{name}: ERR")
@@ -270,12 +277,15 @@ def run(args) -> int:
         doc["checks"] = _gpu_checks(torch)
         print("checks:", json.dumps(doc["checks"]), flush=True)
     # the issue's key points first (bf16, V=151936), then the sampling sweep, then the rest of the grid
-    grid = [(b, k, v, dt, (1.0, 0), "mid") for dt in args.dtype for v in args.vocab for b in args.batch
+    grid = [(b, k, v, dt, (1.0, 0, 1.0), "mid") for dt in args.dtype for v in args.vocab for b in args.batch
             for k in args.draft]
     key = [p for p in grid if p[2] == 151936 and p[3] == "bf16"]
-    sweep = [(b, 5, 151936, "bf16", cfg, regime) for b in (1, 64) for cfg in ((1.0, 0), (0.6, 0), (0.6, 50))
-             for regime in ("p~q", "mid", "disjoint") if (cfg, regime) != ((1.0, 0), "mid")] if args.sweep else []
-    points = key + sweep + [p for p in grid if p not in key]
+    sweep = [(b, 5, 151936, "bf16", cfg, regime) for b in (1, 64)
+             for cfg in ((1.0, 0, 1.0), (0.6, 0, 1.0), (0.6, 50, 1.0), (1.0, 0, 0.9))
+             for regime in ("p~q", "mid", "disjoint") if (cfg, regime) != ((1.0, 0, 1.0), "mid")] if args.sweep else []
+    filters = [(b, 5, 151936, "bf16", cfg, "mid") for b in args.batch
+               for cfg in ((1.0, 50, 1.0), (1.0, 0, 0.9))] if getattr(args, "filters", False) else []
+    points = key + filters + sweep + [p for p in grid if p not in key]
     print(f"{device}: {len(points)} grid points; columns are eager/graph microseconds per call", flush=True)
     for b, k, v, dt, cfg, regime in points:
         if time.time() - t_start > args.time_budget:
@@ -299,7 +309,8 @@ def plot_verify(doc: dict, out_path: str, batches=(1, 64), vocab=151936, dtype="
     fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.5), squeeze=False)
     for ax, b in zip(axes[0], batches):
         rows = sorted((r for r in doc["rows"] if r["B"] == b and r["V"] == vocab and r["dtype"] == dtype
-                       and r["temperature"] == 1.0 and r["top_k"] == 0 and r["regime"] == "mid"),
+                       and r["temperature"] == 1.0 and r["top_k"] == 0 and r.get("top_p", 1.0) == 1.0
+                       and r["regime"] == "mid"),
                       key=lambda r: r["K"])
         for i, name in enumerate(contenders()):
             color = f"C{i}"

@@ -64,7 +64,7 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
         seed: int (request b uses seed + b) or [B] seeds; offsets: int or [B] absolute position of the first draft
             token (randomness is keyed by seed and offsets + t).
         check_values: check the laws once (finite, >= 0, rows sum to 1); per-position checks are skipped.
-        sampler: 'gumbel' (matches the reference method) or 'cdf' (inverse CDF, far cheaper for large V on CPU).
+        sampler: 'gumbel' or 'cdf' (inverse CDF, the reference method's law; far cheaper for large V on CPU).
 
     Returns:
         VerifyResult: output_tokens [B, L+1] (-1 padded), num_accepted [B] (positions that continued with a draft),

@@ -72,9 +72,10 @@ class Stream:
     def sample(self, weights: torch.Tensor) -> torch.Tensor:
         """[N] int64 one draw per row from norm(weights) [N, V].
 
-        'gumbel' (default): argmax(log w + Gumbel noise keyed by token id), the ``reference`` method's sampler
-        (V Philox draws per row). 'cdf': inverse CDF with one keyed uniform u (PURPOSE_SAMPLE, index 0): the
-        first token whose cumulative weight exceeds u * total (zero-weight tokens are never chosen); O(V) adds.
+        'gumbel' (default): argmax(log w + Gumbel noise keyed by token id) (V Philox draws per row). 'cdf': inverse
+        CDF with one keyed uniform u (PURPOSE_SAMPLE, index 0): the first token whose cumulative weight exceeds
+        u * total (zero-weight tokens are never chosen); O(V) adds; the law of the ``reference`` method's sampler
+        (``rng.inverse_cdf``, which sums in fp32 tile by tile: draws agree except within rounding of a boundary).
         """
         if self.sampler == "cdf":
             cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)

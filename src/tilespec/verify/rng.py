@@ -5,19 +5,25 @@ request seed and counter = (token, position mod 2^32, purpose, 0); the first 32-
 same function as Triton's ``tl.philox(seed, token, position, purpose, 0)``, so a kernel and the PyTorch reference
 draw identical numbers. Keying by request seed and absolute position makes results independent of batch order and
 composition, reproducible, and free of generator state (safe under CUDA-graph capture).
+
+Sampling a token (:func:`inverse_cdf`) takes ONE uniform per (request, position): the first vocabulary id whose
+running sum of weights exceeds u * total, summed tile by tile (SAMPLE_TILE ids) so that a kernel can find the tile
+from per-tile masses and then scan one tile only.
 """
 from __future__ import annotations
 
 import torch
 
 PURPOSE_ACCEPT = 1   # the uniform u of the acceptance test at a draft position (token = 0)
-PURPOSE_SAMPLE = 2   # Gumbel noise for sampling the residual / bonus token at a position (token = vocab id)
+PURPOSE_SAMPLE = 2   # the uniform of the inverse-CDF draw of the residual / bonus token at a position (token = 0)
 PURPOSE_EXTRA = 3    # free for methods that need further streams (token = their own index)
 
 _MASK32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
 PHILOX_ROUNDS = 10
+SAMPLE_TILE = 1024   # ids per tile of the inverse-CDF scan (the kernels' pass-2 tile)
+_BIG = 2**31 - 1
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +73,39 @@ def uniform_from_uint32(x: torch.Tensor) -> torch.Tensor:
 def uniform(seed: torch.Tensor, position: torch.Tensor, purpose: int, token: torch.Tensor | int = 0) -> torch.Tensor:
     """Uniform (0, 1) float32 keyed by (seed, position, purpose, token); arguments broadcast."""
     return uniform_from_uint32(philox_uint32(seed, token, position, purpose))
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor, tile: int = SAMPLE_TILE) -> torch.Tensor:
+    """One draw per row from norm(weights) [N, V] (fp32, >= 0) with uniforms u [N]: the inverse CDF in vocabulary
+    order, evaluated in two levels as the kernels do it (fp32 throughout).
+
+    mass[t] = sum of the weights in tile t (ids t*tile .. t*tile+tile-1); cum = running sum of mass; target = u *
+    cum[-1]; tile t* = the first t with cum[t] > target; inside it, the first id whose running sum of weights
+    exceeds target - cum[t*-1]. Where rounding leaves no such tile / id, the last one with positive weight is
+    taken, so an id of weight 0 is never drawn (a row of zeros gives id 0). Differences in fp32 summation order
+    between implementations can move a draw only when u lands within rounding error of a boundary.
+    Returns int64 [N].
+    """
+    n, vocab = weights.shape
+    n_tiles = -(-vocab // tile)
+    w = torch.nn.functional.pad(weights.float(), (0, n_tiles * tile - vocab)).view(n, n_tiles, tile)
+    mass = w.sum(dim=-1)
+    cum = torch.cumsum(mass, dim=-1)
+    target = u.float() * cum[:, -1]
+    t = _cdf_pick(mass, cum, target)
+    before = torch.where(t > 0, cum.gather(1, (t - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(target))
+    inside = w.gather(1, t.view(n, 1, 1).expand(n, 1, tile))[:, 0]
+    j = _cdf_pick(inside, torch.cumsum(inside, dim=-1), target - before)
+    return t * tile + j
+
+
+def _cdf_pick(w: torch.Tensor, cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[N, M] weights and their running sums, [N] targets -> [N] int64: first index with cum > target, else the
+    last index with w > 0, else 0."""
+    idx = torch.arange(w.shape[-1], device=w.device)
+    first = torch.where(cum > target[:, None], idx, _BIG).amin(dim=-1)
+    last = torch.where(w > 0, idx, -1).amax(dim=-1)
+    return torch.minimum(first, last).clamp(min=0)
 
 
 def gumbel(seed: torch.Tensor, position: torch.Tensor, purpose: int, token: torch.Tensor) -> torch.Tensor:

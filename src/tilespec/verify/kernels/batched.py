@@ -3,7 +3,7 @@
 When a whole logit row fits in one pass-1 chunk / pass-2 tile (V <= CHUNK / BLOCK), the launch wrappers run these
 instead of the one-request-per-program kernels of ``stats`` / ``sample`` / ``tiled``: each program handles
 BLOCK_B requests, one per row of a [BLOCK_B, block] tile, with exactly the arithmetic of the per-request kernels
-(same keyed Philox numbers, same log-space tests, same Gumbel-max and first-argmax tie rule), so for the same keys
+(same keyed Philox numbers, same log-space tests, same inverse-CDF draw and tie rules), so for the same keys
 they emit the same tokens as ``reference``; every request is reduced in its own lanes, so none depends on the others
 (batch invariance). On a GPU this packs small rows into full-width programs; in Triton's CPU interpreter, which runs
 one Python program per grid point, it turns B programs into B / BLOCK_B large NumPy operations - what lets the
@@ -21,8 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, first_argmax_rows,
-                     keyed_gumbel_rows, keyed_uniform_rows, log_sigmoid_hat)
+from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
+                     cdf_tile, keyed_uniform_rows, log_sigmoid_hat)
 
 BIG = tl.constexpr(2147483647)
 
@@ -153,14 +153,15 @@ def _scaled(ptr, thr_ptr, thr_slot, offs, mask, scale, HAS_THR: tl.constexpr):
 @triton.jit(do_not_specialize=["B", "K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",
                                "stride_dr"])
 def accept_sample_rows_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
-                              thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, pval_ptr, pidx_ptr, cnt_ptr,
+                              thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr,
                               out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                               B, K, V, NC1, NC2, TILES, NT, stride_tb, stride_tr, stride_db, stride_dr, alpha, beta,
                               MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
-                              BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NC2_BLOCK: tl.constexpr,
-                              RB: tl.constexpr, BLOCK_B: tl.constexpr, WB: tl.constexpr):
+                              BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, RB: tl.constexpr,
+                              BLOCK_B: tl.constexpr, WB: tl.constexpr):
     """``sample.accept_sample_kernel`` for BLOCK_B requests per program: acceptance on [BLOCK_B, RB] blocks (pass-1
-    statistics as [BLOCK_B, RB, NC1_BLOCK]), Gumbel-max on [BLOCK_B, BLOCK] tiles, per-request counters."""
+    statistics as [BLOCK_B, RB, NC1_BLOCK]), then the inverse-CDF draw on the [BLOCK_B, BLOCK] tile that holds each
+    request's whole row n (one program per request, so no cross-program reduction; NC2 = TILES = 1)."""
     c = tl.program_id(0)
     req = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)          # [BB] request ids of this program
     live = req < B
@@ -254,7 +255,7 @@ def accept_sample_rows_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_p
     else:
         sample_row = live
     if tl.max(sample_row.to(tl.int32), axis=0) > 0:
-        # ---- 2. Gumbel-max over this program's chunk of row n (residual and p) ----
+        # ---- 2. weights of row n (the whole row is this program's one tile): residual and p ----
         rej_row = sample_row & is_rej
         any_rej = tl.max(rej_row.to(tl.int32), axis=0) > 0
         lse_n = tl.zeros([BLOCK_B], tl.float32)
@@ -267,80 +268,50 @@ def accept_sample_rows_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_p
                                          rej_row[:, None] & cmask[None, :])
                 lse_qn = tl.where(rej_row, lse_qn, 0.0)
         x_n = tl.load(tok_ptr + req * K + n, mask=rej_row, other=-1).to(tl.int32)
-        best_r = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        idx_r = tl.zeros([BLOCK_B], tl.int32)
-        best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        idx_p = tl.zeros([BLOCK_B], tl.int32)
-        for t in range(TILES):
-            offs = (c * TILES + t) * BLOCK + tl.arange(0, BLOCK)
-            ids = tl.broadcast_to(offs[None, :], [BLOCK_B, BLOCK])         # [BB, BLOCK] vocabulary ids
-            mask = (ids < V) & sample_row[:, None]
-            if MODE == MODE_PROBS:
-                p = tl.load(row_t[:, None] + ids, mask=mask, other=0.0).to(tl.float32)
-                lp = tl.log(p)
-            else:
-                z = _scaled(row_t[:, None], thr_t_ptr, (req * (K + 1) + n)[:, None], ids, mask, scale[:, None],
-                            HAS_THR)
-                if MODE == MODE_LOGITS:
-                    lp = z - lse_n[:, None]
-                else:
-                    lp = log_sigmoid_hat(z, alpha, beta)
-            g = keyed_gumbel_rows(seed[:, None], pos_n[:, None], ids)
-            bp, ip = first_argmax_rows(lp + g, ids, BIG)
-            idx_p = tl.where(bp > best_p, ip, idx_p)
-            best_p = tl.maximum(bp, best_p)
+        ids = tl.broadcast_to(tl.arange(0, BLOCK)[None, :], [BLOCK_B, BLOCK])     # [BB, BLOCK] vocabulary ids
+        mask = (ids < V) & sample_row[:, None]
+        rmask = mask & rej_row[:, None]
+        if MODE == MODE_PROBS:
+            w_p = tl.load(row_t[:, None] + ids, mask=mask, other=0.0).to(tl.float32)
+            w_r = tl.zeros([BLOCK_B, BLOCK], tl.float32)
             if any_rej:
-                rmask = mask & rej_row[:, None]
-                if MODE == MODE_PROBS:
-                    q = tl.load(row_q[:, None] + ids, mask=rmask, other=0.0).to(tl.float32)
-                    res = tl.log(tl.maximum(p - lenience[:, None] * q, 0.0))
-                else:
-                    if DRAFT_KIND == DRAFT_LOGITS:
-                        zq = _scaled(row_q[:, None], thr_q_ptr, (req * K + n)[:, None], ids, rmask, scale[:, None],
-                                     HAS_THR)
-                        if MODE == MODE_LOGITS:
-                            lq = zq - lse_qn[:, None]
-                        else:
-                            lq = log_sigmoid_hat(zq, alpha, beta)
-                    elif DRAFT_KIND == DRAFT_PROBS:
-                        lq = tl.log(tl.load(row_q[:, None] + ids, mask=rmask, other=0.0).to(tl.float32))
-                    else:
-                        lq = tl.where(ids == x_n[:, None], 0.0, float("-inf"))
-                    lq = lq + log_l[:, None]
-                    keep = lp > lq
-                    res = tl.where(keep, lp + tl.log(1.0 - tl.exp(tl.where(keep, lq - lp, 0.0))), float("-inf"))
-                br, ir = first_argmax_rows(res + g, ids, BIG)
-                idx_r = tl.where(br > best_r, ir, idx_r)
-                best_r = tl.maximum(br, best_r)
-        slot = (req * NC2 + c) * 2
-        tl.store(pval_ptr + slot, best_r, mask=sample_row)
-        tl.store(pval_ptr + slot + 1, best_p, mask=sample_row)
-        tl.store(pidx_ptr + slot, idx_r, mask=sample_row)
-        tl.store(pidx_ptr + slot + 1, idx_p, mask=sample_row)
-        # ---- 3. the last program of each request reduces the partials ----
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + req, 1, mask=sample_row, sem="acq_rel")
-        last = sample_row & (done == NC2 - 1)
-        if tl.max(last.to(tl.int32), axis=0) > 0:
-            cc = tl.arange(0, NC2_BLOCK)[None, :]
-            cm = last[:, None] & (cc < NC2)
-            base = (req[:, None] * NC2 + cc) * 2
-            vr = tl.load(pval_ptr + base, mask=cm, other=float("-inf"), cache_modifier=".cg")
-            vp = tl.load(pval_ptr + base + 1, mask=cm, other=float("-inf"), cache_modifier=".cg")
-            ir_all = tl.load(pidx_ptr + base, mask=cm, other=BIG, cache_modifier=".cg")
-            ip_all = tl.load(pidx_ptr + base + 1, mask=cm, other=BIG, cache_modifier=".cg")
-            top_r = tl.max(vr, axis=1)
-            tok_r = tl.min(tl.where(vr == top_r[:, None], ir_all, BIG), axis=1)
-            top_p = tl.max(vp, axis=1)
-            tok_p = tl.min(tl.where(vp == top_p[:, None], ip_all, BIG), axis=1)
-            if MODE == MODE_PROBS:
-                tiles = tl.arange(0, NC1_BLOCK)[None, :]
-                t_mask = (last & is_rej)[:, None] & (tiles < NT)
-                b_sum = tl.sum(tl.load(bpart_ptr + (req * K + n)[:, None] * NT + tiles, mask=t_mask, other=0.0),
-                               axis=1)
-                use_res = is_rej & (b_sum > 0.0)
+                q = tl.load(row_q[:, None] + ids, mask=rmask, other=0.0).to(tl.float32)
+                w_r = tl.where(rmask, tl.maximum(w_p - lenience[:, None] * q, 0.0), 0.0)
+        else:
+            z = _scaled(row_t[:, None], thr_t_ptr, (req * (K + 1) + n)[:, None], ids, mask, scale[:, None], HAS_THR)
+            if MODE == MODE_LOGITS:
+                lp = z - lse_n[:, None]
             else:
-                use_res = is_rej & (top_r > float("-inf"))
-            token = tl.where(use_res, tok_r, tok_p)
-            _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, req, last, n, token, K, WB)
-            tl.atomic_xchg(cnt_ptr + req, 0, mask=last)
+                lp = log_sigmoid_hat(z, alpha, beta)
+            w_p = tl.exp(lp)
+            w_r = tl.zeros([BLOCK_B, BLOCK], tl.float32)
+            if any_rej:
+                if DRAFT_KIND == DRAFT_LOGITS:
+                    zq = _scaled(row_q[:, None], thr_q_ptr, (req * K + n)[:, None], ids, rmask, scale[:, None],
+                                 HAS_THR)
+                    if MODE == MODE_LOGITS:
+                        lq = zq - lse_qn[:, None]
+                    else:
+                        lq = log_sigmoid_hat(zq, alpha, beta)
+                elif DRAFT_KIND == DRAFT_PROBS:
+                    lq = tl.log(tl.load(row_q[:, None] + ids, mask=rmask, other=0.0).to(tl.float32))
+                else:
+                    lq = tl.where(ids == x_n[:, None], 0.0, float("-inf"))
+                lq = lq + log_l[:, None]
+                keep = (lp > lq) & rmask
+                w_r = tl.exp(tl.where(keep, lp + tl.log(1.0 - tl.exp(tl.where(keep, lq - lp, 0.0))), float("-inf")))
+        # ---- 3. inverse CDF with one keyed uniform per request (the row is one tile: the tile step is trivial) ----
+        if MODE == MODE_PROBS:
+            tiles = tl.arange(0, NC1_BLOCK)[None, :]
+            t_mask = rej_row[:, None] & (tiles < NT)
+            b_sum = tl.sum(tl.load(bpart_ptr + (req * K + n)[:, None] * NT + tiles, mask=t_mask, other=0.0),
+                           axis=1)
+            use_res = rej_row & (b_sum > 0.0)
+        else:
+            use_res = rej_row & (tl.max(w_r, axis=1) > 0.0)
+        w = tl.where(use_res[:, None], w_r, w_p)
+        u = tl.max(keyed_uniform_rows(seed[:, None], pos_n[:, None], PURPOSE_SAMPLE, tl.zeros([BLOCK_B, 1], tl.int32)),
+                   axis=1)
+        _, rest = cdf_tile(tl.sum(w, axis=1)[:, None], tl.zeros([BLOCK_B, 1], tl.int32), u, 1)
+        token = cdf_pick(w, ids, rest, 0, 1)
+        _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, req, sample_row, n, token, K, WB)

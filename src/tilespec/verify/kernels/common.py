@@ -62,6 +62,30 @@ def log_sigmoid_hat(z, alpha, beta):
     return tl.where(z < alpha, float("-inf"), out)
 
 
+@triton.jit
+def cdf_pick(w, idx, target, start, AXIS: tl.constexpr = 0):
+    """Inverse-CDF step along AXIS: the first ``idx`` whose running sum of weights ``w`` (>= 0, fp32) exceeds
+    ``target``; if rounding leaves none, the last ``idx`` with w > 0; never below ``start`` (rows without weight).
+    ``target`` / ``start`` are scalars (1-D blocks) or one value per row (2-D blocks, AXIS = 1)."""
+    cum = tl.cumsum(w, axis=AXIS)
+    first = tl.min(tl.where(cum > tl.expand_dims(target, AXIS), idx, 2147483647), axis=AXIS)
+    last = tl.max(tl.where(w > 0.0, idx, -1), axis=AXIS)
+    return tl.maximum(tl.minimum(first, last), start)
+
+
+@triton.jit
+def cdf_tile(mass, tiles, u, AXIS: tl.constexpr = 0):
+    """First level of the inverse-CDF draw over per-tile masses ``mass`` (tile index ``tiles``, 0-based):
+    target = u * total (total = the running sum's last value), the tile holding it, and the part of the target
+    left for that tile (target minus the running sum before it; fp32, the order of :func:`rng.inverse_cdf`)."""
+    cum = tl.cumsum(mass, axis=AXIS)
+    total = tl.max(cum, axis=AXIS)
+    target = u * total
+    tile = cdf_pick(mass, tiles, target, 0, AXIS)
+    before = tl.sum(tl.where(tiles == tl.expand_dims(tile - 1, AXIS), cum, 0.0), axis=AXIS)
+    return tile, target - before
+
+
 # ---- the same functions for blocks of several requests (``batched`` kernels): one row per request ----
 
 @triton.jit

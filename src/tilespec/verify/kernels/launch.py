@@ -48,7 +48,7 @@ MODE_LOGITS, MODE_SIGMOID, MODE_PROBS = (c.value for c in (common.MODE_LOGITS, c
 CHUNK1 = 8192
 SUB1 = 8192               # pass-1 slice per loop iteration (divides the chunk). One slice = one load per program: on
                           # the H100 2048 made B=64 ~10 % faster but B=1 ~1.5 us slower (tune-fused-pass1-*.json)
-BLOCK2 = 1024
+BLOCK2 = 1024             # pass-2 tile = the inverse-CDF tile of rng.SAMPLE_TILE (other values: same law)
 TILE = 1024
 RB = 8
 NUM_WARPS1 = 8
@@ -116,8 +116,8 @@ class _Plan:
     """Shape-dependent launch state of one (device, B, K, V, variant): kernel choice, grids, constexprs, scratch,
     counters, and the compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
 
-    __slots__ = ("rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "pval",
-                 "pidx", "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
+    __slots__ = ("rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
+                 "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
 
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
@@ -174,13 +174,14 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.nc2 = triton.cdiv(tiles_total, p.tiles)
     p.grid2 = (p.nc2, triton.cdiv(batch, bb2), 1)
     p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
-                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)), NC2_BLOCK=triton.next_power_of_2(p.nc2),
-                    RB=RB, num_warps=NUM_WARPS2)
-    if p.rows2:
+                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)), RB=RB, num_warps=NUM_WARPS2)
+    if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
         p.const2.update(BLOCK_B=bb2, WB=8)
-    p.pval = torch.empty(batch, p.nc2, 2, **f32)
-    p.pidx = torch.empty(batch, p.nc2, 2, dtype=torch.int32, device=device)
-    p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
+        p.tsum = p.counters = None
+    else:
+        p.const2.update(NT2_BLOCK=triton.next_power_of_2(p.nc2 * p.tiles))
+        p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)     # per tile: (residual mass, p mass)
+        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     return p
 
 
@@ -306,15 +307,14 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
     key = _direct_key(plan, device, user, strides)
     if plan.rows2:   # unused buffers are None: compile-time constants, no launch arguments
         _launcher(accept_sample_rows_kernel)(
-            plan, plan.grid2, (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, plan.pval,
-                               plan.pidx, plan.counters, out, nacc, nemit, accepted, batch, *sizes, *strides,
-                               alpha, beta), plan.const2, key)
+            plan, plan.grid2, (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, out, nacc, nemit,
+                               accepted, batch, *sizes, *strides, alpha, beta), plan.const2, key)
     else:            # the per-request kernel, called exactly as it always was (dummies for unused buffers)
         dummy = sampling.temperature
         _launcher(accept_sample_kernel)(
             plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), _or(plan.m, dummy), _or(plan.s, dummy),
-                               _or(plan.a, dummy), _or(plan.tau, dummy), _or(plan.bpart, dummy), plan.pval,
-                               plan.pidx, plan.counters, out, nacc, nemit, accepted, *sizes, *strides, alpha, beta),
+                               _or(plan.a, dummy), _or(plan.tau, dummy), _or(plan.bpart, dummy), plan.tsum,
+                               plan.counters, out, nacc, nemit, accepted, *sizes, *strides, alpha, beta),
             plan.const2, key)
     return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted,
                         method=method, exact=exact)

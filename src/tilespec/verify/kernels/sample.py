@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, first_argmax,
-                     keyed_gumbel, keyed_uniform, log_sigmoid_hat)
+from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
+                     cdf_tile, keyed_uniform, log_sigmoid_hat)
 
 BIG = tl.constexpr(2147483647)
 
@@ -58,14 +58,54 @@ def _scaled(ptr, thr_ptr, thr_slot, offs, mask, scale, HAS_THR: tl.constexpr):
     return tl.where(mask, z, float("-inf"))
 
 
+@triton.jit
+def _weights(row_t, row_q, thr_t_ptr, thr_q_ptr, thr_tn, thr_qn, offs, mask, rej, x_n, scale, lse_n, lse_qn,
+             lenience, log_l, alpha, beta, MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr):
+    """(w_p, w_r) at ``offs`` of row n: the weights p_n (logits: exp(z / T - lse); sigmoid: p_hat; probs: p) and the
+    residual max(0, p_n - l q_n) (0 everywhere unless ``rej``; log space for logits, as the reference)."""
+    rmask = mask & ((tl.zeros_like(offs) + rej.to(tl.int32)) != 0)   # (vector first: see batched.py)
+    if MODE == MODE_PROBS:
+        w_p = tl.load(row_t + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.load(row_q + offs, mask=rmask, other=0.0).to(tl.float32)
+        w_r = tl.where(rmask, tl.maximum(w_p - lenience * q, 0.0), 0.0)
+    else:
+        w_p, w_r = _logit_weights(row_t, row_q, thr_t_ptr, thr_q_ptr, thr_tn, thr_qn, offs, mask, rmask, x_n, scale,
+                                  lse_n, lse_qn, log_l, alpha, beta, MODE, DRAFT_KIND, HAS_THR)
+    return w_p, w_r
+
+
+@triton.jit
+def _logit_weights(row_t, row_q, thr_t_ptr, thr_q_ptr, thr_tn, thr_qn, offs, mask, rmask, x_n, scale, lse_n, lse_qn,
+                   log_l, alpha, beta, MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr):
+    z = _scaled(row_t, thr_t_ptr, thr_tn, offs, mask, scale, HAS_THR)
+    if MODE == MODE_LOGITS:
+        lp = z - lse_n
+    else:
+        lp = log_sigmoid_hat(z, alpha, beta)
+    if DRAFT_KIND == DRAFT_LOGITS:
+        zq = _scaled(row_q, thr_q_ptr, thr_qn, offs, rmask, scale, HAS_THR)
+        if MODE == MODE_LOGITS:
+            lq = zq - lse_qn
+        else:
+            lq = log_sigmoid_hat(zq, alpha, beta)
+    elif DRAFT_KIND == DRAFT_PROBS:
+        lq = tl.log(tl.load(row_q + offs, mask=rmask, other=0.0).to(tl.float32))
+    else:
+        lq = tl.where(offs == x_n, 0.0, float("-inf"))
+    lq = lq + log_l
+    keep = (lp > lq) & rmask
+    res = tl.where(keep, lp + tl.log(1.0 - tl.exp(tl.where(keep, lq - lp, 0.0))), float("-inf"))
+    return tl.exp(lp), tl.exp(res)
+
+
 @triton.jit(do_not_specialize=["K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",
                                "stride_dr"])
 def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
-                         thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, pval_ptr, pidx_ptr, cnt_ptr,
+                         thr_q_ptr, m_ptr, s_ptr, a_ptr, tau_ptr, bpart_ptr, tsum_ptr, cnt_ptr,
                          out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                          K, V, NC1, NC2, TILES, NT, stride_tb, stride_tr, stride_db, stride_dr, alpha, beta,
                          MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
-                         BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NC2_BLOCK: tl.constexpr, RB: tl.constexpr):
+                         BLOCK: tl.constexpr, NC1_BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr, RB: tl.constexpr):
     c = tl.program_id(0)
     b = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -154,7 +194,7 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
             token = tl.load(a_ptr + (b * r2 + n) * NC1 + cstar)
             _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, n, token, K, 32)
     else:
-        # ---- 2. Gumbel-max over this program's chunk of row n (residual and p) ----
+        # ---- 2. per-tile masses of row n: residual max(0, p_n - l q_n) and p_n ----
         lse_n = tl.full([], 0.0, tl.float32)
         lse_qn = tl.full([], 0.0, tl.float32)
         if MODE == MODE_LOGITS:
@@ -163,74 +203,38 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
                 q_cols = cmask & ((cols * 0 + n) < k_b)
                 _, lse_qn, _ = _row_lse(m_ptr, s_ptr, (b * r2 + K + 1 + n) * NC1, cols, q_cols)
         x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
-        best_r = tl.full([], float("-inf"), tl.float32)
-        idx_r = tl.full([], 0, tl.int32)
-        best_p = tl.full([], float("-inf"), tl.float32)
-        idx_p = tl.full([], 0, tl.int32)
+        thr_tn = b * (K + 1) + n
+        thr_qn = b * K + n
+        nt2 = NC2 * TILES
         for t in range(TILES):
-            offs = (c * TILES + t) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < V
-            if MODE == MODE_PROBS:
-                p = tl.load(row_t + offs, mask=mask, other=0.0).to(tl.float32)
-                lp = tl.log(p)
-            else:
-                z = _scaled(row_t, thr_t_ptr, b * (K + 1) + n, offs, mask, scale, HAS_THR)
-                if MODE == MODE_LOGITS:
-                    lp = z - lse_n
-                else:
-                    lp = log_sigmoid_hat(z, alpha, beta)
-            g = keyed_gumbel(seed, pos_n, offs)
-            bp, ip = first_argmax(lp + g, offs, BIG)
-            idx_p = tl.where(bp > best_p, ip, idx_p)
-            best_p = tl.maximum(bp, best_p)
-            if is_rej:
-                if MODE == MODE_PROBS:
-                    q = tl.load(row_q + offs, mask=mask, other=0.0).to(tl.float32)
-                    res = tl.log(tl.maximum(p - lenience * q, 0.0))
-                else:
-                    if DRAFT_KIND == DRAFT_LOGITS:
-                        zq = _scaled(row_q, thr_q_ptr, b * K + n, offs, mask, scale, HAS_THR)
-                        if MODE == MODE_LOGITS:
-                            lq = zq - lse_qn
-                        else:
-                            lq = log_sigmoid_hat(zq, alpha, beta)
-                    elif DRAFT_KIND == DRAFT_PROBS:
-                        lq = tl.log(tl.load(row_q + offs, mask=mask, other=0.0).to(tl.float32))
-                    else:
-                        lq = tl.where(offs == x_n, 0.0, float("-inf"))
-                    lq = lq + log_l
-                    keep = lp > lq
-                    res = tl.where(keep, lp + tl.log(1.0 - tl.exp(tl.where(keep, lq - lp, 0.0))), float("-inf"))
-                br, ir = first_argmax(res + g, offs, BIG)
-                idx_r = tl.where(br > best_r, ir, idx_r)
-                best_r = tl.maximum(br, best_r)
-        slot = (b * NC2 + c) * 2
-        tl.store(pval_ptr + slot, best_r)
-        tl.store(pval_ptr + slot + 1, best_p)
-        tl.store(pidx_ptr + slot, idx_r)
-        tl.store(pidx_ptr + slot + 1, idx_p)
-        # ---- 3. the last program of request b reduces the partials ----
+            tile = c * TILES + t
+            offs = tile * BLOCK + tl.arange(0, BLOCK)
+            w_p, w_r = _weights(row_t, row_q, thr_t_ptr, thr_q_ptr, thr_tn, thr_qn, offs, offs < V, is_rej, x_n,
+                                scale, lse_n, lse_qn, lenience, log_l, alpha, beta, MODE, DRAFT_KIND, HAS_THR)
+            slot = (b * nt2 + tile) * 2
+            tl.store(tsum_ptr + slot, tl.sum(w_r, axis=0))
+            tl.store(tsum_ptr + slot + 1, tl.sum(w_p, axis=0))
+        # ---- 3. the last program of request b: inverse CDF over the tile masses, then inside the chosen tile ----
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
         if done == NC2 - 1:
-            cc = tl.arange(0, NC2_BLOCK)
-            cm = cc < NC2
-            base = (b * NC2 + cc) * 2
-            vr = tl.load(pval_ptr + base, mask=cm, other=float("-inf"), cache_modifier=".cg")
-            vp = tl.load(pval_ptr + base + 1, mask=cm, other=float("-inf"), cache_modifier=".cg")
-            ir_all = tl.load(pidx_ptr + base, mask=cm, other=BIG, cache_modifier=".cg")
-            ip_all = tl.load(pidx_ptr + base + 1, mask=cm, other=BIG, cache_modifier=".cg")
-            top_r = tl.max(vr, axis=0)
-            tok_r = tl.min(tl.where(vr == top_r, ir_all, BIG), axis=0)
-            top_p = tl.max(vp, axis=0)
-            tok_p = tl.min(tl.where(vp == top_p, ip_all, BIG), axis=0)
+            tt = tl.arange(0, NT2_BLOCK)
+            tm = tt < nt2
+            sr = tl.load(tsum_ptr + (b * nt2 + tt) * 2, mask=tm, other=0.0, cache_modifier=".cg")
+            sp = tl.load(tsum_ptr + (b * nt2 + tt) * 2 + 1, mask=tm, other=0.0, cache_modifier=".cg")
             if MODE == MODE_PROBS:
                 tiles = tl.arange(0, NC1_BLOCK)
                 t_mask = (tiles < NT) & ((tiles * 0 + n) < k_b)
                 b_sum = tl.sum(tl.load(bpart_ptr + (b * K + n) * NT + tiles, mask=t_mask, other=0.0), axis=0)
                 use_res = is_rej & (b_sum > 0.0)
             else:
-                use_res = is_rej & (top_r > float("-inf"))
-            token = tl.where(use_res, tok_r, tok_p)
+                use_res = is_rej & (tl.max(sr, axis=0) > 0.0)
+            mass = tl.where(use_res, sr, sp)
+            u = tl.max(keyed_uniform(seed, pos_n, PURPOSE_SAMPLE, tl.zeros([1], tl.int32)), axis=0)
+            tile, rest = cdf_tile(mass, tt, u)
+            offs = tile * BLOCK + tl.arange(0, BLOCK)
+            w_p, w_r = _weights(row_t, row_q, thr_t_ptr, thr_q_ptr, thr_tn, thr_qn, offs, offs < V, use_res, x_n,
+                                scale, lse_n, lse_qn, lenience, log_l, alpha, beta, MODE, DRAFT_KIND, HAS_THR)
+            token = cdf_pick(tl.where(use_res, w_r, w_p), offs, rest, tile * BLOCK)
             _write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, n, token, K, 32)
             tl.atomic_xchg(cnt_ptr + b, 0)

@@ -5,9 +5,10 @@ Per request b with K_b draft tokens x_0..x_{K_b-1}:
      q_i(x_i) = 0 always rejects; greedy rows accept iff x_i is the target's argmax (or, with lenience l < 1,
      iff p1(x_i) >= l * max p1);
   2. at the first rejected position n sample from the residual norm(max(0, p_n - l q_n)); if every draft token was
-     accepted (n = K_b) sample the bonus token from p_{K_b}. Sampling is Gumbel-max with noise keyed by
-     (seed, position, token). If the residual's mass underflows to zero (p_n == q_n up to rounding, where a
-     rejection has probability ~0) it falls back to p_n.
+     accepted (n = K_b) sample the bonus token from p_{K_b}. Sampling is the inverse CDF of the weights exp(log w)
+     with one uniform keyed by (seed, position, SAMPLE) (:func:`tilespec.verify.rng.inverse_cdf`, tile by tile).
+     If the residual's weights underflow to zero (p_n == q_n up to rounding, where a rejection has probability ~0)
+     it falls back to p_n.
 The residual is evaluated in log space, log p + log1p(-exp(log(l q) - log p)), so it stays accurate when p ~ q.
 """
 from __future__ import annotations
@@ -33,11 +34,9 @@ def log_residual(logp_row: torch.Tensor, logq_row: torch.Tensor) -> torch.Tensor
     return torch.where(positive, out, torch.full_like(out, NEG_INF))
 
 
-def gumbel_argmax(logw: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row [B, V] from the unnormalised log weights (Gumbel-max, keyed noise)."""
-    vocab = torch.arange(logw.shape[-1], device=logw.device)
-    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_SAMPLE, vocab[None, :])
-    return torch.argmax(logw + noise, dim=-1)
+def cdf_sample(weights: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row [B, V] from non-negative weights: inverse CDF, one keyed uniform per row."""
+    return rng.inverse_cdf(weights, rng.uniform(seeds, positions, rng.PURPOSE_SAMPLE))
 
 
 def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
@@ -50,7 +49,7 @@ def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next
 
 
 @register_method("reference", exact=True, graph_safe=True, evaluate=False,
-                 description="exact; batched PyTorch, log-space test, Gumbel-max residual (the semantics oracle)")
+                 description="exact; batched PyTorch, log-space test, inverse-CDF residual (the semantics oracle)")
 def reference(inputs: VerifyInputs) -> VerifyResult:
     sampling = inputs.sampling
     batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
@@ -79,15 +78,12 @@ def reference(inputs: VerifyInputs) -> VerifyResult:
     num_accepted = accept_prefix_length(accept & valid)                                # [B]
 
     row = num_accepted.view(-1, 1, 1).expand(batch, 1, vocab)
-    logp_row = logp.gather(1, row).squeeze(1)                                           # [B, V]
+    w = logp.gather(1, row).squeeze(1).exp()                                            # [B, V] p_n
     if k_max > 0:
         logq_row = logq.gather(1, row.clamp(max=k_max - 1)).squeeze(1) + log_l
-        residual = log_residual(logp_row, logq_row)
-        residual = torch.where(torch.isneginf(residual).all(dim=-1, keepdim=True), logp_row, residual)
-        rejected = (num_accepted < inputs.num_draft_tokens)[:, None]
-        logw = torch.where(rejected, residual, logp_row)
-    else:
-        logw = logp_row
-    next_token = gumbel_argmax(logw, inputs.seeds, positions.gather(1, num_accepted[:, None]).squeeze(1))
+        residual = log_residual(logp.gather(1, row).squeeze(1), logq_row).exp()
+        rejected = (num_accepted < inputs.num_draft_tokens) & (residual > 0).any(dim=-1)
+        w = torch.where(rejected[:, None], residual, w)
+    next_token = cdf_sample(w, inputs.seeds, positions.gather(1, num_accepted[:, None]).squeeze(1))
     output = assemble_output(tokens, num_accepted, next_token)
     return result_from_counts(output, num_accepted, k_max, "reference", True)
