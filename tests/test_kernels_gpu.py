@@ -116,3 +116,24 @@ def test_batch_invariance_on_gpu(vocab):
     assert torch.equal(full.output_tokens[sub], part.output_tokens)
     ref = verify(target, tokens, draft_logits=draft, method="reference", seed=seeds, offsets=5)
     assert _same_rows(full, ref) >= 0.99
+
+
+def _compiled(*kernels) -> int:
+    """How many compiled variants Triton holds for these kernels (all devices)."""
+    return sum(len(cache[0]) for fn in kernels for cache in fn.device_caches.values())
+
+
+@pytest.mark.parametrize("method", ["fused", "tiled", "sigmoid"])
+def test_changing_k_does_not_recompile(method):
+    # a decoding run changes K from step to step (gamma schedules, ragged finishes): K must stay a runtime argument
+    from tilespec.verify.kernels.sample import accept_sample_kernel
+    from tilespec.verify.kernels.stats import row_stats_kernel
+    from tilespec.verify.kernels.tiled import tiled_partials_kernel
+    kernels = (accept_sample_kernel, row_stats_kernel, tiled_partials_kernel)
+    target, draft, tokens = _case(4, 3, 151936, seed=11)
+    verify(target, tokens, draft_logits=draft, method=method, seed=1)
+    before = _compiled(*kernels)
+    for k in (1, 2, 5, 7, 0):
+        target, draft, tokens = _case(4, max(k, 1), 151936, seed=12 + k)
+        verify(target[:, :k + 1], tokens[:, :k], draft_logits=draft[:, :k], method=method, seed=1)
+    assert _compiled(*kernels) == before

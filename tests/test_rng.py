@@ -64,3 +64,25 @@ print("ok")
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_inverse_cdf_is_the_inverse_cdf_in_vocabulary_order():
+    # boundaries: u * total exactly at a cumulative sum moves to the next id (strict >), zero weights never drawn
+    w = torch.tensor([[1.0, 0.0, 1.0, 2.0, 0.0, 4.0, 0.0]]).repeat(7, 1)
+    u = torch.tensor([0.01, 0.124, 0.125, 0.3, 0.49, 0.51, 0.99])
+    for tile in (1, 2, 3, 1024):
+        got = rng.inverse_cdf(w, u, tile=tile)
+        assert got.tolist() == [0, 0, 2, 3, 3, 5, 5], tile
+    assert rng.inverse_cdf(torch.zeros(2, 5), torch.tensor([0.3, 0.9])).tolist() == [0, 0]
+    # u at the top of (0, 1) with a total that rounding leaves short: the last positive id, never a zero one
+    assert rng.inverse_cdf(torch.tensor([[0.0, 3.0, 0.0]]), torch.tensor([1.0]), tile=2).tolist() == [1]
+
+
+def test_inverse_cdf_tiles_only_change_rounding():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(4000, 300, generator=gen) ** 4
+    u = rng.uniform(torch.arange(4000), torch.zeros(4000, dtype=torch.long), rng.PURPOSE_SAMPLE)
+    exact = torch.searchsorted(torch.cumsum(w.double(), -1), (u.double() * w.double().sum(-1))[:, None],
+                               right=True)[:, 0]
+    for tile in (7, 64, 1024):
+        assert (rng.inverse_cdf(w, u, tile=tile) == exact).float().mean() > 0.999

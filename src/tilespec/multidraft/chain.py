@@ -12,7 +12,7 @@ p(. | c, d_k[:t]) for t = 0..L (one batched forward over the K sequences). Posit
 Continuing with every draft whose token equals y_t (even when y_t came from a residual draw) keeps the output
 law exact: given the past, the alive drafts' next tokens are independent draws from their assumed laws.
 Randomness of position t is keyed by (seed_b, offsets_b + t), like ``tilespec.verify`` (K = 1 with scheme 'sd'
-uses the same accept uniforms and Gumbel noise as the ``reference`` method).
+uses the same accept uniforms as the ``reference`` method, and its sampling law with ``sampler="cdf"``).
 """
 from __future__ import annotations
 

@@ -38,19 +38,6 @@ def keyed_uniform(seed, position, purpose: tl.constexpr, token):
     return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
-@triton.jit
-def keyed_gumbel(seed, position, token):
-    """Gumbel noise -log(-log u) for sampling (purpose SAMPLE, keyed by vocab id ``token``)."""
-    u = keyed_uniform(seed, position, PURPOSE_SAMPLE, token)
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def first_argmax(vals, idx, BIG: tl.constexpr):
-    """(max value, smallest index attaining it) of a 1-D block; -inf blocks give (-inf, smallest index)."""
-    best = tl.max(vals, axis=0)
-    at = tl.min(tl.where(vals == best, idx, BIG), axis=0)
-    return best, at
 
 
 @triton.jit
@@ -100,18 +87,3 @@ def keyed_uniform_rows(seed, position, purpose: tl.constexpr, token):
     x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
     return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
-
-@triton.jit
-def keyed_gumbel_rows(seed, position, token):
-    """:func:`keyed_gumbel` for a [R, N] block (see :func:`keyed_uniform_rows`)."""
-    u = keyed_uniform_rows(seed, position, PURPOSE_SAMPLE, token)
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def first_argmax_rows(vals, idx, BIG: tl.constexpr):
-    """Per row of a [R, N] block: (max value, smallest index attaining it); -inf rows give (-inf, smallest index).
-    ``idx`` is [R, N]."""
-    best = tl.max(vals, axis=1)
-    at = tl.min(tl.where(vals == best[:, None], idx, BIG), axis=1)
-    return best, at

@@ -161,7 +161,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.const_t = dict(TILE=tile, num_warps=NUM_WARPS2)
         if p.rows_t:
             p.const_t["BLOCK_B"] = bbt
-        p.n_tiles = n_tiles if k_max > 0 else 1
+        p.n_tiles = n_tiles       # also for K = 0 (never read then): pass 2's constexprs must not depend on K
         p.tau = torch.empty(max(1, batch * k_max), **f32)
         p.bpart = torch.empty(max(1, batch * k_max * p.n_tiles), **f32)
     block, tiles_total, bb2 = _block(BLOCK2, vocab, batch)

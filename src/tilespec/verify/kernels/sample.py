@@ -6,10 +6,12 @@ Grid (NC2, B): program (c, b) handles vocabulary chunk c (TILES tiles of BLOCK i
      pass-1 chunk statistics into the row's log-sum-exp, and test  log u_i < log p_i(x_i) - log q_i(x_i) - log l
      (u_i keyed by (seed, offset + i, ACCEPT); q(x) = 0 rejects; greedy requests accept iff x_i is the first
      argmax, or p1(x_i) >= l max p1 with lenience). n = the first rejected position, or K_b.
-  2. Row n only: log-weights of the residual max(0, p_n - l q_n) (if n < K_b) and of p_n, Gumbel noise keyed by
-     (seed, offset + n, SAMPLE, token), and the chunk's (max, first argmax) of both -> partials [B, NC2, 2].
-  3. The last program of request b to finish (atomic counter, acq_rel) reduces the partials: the residual's argmax,
-     or p_n's when nothing was rejected or the residual is zero everywhere (fallback), writes the outputs and resets
+  2. Row n only: per BLOCK-wide tile, the masses (fp32 sums) of the residual weights max(0, p_n - l q_n) (if
+     n < K_b, else 0) and of p_n -> tsum [B, NC2 * TILES, 2]. No random numbers per vocabulary entry.
+  3. The last program of request b to finish (atomic counter, acq_rel) draws the token by the two-level inverse CDF
+     of :func:`tilespec.verify.rng.inverse_cdf` with ONE uniform keyed by (seed, offset + n, SAMPLE, 0): the tile
+     from the tile masses (of the residual, or of p_n when nothing was rejected or the residual is zero everywhere),
+     then the id inside that one tile (its weights recomputed by the same code); it writes the outputs and resets
      the counter to 0 (so a CUDA graph can replay the launch). Greedy requests skip 2-3: program 0 writes argmax.
 MODE picks how a row becomes log-weights: exact logits (fused: z / T - lse, with optional per-row keep thresholds),
 the paper's sigmoid surrogate (no normalisation, not exact), or probabilities (tiled: tau and b_k from its pass 1).

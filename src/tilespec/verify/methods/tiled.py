@@ -2,8 +2,8 @@
 
 Probabilities in: the target / draft distributions are formed in PyTorch (softmax after the sampling filters, as
 the paper's code does), then one kernel computes per tile tau, f = p - l q, a = max(0, f) and b_k, and the shared
-pass-2 kernel tests the drafts and samples the residual of the first rejected row by Gumbel-max with tilespec's
-keyed noise. Greedy requests with lenience < 1 are handed to ``reference`` (the lenient greedy rule needs the
+pass-2 kernel tests the drafts and samples the residual of the first rejected row by inverse CDF with tilespec's
+keyed uniform (the ``reference`` law). Greedy requests with lenience < 1 are handed to ``reference`` (the lenient greedy rule needs the
 temperature-1 distribution, which probabilities-in cannot see).
 """
 from __future__ import annotations
