@@ -50,6 +50,16 @@ def log_sigmoid_hat(z, alpha, beta):
 
 
 @triton.jit
+def chunk_lse(mm, ss, AXIS: tl.constexpr):
+    """(max, log-sum-exp) along AXIS of a row from its pass-1 chunk statistics: maxima ``mm`` and sums
+    ``ss`` = sum exp(z - mm) (fully masked chunks: -inf / 0; a fully masked row gives (-inf, -inf))."""
+    big_m = tl.max(mm, axis=AXIS)
+    safe = tl.where(big_m == float("-inf"), 0.0, big_m)
+    total = tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - tl.expand_dims(safe, AXIS))), axis=AXIS)
+    return big_m, safe + tl.log(total)
+
+
+@triton.jit
 def cdf_pick(w, idx, target, start, AXIS: tl.constexpr = 0):
     """Inverse-CDF step along AXIS: the first ``idx`` whose running sum of weights ``w`` (>= 0, fp32) exceeds
     ``target``; if rounding leaves none, the last ``idx`` with w > 0; never below ``start`` (rows without weight).

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
-                     cdf_tile, keyed_uniform, log_sigmoid_hat)
+                     cdf_tile, chunk_lse, keyed_uniform, log_sigmoid_hat)
 
 BIG = tl.constexpr(2147483647)
 
@@ -33,10 +33,8 @@ def _row_lse(m_ptr, s_ptr, slot0, cols, cmask):
     """Combine a row's chunk stats (m, s) into (max, log-sum-exp); slot0 = first chunk's flat index."""
     mm = tl.load(m_ptr + slot0 + cols, mask=cmask, other=float("-inf"))
     ss = tl.load(s_ptr + slot0 + cols, mask=cmask, other=0.0)
-    big_m = tl.max(mm, axis=0)
-    safe = tl.where(big_m == float("-inf"), 0.0, big_m)
-    total = tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - safe)), axis=0)
-    return big_m, safe + tl.log(total), mm
+    big_m, lse = chunk_lse(mm, ss, 0)
+    return big_m, lse, mm
 
 
 @triton.jit
@@ -143,10 +141,7 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
                 smask = rmask[:, None] & cmask[None, :]
                 mm = tl.load(m_ptr + slots, mask=smask, other=float("-inf"))
                 ss = tl.load(s_ptr + slots, mask=smask, other=0.0)
-                big_m = tl.max(mm, axis=1)
-                safe = tl.where(big_m == float("-inf"), 0.0, big_m)
-                lse = safe + tl.log(tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - safe[:, None])),
-                                           axis=1))
+                big_m, lse = chunk_lse(mm, ss, 1)
                 lp_x = zx - lse
             else:
                 lp_x = log_sigmoid_hat(zx, alpha, beta)
@@ -157,10 +152,7 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
                     qmask = smask & ((tl.zeros([RB, NC1_BLOCK], tl.float32) + temp) != 0.0)  # greedy: no q stats
                     qm = tl.load(m_ptr + qslots, mask=qmask, other=float("-inf"))
                     qs = tl.load(s_ptr + qslots, mask=qmask, other=0.0)
-                    q_max = tl.max(qm, axis=1)
-                    qsafe = tl.where(q_max == float("-inf"), 0.0, q_max)
-                    q_lse = qsafe + tl.log(tl.sum(tl.where(qm == float("-inf"), 0.0,
-                                                           qs * tl.exp(qm - qsafe[:, None])), axis=1))
+                    _, q_lse = chunk_lse(qm, qs, 1)
                     lq_x = zq - q_lse
                 else:
                     lq_x = log_sigmoid_hat(zq, alpha, beta)
