@@ -16,12 +16,11 @@ Layout: when a row fits in one pass-1 chunk / pass-2 tile and ``ROW_ELEMS // blo
 ``batched`` kernels process BLOCK_B = ROW_ELEMS // block requests per program; otherwise the per-request kernels of
 ``stats`` / ``sample`` / ``tiled`` run, one request per program (the large-vocabulary GPU layout, unchanged). On a
 GPU the choice depends on V alone, so results stay batch invariant; there the batched layout is opt-in
-(``TILESPEC_ROW_ELEMS``) until it has been run on a GPU. Triton's CPU interpreter executes one Python
-program per grid point, so there the batched kernels (with much larger blocks) make the exactness suite ~500x faster.
+(``TILESPEC_ROW_ELEMS``) until it has been run on a GPU. In Triton's CPU interpreter (one Python program per grid
+point) the batched kernels with much larger blocks make the exactness suite ~500x faster.
 
-Block sizes are module globals so tests can shrink them to exercise multi-chunk code on tiny vocabularies:
-CHUNK1 (pass-1 chunk; fixed per V so results are batch invariant), BLOCK2 (pass-2 tile), TILE (tiled's n),
-ROW_ELEMS (elements per program of the batched kernels; 1 always selects the per-request kernels).
+Block sizes are module globals (tests shrink them to exercise multi-chunk code on tiny vocabularies): CHUNK1
+(pass-1 chunk; fixed per V: batch invariance), BLOCK2 (pass-2 tile), TILE (tiled's n), ROW_ELEMS (see below).
 """
 from __future__ import annotations
 
@@ -55,11 +54,8 @@ NUM_WARPS1 = 8
 NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B). The interpreter pays a large fixed cost
-# per program and per op, so it uses much larger blocks (NumPy then does the work in few, large array ops).
-# TILESPEC_ROW_ELEMS=1 always selects the per-request kernels.
-# On GPUs the batched kernels are opt-in (e.g. TILESPEC_ROW_ELEMS=8192) until they have run there: the per-request
-# kernels are the ones whose exactness was checked on an H100 (real LLM vocabularies always use them anyway).
+# Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B); large blocks in the interpreter (few,
+# large NumPy ops); opt-in on GPUs (e.g. TILESPEC_ROW_ELEMS=8192, see the module docstring); 1 = per-request kernels.
 ROW_ELEMS = int(os.environ.get("TILESPEC_ROW_ELEMS", 1 << 20 if _INTERPRET else 1))
 MAX_BLOCK_B = 65536 if _INTERPRET else 1024
 PLAN_LIMIT = 512          # plans cached per process; later shapes are planned per call (still correct)
@@ -68,8 +64,7 @@ _SM_COUNT: dict = {}
 
 
 def _quiet(fn):
-    """Decorator: silence NumPy's log(0) warnings when the kernels run in Triton's interpreter (log(0) = -inf is
-    intended); a no-op on GPUs."""
+    """Decorator: silence NumPy's log(0) warnings in Triton's interpreter (-inf is intended); a no-op on GPUs."""
     if not _INTERPRET:
         return fn
 
@@ -124,9 +119,8 @@ def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, k
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
            MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
+    if key in _PLANS:
+        return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
     if len(_PLANS) < PLAN_LIMIT and not _capturing(device):
         plan.direct = {}
@@ -139,8 +133,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     p = _Plan()
     p.direct = None          # no direct launches for plans that are not cached
     f32 = dict(dtype=torch.float32, device=device)
-    p.nc1, p.n_tiles = 1, 1
-    p.m = p.s = p.a = p.tau = p.bpart = None
+    p.nc1, p.n_tiles, p.m, p.s, p.a, p.tau, p.bpart = 1, 1, None, None, None, None, None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
         p.rows1 = bb1 > 1
@@ -320,7 +313,7 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
                         method=method, exact=exact)
 
 
-def _or(tensor, dummy):
+def _or(tensor, dummy):  # the per-request kernels take a (never read) dummy tensor for unused buffers
     return tensor if tensor is not None else dummy
 
 
