@@ -173,7 +173,7 @@ def test_native_whisper_matches_transformers(one_thread):
 def test_native_whisper_graphs_equal_eager_on_gpu():
     from engine_models import whisper_layer_skip
     target = tiny_whisper(6).cuda()
-    draft = whisper_layer_skip(target, 1)
+    draft = whisper_layer_skip(target, 1).cuda()
     feats = torch.randn(2, target.config.num_mel_bins, 32, device="cuda")
     prompts = [[1, 2, 3], [1, 4]]
     kwargs = dict(gamma=2, method="fused", sampling=SamplingParams(temperature=1.0), eos_token_id=-1, pad_token_id=0)

@@ -69,15 +69,16 @@ def pick_dtype(name="auto", device=None):
 
 
 def git_commit(short: bool = False) -> str | None:
-    """The commit of the checkout tilespec runs from, else ``$TILESPEC_COMMIT`` (marked as such), else None."""
+    """``$TILESPEC_COMMIT`` when set (a copy of a working tree, e.g. on a GPU machine, may carry a stale .git),
+    else the commit of the checkout tilespec runs from, else None."""
+    if os.environ.get("TILESPEC_COMMIT"):
+        return f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT)"
     try:
         args = ["git", "rev-parse"] + (["--short"] if short else []) + ["HEAD"]
         commit = subprocess.run(args, capture_output=True, text=True, timeout=10,
                                 cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    if not commit and os.environ.get("TILESPEC_COMMIT"):
-        commit = f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT; the checkout had no .git)"
     return commit
 
 
