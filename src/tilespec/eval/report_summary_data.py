@@ -52,8 +52,9 @@ def _rows(doc: dict) -> list:
 
 
 def newest_e2e(others: list) -> tuple[list, list]:
-    """(newest real-weight e2e file per target/ASR setting, notes on skipped e2e files). Newest = latest day;
-    among one day's files the one comparing the most system kinds (a full comparison over a one-system sweep)."""
+    """(newest real-weight e2e file per target/ASR setting and task list, notes on skipped e2e files). Newest =
+    latest day; among one day's files the one comparing the most system kinds (a full comparison over a one-system
+    sweep). A runtime comparison on one task and a drafter comparison on several tasks are both shown."""
     groups, notes = {}, []
     for path, doc in others:
         path = Path(path)
@@ -65,11 +66,16 @@ def newest_e2e(others: list) -> tuple[list, list]:
         st = _d(doc.get("settings"))
         if st.get("random_init") or st.get("tiny"):
             continue
-        groups.setdefault((str(st.get("target")), bool(st.get("whisper"))), []).append((path, doc))
+        groups.setdefault((str(st.get("target")), bool(st.get("whisper")), str(st.get("task"))), []).append((path, doc))
+    newest_day = {}
+    for (target, whisper, _), docs in groups.items():
+        day = max(file_date(*pd) for pd in docs)
+        newest_day[(target, whisper)] = max(day, newest_day.get((target, whisper), day))
     picked = []
     for key in sorted(groups):
-        picked.append(max(groups[key], key=lambda pd: (file_date(*pd), len({kind(r) for r in _rows(pd[1])}),
-                                                       pd[0].name)))
+        docs = [pd for pd in groups[key] if file_date(*pd) == newest_day[key[:2]]]
+        if docs:
+            picked.append(max(docs, key=lambda pd: (len({kind(r) for r in _rows(pd[1])}), pd[0].name)))
     return picked, notes
 
 
