@@ -15,18 +15,12 @@ import time
 
 import torch
 
-from native_forward import SHAPES, random_model, time_replays  # noqa: F401  (same directory)
+from native_forward import forward_times, random_model  # same directory
 
 
 def forward_ms(model, q: int, capacity: int = 512) -> float:
-    from tilespec.engine.native import NativeRunner
-    runner = NativeRunner(model, capacity, mode="native-graphs")
-    tokens = torch.randint(0, 1000, (1, q), device="cuda")
-    pos = torch.arange(100, 100 + q, device="cuda")[None]
-    mask = torch.ones(1, 1, q, capacity, dtype=torch.bool, device="cuda")
-    runner.forward(tokens, pos, mask, 100)
-    graph = list(runner._graphs._graphs.values())[-1].graph
-    return time_replays(graph.replay)
+    """Graph-replay ms of one q-token forward at B=1 (native_forward.forward_times builds and times it)."""
+    return forward_times(model, batches=(1,), qs=(q,), capacity=capacity)[0]["graph_replay_ms"]
 
 
 def main() -> None:

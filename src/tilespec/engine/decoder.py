@@ -342,12 +342,7 @@ class SpeculativeDecoder:
         """
         gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
                            input_features=input_features)
-        planned = None
-        while planned is not None or not gen.finished:
-            planned = planned or self.step(gen)
-            ahead = self._run_ahead(gen, planned)
-            yield self.commit(gen, planned)
-            planned = ahead
+        yield from self._events(gen)
         output = self.finish(gen)
         if on_finish is not None:
             on_finish(output)
@@ -358,13 +353,18 @@ class SpeculativeDecoder:
         """Decode to completion; returns the new tokens per request, decoded texts (with a tokenizer) and stats."""
         gen = self.prefill(input_ids, prompts=prompts, max_new_tokens=max_new_tokens, seed=seed,
                            input_features=input_features)
+        for _ in self._events(gen):
+            pass
+        return self.finish(gen)
+
+    def _events(self, gen: Generation) -> Iterator[StepEvent]:
+        """step / commit until every request ends; target-only steps are launched one ahead (:meth:`_run_ahead`)."""
         planned = None
         while planned is not None or not gen.finished:
             planned = planned or self.step(gen)
             ahead = self._run_ahead(gen, planned)
-            self.commit(gen, planned)
+            yield self.commit(gen, planned)
             planned = ahead
-        return self.finish(gen)
 
     def warmup(self, prompt_len: int = 16, max_new_tokens: int = 8, batch: int = 1) -> RunStats:
         """One uncounted generation on a synthetic prompt (token ids 1..prompt_len, repeated so context drafters
