@@ -201,6 +201,7 @@ class SpeculativeDecoder:
     def step(self, gen: Generation) -> PlannedStep:
         """Choose γ (and context drafts), defragment if needed, run draft/target/verify: no host sync."""
         state, stats, timer = gen.state, gen.stats, gen.timer
+        started = time.perf_counter()
         before = dict(timer.totals)
         live = gen.live()
         remaining = max(gen.remaining(i) for i in live)
@@ -253,7 +254,7 @@ class SpeculativeDecoder:
         if advanced:
             state.write += 1
         return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
-                           draft_forwards=forwards, committed=committed, advanced=advanced)
+                           draft_forwards=forwards, committed=committed, advanced=advanced, started=started)
 
     def _run_ahead(self, gen: Generation, planned: PlannedStep) -> Optional[PlannedStep]:
         """Launch the next step before reading ``planned`` (target-only steps on the whole-step graphs, whose
@@ -294,8 +295,10 @@ class SpeculativeDecoder:
         if gamma > 0:   # (reading the CUDA events syncs: never on run-ahead target-only steps)
             totals = timer.resolve() if timer.cuda else timer.totals
             drafted = [(e - 1, k) for e, k in zip(emitted, ks) if k > 0]
+            extra = {"step_time": time.perf_counter() - planned.started} \
+                if getattr(gen.schedule, "wants_step_time", False) else {}   # injected schedules may not take it
             gen.schedule.update(gamma, [a for a, _ in drafted], totals["draft"] - planned.before["draft"],
-                                totals["target"] - planned.before["target"])
+                                totals["target"] - planned.before["target"], **extra)
         if finished and keep and not self.compile:
             rows = state.keep_rows(keep)
             ident = torch.arange(gen.capacity, device=self.device)[None, :].expand(len(keep), gen.capacity)

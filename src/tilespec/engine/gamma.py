@@ -39,6 +39,20 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
     return int(_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
 
 
+def overhead_improvement(alpha: float, gamma: int, c: float, overhead: float = 0.0) -> float:
+    """Theorem 3.8 with a per-step overhead o that target-only decoding does not pay: E(γ) / (γc + 1 + o)."""
+    return float(expected_tokens(alpha, gamma)) / (gamma * c + 1.0 + max(overhead, 0.0))
+
+
+def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple[int, float]:
+    """(γ in [1, max_gamma] maximising :func:`overhead_improvement`, ties -> smaller γ; that improvement)."""
+    if overhead <= 0.0:
+        g = optimal_gamma(alpha, c, max_gamma)
+        return g, float(expected_speedup(alpha, g, c))
+    best = max(range(1, max_gamma + 1), key=lambda g: (overhead_improvement(alpha, g, c, overhead), -g))
+    return best, overhead_improvement(alpha, best, c, overhead)
+
+
 def _host_array(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
@@ -80,6 +94,7 @@ class OnlineGammaEstimator:
         self._c0 = _check_cost("c0", c0)
         self._draft_time = self._draft_steps = 0.0
         self._target_time = self._target_calls = 0.0
+        self._overhead_time = self._overhead_steps = 0.0
 
     @property
     def alpha(self) -> float:
@@ -93,8 +108,15 @@ class OnlineGammaEstimator:
             return (self._draft_time / self._draft_steps) / (self._target_time / self._target_calls)
         return self._c0
 
+    @property
+    def overhead(self) -> float:
+        """Per-step host overhead in units of one target call (0 until step wall times were observed)."""
+        if self._overhead_steps > 0 and self._target_calls > 0 and self._target_time > 0:
+            return (self._overhead_time / self._overhead_steps) / (self._target_time / self._target_calls)
+        return 0.0
+
     def observe(self, num_accepted, num_drafted, draft_time: Optional[float] = None,
-                target_time: Optional[float] = None) -> None:
+                target_time: Optional[float] = None, step_time: Optional[float] = None) -> None:
         """Record one verification step.
 
         Args:
@@ -102,6 +124,8 @@ class OnlineGammaEstimator:
             num_drafted: drafted tokens per request K_b, same shape or a scalar; requests with K_b = 0 add nothing.
             draft_time: seconds spent on the max(K_b) sequential draft steps of this step (optional).
             target_time: seconds of the target call of this step (optional).
+            step_time: wall seconds of the whole step, host work included (optional; with draft and target
+                times it gives the per-step overhead, see the module docstring).
         """
         n = _host_array(num_accepted)
         k = np.broadcast_to(_host_array(num_drafted), n.shape)
@@ -123,6 +147,10 @@ class OnlineGammaEstimator:
                 raise ValueError(f"target_time must be a finite number > 0, got {target_time}")
             self._target_time = self.decay * self._target_time + float(target_time)
             self._target_calls = self.decay * self._target_calls + 1.0
+            if step_time is not None and math.isfinite(float(step_time)):
+                spent = float(target_time) + (float(draft_time) if draft_time is not None else 0.0)
+                self._overhead_time = self.decay * self._overhead_time + max(float(step_time) - spent, 0.0)
+                self._overhead_steps = self.decay * self._overhead_steps + 1.0
 
     @property
     def timed_steps(self) -> float:
@@ -150,6 +178,8 @@ class GammaSchedule:
     fallback_below: the predicted speedup under which the schedule falls back to γ = 0 for good (0 disables it);
     min_steps: timed speculative steps needed before that decision may be taken.
     """
+
+    wants_step_time = True   # update() takes step_time (the decoder checks, since injected schedules may not)
 
     def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
                  prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2,
@@ -187,18 +217,18 @@ class GammaSchedule:
     def next(self) -> int:
         """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
         if self.kind == "optimal" and self.fallback_after is None:
-            alpha, c = self.alpha, self.cost_ratio
-            self._current = optimal_gamma(alpha, c, self.max_gamma)
-            best = expected_speedup(alpha, self._current, c)
+            self._current, best = best_gamma(self.alpha, self.cost_ratio, self.estimator.overhead, self.max_gamma)
             if self.estimator.timed_steps >= self.min_steps and best < self.fallback_below:
                 self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 
-    def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0) -> None:
+    def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0,
+               step_time: Optional[float] = None) -> None:
         """Record a step drafted with ``gamma`` (>= 1) where active request i accepted ``num_accepted[i]`` tokens.
 
         draft_time / target_time: seconds spent in the γ draft forwards / the one target forward (for c); a step
-        counts towards ``min_steps`` only when both are positive. Target-only steps (γ = 0) must not be recorded.
+        counts towards ``min_steps`` only when both are positive. step_time: the step's wall seconds (host work
+        included), for the overhead term. Target-only steps (γ = 0) must not be recorded.
         """
         if gamma < 1:
             raise ValueError(f"update() records speculative steps (gamma >= 1), got gamma={gamma}")
@@ -207,7 +237,7 @@ class GammaSchedule:
         self.steps += 1
         timed = draft_time > 0 and target_time > 0
         self.estimator.observe(list(num_accepted), gamma, draft_time if timed else None,
-                               target_time if timed else None)
+                               target_time if timed else None, step_time if timed else None)
         if self.kind == "heuristic":
             if all(n == gamma for n in num_accepted):
                 self._current = min(self._current + 2, self.max_gamma)

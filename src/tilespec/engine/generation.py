@@ -144,3 +144,4 @@ class PlannedStep:
     draft_forwards: int = 0             # forwards of the draft model in this step
     committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
     advanced: bool = False              # ... and W was advanced when the step was launched (target-only steps)
+    started: float = 0.0                # perf_counter() when the step was planned (its wall time feeds the schedule)
