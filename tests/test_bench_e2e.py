@@ -88,6 +88,7 @@ def test_rows_resume_and_comparisons(tmp_path, monkeypatch):
             assert r[k] is not None and r[k] > 0, k
         assert r["target_q"] == 3 and len(r["runs"]) == 2 // r["batch_size"]
         assert r["greedy_equal_ar"] == [True, True] and r["greedy_match_ar"] == 1.0
+        assert r["greedy_prefix_share_ar"] == 1.0 and len(r["greedy_prefix_ar"]) == 2
     # a rerun with the same settings measures nothing; a failed row is retried
     doc = json.loads(out.read_text())
     doc["results"][-1] = {"key": doc["results"][-1]["key"], "error": "boom"}

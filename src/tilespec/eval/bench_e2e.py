@@ -14,8 +14,9 @@ batch), and runtime / draft_runtime / drafter / match_share where the engine rep
 alpha_tested, block_efficiency (τ), mean_gamma, cost_ratio c, predicted_speedup (Leviathan Thm 3.8 from
 α_tested, c and γ = round(mean γ) for adaptive schedules, round(drafted per request-step) for context drafters).
 Added over the whole file after each configuration: speedup_vs_ar and speedup_vs_hf_static (same task, T, B; this
-run), and at T = 0 greedy_equal_ar
-(per request) and greedy_match_ar (share).
+run), and at T = 0 output_tokens, greedy_equal_ar (per request), greedy_match_ar (share) and greedy_prefix_ar /
+greedy_prefix_share_ar (how many leading tokens agree with target-only: bf16 forwards of different shapes round
+differently, so long greedy outputs can part after a near tie).
 
 Resumable: the JSON (``--json``) is rewritten after every configuration, and a rerun with the same settings skips
 the configurations it already holds (failed ones are retried). ``--budget-s`` stops starting new configurations
@@ -250,6 +251,20 @@ def add_comparisons(rows: list) -> None:
         if ar is not None and ar is not r and r["temperature"] == 0:
             eq = [a == b for a, b in zip(r["output_hashes"], ar["output_hashes"])]
             r.update(greedy_equal_ar=eq, greedy_match_ar=sum(eq) / len(eq) if eq else None)
+            if r.get("output_tokens") and ar.get("output_tokens"):   # how far outputs agree before they diverge
+                prefix = [_common_prefix(a, b) for a, b in zip(r["output_tokens"], ar["output_tokens"])]
+                total = sum(max(len(a), 1) for a in ar["output_tokens"])
+                r.update(greedy_prefix_ar=prefix, greedy_prefix_share_ar=sum(prefix) / total)
+
+
+def _common_prefix(a: list, b: list) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def plot(results: list, path: Path) -> bool:
@@ -286,6 +301,7 @@ def _measure(cfg: Config, target, draft, batches, args, device, tok, feats) -> d
     seqs = r.pop("sequences")
     r.update(key=cfg.key, task=cfg.task, temperature=cfg.temperature, batch_size=cfg.batch_size, system=cfg.system,
              kind=cfg.kind, requests=len(seqs), output_hashes=[output_hash(s) for s in seqs],
+             output_tokens=[list(map(int, s)) for s in seqs] if cfg.temperature == 0 else None,
              tokens_per_second=r["new_tokens"] / r["wall_time"] if r["wall_time"] > 0 else 0.0)
     r["tokens_per_second_per_request"] = r["tokens_per_second"] / cfg.batch_size
     if cfg.kind in ENGINE_KINDS:
