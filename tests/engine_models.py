@@ -66,3 +66,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def exact_sequence_law(model, sampling, prompt: list, vocab: int, length: int):
+    """P(x_1..x_length | prompt) of ``model`` under ``sampling`` for every sequence over ``vocab`` tokens, in
+    lexicographic order (a flat numpy array), by full forwards of every prefix."""
+    import itertools
+
+    import numpy as np
+
+    from tilespec.verify.distributions import log_probs
+    from tilespec.verify.validation import resolve_sampling
+
+    resolved = resolve_sampling(sampling, 1, "cpu")
+    probs = np.ones([vocab] * length)
+    with torch.no_grad():
+        for depth in range(length):
+            for prefix in itertools.product(range(vocab), repeat=depth):
+                logits = model(torch.tensor([list(prompt) + list(prefix)])).logits[:, -1:].float()
+                p = torch.exp(log_probs(logits, resolved))[0, 0].double().numpy()
+                probs[prefix] *= p.reshape([vocab] + [1] * (length - depth - 1))
+    return probs.ravel()

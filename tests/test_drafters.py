@@ -12,10 +12,8 @@ from tilespec.engine import GammaSchedule, NgramDrafter, SpeculativeDecoder, Suf
 from tilespec.engine.drafters import resolve_drafter
 from tilespec.exactness.stats import fit_test
 from tilespec.verify import SamplingParams
-from tilespec.verify.distributions import log_probs
-from tilespec.verify.validation import resolve_sampling
 
-from engine_models import layer_skip, one_thread, tiny_lm  # noqa: F401  (one_thread: fixture)
+from engine_models import exact_sequence_law, layer_skip, one_thread, tiny_lm  # noqa: F401  (one_thread: fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GREEDY = SamplingParams(temperature=0.0)
@@ -98,16 +96,7 @@ LAW_PROMPT = [1, 4, 2, 1, 4, 3, 5, 1, 4]
 
 
 def exact_law(model, sampling: SamplingParams) -> np.ndarray:
-    """P(x_1..x_L | LAW_PROMPT) for every sequence in lexicographic order, by full forwards of every prefix."""
-    resolved = resolve_sampling(sampling, 1, "cpu")
-    probs = np.ones([VOCAB] * LENGTH)
-    with torch.no_grad():
-        for depth in range(LENGTH):
-            for prefix in itertools.product(range(VOCAB), repeat=depth):
-                logits = model(torch.tensor([LAW_PROMPT + list(prefix)])).logits[:, -1:].float()
-                p = torch.exp(log_probs(logits, resolved))[0, 0].double().numpy()
-                probs[prefix] *= p.reshape([VOCAB] + [1] * (LENGTH - depth - 1))
-    return probs.ravel()
+    return exact_sequence_law(model, sampling, LAW_PROMPT, VOCAB, LENGTH)
 
 
 @pytest.mark.parametrize("draft,sampling", [

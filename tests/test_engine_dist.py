@@ -1,7 +1,6 @@
 """Sequence-level exactness of the engine with sampling: emitted sequences vs the target's law by enumeration."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -10,10 +9,8 @@ import torch
 from tilespec.engine import SpeculativeDecoder
 from tilespec.exactness.stats import fit_test
 from tilespec.verify import SamplingParams
-from tilespec.verify.distributions import log_probs
-from tilespec.verify.validation import resolve_sampling
 
-from engine_models import tiny_lm
+from engine_models import exact_sequence_law, tiny_lm
 
 VOCAB, LENGTH, N = 6, 3, 6000
 PROMPT = [1, 4]
@@ -28,16 +25,7 @@ def one_thread():
 
 
 def exact_law(model, sampling: SamplingParams) -> np.ndarray:
-    """P(x_1..x_L | PROMPT) for every sequence in lexicographic order, by full forwards of every prefix."""
-    resolved = resolve_sampling(sampling, 1, "cpu")
-    probs = np.ones([VOCAB] * LENGTH)
-    with torch.no_grad():
-        for depth in range(LENGTH):
-            for prefix in itertools.product(range(VOCAB), repeat=depth):
-                logits = model(torch.tensor([PROMPT + list(prefix)])).logits[:, -1:].float()
-                p = torch.exp(log_probs(logits, resolved))[0, 0].double().numpy()
-                probs[prefix] *= p.reshape([VOCAB] + [1] * (LENGTH - depth - 1))
-    return probs.ravel()
+    return exact_sequence_law(model, sampling, PROMPT, VOCAB, LENGTH)
 
 
 @pytest.mark.parametrize("sampling,gamma,method", [
