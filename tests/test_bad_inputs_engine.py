@@ -116,9 +116,9 @@ def _collect(stream) -> list:
     return [t for event in stream for t in event.tokens.get(0, [])]
 
 
-@pytest.mark.parametrize("compile", [False, "debug", "native"])
-def test_two_streams_on_one_decoder(models, compile):
-    dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile=compile)
+def _two_interleaved_streams(dec) -> tuple[list, list]:
+    """Generate two requests alone, then as two interleaved streams on ``dec``: both ways must agree.
+    Returns the two token lists."""
     a = dec.generate([[1, 2, 3]], max_new_tokens=10, seed=4).sequences[0]
     b = dec.generate([[7, 8]], max_new_tokens=10, seed=9).sequences[0]
     got_a, got_b = [], []
@@ -127,6 +127,13 @@ def test_two_streams_on_one_decoder(models, compile):
         got_a += ea.tokens.get(0, []) if ea else []
         got_b += eb.tokens.get(0, []) if eb else []
     assert (got_a, got_b) == (a, b)
+    return a, b
+
+
+@pytest.mark.parametrize("compile", [False, "debug", "native"])
+def test_two_streams_on_one_decoder(models, compile):
+    dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile=compile)
+    a, b = _two_interleaved_streams(dec)
     # a generate() while a stream is open, then the stream resumes: neither changes the other's result
     open_stream = dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4)
     first = next(open_stream).tokens.get(0, [])
@@ -178,14 +185,7 @@ def test_two_streams_and_an_abandoned_one_on_cuda_graphs(compile):
     """The lease of shared graph runners on the real CUDA-graph paths (run with -m gpu on the GPU machine)."""
     target = tiny_lm(0, logit_scale=3.0).cuda()
     dec = SpeculativeDecoder(target, layer_skip(target, 1), gamma=3, eos_token_id=[], compile=compile)
-    a = dec.generate([[1, 2, 3]], max_new_tokens=10, seed=4).sequences[0]
-    b = dec.generate([[7, 8]], max_new_tokens=10, seed=9).sequences[0]
-    got_a, got_b = [], []
-    for ea, eb in itertools.zip_longest(dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4),
-                                        dec.stream([[7, 8]], max_new_tokens=10, seed=9)):
-        got_a += ea.tokens.get(0, []) if ea else []
-        got_b += eb.tokens.get(0, []) if eb else []
-    assert (got_a, got_b) == (a, b)
+    a, b = _two_interleaved_streams(dec)
     abandoned = dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4)
     next(abandoned)
     assert dec.generate([[7, 8]], max_new_tokens=10, seed=9).sequences[0] == b
