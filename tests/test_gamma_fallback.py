@@ -186,3 +186,16 @@ def test_step_overhead_makes_the_optimal_schedule_fall_back():
             kw = {"step_time": 2.5e-3 * (1 + 0.4) + g * 0.57 * 2.5e-3} if with_overhead else {}
             sched.update(g, accepted, draft_time=g * 0.57 * 2.5e-3, target_time=2.5e-3, **kw)
         assert (sched.fallback_after is not None) == with_overhead
+
+
+def test_overhead_model_rejects_bad_input():
+    from tilespec.engine.gamma import GammaSchedule, best_gamma, overhead_improvement
+    with pytest.raises(ValueError, match="overhead must be a finite number >= 0"):
+        best_gamma(0.5, 0.1, -0.2, 8)
+    with pytest.raises(ValueError, match="alpha must be in"):
+        overhead_improvement(1.5, 2, 0.1, 0.0)
+    with pytest.raises(ValueError, match="max_gamma must be >= 1"):
+        best_gamma(0.5, 0.1, 0.2, 0)
+    sched = GammaSchedule("optimal", gamma=2)
+    with pytest.raises(ValueError, match="step_time must be a finite number >= 0"):
+        sched.update(2, [1], draft_time=1e-3, target_time=2e-3, step_time=float("nan"))

@@ -183,3 +183,21 @@ def test_native_whisper_graphs_equal_eager_on_gpu():
     for _ in range(2):   # the second generation reuses the runners (cross K/V refilled in place)
         out = fast.generate(input_ids=prompts, input_features=feats, max_new_tokens=12, seed=4)
         assert out.sequences == ref.sequences and out.stats.runtime == "native-graphs"
+
+
+def test_native_runner_rejects_bad_input():
+    model = tiny_lm(2)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        NativeRunner(model, 8, mode="graphs")
+    with pytest.raises(ValueError, match="capacity must be positive"):
+        NativeRunner(model, 0)
+    runner = NativeRunner(model, 4)
+    with pytest.raises(RuntimeError, match="cache overflow"):
+        runner.forward(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None],
+                       torch.ones(1, 1, 3, 4, dtype=torch.bool), 2)
+    whisper = NativeRunner(tiny_whisper(1), 8)
+    with pytest.raises(RuntimeError, match="call encode"):
+        whisper.forward(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+                        torch.ones(1, 1, 1, 8, dtype=torch.bool), 0)
+    with pytest.raises(TypeError, match="only for encoder-decoder"):
+        runner.encode(torch.zeros(1, 2, 3))

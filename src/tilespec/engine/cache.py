@@ -88,6 +88,13 @@ class SlotCache(Cache):
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
+def gather_buffer(buf: torch.Tensor, rows: torch.Tensor, slot_index: torch.Tensor) -> torch.Tensor:
+    """``buf[rows[i], :, slot_index[i, j]]`` for a K/V buffer [B, H, C, D]: a new tensor [B', H, C', D]."""
+    src = buf.index_select(0, rows)
+    idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1], src.shape[3])
+    return torch.gather(src, 2, idx)
+
+
 def gather_slots(caches: list[SlotCache], rows: torch.Tensor, slot_index: torch.Tensor) -> None:
     """Rebuild every buffer as ``buf[rows[i], :, slot_index[i, j]]`` (batch selection + per-request slot gather).
 
@@ -101,10 +108,7 @@ def gather_slots(caches: list[SlotCache], rows: torch.Tensor, slot_index: torch.
                 continue
             for name in ("keys", "values"):
                 buf = getattr(layer, name)
-                src = buf.index_select(0, rows)
-                idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1],
-                                                           src.shape[3])
-                new = torch.gather(src, 2, idx)
+                new = gather_buffer(buf, rows, slot_index)
                 if new.shape == buf.shape:
                     buf.copy_(new)
                 else:

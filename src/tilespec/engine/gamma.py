@@ -40,13 +40,17 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
 
 
 def overhead_improvement(alpha: float, gamma: int, c: float, overhead: float = 0.0) -> float:
-    """Theorem 3.8 with a per-step overhead o that target-only decoding does not pay: E(γ) / (γc + 1 + o)."""
-    return float(expected_tokens(alpha, gamma)) / (gamma * c + 1.0 + max(overhead, 0.0))
+    """Theorem 3.8 with a per-step overhead o that target-only decoding does not pay: E(γ) / (γc + 1 + o).
+    α in [0, 1], γ >= 1, c and o finite and >= 0 (in units of one target forward)."""
+    gamma, c, overhead = _check_gamma(gamma), _check_cost("c", c), _check_cost("overhead", overhead)
+    return float(expected_tokens(_check_alpha(alpha), gamma)) / (gamma * c + 1.0 + overhead)
 
 
 def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple[int, float]:
     """(γ in [1, max_gamma] maximising :func:`overhead_improvement`, ties -> smaller γ; that improvement)."""
-    if overhead <= 0.0:
+    alpha, c, overhead = _check_alpha(alpha), _check_cost("c", c), _check_cost("overhead", overhead)
+    max_gamma = _check_gamma(max_gamma, "max_gamma")
+    if overhead == 0.0:
         g = optimal_gamma(alpha, c, max_gamma)
         return g, float(expected_speedup(alpha, g, c))
     best = max(range(1, max_gamma + 1), key=lambda g: (overhead_improvement(alpha, g, c, overhead), -g))
@@ -147,7 +151,9 @@ class OnlineGammaEstimator:
                 raise ValueError(f"target_time must be a finite number > 0, got {target_time}")
             self._target_time = self.decay * self._target_time + float(target_time)
             self._target_calls = self.decay * self._target_calls + 1.0
-            if step_time is not None and math.isfinite(float(step_time)):
+            if step_time is not None:
+                if not (float(step_time) >= 0.0) or math.isinf(float(step_time)):
+                    raise ValueError(f"step_time must be a finite number >= 0, got {step_time}")
                 spent = float(target_time) + (float(draft_time) if draft_time is not None else 0.0)
                 self._overhead_time = self.decay * self._overhead_time + max(float(step_time) - spent, 0.0)
                 self._overhead_steps = self.decay * self._overhead_steps + 1.0

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .cache import SlotCache, gather_slots
 from .graphs import GraphCache
-from .native.runner import NATIVE_MODES, NativeRunner, native_reason
+from .native.runner import NATIVE_MODES, NativeRunner, native_reason, raise_recompile_limits
 
 
 GRAPH_MODES = ("graphs", "compiled-graphs")
@@ -70,16 +70,6 @@ def make_runner(model, capacity: int, *, compile: bool | str = False):
     return ModelRunner(model, capacity, compile=compile)
 
 
-def _raise_recompile_limits(limit: int) -> None:
-    cfg = torch._dynamo.config
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, knob):
-            setattr(cfg, knob, max(getattr(cfg, knob), limit))
-    for knob in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(cfg, knob):
-            setattr(cfg, knob, max(getattr(cfg, knob), 16 * limit))
-
-
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The decoder's layer list (``model.get_decoder().layers``): Llama/Qwen/Gemma families and Whisper."""
     dec = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -114,7 +104,7 @@ def compile_decoder_layers(model, backend: str = "inductor") -> int:
     decoder spends its time on (it is bound by the number of kernels, not by bandwidth).
     Other users of the same model object get the compiled modules too; :func:`uncompile_decoder_layers` undoes it.
     """
-    _raise_recompile_limits(64)
+    raise_recompile_limits(64)
     n = 0
     for part in _attention_free_parts(model):
         if getattr(part, "_compiled_call_impl", None) is None:
@@ -172,7 +162,7 @@ class ModelRunner:
         elif self.mode == "compile":
             mode = str(compile)
             # one graph per (batch size, q in {1, 2, γ+1}); adaptive γ and shrinking batches need more than 8
-            _raise_recompile_limits(64)
+            raise_recompile_limits(64)
             torch._dynamo.mark_static_address(self.cache.write_pos)
             if compile == "debug":
                 self._step = torch.compile(self._forward, backend="eager", dynamic=False)

@@ -58,6 +58,27 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[tor
     return ids.to(device), is_tok.to(device)
 
 
+def committed(valid: torch.Tensor, seq_len: torch.Tensor, pending: torch.Tensor, num_emitted: torch.Tensor,
+              output_tokens: torch.Tensor, draft_tokens: torch.Tensor, write) -> tuple:
+    """The device half of a commit -> (valid, seq_len, pending, prev) after one step that wrote slots [W, W+K].
+
+    The slots of the pending token and the accepted drafts (W .. W + accepted) become valid; the last emitted token
+    becomes pending and the one before it prev. ``write`` = W, a host int or a 0-d device tensor (inside a captured
+    step). num_emitted [B], output_tokens [B, K+1] (-1 padded), draft_tokens [B, K]. With K = 0, prev *is* the old
+    ``pending`` tensor (callers that need a distinct buffer clone it).
+    """
+    n_acc = num_emitted - 1
+    slots = torch.arange(valid.shape[1], device=valid.device)[None, :]
+    valid = valid | ((slots >= write) & (slots <= write + n_acc[:, None]))
+    last = output_tokens.gather(1, n_acc[:, None]).squeeze(1)
+    if draft_tokens.shape[1] > 0:
+        prev_draft = draft_tokens.gather(1, (n_acc - 1).clamp(min=0)[:, None]).squeeze(1)
+        prev = torch.where(n_acc > 0, prev_draft, pending)
+    else:
+        prev = pending
+    return valid, seq_len + num_emitted, last, prev
+
+
 @dataclass
 class BatchState:
     """Device tensors of the active requests plus host bookkeeping; see the module docstring for invariants."""
@@ -81,18 +102,8 @@ class BatchState:
         num_emitted [B], output_tokens [B, K+1] (-1 padded), draft_tokens [B, K]; the step wrote slots [W, W+K].
         ``max_accepted`` = max(num_emitted) - 1 (already on the host) advances W.
         """
-        k = draft_tokens.shape[1]
-        n_acc = num_emitted - 1
-        offs = torch.arange(k + 1, device=self.valid.device)
-        self.valid[:, self.write:self.write + k + 1] |= offs[None, :] <= n_acc[:, None]
-        last = output_tokens.gather(1, n_acc[:, None]).squeeze(1)
-        if k > 0:
-            prev_draft = draft_tokens.gather(1, (n_acc - 1).clamp(min=0)[:, None]).squeeze(1)
-            self.prev = torch.where(n_acc > 0, prev_draft, self.pending)
-        else:
-            self.prev = self.pending
-        self.pending = last
-        self.seq_len = self.seq_len + num_emitted
+        self.valid, self.seq_len, self.pending, self.prev = committed(
+            self.valid, self.seq_len, self.pending, num_emitted, output_tokens, draft_tokens, self.write)
         self.write += max_accepted + 1
 
     def plan_defrag(self) -> tuple[torch.Tensor, int]:

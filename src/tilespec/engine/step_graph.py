@@ -29,7 +29,7 @@ from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
 from .metrics import PhaseTimer
-from .state import BatchState, chunk_mask
+from .state import BatchState, chunk_mask, committed
 from .step import StepOutput, sample_draft
 
 _FLAGS = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
@@ -71,6 +71,7 @@ class StepGraphs:
         self._target_graphs = wrap(self._target_block)
         self.compile_seconds = 0.0      # first-use compile + capture time of new step shapes
         self._versions: tuple = ()
+        self._no_draft: dict = {}       # batch size -> an empty [B, 0] draft, made once
 
     def usable(self, method: str, sampling: SamplingParams) -> bool:
         try:
@@ -118,17 +119,9 @@ class StepGraphs:
                          sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=seq_len,
                          check_values=False)
             num_emitted, out = res.num_emitted, res.output_tokens
-        # the commit of BatchState.commit, on the device
-        n_acc = num_emitted - 1
-        slots = torch.arange(valid.shape[1], device=valid.device)[None, :]
-        new_valid = valid | ((slots >= w) & (slots <= w + n_acc[:, None]))
-        last = out.gather(1, n_acc[:, None]).squeeze(1)
-        if k > 0:
-            prev_draft = draft_tokens.gather(1, (n_acc - 1).clamp(min=0)[:, None]).squeeze(1)
-            new_prev = torch.where(n_acc > 0, prev_draft, pending)
-        else:
-            new_prev = pending.clone()
-        return num_emitted, out, new_valid, seq_len + num_emitted, last, new_prev
+        valid, seq_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, draft_tokens, w)
+        # outputs must not alias the graph's inputs (the next replay copies the state into them first)
+        return num_emitted, out, valid, seq_len, nxt, prv if k > 0 else prv.clone()
 
     # ---------------------------------------------------------------------------------------- host side
     def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
@@ -159,7 +152,9 @@ class StepGraphs:
             draft_logits = outs[1] if len(outs) > 1 else None
             timer.stop("draft")
         elif draft_tokens is None:
-            draft_tokens = torch.zeros((state.size, 0), dtype=torch.int64, device=state.valid.device)
+            draft_tokens = self._no_draft.get(state.size)
+            if draft_tokens is None:
+                draft_tokens = self._no_draft[state.size] = state.valid.new_zeros((state.size, 0), dtype=torch.int64)
         timer.start("target")
         extra = ((draft_logits,) if draft_logits is not None else ()) + \
                 ((num_draft_tokens,) if num_draft_tokens is not None else ())
@@ -171,7 +166,8 @@ class StepGraphs:
             self.compile_seconds += time.perf_counter() - t0
         timer.stop("target")
         state.valid, state.seq_len, state.pending, state.prev = valid, seq_len, pending, prev
-        return StepOutput(draft_tokens=draft_tokens.clone(), num_emitted=num_emitted, output_tokens=out)
+        # graph buffers, valid until the next replay: the caller reads them once (the commit already happened)
+        return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)
 
     @staticmethod
     def advance(state: BatchState, max_accepted: int) -> None:

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..cache import gather_buffer
 from ..graphs import GraphCache
 from .llama import NativeLlama, unsupported_reason
 from .whisper import NativeWhisperDecoder, whisper_unsupported_reason
@@ -32,6 +33,18 @@ _COMPILED_LAYERS: dict = {}
 
 def _native_class(model):
     return NativeWhisperDecoder if type(model).__name__ == "WhisperForConditionalGeneration" else NativeLlama
+
+
+def raise_recompile_limits(limit: int) -> None:
+    """Let dynamo keep ``limit`` compiled variants per function (and 16× that in all): the engine's shapes
+    (batch sizes, q, capacities) legitimately need more than its defaults."""
+    cfg = torch._dynamo.config
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, knob):
+            setattr(cfg, knob, max(getattr(cfg, knob), limit))
+    for knob in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, knob):
+            setattr(cfg, knob, max(getattr(cfg, knob), 16 * limit))
 
 
 def native_reason(model) -> Optional[str]:
@@ -65,10 +78,7 @@ def compiled_layer(model):
         code = layer.__code__.replace(co_name=f"{layer.__name__}_{len(_COMPILED_LAYERS)}")
         fn = types.FunctionType(code, layer.__globals__, code.co_name, layer.__defaults__, layer.__closure__)
         fn.__kwdefaults__ = layer.__kwdefaults__
-        cfg = torch._dynamo.config
-        for knob in ("recompile_limit", "cache_size_limit"):
-            if hasattr(cfg, knob):
-                setattr(cfg, knob, max(getattr(cfg, knob), 64))
+        raise_recompile_limits(64)
         entry = (weakref.ref(model), torch.compile(fn, dynamic=None, fullgraph=True))
         _COMPILED_LAYERS[key] = entry
     return entry[1]
@@ -187,11 +197,7 @@ class NativeRunner:
         for entry in self.caches:
             moved = []
             for j, buf in enumerate(entry):
-                src = buf.index_select(0, rows)
-                if j < 2:
-                    idx = slot_index[:, None, :, None].expand(src.shape[0], src.shape[1], slot_index.shape[1],
-                                                               src.shape[3])
-                    src = torch.gather(src, 2, idx)
+                src = gather_buffer(buf, rows, slot_index) if j < 2 else buf.index_select(0, rows)
                 if shrink:
                     moved.append(src)
                 else:
