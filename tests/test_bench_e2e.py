@@ -175,3 +175,16 @@ def test_xsum_task_prompts():
     rows = load_task("xsum", 16, path=wheel, max_document_chars=800)
     assert len(rows) == 16 and len(load_task("xsum", None, path=wheel)) == 1000
     assert all(r["prompt"].startswith("Summarize the following article") and r["reference"] for r in rows)
+
+
+def test_ignore_eos_gives_every_request_max_new_tokens(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1,2", "--systems", "ar,tilespec,hf", "--ignore-eos", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["ignore_eos"] is True
+    rows = [r for r in doc["results"] if "error" not in r]
+    assert {r["kind"] for r in rows} >= {"ar", "tilespec", "hf"}
+    for r in rows:
+        assert r["new_tokens"] == 2 * 5, r["key"]
+        assert all(len(seq) == 5 for seq in r["output_tokens"]), r["key"]

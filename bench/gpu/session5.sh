@@ -12,7 +12,7 @@
 # Job A (no weights): GPU tests, the exactness suite on the GPU (fused, reference: 10^6 samples), the verify
 #   benchmark (FlashInfer, transformers in the same run), Nsight Compute of fused, the engine step profile
 #   (bench/scripts/engine_profile.py), the compile cache cold/warm.
-# Job B (after job A and the conversions): bench/gpu/e2e_fast.sh runtime-t0 (B=1, 8), whisper-base e2e on the
+# Job B (after job A and the conversions): bench/gpu/e2e_fast.sh runtime-t0 (B=1, 8; --ignore-eos: 16 x 128 tokens), whisper-base e2e on the
 #   LJSpeech clips, bench/gpu/eval_scale.sh (issue 16), e2e runtime at T=1.
 # Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
 set -u
@@ -78,7 +78,7 @@ job_b() {
     sleep 2
   done
   ts "job B starts"
-  E2E_RES=$RES/e2e E2E_TOTAL_S=330 E2E_BUDGET_S=280 E2E_MAX_S=${E2E_MAX_S:-12} \
+  E2E_RES=$RES/e2e E2E_TOTAL_S=330 E2E_BUDGET_S=280 E2E_MAX_S=${E2E_MAX_S:-12} E2E_ARGS="--ignore-eos" \
     step e2e-runtime-t0 400 bash bench/gpu/e2e_fast.sh runtime-t0
   step e2e-whisper 240 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
     --temperature 0 --systems ar,hf-static,tilespec,hf --gamma 3 --gamma-schedule constant,optimal \
@@ -88,7 +88,7 @@ job_b() {
     EVAL_RES=$RES/eval-scale step eval-scale 900 bash bench/gpu/eval_scale.sh
   fi
   E2E_RES=$RES/e2e E2E_TOTAL_S=200 E2E_BUDGET_S=150 E2E_MAX_S=10 \
-    E2E_ARGS="--batch 1 --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \
+    E2E_ARGS="--ignore-eos --batch 1 --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \
     step e2e-runtime-t1 260 bash bench/gpu/e2e_fast.sh runtime-t1
   touch $RES/.jobB-done
 }

@@ -50,7 +50,7 @@ SHAPES = {
 }
 # a resumed run must have been made with the same values of these settings
 SAME_SETTINGS = ("target", "draft", "num_prompts", "max_new_tokens", "dtype", "tiny", "random_init", "whisper",
-                 "document_chars", "lookup_tokens", "prompts_file", "warmup")
+                 "document_chars", "lookup_tokens", "prompts_file", "warmup", "ignore_eos")
 ORDER = ("ar", "hf-static", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec+suffix", "hf-prompt-lookup",
          "hf-assisted", "hf")
 DEFAULT_SYSTEMS = [k for k in ORDER if "+" not in k]
@@ -86,6 +86,9 @@ def add_arguments(p) -> None:
     p.add_argument("--methods", type=_csv(str), default=["reference", "fused"], help="verify methods for ours")
     p.add_argument("--systems", "--modes", dest="systems", type=_csv(str), default=DEFAULT_SYSTEMS,
                    help=f"comma list of {', '.join(KINDS)}")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every system generates exactly --max-new-tokens per request (EOS does not stop it; HF gets "
+                        "min_new_tokens): a decode-speed measurement that short answers cannot turn into a prefill one")
     p.add_argument("--lookup-tokens", type=int, default=10, help="hf-prompt-lookup's prompt_lookup_num_tokens")
     p.add_argument("--max-seconds", type=float, default=0.0,
                    help="cut one system's timed pass after the batch that crosses this (0: all prompts)")

@@ -108,6 +108,8 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
     from tilespec.engine.metrics import peak_memory
     pad = tok.pad_token_id if tok is not None and getattr(tok, "pad_token_id", None) is not None else 0
     gen = dict(max_new_tokens=args.max_new_tokens, do_sample=cfg.temperature > 0, pad_token_id=pad)
+    if getattr(args, "ignore_eos", False):
+        gen["min_new_tokens"] = args.max_new_tokens
     if cfg.temperature > 0:
         gen.update(temperature=cfg.temperature, top_k=0, top_p=1.0)
     if cfg.kind == "hf-static":
@@ -118,7 +120,7 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
                    num_assistant_tokens_schedule="constant" if cfg.schedule == "constant" else "heuristic")
     elif cfg.kind == "hf-prompt-lookup":
         gen.update(prompt_lookup_num_tokens=args.lookup_tokens)
-    eos = _eos(target, tok)
+    eos = set() if getattr(args, "ignore_eos", False) else _eos(target, tok)
     starts = {id(b): sum(len(x) for x in batches[:i]) for i, b in enumerate(batches)}
 
     def call(batch, **over):
@@ -174,6 +176,8 @@ def make_decoder(cfg: Config, target, draft, args):
     kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
               sampling=SamplingParams(temperature=cfg.temperature),
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
+    if getattr(args, "ignore_eos", False):
+        kw["eos_token_id"] = []          # no stop token: exactly max_new_tokens per request
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
     except (TypeError, ValueError) as err:
