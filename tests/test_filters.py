@@ -98,16 +98,20 @@ def test_triton_kernel_kept_sets_match_the_definition(seed, vocab):
         _check_against_brute(logits, sp, values, "triton")
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
-def test_triton_thresholds_equal_torch_search(dtype):
-    """Same thresholds, bit for bit, from raw half-precision logits and a strided (sliced) layout."""
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float16, 4),
+                                        (torch.float32, 1), (torch.bfloat16, 2), (torch.float32, 8)])
+def test_triton_thresholds_equal_torch_search(dtype, bits):
+    """Same thresholds, bit for bit, from raw half-precision logits and a strided (sliced) layout, for every
+    search width (key bits fixed per pass)."""
+    from tilespec.verify.kernels.thresholds import filter_thresholds
+
     gen = torch.Generator().manual_seed(7)
     full = (torch.randn(3, 5, 700, generator=gen) * 2).to(dtype)
     logits = full[:, 1:4]                                   # non-contiguous over rows
     sp = SamplingParams(temperature=[0.7, 0.0, 1.3], top_k=[40, 0, 3], top_p=[0.9, 0.6, 1.0])
     resolved = resolve_sampling(sp, 3, "cpu")
-    assert torch.equal(keep_threshold(logits, resolved, method="triton"),
-                       keep_threshold(logits, resolved, method="search"))
+    got = filter_thresholds(logits, resolved.temperature, resolved.top_k, resolved.top_p, True, True, bits=bits)
+    assert torch.equal(got, keep_threshold(logits, resolved, method="search"))
 
 
 def test_ties_at_the_top_p_boundary_are_kept_together():
