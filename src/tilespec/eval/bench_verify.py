@@ -23,6 +23,10 @@ import time
 
 # Outside contenders: transformers' own ``_speculative_sampling`` (B = 1) and FlashInfer's chain kernel.
 EXTERNAL = ("hf", "flashinfer")
+# Extra contenders of the --filters rows: ``filtered_logits`` alone on the target logits [B, K+1, V], by the
+# sort-based evaluation and by the default sort-free path (Triton thresholds on CUDA). Their GB/s columns use the
+# row's bytes_must_read (target + draft), so only their times are meaningful.
+FILTER_ONLY = ("filtered_logits[sort]", "filtered_logits")
 
 
 def contenders() -> tuple:
@@ -54,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-budget", type=float, default=1e9, help="stop adding grid points after this many "
                                                                         "seconds (results so far are kept)")
     parser.add_argument("--filters", action="store_true", help="add top-k 50 and top-p 0.9 rows (T=1, K=5, "
-                                                               "V=151936, bf16, 'mid') for every --batch")
+                                                               "V=151936, bf16, 'mid') for every --batch; rows "
+                                                               "with filters also time filtered_logits alone "
+                                                               "(sort-based vs default)")
 
 
 def _make_inputs(torch, b, k, v, dtype, regime, seed):
@@ -79,6 +85,12 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
     from tilespec.verify.validation import prepare_inputs
     temp, top_k, top_p = cfg
     b, k = tokens.shape
+    if name in FILTER_ONLY:
+        from tilespec.verify.distributions import filtered_logits
+        from tilespec.verify.validation import resolve_sampling
+        resolved = resolve_sampling(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p), b, target.device)
+        how = "sort" if name.endswith("[sort]") else "auto"
+        return (lambda: filtered_logits(target, resolved, method=how)), True
     if name not in EXTERNAL:
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p)
         inputs = prepare_inputs(target, tokens, draft_logits=draft, sampling=sampling, seed=seed,
@@ -178,7 +190,8 @@ def _point(torch, args, b, k, v, dtype_name, cfg, regime, log):
     row = {"B": b, "K": k, "V": v, "dtype": dtype_name, "temperature": cfg[0], "top_k": cfg[1], "top_p": cfg[2],
            "regime": regime,
            "bytes_must_read": must_read, "input_sets": n_sets, "results": {}}
-    for name in args.contenders:
+    filter_row = getattr(args, "filters", False) and (cfg[1] or cfg[2] < 1.0)
+    for name in list(args.contenders) + (list(FILTER_ONLY) if filter_row else []):
         res = {}
         try:
             fns = [_contender_fns(torch, name, *s, cfg, seed=1234) for s in sets]

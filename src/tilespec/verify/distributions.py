@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .filters import keep_threshold
 from .types import ResolvedSampling
 
 NEG_INF = float("-inf")
@@ -17,12 +18,19 @@ def _per_row(param: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return param.view(-1, 1, 1).to(like.dtype) if param.dtype.is_floating_point else param.view(-1, 1, 1)
 
 
-def filtered_logits(logits: torch.Tensor, sampling: ResolvedSampling) -> torch.Tensor:
+def filtered_logits(logits: torch.Tensor, sampling: ResolvedSampling, method: str = "auto") -> torch.Tensor:
     """Temperature-scaled logits [B, R, V] (fp32) with top-k / top-p / min-p exclusions set to -inf.
 
     Greedy requests (temperature 0) are scaled by 1 here; :func:`log_probs` turns them into one-hot rows.
-    Ties: top-k keeps every token whose logit equals the k-th largest; top-p keeps a token when the mass of the
-    tokens strictly before it in descending order is below top_p (so at least one token survives).
+    With z the scaled row (order: temperature, top-k, top-p, min-p):
+    top-k keeps every token with z >= the k-th largest z (ties at the k-th value are all kept);
+    top-p keeps token x iff the probability mass (softmax of the top-k-filtered row) of the tokens with z strictly
+    greater than z_x is < top_p, so tied tokens are kept together and at least one token survives;
+    min-p drops tokens whose log-prob (of the row filtered so far) is below max log-prob + log(min_p).
+    No sort: both thresholds come from an exact bisection over fp32 order keys (:mod:`tilespec.verify.filters`;
+    a Triton kernel for CUDA tensors), with no host sync, so this is safe inside CUDA-graph capture.
+    ``method``: "auto", "triton", "search" or "sort" (the sort-based evaluation of the same definition, kept for
+    tests and benchmarks); all give the same kept set except where a top-p mass is within float rounding of top_p.
     """
     z = logits.float()
     temp = sampling.temperature
@@ -30,21 +38,9 @@ def filtered_logits(logits: torch.Tensor, sampling: ResolvedSampling) -> torch.T
     z = z / _per_row(scale, z)
     if not sampling.has_filters:
         return z
-    if sampling.has_top_k:
-        k = sampling.top_k.clamp(min=0)
-        vocab = z.shape[-1]
-        kk = torch.where((k > 0) & (k < vocab), k, torch.full_like(k, vocab))
-        sorted_desc = torch.sort(z, dim=-1, descending=True).values
-        kth = sorted_desc.gather(-1, (kk - 1).view(-1, 1, 1).expand(z.shape[0], z.shape[1], 1))
-        z = torch.where(z >= kth, z, torch.full_like(z, NEG_INF))
-    if sampling.has_top_p:
-        top_p = _per_row(sampling.top_p, z)
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        probs = torch.softmax(sorted_z, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        keep_sorted = (mass_before < top_p) | (top_p >= 1.0)
-        keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        z = torch.where(keep, z, torch.full_like(z, NEG_INF))
+    if sampling.has_top_k or sampling.has_top_p:
+        thr = keep_threshold(logits, sampling, z=z, method=method)
+        z = torch.where(z >= thr[..., None], z, torch.full_like(z, NEG_INF))
     if sampling.has_min_p:
         min_p = _per_row(sampling.min_p, z)
         logp = torch.log_softmax(z, dim=-1)

@@ -23,7 +23,8 @@ class SamplingParams:
 
     temperature: 0 means greedy (argmax); otherwise logits are divided by it.
     top_k: keep the k largest logits (ties at the k-th value are kept); 0 disables.
-    top_p: keep the smallest most-probable set whose mass reaches top_p; 1 disables. Must be in (0, 1].
+    top_p: keep token x iff the mass of the tokens with a strictly larger logit is < top_p (the smallest most-
+        probable set whose mass reaches top_p, with ties at its edge all kept); 1 disables. Must be in (0, 1].
     min_p: keep tokens with p(x) >= min_p * max p; 0 disables. Must be in [0, 1].
     lenience: Leviathan et al. App. A.5 factor l in (0, 1]; 1 is exact speculative sampling. With l < 1 a draft
         token x is accepted with probability min(1, p(x) / (l q(x))) and a rejection resamples from
