@@ -119,11 +119,12 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
     """Per-row threshold [B, R] (float32) of top-k followed by top-p: keep ``z >= thr`` (-inf: keep all).
 
     ``logits`` [B, R, V] raw (any float dtype); ``z`` its temperature-scaled fp32 copy when the caller has one.
-    method: "auto" (the Triton kernel for CUDA tensors when Triton imports, else "search"), "triton", "search"
+    method: "auto" (the Triton kernel for CUDA tensors when Triton imports, "search" on other GPUs, "sort" on the
+    CPU, where a sort is cheaper than 32 masked passes over the row), "triton", "search"
     (the torch bisection above), "sort" (the sort-based evaluation). Min-p is not included (see filtered_logits).
     """
     if method == "auto":
-        method = "triton" if logits.is_cuda and _triton_ok() else "search"
+        method = ("triton" if _triton_ok() else "search") if logits.is_cuda else "sort"
     if method == "triton":
         from .kernels.thresholds import filter_thresholds
         return filter_thresholds(logits, sampling.temperature, sampling.top_k, sampling.top_p,
