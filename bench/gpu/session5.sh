@@ -10,7 +10,8 @@
 #   session5.sh wait SECONDS  # returns when job B is done or after SECONDS; results tarred to $OUT/res.tgz
 #
 # Job A (no weights): GPU tests, the exactness suite on the GPU (fused, reference: 10^6 samples), the verify
-#   benchmark (FlashInfer, transformers in the same run), Nsight Compute of fused, the engine step profile
+#   benchmark (FlashInfer, transformers in the same run), the top-k/top-p threshold kernel's key bits per pass,
+#   Nsight Compute of fused, the engine step profile
 #   (bench/scripts/engine_profile.py), the compile cache cold/warm.
 # Job B (after job A and the conversions): bench/gpu/e2e_fast.sh runtime-t0 (B=1, 8; --ignore-eos: 16 x 128 tokens), whisper-base e2e on the
 #   LJSpeech clips, bench/gpu/eval_scale.sh (issue 16), e2e runtime at T=1.
@@ -44,6 +45,7 @@ job_a() {
     --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
   step verify-bench 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
     --filters --check --json $RES/verify.json --plot $RES/verify.png
+  step filter-thresholds 150 python3 bench/scripts/filter_thresholds.py --json $RES/filter-thresholds.json
   step engine-profile 240 python3 bench/scripts/engine_profile.py --json $RES/engine-profile.json
   if command -v ncu > /dev/null; then
     for b in 1 64; do
