@@ -119,8 +119,19 @@ def register(sub) -> None:
     ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
     _add_common(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     _add_common(ev_sub.add_parser("asr", help="LJSpeech / synthetic espeak-ng speech, WER"), "asr")
+    sc = ev_sub.add_parser("scale", help="the paper-scale evaluation in resumable, time-budgeted stages "
+                                         "(tilespec.eval.scale; bench/gpu/eval_scale.sh)")
+    from tilespec.eval.scale import add_arguments as scale_arguments
+    scale_arguments(sc)
+    sc.add_argument("--debug", action="store_true", help="show tracebacks")
+    sc.set_defaults(func=run_scale)
     _add_make_synthetic(ev_sub.add_parser("make-synthetic", help="write the synthetic espeak-ng ASR set "
                                                                  "(clips + manifest; NOT LibriSpeech)"))
+
+
+def run_scale(args) -> int:
+    from tilespec.eval.scale import run as scale_run
+    return scale_run(args)
 
 
 def build_config(args):
