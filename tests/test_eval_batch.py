@@ -124,3 +124,29 @@ def test_cut_off_run_resumes_without_redoing_examples(pair, tmp_path, monkeypatc
 def test_batch_size_is_validated():
     with pytest.raises(ValueError, match="batch_size"):
         cfg_of(batch_size=0)
+
+
+def test_capacity_buckets_match_the_engine(pair):
+    """warmup.capacity_bucket / shape_groups predict the (capacity, B) of the runners the engine builds for each
+    chunk (compile="native": shared, rounded runners on CPU), so the warm-up captures the timed shapes."""
+    from tilespec.engine.leases import _COMPILED_RUNNERS, release_compiled
+    from tilespec.eval.harness import make_decoder
+    from tilespec.eval.tasks import TextTask
+    from tilespec.eval.warmup import batch_inputs, capacity_bucket, shape_groups
+
+    target, draft, tok = pair
+    cfg = cfg_of(methods=("hf",), compile="native", max_new_tokens=4)
+    task = TextTask(tok)
+    prepared = [task.prepare(d, "cpu", torch.float32) for d in DOCS * 2]       # 8 inputs, chunks of 3: 3, 3, 2
+    groups = shape_groups(prepared, 3, cfg.max_new_tokens, cfg.max_gamma)
+    assert sorted(len(g) for g in groups) == [2, 3]
+    release_compiled()
+    dec = make_decoder(target, draft, "hf", cfg)
+    for i in range(0, len(prepared), 3):
+        ids, feats = batch_inputs(prepared[i:i + 3])
+        dec.generate(input_ids=ids, max_new_tokens=cfg.max_new_tokens, seed=0)
+    built = {(k[2], k[3]) for k in _COMPILED_RUNNERS if k[1] == "target"}
+    predicted = {(capacity_bucket(max(len(p.ids) for p in g), cfg.max_new_tokens, cfg.max_gamma, len(g)), len(g))
+                 for g in groups}
+    release_compiled()
+    assert built == predicted
