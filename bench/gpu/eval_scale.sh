@@ -111,7 +111,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "eval-*.json"))):
         print(f"{f}: unreadable ({e})"); continue
     for r in doc.get("runs", []):
         rows = r.get("methods") or {}
-        cells = ", ".join(f"{m} {r['metric']}={(x.get(r['metric']) or float('nan')):.3f} "
+        cells = ", ".join(f"{m} {r['metric']}={x[r['metric']] if x.get(r['metric']) is not None else float('nan'):.3f} "
                           f"Δprof={x.get('delta_profiling_pct') or 0:+.1f}% {x.get('tokens_per_s') or 0:.0f}tok/s"
                           for m, x in rows.items())
         print(f"{os.path.basename(f)} {r.get('run_name', '')}: n={r.get('n')}/{r.get('n_requested')} "

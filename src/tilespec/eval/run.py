@@ -178,6 +178,8 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
         done = record["n"]
         if done < len(examples):
             examples = [examples[i] for i in record["examples_idx"]]
+        if done == record["n_requested"]:
+            record["stages_done"] = [s for s in record.get("stages_done", []) if s != "main-partial"]
         save("main" if done == record["n_requested"] else "main-partial")
     sub = examples[:cfg.sweep_limit]
     record["sweep_n"] = len(sub)
