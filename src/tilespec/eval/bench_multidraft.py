@@ -131,14 +131,14 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
 
 def time_generation(target, draft, prompts, args, sampling) -> dict:
     """Tokens/s of MultiDraftDecoder.generate per draft temperature, scheme and K (``--timing-ks``; SD with one
-    draft): {"T=t": {"sd": row, "is/K=2": row, ...}} (K = 2 rows also under the bare scheme name, as before)."""
+    draft): {"T=t": {"sd": row, "is": row (K = 2), "is/K=3": row, ...}}."""
     import torch
 
     from tilespec.multidraft.decoding import MultiDraftDecoder
 
     out = {}
-    ks = [int(k) for k in str(args.timing_ks).split(",") if k.strip()]
-    temps = args.timing_temps or args.temps
+    ks = [int(k) for k in str(getattr(args, "timing_ks", "2")).split(",") if k.strip()]
+    temps = getattr(args, "timing_temps", None) or args.temps
     for temp in [float(t) for t in str(temps).split(",")]:
         for scheme, k in [("sd", 1)] + [(s, k) for k in ks for s in ("specinfer", "spectr", "is")]:
             toks, secs = 0, 0.0
@@ -155,8 +155,6 @@ def time_generation(target, draft, prompts, args, sampling) -> dict:
             row = {"tokens": toks, "seconds": secs, "tokens_per_s": toks / secs, "K": k, "prompts": len(prompts)}
             by_t = out.setdefault(f"T={temp}", {})
             by_t[scheme if k in (1, 2) else f"{scheme}/K={k}"] = row
-            if k > 1:
-                by_t[f"{scheme}/K={k}"] = row
         base = out[f"T={temp}"]["sd"]["tokens_per_s"]
         for scheme, r in out[f"T={temp}"].items():
             r["gain_over_sd_pct"] = 100.0 * (r["tokens_per_s"] / base - 1.0)
