@@ -60,3 +60,7 @@ def test_time_generation_on_tiny_models():
     assert set(out["T=1.2"]) == {"sd", "specinfer", "spectr", "is"}
     assert out["T=1.2"]["sd"]["gain_over_sd_pct"] == 0.0
     assert all(r["tokens"] == 3 for r in out["T=1.2"].values())
+    args.timing_ks = "2,3"                                      # K = 3 rows are keyed scheme/K=3
+    out = bench_multidraft.time_generation(target, draft, [torch.tensor([[1, 2]])], args, SamplingParams(top_p=0.95))
+    assert set(out["T=1.2"]) == {"sd", "specinfer", "spectr", "is", "specinfer/K=3", "spectr/K=3", "is/K=3"}
+    assert out["T=1.2"]["is/K=3"]["K"] == 3 and out["T=1.2"]["is"]["K"] == 2

@@ -65,13 +65,20 @@ def _add_common(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--sweep-schedule", default="constant", choices=("constant", "heuristic"),
                    help="γ sweep (Fig. 3-5): constant γ (default) or the heuristic started at γ (the paper's)")
     p.add_argument("--max-article-chars", type=int, default=4000, help="cut articles to this many characters")
-    p.add_argument("--compile", default="auto", choices=("auto", "eager", "graphs", "compiled-graphs"),
-                   help="engine forwards: auto = CUDA graphs ('graphs') on CUDA when the engine has them, else eager")
+    p.add_argument("--compile", default="auto",
+                   choices=("auto", "eager", "graphs", "compiled-graphs", "native", "native-graphs"),
+                   help="engine forwards: auto = the engine's compile=True on CUDA (native-graphs for Qwen2/Llama "
+                        "and Whisper, else CUDA graphs of the transformers modules), eager elsewhere")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="main comparison: decode this many examples per generation (seeds seed + i per example; "
+                        "default 1 = the paper's protocol; timings at N > 1 are per batched step)")
+    p.add_argument("--fresh", action="store_true",
+                   help="with --json: do not resume an earlier record of the same run, start afresh")
     p.add_argument("--no-warmup", action="store_true", help="skip the uncounted warm-up (not for timings)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds for this invocation (model loading included): the main comparison stops starting "
-                        "new examples after --main-share of it, side studies share the rest; results are written "
-                        "after each study")
+                        "new chunks after --main-share of it, side studies share the rest; results are written "
+                        "after each chunk and study, and the same command again resumes (see --fresh)")
     p.add_argument("--main-share", type=float, default=0.6, help="share of --time-budget for the main comparison")
     p.add_argument("--json", type=Path, default=None, help="add the record to this results file")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -117,8 +124,19 @@ def register(sub) -> None:
     ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
     _add_common(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     _add_common(ev_sub.add_parser("asr", help="LJSpeech / synthetic espeak-ng speech, WER"), "asr")
+    sc = ev_sub.add_parser("scale", help="the paper-scale evaluation in resumable, time-budgeted stages "
+                                         "(tilespec.eval.scale; bench/gpu/eval_scale.sh)")
+    from tilespec.eval.scale import add_arguments as scale_arguments
+    scale_arguments(sc)
+    sc.add_argument("--debug", action="store_true", help="show tracebacks")
+    sc.set_defaults(func=run_scale)
     _add_make_synthetic(ev_sub.add_parser("make-synthetic", help="write the synthetic espeak-ng ASR set "
                                                                  "(clips + manifest; NOT LibriSpeech)"))
+
+
+def run_scale(args) -> int:
+    from tilespec.eval.scale import run as scale_run
+    return scale_run(args)
 
 
 def build_config(args):
@@ -140,7 +158,7 @@ def build_config(args):
                       accept_gammas=tuple(args.accept_gammas), scales=tuple(args.scales),
                       sweep_max_new_tokens=args.sweep_max_new_tokens, max_article_chars=args.max_article_chars,
                       sweep_schedule=args.sweep_schedule, compile=args.compile, warmup=not args.no_warmup,
-                      time_budget=args.time_budget,
+                      time_budget=args.time_budget, batch_size=args.batch_size,
                       main_share=args.main_share)
 
 
@@ -148,7 +166,7 @@ def run(args) -> int:
     import json
     import time
 
-    from tilespec.eval.run import evaluate, write_results
+    from tilespec.eval.run import evaluate, find_run, write_results
 
     cfg = build_config(args)
     data = args.data
@@ -162,7 +180,8 @@ def run(args) -> int:
             print(f"  [{time.strftime('%H:%M:%S')}] wrote {args.json} ({', '.join(rec.get('stages_done', []))})",
                   flush=True)
 
-    record = evaluate(cfg, data_path=data, on_update=on_update)
+    previous = find_run(args.json, cfg) if args.json and not args.fresh else None
+    record = evaluate(cfg, data_path=data, on_update=on_update, previous=previous)
     if args.json:
         write_results(args.json, record)
         print(f"wrote {args.json}")

@@ -16,8 +16,10 @@ def _vocab_and_itemsize(model) -> tuple[int, int]:
 
 
 def summarize(run, target, *, task=None, examples: Optional[list] = None) -> dict:
-    """Aggregate a ``harness.MethodRun`` (method, texts, per-example RunStats): metric, verify / wall time,
-    per-step stats, acceptance, memory, bandwidth."""
+    """Aggregate a ``harness.MethodRun`` (method, texts, one RunStats per generation: per example at batch 1, per
+    chunk in batched runs): metric, verify / wall time, per-step stats (the std is over generations), acceptance,
+    memory, bandwidth, tokens/s. Verify bytes count every row verify() saw: on the compiled paths finished rows stay
+    in the batch (``requests`` rows per step), on the eager path they leave it (mean live rows per step)."""
     from tilespec.engine import RunStats
 
     stats = run.stats
@@ -26,19 +28,28 @@ def summarize(run, target, *, task=None, examples: Optional[list] = None) -> dic
     verify_s = tot.times.get("verify", 0.0)
     per_example_ms = [1e3 * s.times.get("verify", 0.0) / s.steps for s in stats if s.steps]
     _, std_ms = mean_std(per_example_ms)
-    nbytes = sum(verify_bytes(s.gammas, vocab, itemsize, 1) for s in stats)
+    nbytes = sum(verify_bytes(s.gammas, vocab, itemsize, _verify_rows(s)) for s in stats)
     out = dict(
         method=run.method, examples=len(stats), steps=tot.steps, new_tokens=tot.new_tokens,
         verify_time_s=verify_s, verify_step_ms=1e3 * verify_s / tot.steps if tot.steps else float("nan"),
         verify_step_ms_std=std_ms, wall_time_s=tot.wall_time, phase_times_s=dict(tot.times),
         alpha=tot.alpha, alpha_tested=tot.alpha_tested, mean_gamma=tot.mean_gamma,
         block_efficiency=tot.block_efficiency, drafter=tot.drafter, match_share=tot.match_share,
-        peak_memory_bytes=tot.peak_memory_bytes, verify_bytes=nbytes, bandwidth_gbps=bandwidth_gbps(nbytes, verify_s),
+        tokens_per_s=tot.new_tokens / tot.wall_time if tot.wall_time > 0 else float("nan"),
+        batch_size=max((s.requests for s in stats), default=0), compile_seconds=tot.compile_seconds,
+        runtime=tot.runtime, peak_memory_bytes=tot.peak_memory_bytes, verify_bytes=nbytes, bandwidth_gbps=bandwidth_gbps(nbytes, verify_s),
         texts=list(run.texts),
     )
     if task is not None and examples is not None:
         out[task.metric] = task.score(run.texts, examples)
     return out
+
+
+def _verify_rows(s) -> float:
+    """Rows per verify() call of one generation: all requests on the compiled paths, mean live ones on eager."""
+    if s.runtime not in ("eager", "native", "") or not s.steps:
+        return s.requests or 1
+    return s.request_steps / s.steps
 
 
 def add_deltas(methods: dict, baseline: str = BASELINE, sequences: Optional[dict] = None) -> None:

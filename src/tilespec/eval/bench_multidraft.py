@@ -44,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing", action="store_true", default=None, help="time generation (default: on CUDA)")
     parser.add_argument("--timing-tokens", type=int, default=64)
+    parser.add_argument("--timing-prompts", type=int, default=None,
+                        help="prompts per dataset timed (default all; the timing repeats each per scheme, T and K)")
+    parser.add_argument("--timing-ks", default="2", help="numbers of drafts K timed (SD always with one), e.g. 2,3,4")
+    parser.add_argument("--timing-temps", default=None, help="draft temperatures timed (default --temps)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds for the block-efficiency rounds: no new prompt starts after it (the result "
+                             "is written after every prompt; the same command again resumes from --out)")
+    parser.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", action="store_true")
 
@@ -122,15 +130,17 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
 
 
 def time_generation(target, draft, prompts, args, sampling) -> dict:
-    """Tokens/s of MultiDraftDecoder.generate per scheme and draft temperature (K = 2; SD with one draft)."""
+    """Tokens/s of MultiDraftDecoder.generate per draft temperature, scheme and K (``--timing-ks``; SD with one
+    draft): {"T=t": {"sd": row, "is": row (K = 2), "is/K=3": row, ...}}."""
     import torch
 
     from tilespec.multidraft.decoding import MultiDraftDecoder
 
     out = {}
-    for temp in [float(t) for t in args.temps.split(",")]:
-        for scheme in ("sd", "specinfer", "spectr", "is"):
-            k = 1 if scheme == "sd" else 2
+    ks = [int(k) for k in str(getattr(args, "timing_ks", "2")).split(",") if k.strip()]
+    temps = getattr(args, "timing_temps", None) or args.temps
+    for temp in [float(t) for t in str(temps).split(",")]:
+        for scheme, k in [("sd", 1)] + [(s, k) for k in ks for s in ("specinfer", "spectr", "is")]:
             toks, secs = 0, 0.0
             for i, ids in enumerate(prompts):
                 dec = MultiDraftDecoder(target, draft, [temp] * k, L=args.L, scheme=scheme, sampling=sampling, seed=i)
@@ -142,7 +152,9 @@ def time_generation(target, draft, prompts, args, sampling) -> dict:
                     torch.cuda.synchronize()
                 secs += time.perf_counter() - start
                 toks += len(new)
-            out.setdefault(f"T={temp}", {})[scheme] = {"tokens": toks, "seconds": secs, "tokens_per_s": toks / secs}
+            row = {"tokens": toks, "seconds": secs, "tokens_per_s": toks / secs, "K": k, "prompts": len(prompts)}
+            by_t = out.setdefault(f"T={temp}", {})
+            by_t[scheme if k in (1, 2) else f"{scheme}/K={k}"] = row
         base = out[f"T={temp}"]["sd"]["tokens_per_s"]
         for scheme, r in out[f"T={temp}"].items():
             r["gain_over_sd_pct"] = 100.0 * (r["tokens_per_s"] / base - 1.0)
@@ -185,33 +197,80 @@ def run(args) -> int:
             raise ValueError(f"unknown dataset {dataset!r} (xsum, cnndm)")
         path = args.xsum_path if dataset == "xsum" else args.cnndm_path
         docs_by_ds[dataset] = load_prompts(dataset, path, args.prompts, args.seed)      # fail fast, before loading models
-    target, tok = models.load(args.target, role="target", dtype=torch.float32, device=args.device)
-    draft, _ = models.load(args.draft, role="draft", dtype=torch.float32, device=args.device)
+    dtype = getattr(torch, args.dtype)
+    done = resume_state(rec, args)
+    target, tok = models.load(args.target, role="target", dtype=dtype, device=args.device)
+    draft, _ = models.load(args.draft, role="draft", dtype=dtype, device=args.device)
     target.eval(), draft.eval()
     started = time.perf_counter()
+    seconds_before = rec.pop("seconds_before", 0.0)
     prompts_by_ds = {}
     for dataset, docs in docs_by_ds.items():
         prompts_by_ds[dataset] = [build_prompt(tok, d, args.article_tokens) for d in docs]
-        rec["be"][dataset], rec["table3"][dataset] = {}, {}
+        rec["be"].setdefault(dataset, {})
+        rec["table3"].setdefault(dataset, {})
+    cut = False
     for i in range(args.prompts):                     # interleave datasets so partial results cover both
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s reached at prompt {i} of {args.prompts}; run the same command "
+                  "again to resume", flush=True)
+            cut = True
+            break
         for dataset, prompts in prompts_by_ds.items():
-            if i >= len(prompts):
+            if i >= len(prompts) or i < done.get(dataset, 0):
                 continue
             t0 = time.perf_counter()
             run_prompt(target, draft, prompts[i], args, sampling, configs, group_sampling, rec, dataset, i)
+            rec["prompts_done"][dataset] = i + 1
             print(f"[{dataset} {i + 1}/{len(prompts)}] {time.perf_counter() - t0:.0f}s", flush=True)
-            write_result(rec, args, groups, table2_temp, None, time.perf_counter() - started, final=False)
-    timing = None
-    if args.timing or (args.timing is None and dev_is_cuda(args)):
-        timing = time_generation(target, draft, [p for ps in prompts_by_ds.values() for p in ps], args, sampling)
+            write_result(rec, args, groups, table2_temp, None, seconds_before + time.perf_counter() - started,
+                         final=False)
+    timing = rec.get("timing")
+    if not cut and timing is None and (args.timing or (args.timing is None and dev_is_cuda(args))):
+        n = args.timing_prompts
+        timing = time_generation(target, draft, [p for ps in prompts_by_ds.values() for p in ps[:n]], args,
+                                 sampling)
     del target, draft
     gc.collect()
-    out = write_result(rec, args, groups, table2_temp, timing, time.perf_counter() - started, final=True)
+    out = write_result(rec, args, groups, table2_temp, timing, seconds_before + time.perf_counter() - started,
+                       final=not cut)
     if args.plot:
         from tilespec.multidraft.plots import plot_results
 
         print(f"wrote {plot_results(json.loads(out.read_text()), out.with_suffix('.png'))}")
     return 0
+
+
+RESUME_FREE = ("budget_s", "timing", "timing_prompts", "timing_ks", "timing_temps", "plot", "out", "func", "debug")
+
+
+def resume_state(rec: dict, args) -> dict:
+    """Load the raw rounds of an unfinished earlier run at ``--out`` with the same arguments (all but
+    :data:`RESUME_FREE`) into ``rec``; returns {dataset: prompts done} ({} when starting afresh)."""
+    rec.setdefault("prompts_done", {})
+    path = Path(args.out) if args.out else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    same = all(old.get("args", {}).get(k) == v for k, v in vars(args).items() if k not in RESUME_FREE)
+    if not same or "prompts_done" not in old.get("sample_sizes", {}):
+        print(f"{path}: other arguments or an older format; starting afresh", flush=True)
+        return {}
+    if old.get("complete") and old.get("timing") is not None:
+        print(f"{path}: already complete", flush=True)
+    rec["be"] = old["raw"]["block_efficiency_per_round"]
+    rec["table3"] = old["raw"]["token_acceptance_per_position"]
+    rec["rounds"] = old["sample_sizes"]["rounds"]
+    rec["positions"] = old["sample_sizes"]["trajectory_positions"]
+    rec["prompts_done"] = dict(old["sample_sizes"]["prompts_done"])
+    rec["seconds_before"] = float(old.get("seconds") or 0.0)
+    if old.get("complete"):
+        rec["timing"] = old.get("timing")
+    print(f"{path}: resuming after {rec['prompts_done']} prompts", flush=True)
+    return dict(rec["prompts_done"])
 
 
 def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -> Path:
@@ -233,7 +292,8 @@ def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -
               "setting": {"target_sampling": "T=1.0, top-p 0.95", "draft_sampling": "T_d, top-p 0.95", "L": args.L,
                           "groups": {str(k): v for k, v in groups.items()}, "table2_temp": table2_temp,
                           "table3": "IS = truncated LP s=5 + alphabet m=40, K i.i.d. drafts at each T_d"},
-              "sample_sizes": {"prompts_per_dataset": args.prompts, "rounds": rec["rounds"],
+              "sample_sizes": {"prompts_per_dataset": args.prompts, "prompts_done": rec.get("prompts_done", {}),
+                               "rounds": rec["rounds"],
                                "trajectory_positions": rec["positions"], "reps_per_round": args.reps},
               "summary": summary, "timing": timing, "seconds": seconds,
               "raw": {"block_efficiency_per_round": rec["be"], "token_acceptance_per_position": rec["table3"]}}

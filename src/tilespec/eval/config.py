@@ -55,6 +55,8 @@ class EvalConfig:
     compile: str = "auto"
     time_budget: Optional[float] = None
     main_share: float = 0.6
+    summary_every_s: float = 60.0   # intermediate summaries (metric of every text) at most this often
+    batch_size: int = 1      # main comparison only; > 1 is not the paper's batch-1 protocol (harness docstring)
 
     COMPILE_MODES = ("auto", "eager", "graphs", "compiled-graphs", "native", "native-graphs")
 
@@ -68,7 +70,7 @@ class EvalConfig:
             raise ValueError("at least one method is needed")
         if self.task not in SIGMOID_SCALE:
             raise ValueError(f"unknown task {self.task!r}; choose summarization or asr")
-        for name in ("max_new_tokens", "gamma", "max_gamma", "sweep_limit", "sweep_max_new_tokens"):
+        for name in ("max_new_tokens", "gamma", "max_gamma", "sweep_limit", "sweep_max_new_tokens", "batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -2,232 +2,36 @@
 
 Protocol (the seed paper's, §4.1): batch size 1, the transformers γ heuristic (start 5, +2 when a whole draft is
 accepted, else -1), seeds ``seed + i`` for example i under every method, and an uncounted warm-up per method (see
-:func:`warm_up`) that visits every draft length K the schedule can reach, so that no Triton compilation, CUDA-graph
+:mod:`.warmup`) that visits every draft length K the schedule can reach, so that no Triton compilation, CUDA-graph
 capture or other first-call cost lands inside a timed region. Per method we keep the texts, the accuracy metric,
 the time inside ``verify()`` (CUDA events on GPU, perf_counter on CPU; the engine's RunStats), the wall clock of
-the whole decoding loop, acceptance, peak memory and the bytes the verification must read; Δ% columns compare each method with the ``hf`` baseline.
-Settings live in :mod:`.config`, the aggregation of a run in :mod:`.aggregate`.
+the whole decoding loop, acceptance, peak memory and the bytes the verification must read; Δ% columns compare each
+method with the ``hf`` baseline. Settings live in :mod:`.config`, the aggregation of a run in :mod:`.aggregate`.
+
+Batched mode (``cfg.batch_size`` = N > 1, :func:`run_main` only; not the paper's protocol): consecutive chunks of
+N examples are decoded together through the engine's ragged batch, example i still with seed ``seed + i``, so the
+exact methods' T = 1 draws stay keyed per example (the same law as at batch 1; ``hf`` draws the batch from one
+generator, so its T = 1 tokens depend on the batch, its law does not). At T = 0 the outputs equal batch 1's up to
+float ties (left padding changes the reduction shapes). The γ heuristic is then shared by the N rows of a chunk
+(+2 only when every row accepted its whole draft), and the times are per batched step: Δ% profiling compares
+methods at the same N, but timings at N > 1 are not the paper's batch-1 numbers.
+
+Resumable runs: :func:`run_main` keeps raw per-chunk records (:mod:`.chunks`) and calls ``on_chunk`` after every
+chunk; given the records of an earlier, cut-off invocation (``resume``) it decodes only the examples a method has
+not done yet and appends.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Optional
-
-import torch
+from typing import Callable, Optional
 
 from .aggregate import add_deltas, summarize
+from .chunks import chunk_record, common_examples, restore_run
 from .config import EvalConfig, engine_compile, method_options
-
-
-def reachable_ks(gamma: int, schedule: str, max_gamma: int, temperature: float) -> list[int]:
-    """Every draft length K that ``verify()`` can see in a generation: the engine drafts
-    ``min(schedule γ, remaining - 1)``, so K runs over 0..γ_max (γ_max = γ for a constant schedule, else
-    max(max_gamma, γ)). K = 0 (the last token of a generation, no draft) reaches ``verify()`` only when sampling."""
-    top = gamma if schedule == "constant" else max(max_gamma, gamma)
-    lo = 0 if temperature > 0 else 1
-    return list(range(lo, top + 1))
-
-
-def draft_kinds(k: int, temperature: float) -> tuple:
-    """The draft kinds the engine passes to ``verify()`` at draft length ``k``: draft logits when sampling with a
-    draft, none (one-hot drafts) when greedy or when nothing was drafted."""
-    return ("logits",) if k > 0 and temperature > 0 else ("none",)
-
-
-@dataclass
-class VerifyCall:
-    """What the engine passed to ``verify()`` in a real step: dtypes, vocabulary, device, graph replay or not."""
-
-    logits_dtype: torch.dtype
-    draft_dtype: Optional[torch.dtype]
-    vocab: int
-    device: torch.device
-    graphs: bool
-    seeds: torch.Tensor
-    offsets: torch.Tensor
-    options: tuple = ()
-
-
-_RECORDERS: list = []   # lists collecting VerifyCall records while record_verify_calls is open
-
-
-def harness_verify(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs, **kwargs):
-    """The ``verify_fn`` of the harness' decoders: ``engine.step.run_verify``, recorded while
-    :func:`record_verify_calls` is open."""
-    from tilespec.engine import step
-
-    for calls in _RECORDERS:
-        calls.append(VerifyCall(target_logits.dtype, draft_logits.dtype if draft_logits is not None else None,
-                                int(target_logits.shape[-1]), target_logits.device, bool(graphs),
-                                seeds.detach().clone(), offsets.detach().clone(), tuple(kwargs.get("options", ()))))
-    return step.run_verify(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets, graphs,
-                           **kwargs)
-
-
-@contextlib.contextmanager
-def record_verify_calls(calls: list):
-    """Record every verify call (as :class:`VerifyCall`) of decoders built by :func:`make_decoder` while open."""
-    _RECORDERS.append(calls)
-    try:
-        yield calls
-    finally:
-        _RECORDERS.remove(calls)
-
-
-def warm_verify(method: str, sampling, ks, call: VerifyCall, temperature: float) -> list[tuple]:
-    """Run ``verify()`` through the engine's own entry point (``engine.step.run_verify``, same graph/eager path,
-    same dtypes) for every K in ``ks`` and every draft kind the engine uses there; returns the (K, kind) visited.
-
-    Compiles every Triton variant and captures every CUDA graph the timed run can need (the verify kernels'
-    variants differ by draft kind and by K = 0 vs K > 0, and each K is its own graph)."""
-    from tilespec.engine.step import run_verify
-
-    gen = torch.Generator(device="cpu").manual_seed(1234)
-    visited = []
-    batch = int(call.seeds.shape[0])
-    with torch.inference_mode():   # as in the engine: graph input buffers captured there are inference tensors
-        _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, batch, visited)
-    if call.device.type == "cuda":
-        torch.cuda.synchronize(call.device)
-    return visited
-
-
-def _warm_verify_loop(run_verify, method, sampling, ks, call, temperature, gen, batch, visited) -> None:
-    for k in ks:
-        for kind in draft_kinds(k, temperature):
-            tl = torch.randn(batch, k + 1, call.vocab, generator=gen).to(call.device, call.logits_dtype)
-            dt = torch.randint(0, call.vocab, (batch, k), generator=gen).to(call.device)
-            dl = None
-            if kind == "logits":
-                dl = torch.randn(batch, k, call.vocab, generator=gen).to(call.device, call.draft_dtype or
-                                                                       call.logits_dtype)
-            run_verify(tl, dt, dl, sampling, method, call.seeds, call.offsets, graphs=call.graphs,
-                       options=call.options)
-            visited.append((k, kind))
-
-
-class _ForcedSchedule:
-    """A γ schedule that first returns the given values in order, then behaves like the wrapped one."""
-
-    def __init__(self, inner, forced):
-        self.inner, self.forced = inner, list(forced)
-
-    def next(self) -> int:
-        return self.forced.pop(0) if self.forced else self.inner.next()
-
-    def update(self, *args, **kwargs) -> None:
-        self.inner.update(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-_FORCED: list = []   # the γ sequences forced_gammas is forcing (innermost last)
-
-
-def harness_schedule(*args, **kwargs):
-    """The ``schedule`` factory of the harness' decoders: :class:`GammaSchedule`, with the γ values of the
-    innermost open :func:`forced_gammas` first."""
-    from tilespec.engine import GammaSchedule
-
-    inner = GammaSchedule(*args, **kwargs)
-    return _ForcedSchedule(inner, _FORCED[-1]) if _FORCED else inner
-
-
-@contextlib.contextmanager
-def forced_gammas(values):
-    """Make decoders built by :func:`make_decoder` draft ``values`` (in order) on the first steps of every
-    generation started inside the context."""
-    _FORCED.append(list(values))
-    try:
-        yield
-    finally:
-        _FORCED.pop()
-
-
-_WARM_MODEL_KS: dict = {}   # (target, draft, capacity bucket, limit, compile) -> draft lengths already warmed
-
-
-def _capacity_bucket(width: int, limit: int, gamma_max: int) -> int:
-    """The engine's compiled KV capacity for a batch-1 prompt of ``width`` tokens (decoder.stream: width +
-    max_new_tokens + gamma_max + 2, rounded up to 256); only used to warm each graph bucket once."""
-    return -(-(width + limit + gamma_max + 2) // 256) * 256
-
-
-def plan_forced(ks, limit: int) -> list[list[int]]:
-    """Split the draft lengths ``ks`` (> 0) into forced-γ sequences that each fit one generation of ``limit`` new
-    tokens: a step drafting k consumes at most k + 1 tokens and the engine drafts min(γ, remaining - 1)."""
-    todo = sorted((k for k in set(ks) if 0 < k <= limit - 1), reverse=True)
-    plans = []
-    while todo:
-        chunk, budget = [], limit
-        for k in list(todo):
-            if k + 1 <= budget:
-                chunk.append(k)
-                budget -= k + 1
-                todo.remove(k)
-        plans.append(chunk)
-    return plans
-
-
-def warm_models(dec, prepared: list, ks, limit: int, gamma_max: int, seed: int) -> int:
-    """CUDA-graph mode, decoder-only models: for each KV-capacity bucket of the inputs, generations with a forced γ
-    sequence that drafts every K in ``ks`` once, so each (q, capacity) model-forward graph is captured before
-    timing. Runners (and their graphs) are shared process-wide, so each (bucket, K) is warmed once per process.
-    Returns the number of warm-up generations run."""
-    from tilespec.engine.runner import is_encoder_decoder
-
-    from tilespec.engine.native.runner import native_reason
-
-    if not dec.compile or (is_encoder_decoder(dec.target) and native_reason(dec.target) is not None):
-        return 0   # eager forwards need no capture; transformers' encoder-decoder runners are rebuilt per generation
-    runs = 0
-    for p in prepared:
-        bucket = _capacity_bucket(len(p.ids), limit, gamma_max)
-        key = (id(dec.target), id(dec.draft), bucket, limit, str(dec.compile))
-        done = _WARM_MODEL_KS.setdefault(key, set())
-        for chunk in plan_forced([k for k in ks if k not in done], limit):
-            with forced_gammas(chunk):
-                stream = dec.stream(input_ids=[p.ids], max_new_tokens=limit, seed=seed, input_features=p.features)
-                for k in chunk:
-                    if next(stream, None) is None:
-                        break
-                    done.add(k)
-                stream.close()
-            runs += 1
-    return runs
-
-
-def warm_up(dec, prepared: list, method: str, cfg: EvalConfig, *, gamma: int, schedule: str, limit: int,
-            exhaustive: Optional[bool] = None) -> dict:
-    """The uncounted warm-up of one method before its timed generations:
-
-    1. one short real generation (lazy initialisations, and it records how the engine calls ``verify()``);
-    2. ``verify()`` for every K in :func:`reachable_ks` and every draft kind of :func:`draft_kinds` through the
-       engine's own ``run_verify`` (Triton compilations, CUDA-graph captures);
-    3. with CUDA-graph model forwards, every (q, capacity) forward graph (:func:`warm_models`).
-    Steps 2-3 run on CUDA only by default (``exhaustive=None``): on CPU nothing is compiled or captured, and
-    Triton's interpreter would spend minutes on them. Returns what was warmed (recorded in the results)."""
-    if not prepared:
-        return {}
-    if exhaustive is None:
-        exhaustive = next(dec.target.parameters()).device.type == "cuda"
-    p = prepared[0]
-    calls: list = []
-    with record_verify_calls(calls):
-        dec.generate(input_ids=[p.ids], max_new_tokens=min(8, limit), seed=cfg.seed, input_features=p.features)
-    ks = reachable_ks(gamma, schedule, max(cfg.max_gamma, gamma), cfg.temperature)
-    info = dict(ks=ks, verify_calls=0, model_generations=0, exhaustive=bool(exhaustive))
-    if not exhaustive:
-        return info
-    if calls and dec.draft is not None:
-        info["verify_calls"] = len(warm_verify(method, dec.sampling, ks, calls[0], cfg.temperature))
-    if dec.draft is not None:
-        gmax = gamma if schedule == "constant" else max(cfg.max_gamma, gamma)
-        info["model_generations"] = warm_models(dec, prepared, ks, limit, gmax, cfg.seed)
-    return info
+from .warmup import (VerifyCall, batch_inputs, capacity_bucket, draft_kinds, forced_gammas,  # noqa: F401 (re-exports)
+                     harness_schedule, harness_verify, plan_forced, reachable_ks, record_verify_calls, shape_groups,
+                     warm_models, warm_target_shapes, warm_up, warm_verify)
 
 
 @dataclass
@@ -280,39 +84,82 @@ def _generate_into(run: MethodRun, dec, task, p, seed: int, limit: int) -> None:
 
 
 def run_main(target, draft, task, examples: list, cfg: EvalConfig, log=print,
-             deadline: Optional[float] = None) -> dict:
+             deadline: Optional[float] = None, raw: Optional[dict] = None,
+             on_chunk: Optional[Callable] = None) -> dict:
     """The main comparison (paper Tables 1, 5, 6): every method on every example with the heuristic γ.
 
-    Every method is warmed up first; then the examples are decoded example-major (example i with every method,
-    then example i + 1), so that a ``deadline`` (time.time() value) cuts all methods at the same example count:
-    after the deadline no new example is started (at least one is always done). Each row's ``examples`` says how
-    many were decoded."""
+    Every method is warmed up first (at the chunk shapes it will decode); then the examples are decoded chunk-major
+    (chunk c of ``cfg.batch_size`` consecutive examples with every method, then chunk c + 1), so that a ``deadline``
+    (time.time() value) cuts all methods at the same example count: after the deadline no new chunk is started (at
+    least one is always done). ``raw`` = {method: [chunk records]} (in/out): the records of earlier invocations of
+    the same run, appended to in place; examples already done by a method are skipped for it. ``on_chunk(raw, rows_fn)`` is called after every chunk
+    with the raw records {method: [chunk records]} so far and a function computing the summary rows from them.
+    Returns the rows {method: summary} over the examples every method has done (each row's ``examples``)."""
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     prepared = [task.prepare(e, device, dtype) for e in examples]
-    decs = {m: make_decoder(target, draft, m, cfg) for m in cfg.methods}
-    runs = {m: MethodRun(method=m) for m in cfg.methods}
+    bs = cfg.batch_size
+    raw = raw if raw is not None else {}
     for m in cfg.methods:
-        if cfg.warmup and prepared:
-            runs[m].warmup = warm_up(decs[m], prepared, m, cfg, gamma=cfg.gamma, schedule=cfg.schedule,
-                                     limit=cfg.max_new_tokens)
-    log(f"  [{time.strftime('%H:%M:%S')}] warm-up done ({', '.join(cfg.methods)})")
-    for i, p in enumerate(prepared):
-        if i > 0 and deadline is not None and time.time() > deadline:
-            log(f"  time budget reached: main comparison on {i} of {len(prepared)} examples")
+        raw.setdefault(m, [])
+    done = {m: {i for c in raw[m] for i in c["idx"]} for m in cfg.methods}
+    todo = [i for i in range(len(examples)) if any(i not in done[m] for m in cfg.methods)]
+    chunks = [todo[j:j + bs] for j in range(0, len(todo), bs)]
+    warm = {}
+    if todo:
+        decs = {m: make_decoder(target, draft, m, cfg) for m in cfg.methods}
+        for m in cfg.methods:
+            if cfg.warmup:
+                warm[m] = warm_up(decs[m], [prepared[i] for i in todo], m, cfg, gamma=cfg.gamma,
+                                  schedule=cfg.schedule, limit=cfg.max_new_tokens, batch_size=bs)
+        log(f"  [{time.strftime('%H:%M:%S')}] warm-up done ({', '.join(cfg.methods)}); {len(todo)} of "
+            f"{len(examples)} examples to decode in {len(chunks)} chunk(s) of <= {bs}")
+
+    def rows_fn(final: bool = False) -> dict:
+        return summarize_chunks(raw, target, task, examples, cfg.methods, warm, log if final else None)
+
+    for c, chunk in enumerate(chunks):
+        if c > 0 and deadline is not None and time.time() > deadline:
+            log(f"  time budget reached: {len(chunks) - c} chunk(s) left; run the same command again to resume")
             break
         for m in cfg.methods:
-            _generate_into(runs[m], decs[m], task, p, cfg.seed + i, cfg.max_new_tokens)
-        if (i + 1) % 5 == 0 or i + 1 == len(prepared):
-            log(f"  [{time.strftime('%H:%M:%S')}] {i + 1}/{len(prepared)} examples")
-    n = len(runs[cfg.methods[0]].stats)
+            sub = [i for i in chunk if i not in done[m]]
+            if sub:
+                raw[m].append(decode_chunk(decs[m], task, [prepared[i] for i in sub], sub,
+                                           [cfg.seed + i for i in sub], cfg.max_new_tokens))
+                done[m].update(sub)
+        log(f"  [{time.strftime('%H:%M:%S')}] chunk {c + 1}/{len(chunks)}: "
+            f"{min(len(d) for d in done.values())}/{len(examples)} examples")
+        if on_chunk is not None:
+            on_chunk(raw, rows_fn)
+    return rows_fn(final=True)
+
+
+def decode_chunk(dec, task, chunk: list, idx: list, seeds: list, limit: int) -> dict:
+    """Decode the Prepared inputs ``chunk`` (examples ``idx``) as one batch with per-request ``seeds``; returns
+    its chunk record (:func:`.chunks.chunk_record`)."""
+    ids, feats = batch_inputs(chunk)
+    out = dec.generate(input_ids=ids, max_new_tokens=limit, seed=list(seeds), input_features=feats)
+    return chunk_record(idx, seeds, out.sequences, [task.decode(s) for s in out.sequences], out.stats)
+
+
+def summarize_chunks(raw: dict, target, task, examples: list, methods, warm: Optional[dict] = None,
+                     log=None) -> dict:
+    """Summary rows {method: row} over the examples every method has done (in example order), Δ% vs hf added;
+    timing aggregates pool the chunks made only of those examples (``timed_examples`` says how many)."""
+    common = common_examples(raw, methods)
     rows, seqs = {}, {}
-    for m in cfg.methods:
-        rows[m] = summarize(runs[m], target, task=task, examples=examples[:n])
-        rows[m]["warmup"] = runs[m].warmup
-        seqs[m] = runs[m].sequences
+    if not common:
+        return rows
+    for m in methods:
+        run, timed = restore_run(m, raw[m], common)
+        rows[m] = summarize(run, target, task=task, examples=[examples[i] for i in common])
+        rows[m].update(timed_examples=timed, warmup=(warm or {}).get(m, {}))
+        seqs[m] = run.sequences
         r = rows[m]
-        log(f"  {m:8s} {task.metric}={r[task.metric]:.4f} verify={r['verify_time_s']:.3f}s "
-            f"({r['verify_step_ms']:.3f} ms/step) wall={r['wall_time_s']:.2f}s alpha={r['alpha']:.3f}")
+        if log is not None:
+            log(f"  {m:8s} {task.metric}={r[task.metric]:.4f} verify={r['verify_time_s']:.3f}s "
+                f"({r['verify_step_ms']:.3f} ms/step) wall={r['wall_time_s']:.2f}s alpha={r['alpha']:.3f} "
+                f"{r['tokens_per_s']:.0f} tok/s")
     add_deltas(rows, sequences=seqs)
     return rows

@@ -69,7 +69,7 @@ def delta_pct(baseline: float, value: float) -> float:
     return 100.0 * (baseline - value) / baseline
 
 
-def verify_bytes(gammas: Sequence[int], vocab: int, itemsize: int, batch: int = 1) -> int:
+def verify_bytes(gammas: Sequence[int], vocab: int, itemsize: int, batch: float = 1) -> int:
     """Bytes a verify kernel must read over the steps ``gammas``: (γ+1 target + γ draft) logit rows per request."""
     return int(sum((2 * g + 1) * vocab * itemsize * batch for g in gammas if g > 0))
 
