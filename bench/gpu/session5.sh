@@ -48,7 +48,7 @@ job_a() {
   step filter-thresholds 150 python3 bench/scripts/filter_thresholds.py --json $RES/filter-thresholds.json
   step engine-profile 240 python3 bench/scripts/engine_profile.py --json $RES/engine-profile.json
   if command -v ncu > /dev/null; then
-    for b in 1 64; do
+    for b in 64; do
       step ncu-fused-B$b 120 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --csv \
         python3 bench/scripts/ncu_fused.py --batch $b --no-timing
@@ -82,12 +82,12 @@ job_b() {
   ts "job B starts"
   E2E_RES=$RES/e2e E2E_TOTAL_S=330 E2E_BUDGET_S=280 E2E_MAX_S=${E2E_MAX_S:-12} E2E_ARGS="--ignore-eos" \
     step e2e-runtime-t0 400 bash bench/gpu/e2e_fast.sh runtime-t0
-  step e2e-whisper 240 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
-    --temperature 0 --systems ar,hf-static,tilespec,hf --gamma 3 --gamma-schedule constant,optimal \
-    --dtype float16 --device cuda --compile auto --methods fused --max-seconds 15 --budget-s 180 \
+  step e2e-whisper 200 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
+    --temperature 0 --systems ar,hf-static,tilespec,hf --gamma 3 --gamma-schedule optimal \
+    --dtype float16 --device cuda --compile auto --methods fused --max-seconds 10 --budget-s 130 \
     --json $RES/e2e/e2e-whisper.json
   if [ -f bench/gpu/eval_scale.sh ]; then
-    EVAL_RES=$RES/eval-scale step eval-scale 900 bash bench/gpu/eval_scale.sh
+    EVAL_RES=$RES/eval-scale EVAL_TOTAL_S=${EVAL_TOTAL_S:-480} step eval-scale 600 bash bench/gpu/eval_scale.sh
   fi
   E2E_RES=$RES/e2e E2E_TOTAL_S=200 E2E_BUDGET_S=150 E2E_MAX_S=10 \
     E2E_ARGS="--ignore-eos --batch 1 --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \
