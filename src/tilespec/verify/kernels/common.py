@@ -1,5 +1,11 @@
 """Device helpers shared by the verification kernels (Triton ``@jit`` functions, inlined into callers).
 
+Both kernel layouts call the same helpers and differ only in indexing. In the per-request layout a request's
+values are scalars and a block of vocabulary ids / chunks / draft positions is 1-D ([N]); in the batched layout
+(BB requests per program) a request's values are [BB] vectors or [BB, 1] columns (each helper says which) and
+blocks are [BB, N]. Helpers reduce along the LAST axis, so they return one value per request in either layout.
+With the same arithmetic, both layouts emit the same tokens (tests/test_kernels.py checks it bit for bit).
+
 Random numbers follow :mod:`tilespec.verify.rng` exactly: the first word of Philox-4x32-10 keyed by the 64-bit
 request seed with counter (token, position mod 2^32, purpose, 0), mapped to ((x >> 9) + 0.5) / 2^23.
 """
@@ -15,6 +21,7 @@ from .. import rng
 PURPOSE_ACCEPT = tl.constexpr(rng.PURPOSE_ACCEPT)
 PURPOSE_SAMPLE = tl.constexpr(rng.PURPOSE_SAMPLE)
 PHILOX_ROUNDS = tl.constexpr(rng.PHILOX_ROUNDS)
+BIG = tl.constexpr(2147483647)
 
 # Draft kinds (constexpr switch): no draft distribution (one-hot at the drafted token), logits, probabilities.
 DRAFT_NONE = tl.constexpr(0)
@@ -28,7 +35,8 @@ MODE_PROBS = tl.constexpr(2)
 
 @triton.jit
 def keyed_uniform(seed, position, purpose: tl.constexpr, token):
-    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 scalar/tensor ``position``."""
+    """Uniform (0, 1) float32 for int32 tensor ``token`` at int64 ``position`` with int64 ``seed`` (scalars or
+    tensors that broadcast to ``token``'s shape)."""
     c0 = token.to(tl.uint32, bitcast=True)
     pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
     c1 = tl.zeros_like(c0) + pos32
@@ -38,6 +46,24 @@ def keyed_uniform(seed, position, purpose: tl.constexpr, token):
     return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
+@triton.jit
+def scaled(ptr, mask, scale, thr, HAS_THR: tl.constexpr):
+    """Logits at ``ptr`` upcast to fp32 and divided by the temperature; -inf where ~mask and (with filters) below
+    the row's keep threshold ``thr``."""
+    z = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / scale
+    if HAS_THR:
+        z = tl.where(z >= thr, z, float("-inf"))
+    return tl.where(mask, z, float("-inf"))
+
+
+@triton.jit
+def threshold(thr_ptr, slot, mask, HAS_THR: tl.constexpr):
+    """Keep thresholds thr_ptr[slot] where ``mask`` holds (fp32, the shape of ``slot``; 0 elsewhere, and
+    everywhere without filters: then thr_ptr is never read)."""
+    thr = tl.zeros_like(slot).to(tl.float32)
+    if HAS_THR:
+        thr = tl.load(thr_ptr + slot, mask=mask, other=0.0)
+    return thr
 
 
 @triton.jit
@@ -50,50 +76,89 @@ def log_sigmoid_hat(z, alpha, beta):
 
 
 @triton.jit
-def chunk_lse(mm, ss, AXIS: tl.constexpr):
-    """(max, log-sum-exp) along AXIS of a row from its pass-1 chunk statistics: maxima ``mm`` and sums
-    ``ss`` = sum exp(z - mm) (fully masked chunks: -inf / 0; a fully masked row gives (-inf, -inf))."""
-    big_m = tl.max(mm, axis=AXIS)
-    safe = tl.where(big_m == float("-inf"), 0.0, big_m)
-    total = tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - tl.expand_dims(safe, AXIS))), axis=AXIS)
-    return big_m, safe + tl.log(total)
+def first_index(x, value, idx):
+    """The smallest ``idx`` along the last axis where ``x`` equals ``value`` (one per row; BIG if none)."""
+    return tl.min(tl.where(x == tl.expand_dims(value, -1), idx, BIG), axis=-1)
 
 
 @triton.jit
-def cdf_pick(w, idx, target, start, AXIS: tl.constexpr = 0):
-    """Inverse-CDF step along AXIS: the first ``idx`` whose running sum of weights ``w`` (>= 0, fp32) exceeds
-    ``target``; if rounding leaves none, the last ``idx`` with w > 0; never below ``start`` (rows without weight).
-    ``target`` / ``start`` are scalars (1-D blocks) or one value per row (2-D blocks, AXIS = 1)."""
-    cum = tl.cumsum(w, axis=AXIS)
-    first = tl.min(tl.where(cum > tl.expand_dims(target, AXIS), idx, 2147483647), axis=AXIS)
-    last = tl.max(tl.where(w > 0.0, idx, -1), axis=AXIS)
+def online_max_sumexp(m, s, z):
+    """One step of the running (max m, sum s of exp(z - m)) over the last axis of ``z`` (fp32, -inf = masked),
+    from (m, s) so far (start: -inf, 0). Returns (new m, new s, max of this z)."""
+    m_z = tl.max(z, axis=-1)
+    m_new = tl.maximum(m, m_z)
+    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s = s * tl.exp(m - safe) + tl.sum(tl.exp(z - tl.expand_dims(safe, -1)), axis=-1)
+    return m_new, s, m_z
+
+
+@triton.jit
+def row_lse(m_ptr, s_ptr, slot0, cols, mask):
+    """(max, log-sum-exp, chunk maxima) of rows from their pass-1 chunk statistics: maxima m and sums
+    s = sum exp(z - m) at m_ptr / s_ptr [slot0 + cols] (``slot0`` one per row, ``mask`` of the block's shape).
+    Fully masked chunks hold -inf / 0; a fully masked row gives (-inf, -inf)."""
+    slots = tl.expand_dims(slot0, -1) + cols
+    mm = tl.load(m_ptr + slots, mask=mask, other=float("-inf"))
+    ss = tl.load(s_ptr + slots, mask=mask, other=0.0)
+    big_m = tl.max(mm, axis=-1)
+    safe = tl.where(big_m == float("-inf"), 0.0, big_m)
+    total = tl.sum(tl.where(mm == float("-inf"), 0.0, ss * tl.exp(mm - tl.expand_dims(safe, -1))), axis=-1)
+    return big_m, safe + tl.log(total), mm
+
+
+@triton.jit
+def stats_argmax(a_ptr, slot0, mm, big_m, cols, mask):
+    """The rows' first argmax from pass 1: the argmax stored for the first chunk whose maximum is the row's
+    (``mm`` / ``big_m`` from :func:`row_lse`); -1 where ~mask."""
+    return tl.load(a_ptr + slot0 + first_index(mm, big_m, cols), mask=mask, other=-1)
+
+
+@triton.jit
+def tau_at(p, q, x, idx, lenience):
+    """``tiled``'s tau = min(1, p(x) / (l q(x))) for a tile of rows p, q with ids ``idx`` that holds the drafted
+    token x of each row (-1, i.e. reject, where q(x) = 0). ``x`` / ``lenience``: one per row."""
+    hit = idx == tl.expand_dims(x, -1)
+    p_x = tl.sum(tl.where(hit, p, 0.0), axis=-1)
+    q_x = tl.sum(tl.where(hit, q, 0.0), axis=-1)
+    return tl.where(q_x > 0.0, tl.minimum(1.0, p_x / (lenience * q_x)), -1.0)
+
+
+@triton.jit
+def cdf_pick(w, idx, target, start):
+    """Inverse-CDF step along the last axis: the first ``idx`` whose running sum of weights ``w`` (>= 0, fp32)
+    exceeds ``target``; if rounding leaves none, the last ``idx`` with w > 0; never below ``start`` (rows without
+    weight). ``target`` / ``start``: one per row."""
+    cum = tl.cumsum(w, axis=-1)
+    first = tl.min(tl.where(cum > tl.expand_dims(target, -1), idx, BIG), axis=-1)
+    last = tl.max(tl.where(w > 0.0, idx, -1), axis=-1)
     return tl.maximum(tl.minimum(first, last), start)
 
 
 @triton.jit
-def cdf_tile(mass, tiles, u, AXIS: tl.constexpr = 0):
-    """First level of the inverse-CDF draw over per-tile masses ``mass`` (tile index ``tiles``, 0-based):
+def cdf_tile(mass, tiles, u):
+    """First level of the inverse-CDF draw over per-tile masses ``mass`` (tile index ``tiles``, 0-based, last axis):
     target = u * total (total = the running sum's last value), the tile holding it, and the part of the target
     left for that tile (target minus the running sum before it; fp32, the order of :func:`rng.inverse_cdf`)."""
-    cum = tl.cumsum(mass, axis=AXIS)
-    total = tl.max(cum, axis=AXIS)
+    cum = tl.cumsum(mass, axis=-1)
+    total = tl.max(cum, axis=-1)
     target = u * total
-    tile = cdf_pick(mass, tiles, target, 0, AXIS)
-    before = tl.sum(tl.where(tiles == tl.expand_dims(tile - 1, AXIS), cum, 0.0), axis=AXIS)
+    tile = cdf_pick(mass, tiles, target, 0)
+    before = tl.sum(tl.where(tiles == tl.expand_dims(tile - 1, -1), cum, 0.0), axis=-1)
     return tile, target - before
 
 
-# ---- the same functions for blocks of several requests (``batched`` kernels): one row per request ----
-
 @triton.jit
-def keyed_uniform_rows(seed, position, purpose: tl.constexpr, token):
-    """:func:`keyed_uniform` for a [R, N] block: ``token`` [R, N] int32, ``seed`` / ``position`` [R, 1] int64
-    (one request per row). Bit-identical to keyed_uniform element by element."""
-    c0 = token.to(tl.uint32, bitcast=True)
-    pos32 = (position & 0xFFFFFFFF).to(tl.uint32)
-    c1 = tl.broadcast_to(pos32, c0.shape)
-    c2 = tl.full(c0.shape, purpose, tl.uint32)
-    c3 = tl.zeros_like(c0)
-    x, _, _, _ = tl.philox(seed, c0, c1, c2, c3, PHILOX_ROUNDS)
-    return ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-
+def write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, req, live, n, token, K, WB: tl.constexpr):
+    """Outputs of requests ``req`` where ``live`` (one value each: scalars or [BB]): n accepted drafts, then
+    ``token``, then -1 in out [B, K+1]; accepted [B, K] = (j < n); nacc = n, nemit = n + 1."""
+    nn = tl.expand_dims(n, -1)
+    row = tl.expand_dims(req, -1)
+    ok = tl.expand_dims(live.to(tl.int32), -1) != 0   # (the interpreter expands a scalar bool to int32)
+    for j0 in range(0, K + 1, WB):
+        j = j0 + tl.arange(0, WB)
+        d = tl.load(tok_ptr + row * K + j, mask=ok & (j < nn) & (j < K), other=0)
+        val = tl.where(j < nn, d, tl.where(j == nn, tl.expand_dims(token, -1), -1))
+        tl.store(out_ptr + row * (K + 1) + j, val.to(tl.int64), mask=ok & (j < K + 1))
+        tl.store(accd_ptr + row * K + j, j < nn, mask=ok & (j < K))
+    tl.store(nacc_ptr + req, n.to(tl.int64), mask=live)
+    tl.store(nemit_ptr + req, n.to(tl.int64) + 1, mask=live)

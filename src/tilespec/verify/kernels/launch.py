@@ -35,10 +35,9 @@ import triton
 from ..distributions import draft_log_probs, filtered_logits, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
-from .batched import accept_sample_rows_kernel, row_stats_rows_kernel, tiled_partials_rows_kernel
-from .sample import accept_sample_kernel
-from .stats import row_stats_kernel
-from .tiled import tiled_partials_kernel
+from .sample import accept_sample_kernel, accept_sample_rows_kernel
+from .stats import row_stats_kernel, row_stats_rows_kernel
+from .tiled import tiled_partials_kernel, tiled_partials_rows_kernel
 
 DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, common.DRAFT_LOGITS,
                                                           common.DRAFT_PROBS))
@@ -167,12 +166,12 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.nc2 = triton.cdiv(tiles_total, p.tiles)
     p.grid2 = (p.nc2, triton.cdiv(batch, bb2), 1)
     p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
-                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)), RB=RB, num_warps=NUM_WARPS2)
+                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)),
+                    NT2_BLOCK=triton.next_power_of_2(p.nc2 * p.tiles), RB=RB, num_warps=NUM_WARPS2)
     if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
         p.const2.update(BLOCK_B=bb2, WB=8)
         p.tsum = p.counters = None
     else:
-        p.const2.update(NT2_BLOCK=triton.next_power_of_2(p.nc2 * p.tiles))
         p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)     # per tile: (residual mass, p mass)
         p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     return p
@@ -298,22 +297,17 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
     sizes = (k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles)
     key = _direct_key(plan, device, user, strides)
-    if plan.rows2:   # unused buffers are None: compile-time constants, no launch arguments
-        _launcher(accept_sample_rows_kernel)(
-            plan, plan.grid2, (*user, thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau, plan.bpart, out, nacc, nemit,
-                               accepted, batch, *sizes, *strides, alpha, beta), plan.const2, key)
-    else:            # the per-request kernel, called exactly as it always was (dummies for unused buffers)
-        dummy = sampling.temperature
-        _launcher(accept_sample_kernel)(
-            plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), _or(plan.m, dummy), _or(plan.s, dummy),
-                               _or(plan.a, dummy), _or(plan.tau, dummy), _or(plan.bpart, dummy), plan.tsum,
-                               plan.counters, out, nacc, nemit, accepted, *sizes, *strides, alpha, beta),
-            plan.const2, key)
+    dummy = sampling.temperature   # for buffers this variant never reads
+    kernel = accept_sample_rows_kernel if plan.rows2 else accept_sample_kernel
+    _launcher(kernel)(
+        plan, plan.grid2, (*user, *(_or(t, dummy) for t in (thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau,
+                                                              plan.bpart, plan.tsum, plan.counters)),
+                           out, nacc, nemit, accepted, batch, *sizes, *strides, alpha, beta), plan.const2, key)
     return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted,
                         method=method, exact=exact)
 
 
-def _or(tensor, dummy):  # the per-request kernels take a (never read) dummy tensor for unused buffers
+def _or(tensor, dummy):  # kernels take a (never read) dummy tensor for unused buffers
     return tensor if tensor is not None else dummy
 
 
@@ -345,14 +339,10 @@ def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
     temp = inputs.sampling.temperature
     key = _direct_key(plan, tgt.device, (tgt, drf_t, inputs.num_draft_tokens, temp), strides)
-    if plan.rows1:
-        _launcher(row_stats_rows_kernel)(
-            plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, thr_t, thr_q, plan.m, plan.s, plan.a,
-                               batch, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
-    else:
-        _launcher(row_stats_kernel)(
-            plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp), _or(thr_q, temp),
-                               plan.m, plan.s, plan.a, rows - 1, vocab, plan.nc1, *strides), plan.const1, key)
+    kernel = row_stats_rows_kernel if plan.rows1 else row_stats_kernel
+    _launcher(kernel)(plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp), _or(thr_q, temp),
+                                         plan.m, plan.s, plan.a, batch, rows - 1, vocab, plan.nc1, *strides),
+                      plan.const1, key)
     return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True)
 
 
@@ -390,10 +380,6 @@ def tiled_verify(inputs: VerifyInputs) -> VerifyResult:
     key = _direct_key(plan, p.device, (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience),
                       strides)
     head = (p, q, inputs.draft_tokens, inputs.num_draft_tokens, sampling.lenience, plan.tau, plan.bpart)
-    if plan.rows_t:
-        _launcher(tiled_partials_rows_kernel)(
-            plan, plan.grid_t, (*head, batch, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
-    else:
-        _launcher(tiled_partials_kernel)(
-            plan, plan.grid_t, (*head, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
+    kernel = tiled_partials_rows_kernel if plan.rows_t else tiled_partials_kernel
+    _launcher(kernel)(plan, plan.grid_t, (*head, batch, k_max, vocab, plan.n_tiles, *strides), plan.const_t, key)
     return _pass2(inputs, plan, MODE_PROBS, p, q, DRAFT_PROBS, None, None, 0.0, 1.0, "tiled", True)

@@ -1,26 +1,32 @@
 """Pass 1 of ``fused``: per-chunk statistics of the logit rows, never writing probabilities.
 
-Grid (NC, R, B) with NC = ceil(V / CHUNK) vocabulary chunks, R = K+1 target rows (+ K draft rows when draft logits
-are given), B requests. Program (c, r, b) reads the CHUNK logits of one row once, SUB at a time (CHUNK % SUB == 0) (bf16/fp16/fp32, upcast to fp32 in
-registers), applies temperature and the optional per-row keep-threshold (top-k / top-p / min-p), and writes
-  m[b, r, c]  = max of the scaled, filtered logits in the chunk (-inf if the chunk is fully masked),
-  s[b, r, c]  = sum exp(z - m) over the chunk (0 if fully masked),
-  a[b, r, c]  = first argmax in the chunk (greedy requests only; target rows only).
+Rows r of request b: target rows 0..K (r <= K), then draft rows 0..K-1 (r = K + 1 + i, draft logits only). For
+vocabulary chunk c of CHUNK ids, read once (bf16/fp16/fp32, upcast to fp32 in registers), scaled by the
+temperature and filtered by the optional per-row keep threshold (top-k / top-p / min-p), it writes at
+slot = (b * (2K + 1) + r) * NC + c:
+  m[slot] = max of the scaled, filtered logits in the chunk (-inf if the chunk is fully masked),
+  s[slot] = sum exp(z - m) over the chunk (0 if fully masked),
+  a[slot] = first argmax in the chunk (greedy requests only; target rows only).
 Rows past a request's K_b (ragged padding) and draft rows of greedy requests are skipped. CHUNK is fixed by V
 alone, so a request's statistics (hence its tokens) do not depend on the batch it is in.
+
+Two layouts with the same arithmetic (``common``): ``row_stats_kernel``, grid (NC, R, B), one request per program,
+SUB ids at a time (CHUNK % SUB == 0); ``row_stats_rows_kernel``, grid (NC, R, ceil(B / BLOCK_B)), BLOCK_B requests
+per program, one [BLOCK_B, CHUNK] block (small vocabularies: NC = 1). Both take the same arguments (B, the batch
+size, bounds the batched layout's request blocks).
 """
 from __future__ import annotations
-
-from . import common  # noqa: F401  (interpreter setup)
 
 import triton
 import triton.language as tl
 
+from .common import BIG, first_index, online_max_sumexp, scaled, threshold
 
-@triton.jit(do_not_specialize=["K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
+
+@triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
 def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
                      m_ptr, s_ptr, a_ptr,
-                     K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
+                     B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
                      HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
                      SUB: tl.constexpr):
     c = tl.program_id(0)
@@ -38,35 +44,69 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
         b64 = b.to(tl.int64)
         if is_target:
             row_ptr = tgt_ptr + b64 * stride_tb + row * stride_tr
+            thr = threshold(thr_t_ptr, b * (K + 1) + row, active, HAS_THR)
         else:
             row_ptr = drf_ptr + b64 * stride_db + row * stride_dr
-        if HAS_THR:
-            if is_target:
-                thr = tl.load(thr_t_ptr + b * (K + 1) + row)
-            else:
-                thr = tl.load(thr_q_ptr + b * K + row)
+            thr = threshold(thr_q_ptr, b * K + row, active, HAS_THR)
         # online max / sum-exp over SUB-wide slices: few registers per thread, so many programs stay resident and
         # the next slice's load overlaps this one's arithmetic (one CHUNK-wide load needed ~110 registers/thread)
         m = float("-inf")
         s = 0.0
-        at = 2147483647
+        at = BIG
         for start in range(0, CHUNK, SUB):
             offs = c * CHUNK + start + tl.arange(0, SUB)
-            mask = offs < V
-            z = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32) / scale
-            if HAS_THR:
-                z = tl.where(z >= thr, z, float("-inf"))
-            z = tl.where(mask, z, float("-inf"))
-            m_sub = tl.max(z, axis=0)
-            m_new = tl.maximum(m, m_sub)
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s = s * tl.exp(m - safe) + tl.sum(tl.exp(z - safe), axis=0)
+            z = scaled(row_ptr + offs, offs < V, scale, thr, HAS_THR)
+            m_new, s, m_z = online_max_sumexp(m, s, z)
             if greedy & is_target:   # first argmax: a later slice wins only with a strictly larger maximum
-                at_sub = tl.min(tl.where(z == m_sub, offs, 2147483647), axis=0)
-                at = tl.where(m_sub > m, at_sub, at)
+                at = tl.where(m_z > m, first_index(z, m_z, offs), at)
             m = m_new
         slot = (b * (2 * K + 1) + r) * NC + c
         tl.store(m_ptr + slot, m)
         tl.store(s_ptr + slot, s)
         if greedy & is_target:
             tl.store(a_ptr + slot, at)
+
+
+@triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
+def row_stats_rows_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
+                          m_ptr, s_ptr, a_ptr,
+                          B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
+                          HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK_B: tl.constexpr):
+    c = tl.program_id(0)
+    r = tl.program_id(1)
+    req = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
+    live = req < B
+    k_b = tl.load(nd_ptr + req, mask=live, other=0)
+    temp = tl.load(temp_ptr + req, mask=live, other=1.0)
+    greedy = temp == 0.0
+    scale = tl.where(greedy, 1.0, temp)
+    is_target = r <= K
+    row = tl.where(is_target, r, r - K - 1)
+    # the row index is broadcast to [BLOCK_B] first: the interpreter turns scalar-bool & tensor-bool into int32
+    row_v = row + tl.zeros([BLOCK_B], tl.int32)
+    if is_target:
+        active = live & (row_v <= k_b)
+    else:
+        active = live & (row_v < k_b) & (temp != 0.0)
+    if tl.max(active.to(tl.int32), axis=0) > 0:
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        mask = active[:, None] & (offs < V)[None, :]
+        req64 = req.to(tl.int64)
+        if is_target:   # (z, not the row pointer, is chosen: target and draft logits may differ in dtype)
+            thr = threshold(thr_t_ptr, req * (K + 1) + row, active, HAS_THR)
+            z = scaled(tgt_ptr + (req64 * stride_tb + row * stride_tr)[:, None] + offs[None, :], mask,
+                       scale[:, None], thr[:, None], HAS_THR)
+        else:
+            thr = threshold(thr_q_ptr, req * K + row, active, HAS_THR)
+            z = scaled(drf_ptr + (req64 * stride_db + row * stride_dr)[:, None] + offs[None, :], mask,
+                       scale[:, None], thr[:, None], HAS_THR)
+        m_init = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        m, s, _ = online_max_sumexp(m_init, tl.zeros([BLOCK_B], tl.float32), z)
+        slot = (req * (2 * K + 1) + r) * NC + c
+        tl.store(m_ptr + slot, m, mask=active)
+        tl.store(s_ptr + slot, s, mask=active)
+        if is_target:
+            gmask = active & greedy
+            if tl.max(gmask.to(tl.int32), axis=0) > 0:
+                tl.store(a_ptr + slot, first_index(z, m, offs[None, :]), mask=gmask)
