@@ -184,7 +184,7 @@ def test_per_request_sampling_of_the_wrong_length(models):
 def test_two_streams_and_an_abandoned_one_on_cuda_graphs(compile):
     """The lease of shared graph runners on the real CUDA-graph paths (run with -m gpu on the GPU machine)."""
     target = tiny_lm(0, logit_scale=3.0).cuda()
-    dec = SpeculativeDecoder(target, layer_skip(target, 1), gamma=3, eos_token_id=[], compile=compile)
+    dec = SpeculativeDecoder(target, layer_skip(target, 1).cuda(), gamma=3, eos_token_id=[], compile=compile)
     a, b = _two_interleaved_streams(dec)
     abandoned = dec.stream([[1, 2, 3]], max_new_tokens=10, seed=4)
     next(abandoned)

@@ -32,7 +32,8 @@ def step_mode(compile: bool | str, device: torch.device, model=None) -> str:
 
     compile=False -> eager (the transformers modules); True -> on CUDA "native-graphs" when ``model`` is a supported
     Llama-family model (engine/native: compiled layer function, whole forward in one CUDA graph) and "graphs"
-    otherwise, eager elsewhere; "graphs" -> the transformers modules' eager kernels captured in CUDA graphs;
+    otherwise, eager elsewhere; "graphs" -> the transformers modules' eager kernels captured in CUDA graphs (encoder-decoders: the native
+    decoder instead, "native-graphs");
     "compiled-graphs" -> their attention-free parts compiled, then captured (experimental); "native" -> the native
     decoder eagerly (any device); "native-graphs" -> the native decoder compiled and captured (CUDA); "debug" or a
     torch.compile mode string ("reduce-overhead", "max-autotune", ...) -> torch.compile of the whole forward.
@@ -46,6 +47,13 @@ def step_mode(compile: bool | str, device: torch.device, model=None) -> str:
     if compile in GRAPH_MODES or compile == "native-graphs":
         if device.type != "cuda":
             raise ValueError(f"compile={compile!r} needs a CUDA device")
+        if compile in GRAPH_MODES and model is not None and is_encoder_decoder(model):
+            # capturing transformers' Whisper decoder fails on the GPU (transformers 5.17: the capture is
+            # invalidated inside its attention); the native decoder is the captured path for encoder-decoders
+            if native_reason(model) is None:
+                return "native-graphs"
+            raise ValueError(f"compile={compile!r}: CUDA graphs of transformers' encoder-decoder modules are not "
+                             f"supported ({type(model).__name__}); use compile=False")
         return compile
     if compile == "native":
         return compile
