@@ -104,7 +104,27 @@ job_b() {
   touch $RES/.jobB-done
 }
 
-bg() { setsid nohup bash bench/gpu/session5.sh "$@" >> $RES/jobs.log 2>&1 < /dev/null & }
+job_b2() {  # the short plan for what is left of the budget: e2e runtime T=0 (B=1, 8), whisper, text eval
+  env_setup
+  while :; do
+    local missing=0
+    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
+    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
+    sleep 2
+  done
+  ts "job B2 starts"
+  E2E_RES=$RES/e2e E2E_TOTAL_S=260 E2E_BUDGET_S=215 E2E_MAX_S=8 \
+    E2E_ARGS="--ignore-eos --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \
+    step e2e-runtime-t0 300 bash bench/gpu/e2e_fast.sh runtime-t0
+  step e2e-whisper 110 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
+    --temperature 0 --systems ar,hf --dtype float16 --device cuda --compile auto --max-seconds 8 --budget-s 70 \
+    --json $RES/e2e/e2e-whisper.json
+  EVAL_RES=$RES/eval-scale EVAL_TOTAL_S=${EVAL_TOTAL_S:-260} step eval-scale 330 bash bench/gpu/eval_scale.sh \
+    xsum-t0 cnndm-t0 xsum-t1 cnndm-t1
+  touch $RES/.jobB-done
+}
+
+bg() { [ "$1" = job-b2 ] && set -- job-b2-run; setsid nohup bash bench/gpu/session5.sh "$@" >> $RES/jobs.log 2>&1 < /dev/null & }
 
 case ${1:-} in
   extras)
@@ -132,6 +152,8 @@ case ${1:-} in
   job-a) job_a ;;
   job-a-lite) job_a_lite ;;
   job-b) job_b ;;
+  job-b2) pkill -f "session5.sh job-b$" ; bg job-b2; ts "job B2 started" ;;
+  job-b2-run) job_b2 ;;
   convert) convert "$2" ;;
   *) echo "usage: session5.sh extras | part NN | wait SECONDS" >&2; exit 2 ;;
 esac
