@@ -6,7 +6,7 @@ The row is re-read on every pass (from L2 when it fits) and nothing of size V is
 
 Both thresholds are vocabulary values found by a 2^BITS-way search over the order-preserving int32 key of the
 fp32 value: each pass evaluates the candidates base + j * 2^s (j = 1 .. 2^BITS - 1) at once and fixes BITS bits of
-the key, so 32 / BITS passes (8 at the default BITS = 4, 16-way) cover all 2^32 keys exactly (fixed trip counts,
+the key, so 32 / BITS passes (16 at the default BITS = 2, 4-way) cover all 2^32 keys exactly (fixed trip counts,
 no host sync: safe in CUDA-graph capture).
 
 * top-k (rows with 0 < k < V): base starts at key(-inf), where count(z >= .) = V >= k; each pass keeps the largest
@@ -30,9 +30,9 @@ import triton.language as tl
 
 from ..filters import KEY_NAN, KEY_NEG_INF
 
-# Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold): 4 by default;
+# Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold): 2 by default;
 # fewer bits mean more passes over the row but fewer compares per element (2^BITS per pass). Tunable on a GPU.
-BITS = int(os.environ.get("TILESPEC_FILTER_BITS", 4))
+BITS = int(os.environ.get("TILESPEC_FILTER_BITS", 2))   # H100: 2 bits + block 2048 fastest at B=64 (filter-thresholds-H100-partial-2026-11-23.log)
 _KEY_NEG_INF = tl.constexpr(KEY_NEG_INF)
 _KEY_NAN = tl.constexpr(KEY_NAN)
 
@@ -108,7 +108,7 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stri
 
 
 def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      do_k: bool, do_p: bool, block: int = 1024, num_warps: int = 8, bits: int = BITS
+                      do_k: bool, do_p: bool, block: int = 2048, num_warps: int = 8, bits: int = BITS
                       ) -> torch.Tensor:
     """thr [B, R] float32 for logits [B, R, V] and per-request temperature / top_p (float32 [B]), top_k (int [B]).
 
