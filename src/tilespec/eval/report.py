@@ -17,9 +17,9 @@ from . import paper
 from .report_e2e import e2e_section
 from .report_summary import backing_sections, e2e_figure, summary_section
 from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
-    DATASET_NAMES, METHOD_ORDER, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct,
-    _suffix, _temp,
-    noise_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
+    DATASET_NAMES, METHOD_ORDER, _batch, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair,
+    _pct, _suffix, _temp, n_cell,
+    noise_table, sigmoid_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
 
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
@@ -38,7 +38,8 @@ def load_results(folder: Path) -> tuple[list, list]:
             others.append((path, f"unreadable: {err}"))
             continue
         if path.name.startswith("eval-") and isinstance(doc, dict) and isinstance(doc.get("runs"), list):
-            runs.extend(dict(r, _source=path.name) for r in doc["runs"] if isinstance(r, dict))
+            extra = {"_commit_note": doc["commit_note"]} if isinstance(doc.get("commit_note"), str) else {}
+            runs.extend(dict(r, _source=path.name, **extra) for r in doc["runs"] if isinstance(r, dict))
         elif path.name.startswith(OTHER_PREFIXES):
             others.append((path, doc))
     runs.sort(key=_run_order)
@@ -70,25 +71,27 @@ def _warmup_kind(r: dict) -> str:
 def setup_section(runs: list) -> list[str]:
     out = ["## Runs (device, versions, models, sample sizes, commit)", "",
            "| # | run | task | target / draft | device | torch / transformers / triton | dtype | engine | n (sampled) "
-           "| side-study n | max new tokens | γ schedule | warm-up | commit, date | source |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| batch | side-study n | max new tokens | γ schedule | warm-up | commit, date | source |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for i, r in enumerate(runs, 1):
         env, cfg = r.get("environment") or {}, r.get("config") or {}
         n = r.get("n")
         req = r.get("n_requested")
-        n_cell = f"{n}" + (f" (of {req})" if req and req != n else "")
+        n_txt = f"{n}" + (f" (of {req})" if req and req != n else "")
         out.append(
             f"| {i} | {_label(r)} | {r.get('task')} | {_pair(r)} | {env.get('device')} | {env.get('torch')} / "
             f"{env.get('transformers')} / {env.get('triton')} | {cfg.get('dtype')} | {cfg.get('compile', 'eager')} | "
-            f"{n_cell} | {r.get('sweep_n', '–')} | {cfg.get('max_new_tokens')} | {cfg.get('schedule')} from "
+            f"{n_txt} | {_batch(r)} | {r.get('sweep_n', '–')} | {cfg.get('max_new_tokens')} | {cfg.get('schedule')} from "
             f"γ={cfg.get('gamma')} (max {cfg.get('max_gamma')}) | {_warmup_kind(r)} | `{env.get('commit')}`, "
             f"{env.get('date')} | `{r.get('_source')}` |")
-        for key in ("note", "budget_note"):
+        for key in ("note", "budget_note", "protocol_note"):
             if r.get(key):
                 notes.append(f"- run {i}: {r[key]}")
         if env.get("note"):
             notes.append(f"- run {i}: {env['note']}")
+        if r.get("_commit_note"):
+            notes.append(f"- run {i}: {r['_commit_note']}")
         if r.get("dataset") == "synthetic" and not r.get("note"):
             notes.append(f"- run {i}: {SYNTH_CAVEAT}")
         if r.get("synthetic_set"):
@@ -102,7 +105,8 @@ def setup_section(runs: list) -> list[str]:
             notes.append(f"- run {i}: partial run, finished stages: {', '.join(r['stages_done'])}")
     out += [""] + notes + [""] if notes else [""]
     out += ["Subsampling: `random.Random(seed)` over each dataset, the same examples and per-example seeds "
-            "(`seed + i`) for every method; batch 1; the transformers γ heuristic (start 5, +2 after a fully "
+            "(`seed + i`) for every method; batch 1 unless the batch column says otherwise; the "
+            "transformers γ heuristic (start 5, +2 after a fully "
             "accepted draft, else −1) as in the paper. Sigmoid uses (α, β) = (−1e4, 1e4) for text and (−1e3, 1e3) "
             "for ASR, as the paper.", ""]
     return out
@@ -281,7 +285,8 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
     if any(r.get("dataset") == "synthetic" for r in runs):
         lines += [f"**Note: the ASR runs on the synthetic set use {SYNTH_CAVEAT}.**", ""]
     if runs:
-        lines += table1(runs) + noise_table(runs) + table5(runs) + table6(runs) + table8(runs) + table7(runs)
+        lines += table1(runs) + noise_table(runs) + sigmoid_table(runs)
+        lines += table5(runs) + table6(runs) + table8(runs) + table7(runs)
     else:
         lines += table7(runs)
     lines += table3(runs, others)

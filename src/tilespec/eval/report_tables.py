@@ -71,9 +71,69 @@ def _temp(r: dict) -> str:
     return _f((r.get("config") or {}).get("temperature"), "{:g}")
 
 
+def _batch(r: dict) -> int:
+    """Examples per generation of a run's main comparison (1 = the paper's protocol)."""
+    b = r.get("batch_size") or (r.get("config") or {}).get("batch_size") or 1
+    return b if isinstance(b, int) and not isinstance(b, bool) else 1
+
+
 def _label(r: dict) -> str:
-    """Short run label used in every table: dataset, T, device."""
-    return f"{_dataset(r)}, T={_temp(r)}, {_device(r)}"
+    """Short run label used in every table: dataset, T, device (and the batch size of a batched run)."""
+    b = _batch(r)
+    return f"{_dataset(r)}, T={_temp(r)}, {_device(r)}" + (f", B={b} (batched)" if b > 1 else "")
+
+
+def is_partial(r: dict) -> bool:
+    """A run stopped before its sampled set: n below ``n_requested`` or a ``*-partial`` stage."""
+    n, req = r.get("n"), r.get("n_requested")
+    short = isinstance(n, int) and isinstance(req, int) and n < req
+    return short or any(str(s).endswith("-partial") for s in r.get("stages_done") or [])
+
+
+def n_cell(r: dict) -> str:
+    """n, with the sampled target and a PARTIAL flag when the run stopped early."""
+    n, req = r.get("n"), r.get("n_requested")
+    return (f"{n}" + (f" of {req}" if req not in (None, n) else "")
+            + (" (**partial**)" if is_partial(r) else ""))
+
+
+def identical_count(r: dict, method: str) -> tuple | None:
+    """(examples whose output equals the baseline's, examples compared) for ``method`` vs ``hf``: token sequences
+    from ``raw`` chunks (matched by example index) where recorded, else the texts, else the stored fraction × n."""
+    raw = r.get("raw") if isinstance(r.get("raw"), dict) else {}
+
+    def seqs(m):
+        out = {}
+        for chunk in raw.get(m) or []:
+            if isinstance(chunk, dict) and all(isinstance(chunk.get(k), list) for k in ("idx", "sequences")):
+                out.update(zip(chunk["idx"], chunk["sequences"]))
+        return out
+    a, b = seqs("hf"), seqs(method)
+    common = [i for i in a if i in b]
+    if common:
+        return sum(a[i] == b[i] for i in common), len(common)
+    rows = r.get("methods") or {}
+    ta, tb = (rows.get("hf") or {}).get("texts"), (rows.get(method) or {}).get("texts")
+    if isinstance(ta, list) and isinstance(tb, list) and ta and len(ta) == len(tb):
+        return sum(x == y for x, y in zip(ta, tb)), len(ta)
+    frac, n = (rows.get(method) or {}).get("identical_to_baseline"), r.get("n")
+    if isinstance(frac, (int, float)) and isinstance(n, int) and n > 0:
+        return round(frac * n), n
+    return None
+
+
+def _same_cell(r: dict, method: str) -> str:
+    c = identical_count(r, method) if method in (r.get("methods") or {}) else None
+    return f"{c[0]}/{c[1]}" if c else "–"
+
+
+def tokens_per_s(row: dict):
+    """Decoding rate of an eval method row: recorded ``tokens_per_s``, else new tokens / wall time."""
+    tps = row.get("tokens_per_s")
+    if isinstance(tps, (int, float)) and not isinstance(tps, bool):
+        return tps
+    n, w = row.get("new_tokens"), row.get("wall_time_s")
+    return n / w if isinstance(n, (int, float)) and isinstance(w, (int, float)) and w > 0 else None
 
 
 def _ours_note(r: dict) -> str:
@@ -86,7 +146,7 @@ def table1(runs: list) -> list[str]:
            "", "Ours: `hf` is the baseline; the paper's *exact* kernel is our `tiled`; `fused` is ours. "
            "Paper rows: A100, fp16, transformers 4.38.2 baseline.", "",
            "| source | dataset | target / draft | metric | n | baseline | exact (tiled) | fused | sigmoid | "
-           "identical to baseline (tiled / fused) | Δ% exact (tiled) | Δ% fused | Δ% sigmoid |",
+           "outputs identical to baseline (tiled / fused) | Δ% exact (tiled) | Δ% fused | Δ% sigmoid |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rows = r.get("methods") or {}
@@ -94,15 +154,19 @@ def table1(runs: list) -> list[str]:
             continue
         metric = r.get("metric", "metric")
         g = lambda m, k: (rows.get(m) or {}).get(k)  # noqa: E731
-        same = " / ".join(_f(g(m, "identical_to_baseline"), "{:.0%}") for m in ("tiled", "fused"))
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {metric.upper()} | {r.get('n')} | "
+        same = " / ".join(_same_cell(r, m) for m in ("tiled", "fused"))
+        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {metric.upper()} | {n_cell(r)} | "
                    f"{_f(g('hf', metric))} | {_f(g('tiled', metric))} | {_f(g('fused', metric))} | "
                    f"{_f(g('sigmoid', metric))} | {same} | {_pct(g('tiled', 'delta_profiling_pct'))} | "
                    f"{_pct(g('fused', 'delta_profiling_pct'))} | {_pct(g('sigmoid', 'delta_profiling_pct'))} |")
     for d, t, dr, m, b, e, s, de, ds in paper.TABLE1:
         out.append(f"| paper | {d} | {t} / {dr} | {m} | 10% | {b} | {e} | – | {s} | – | {de:+.1f}% | – | "
                    f"{ds:+.1f}% |")
-    return out + ["", "At temperature 0 the exact methods must give token-identical outputs (100 %); at temperature 1 "
+    return out + ["", "n: examples scored (\"of N\": the sampled set; **partial**: the run stopped before it, by its "
+                  "time budget). Runs labelled \"B=16 (batched)\" generate 16 examples per call: their times are per "
+                  "batched step, not the paper's batch-1 protocol, and Δ% compares methods at the same batch size. "
+                  "Identical outputs: examples whose generated token sequence (else text) equals the baseline's.", "",
+                  "At temperature 0 the exact methods must give token-identical outputs (100 %); at temperature 1 "
                   "`hf` draws its random numbers differently (torch generator, transformers' semantics) from "
                   "`tiled`/`fused` (counter-based Philox, identical to each other), so their texts differ and their "
                   "metrics agree only within sampling noise.", ""]
@@ -134,6 +198,37 @@ def noise_table(runs: list) -> list[str]:
             *lines, ""]
 
 
+def sigmoid_table(runs: list) -> list[str]:
+    """Sampled runs with sigmoid: its quality change beside its speed, against ``hf`` and ``fused`` of the same run.
+    Sigmoid is NOT exact: its speed comes partly from accepting drafts it should reject."""
+    lines = []
+    for r in runs:
+        rows, metric = r.get("methods") or {}, r.get("metric")
+        sig, hf, fused = rows.get("sigmoid"), rows.get("hf"), rows.get("fused")
+        if not (r.get("config") or {}).get("temperature") or not isinstance(sig, dict) or not isinstance(hf, dict):
+            continue
+        ms, mh = sig.get(metric), hf.get(metric)
+        diff = ms - mh if isinstance(ms, (int, float)) and isinstance(mh, (int, float)) else None
+        rel = diff / mh * 100 if diff is not None and mh else None
+        th, tf, ts = tokens_per_s(hf), tokens_per_s(fused or {}), tokens_per_s(sig)
+        lines.append(f"| {_label(r)}{_ours_note(r)} | {n_cell(r)} | {str(metric).upper()} | {_f(mh)} | "
+                     f"{_f((fused or {}).get(metric))} | {_f(ms)} | {_f(diff, '{:+.3f}')} ({_f(rel, '{:+.1f}%')}) | "
+                     f"{_f(th, '{:.0f}')} | {_f(tf, '{:.0f}')} | {_f(ts, '{:.0f}')} | "
+                     f"{_f(ts / th if ts and th else None, '{:.2f}×')} | {_f(hf.get('alpha'), '{:.2f}')} / "
+                     f"{_f(sig.get('alpha'), '{:.2f}')} | {hf.get('new_tokens', '–')} / "
+                     f"{sig.get('new_tokens', '–')} | `{r.get('_source')}` |")
+    if not lines:
+        return []
+    return ["### Sigmoid (NOT exact): its quality change beside its speed", "",
+            "Same run, same examples and seeds. tok/s = new tokens / wall time of the whole decoding loop (batched "
+            "runs: all requests of a batch). Sigmoid's higher acceptance α and its speed are part of its error: it "
+            "accepts drafts the exact rule would reject (and may emit fewer tokens), so its metric change is the price "
+            "of its speed, not noise. ROUGE: higher is better; WER: lower is better.", "",
+            "| run | n | metric | hf | fused | sigmoid | sigmoid − hf | hf tok/s | fused tok/s | sigmoid tok/s | "
+            "sigmoid / hf tok/s | α hf / sigmoid | new tokens hf / sigmoid | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines, ""]
+
+
 def table5(runs: list) -> list[str]:
     out = ["## Table 5 — wall clock of the whole decoding loop, Δ% vs baseline", "",
            "| source | dataset | target / draft | n | engine | baseline wall (s) | Δ% tiled | Δ% fused | Δ% sigmoid |",
@@ -143,7 +238,7 @@ def table5(runs: list) -> list[str]:
         if not rows:
             continue
         g = lambda m, k: (rows.get(m) or {}).get(k)  # noqa: E731
-        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {r.get('n')} | "
+        out.append(f"| ours{_ours_note(r)} | {_label(r)} | {_pair(r)} | {n_cell(r)} | "
                    f"{(r.get('config') or {}).get('compile', 'eager')} | {_f(g('hf', 'wall_time_s'), '{:.2f}')} | "
                    f"{_pct(g('tiled', 'delta_wall_pct'))} | {_pct(g('fused', 'delta_wall_pct'))} | "
                    f"{_pct(g('sigmoid', 'delta_wall_pct'))} |")
