@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .report_summary_data import e2e_models
+
 TITLE = "## End-to-end decoding (engine benchmark)"
 ERR_CHARS = 90
 
@@ -84,11 +86,14 @@ def _title(path: Path, doc: dict) -> list[str]:
     modes = ", ".join(str(st.get("compile") or "eager").split(","))
     commit = str(env.get("commit") or "?").split(" ")[0]
     dtype = str(doc.get("dtype") or st.get("dtype") or "?").replace("torch.", "")
-    head = (f"### {st.get('target', '?')} / {st.get('draft', '?')} — {gpu}, {dtype}, γ={st.get('gamma', '?')} "
+    target, draft, corrected = e2e_models(st)
+    head = (f"### {target} / {draft or '–'} — {gpu}, {dtype}, γ={st.get('gamma', '?')} "
             f"({st.get('gamma_schedule', '?')} schedule), {st.get('num_prompts', '?')} prompts × "
             f"{st.get('max_new_tokens', '?')} new tokens, engine modes: {modes}, commit {commit}")
     out = [head, "", f"`{path.name}`; {str(env.get('date') or '?')[:10]}; torch {env.get('torch', '?')}, "
-           f"transformers {env.get('transformers', '?')}" + ("; Whisper (ASR)" if st.get("whisper") else ""), ""]
+           f"transformers {env.get('transformers', '?')}" + ("; Whisper (ASR)" if st.get("whisper") else "")
+           + ("; the file's settings name the text defaults (recorded before `--whisper` replaced them)"
+              if corrected else ""), ""]
     if st.get("random_init"):
         out += ["**Random weights: machinery timing only, α≈0** (α, τ, speedups and greedy match say nothing "
                 "about the real pair).",
@@ -146,7 +151,7 @@ def headlines(docs: list) -> list[str]:
     for path, doc in docs:
         if _d(doc.get("settings")).get("random_init"):
             continue
-        target = _d(doc.get("settings")).get("target", "?")
+        target = e2e_models(_d(doc.get("settings")))[0]
         for r in _rows(doc):
             if "error" in r or r.get("batch_size") != 1:
                 continue

@@ -36,6 +36,21 @@ def file_date(path: Path, doc: dict) -> str:
     return m.group(0) if m else ""
 
 
+def file_time(doc: dict) -> str:
+    """The recorded timestamp (``environment.date`` / ``date``) as written, '' without one: orders one day's files."""
+    return str(_d(doc.get("environment")).get("date") or doc.get("date") or "")
+
+
+def e2e_models(st: dict) -> tuple[str, str | None, bool]:
+    """(target, draft, corrected) of an e2e file's settings. ``bench e2e --whisper`` replaces the text defaults
+    (Qwen) by whisper-base after recording its settings, so a Whisper file may name the Qwen defaults: those are
+    shown as what ran (``corrected`` = True)."""
+    target, draft = st.get("target"), st.get("draft") or None
+    if st.get("whisper") and "whisper" not in str(target or "").lower():
+        return "whisper-base", None, True
+    return str(target or "?"), draft, False
+
+
 def newest(files: list):
     return max(files, key=lambda pd: (file_date(*pd[:2]), Path(pd[0]).name))
 
@@ -54,7 +69,8 @@ def _rows(doc: dict) -> list:
 def newest_e2e(others: list) -> tuple[list, list]:
     """(newest real-weight e2e file per target/ASR setting and task list, notes on skipped e2e files). Newest =
     latest day; among one day's files the one comparing the most system kinds (a full comparison over a one-system
-    sweep). A runtime comparison on one task and a drafter comparison on several tasks are both shown."""
+    sweep), then the latest recorded time. A runtime comparison on one task and a drafter comparison on several
+    tasks are both shown."""
     groups, notes = {}, []
     for path, doc in others:
         path = Path(path)
@@ -66,7 +82,7 @@ def newest_e2e(others: list) -> tuple[list, list]:
         st = _d(doc.get("settings"))
         if st.get("random_init") or st.get("tiny"):
             continue
-        groups.setdefault((str(st.get("target")), bool(st.get("whisper")), str(st.get("task"))), []).append((path, doc))
+        groups.setdefault((e2e_models(st)[0], bool(st.get("whisper")), str(st.get("task"))), []).append((path, doc))
     newest_day = {}
     for (target, whisper, _), docs in groups.items():
         day = max(file_date(*pd) for pd in docs)
@@ -75,7 +91,8 @@ def newest_e2e(others: list) -> tuple[list, list]:
     for key in sorted(groups):
         docs = [pd for pd in groups[key] if file_date(*pd) == newest_day[key[:2]]]
         if docs:
-            picked.append(max(docs, key=lambda pd: (len({kind(r) for r in _rows(pd[1])}), pd[0].name)))
+            picked.append(max(docs, key=lambda pd: (len({kind(r) for r in _rows(pd[1])}), file_time(pd[1]),
+                                                    pd[0].name)))
     return picked, notes
 
 
@@ -87,28 +104,56 @@ def _spread(row: dict) -> tuple | None:
 
 
 def e2e_groups(doc: dict) -> list:
-    """[((task, T), rows)] at B = 1: the fastest row of each system kind, in ``E2E_ORDER``, each a dict with kind,
-    label, system, tps, spread, vs_ar (over the fastest target-only row of the group), vs_static, runtime,
+    """[((task, T, B), rows)], B = 1 first: the fastest row of each system kind, in ``E2E_ORDER``, each a dict with
+    kind, label, system, tps, spread, vs_ar (over the fastest target-only row of the group), vs_static, runtime,
     drafter, match_share."""
     st = _d(doc.get("settings"))
     task0 = "ljspeech" if st.get("whisper") else st.get("task") or st.get("dataset") or "?"
     groups: dict = {}
     for r in _rows(doc):
-        k, tps = kind(r), _num(r.get("tokens_per_second"))
-        if k is None or tps is None or r.get("batch_size", 1) != 1:
+        k, tps, b = kind(r), _num(r.get("tokens_per_second")), _num(r.get("batch_size", 1))
+        if k is None or tps is None or b is None:
             continue
-        g = groups.setdefault((str(r.get("task") or task0), _num(r.get("temperature"))), {})
+        g = groups.setdefault((str(r.get("task") or task0), _num(r.get("temperature")), int(b)), {})
         if k not in g or tps > g[k]["tps"]:
             g[k] = dict(kind=k, label=E2E_ORDER[k], system=str(r.get("system")), tps=tps, spread=_spread(r),
                         runtime=r.get("runtime"), drafter=r.get("drafter"), match_share=_num(r.get("match_share")))
     out = []
-    for (task, temp), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+    for (task, temp, b), g in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
         ar, static = g.get("ar"), g.get("hf-static")
         rows = [g[k] for k in E2E_ORDER if k in g]
         for r in rows:
             r["vs_ar"] = r["tps"] / ar["tps"] if ar and ar["tps"] else None
             r["vs_static"] = r["tps"] / static["tps"] if static and static["tps"] else None
-        out.append(((task, temp), rows))
+        out.append(((task, temp, b), rows))
+    return out
+
+
+SPEC_KINDS = {"tilespec": "draft model", "ngram": "n-gram", "suffix": "suffix", "tilespec+ngram":
+              "draft model + n-gram", "tilespec+suffix": "draft model + suffix"}
+DRAFTERS = ("tilespec", "ngram", "suffix")   # the drafters a per-task comparison should cover
+
+
+def best_drafters(picked: list) -> list:
+    """Per task at B = 1, T = 0 over the summarized e2e files: [(task, best speculative row or None, its file,
+    measured drafter kinds, drafter kinds not measured)]; a task a file asked for (``settings.task``, comma list)
+    without any row counts as not measured."""
+    tasks: dict = {}
+    for path, doc in picked:
+        st = _d(doc.get("settings"))
+        for t in str(st.get("task") or "").split(","):
+            if t.strip() and not st.get("whisper"):
+                tasks.setdefault(t.strip(), [])
+        for (task, temp, b), rows in e2e_groups(doc):
+            if b == 1 and temp == 0:
+                tasks.setdefault(task, []).extend((r, path, doc) for r in rows if r["kind"] in SPEC_KINDS)
+    out = []
+    for task in sorted(tasks):
+        cands = tasks[task]
+        best = max(cands, key=lambda c: c[0]["tps"]) if cands else None
+        seen = {c[0]["kind"] for c in cands}
+        out.append((task, best[0] if best else None, best[1] if best else None, best[2] if best else None,
+                    sorted(seen, key=list(SPEC_KINDS).index), [k for k in DRAFTERS if k not in seen]))
     return out
 
 
@@ -139,12 +184,30 @@ def verify_headline(others: list):
     return path, doc, rows
 
 
+def verify_filter_rows(doc: dict) -> list:
+    """Rows of a verify file with a top-k or top-p filter (bf16, mid regime, γ = VERIFY_GAMMA, V as the headline),
+    B in VERIFY_BATCHES, ordered by filter then B."""
+    ok = [r for r in doc.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("results"), dict)
+          and r.get("dtype") == "bf16" and r.get("regime", "mid") == "mid" and r.get("K") == VERIFY_GAMMA
+          and r.get("B") in VERIFY_BATCHES and (r.get("top_k") or (_num(r.get("top_p")) or 1.0) < 1.0)]
+    return sorted(ok, key=lambda r: (r.get("top_k") or 0, _num(r.get("top_p")) or 1.0, r["B"]))
+
+
+def is_gpu_device(text) -> bool:
+    t = str(text or "").lower()
+    return any(w in t for w in ("cuda", "nvidia", "h100", "h200", "a100", "gpu"))
+
+
 def exactness_files(others: list) -> list:
-    """[(path, doc, result dicts)] of every exactness file with at least one result."""
+    """[(path, doc, result dicts)] of every exactness file with at least one result: GPU files first, then newest
+    first, then by name."""
     out = []
     for p, d in others:
         if Path(p).name.startswith("exactness-") and isinstance(d, dict):
             res = [x for x in d.get("results") or [] if isinstance(x, dict)]
             if res:
                 out.append((Path(p), d, res))
+    out.sort(key=lambda x: x[0].name)
+    out.sort(key=lambda x: file_date(x[0], x[1]), reverse=True)
+    out.sort(key=lambda x: not is_gpu_device(x[1].get("device")))
     return out
