@@ -177,10 +177,12 @@ def test_xsum_task_prompts():
     assert all(r["prompt"].startswith("Summarize the following article") and r["reference"] for r in rows)
 
 
-def test_ignore_eos_gives_every_request_max_new_tokens(tmp_path):
+@pytest.mark.parametrize("compile", ["eager", "native"])
+def test_ignore_eos_gives_every_request_max_new_tokens(tmp_path, compile):
     torch.set_num_threads(1)
     out = tmp_path / "e2e.json"
-    assert main(TINY + ["--batch", "1,2", "--systems", "ar,tilespec,hf", "--ignore-eos", "--json", str(out)]) == 0
+    assert main(TINY + ["--batch", "1,2", "--systems", "ar,tilespec,hf", "--ignore-eos", "--compile", compile,
+                        "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["settings"]["ignore_eos"] is True
     rows = [r for r in doc["results"] if "error" not in r]
@@ -188,3 +190,5 @@ def test_ignore_eos_gives_every_request_max_new_tokens(tmp_path):
     for r in rows:
         assert r["new_tokens"] == 2 * 5, r["key"]
         assert all(len(seq) == 5 for seq in r["output_tokens"]), r["key"]
+        if r["kind"] == "tilespec":   # greedy speculative output equals our target-only output (run-ahead included)
+            assert r["greedy_match_ar"] == 1.0, r["key"]
