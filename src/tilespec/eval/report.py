@@ -21,7 +21,8 @@ from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables
     _pct, _suffix, _temp, n_cell,
     noise_table, sigmoid_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
 
-OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-")
+OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
+                  "engine-", "compile-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 
 
