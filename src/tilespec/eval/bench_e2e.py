@@ -202,13 +202,18 @@ def load_models(args, device, dtype):
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         model, context = split_draft_name(args.draft)
         return out[0], draft_spec(out[1] if model else None, context), None
-    if args.whisper:  # replace the text defaults, keep what the user chose
+    whisper_defaults(args)
+    from tilespec.api import load_pair
+    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
+
+
+def whisper_defaults(args) -> None:
+    """--whisper: replace the text defaults of --target / --draft (keep what the user chose); idempotent."""
+    if args.whisper:
         if args.target == "qwen2.5-coder-1.5b-instruct":
             args.target = "whisper-base"
         if args.draft == "qwen2.5-coder-0.5b-instruct":
             args.draft = f"{args.target}:layers=2"
-    from tilespec.api import load_pair
-    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
 
 
 # ------------------------------------------------------------------------------------------------- results
@@ -318,6 +323,7 @@ def _measure(cfg: Config, target, draft, batches, args, device, tok, feats) -> d
 
 def run(args) -> int:
     check_args(args)
+    whisper_defaults(args)           # before the settings are recorded
     t_start = time.perf_counter()
     from tilespec.env import pick_device, pick_dtype
     device = pick_device(args.device)
