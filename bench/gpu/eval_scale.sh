@@ -17,6 +17,7 @@
 #   tarred to $OUT/eval-scale.tgz after every stage (when OUT is set).
 # Environment:
 #   EVAL_TOTAL_S (480)   seconds for the whole call;      EVAL_RES (/root/res/eval-scale)
+#   EVAL_SEED_DIR        continue committed runs: copies bench/results' eval-scale-*-<stage>-*.json into EVAL_RES
 #   EVAL_BATCH (16)      examples per generation in the main comparisons (the side studies stay at batch 1)
 #   EVAL_BUDGET_SCALE (1) multiplies every stage's default budget (tilespec.eval.scale.BUDGETS, H100 seconds:
 #                        xsum-t0 65, xsum-t1 85, cnndm-t0 50, cnndm-t1 60, drafters 50, studies-text 40, asr-t0 30,
@@ -43,6 +44,14 @@ XS=() XM=()
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="${PYTHONPATH:-$PWD/src}"
 mkdir -p "$RES"
+# resume from committed results: EVAL_SEED_DIR=bench/results copies the newest eval-scale-*-<stage>-*.json of each
+# stage into $RES as eval-<stage>.json (unless $RES already has one), so a fresh machine continues those runs
+if [ -n "${EVAL_SEED_DIR:-}" ]; then
+  for s in ${STAGES}; do
+    seed=$(ls -t "$EVAL_SEED_DIR"/eval-scale-*-"$s"-*.json 2>/dev/null | head -1)
+    [ -n "$seed" ] && [ ! -f "$RES/eval-$s.json" ] && cp "$seed" "$RES/eval-$s.json" && echo "seeded $s from $seed"
+  done
+fi
 start=$(date +%s)
 ts() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - start ))s] $*" | tee -a "$RES/eval-scale.log"; }
 tarball() { [ -n "${OUT:-}" ] && tar -czf "$OUT/eval-scale.tgz" -C "$RES" . ; }
