@@ -79,15 +79,19 @@ convert() {  # unpack a model; the first bf16 load of a GGUF model writes its sa
   touch $RES/.ready-$m
 }
 
-job_b() {
-  env_setup
-  ts "job B waits for job A and the models"
+wait_ready() {  # until job A is done and every model is unpacked / converted
   while :; do
     local missing=0
     for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
     [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
     sleep 2
   done
+}
+
+job_b() {
+  env_setup
+  ts "job B waits for job A and the models"
+  wait_ready
   ts "job B starts"
   E2E_RES=$RES/e2e E2E_TOTAL_S=330 E2E_BUDGET_S=280 E2E_MAX_S=${E2E_MAX_S:-12} E2E_ARGS="--ignore-eos" \
     step e2e-runtime-t0 400 bash bench/gpu/e2e_fast.sh runtime-t0
@@ -106,12 +110,7 @@ job_b() {
 
 job_b2() {  # the short plan for what is left of the budget: e2e runtime T=0 (B=1, 8), whisper, text eval
   env_setup
-  while :; do
-    local missing=0
-    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
-    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
-    sleep 2
-  done
+  wait_ready
   ts "job B2 starts"
   E2E_RES=$RES/e2e E2E_TOTAL_S=260 E2E_BUDGET_S=215 E2E_MAX_S=8 \
     E2E_ARGS="--ignore-eos --systems ar,hf-static,tilespec --gamma 2 --gamma-schedule constant,optimal" \

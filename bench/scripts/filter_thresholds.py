@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from native_forward import time_replays  # noqa: E402
+
 
 def median_ms(fn, n: int = 50) -> float:
+    """CUDA-event median of ``fn`` after one warm call."""
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[n // 2]
+    return time_replays(fn, n)
 
 
 def main() -> None:
