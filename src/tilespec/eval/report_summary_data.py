@@ -211,3 +211,17 @@ def exactness_files(others: list) -> list:
     out.sort(key=lambda x: file_date(x[0], x[1]), reverse=True)
     out.sort(key=lambda x: not is_gpu_device(x[1].get("device")))
     return out
+
+
+# ------------------------------------------------------------------------------------------ formatting
+def _f(x, fmt="{:.1f}", none="–"):
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+    return fmt.format(x) if ok else none
+
+
+def _x(x) -> str:
+    return _f(x, "{:.2f}×")
+
+
+def _dev(text) -> str:
+    return str(text or "?").replace("NVIDIA ", "").replace(" 80GB HBM3", "")
