@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .filters import keep_threshold
+from .filters import keep_threshold, scaled_logits
 from .types import ResolvedSampling
 
 NEG_INF = float("-inf")
@@ -32,10 +32,7 @@ def filtered_logits(logits: torch.Tensor, sampling: ResolvedSampling, method: st
     ``method``: "auto", "triton", "search" or "sort" (the sort-based evaluation of the same definition, kept for
     tests and benchmarks); all give the same kept set except where a top-p mass is within float rounding of top_p.
     """
-    z = logits.float()
-    temp = sampling.temperature
-    scale = torch.where(temp > 0, temp, torch.ones_like(temp))
-    z = z / _per_row(scale, z)
+    z = scaled_logits(logits, sampling.temperature)
     if not sampling.has_filters:
         return z
     if sampling.has_top_k or sampling.has_top_p:

@@ -20,7 +20,7 @@ row with no host sync and no data-dependent shape, so the search is usable insid
   the sort-based form as a cumsum in sorted order; the two roundings differ, so the kept sets can differ only for a
   token x whose S(z_x) is within float rounding of p (~1e-7 relative) - a near-tie of p itself.
 
-The Triton kernel in :mod:`tilespec.verify.kernels.thresholds` runs the same search 16-way (4 bits per pass).
+The Triton kernel in :mod:`tilespec.verify.kernels.thresholds` runs the same search 2^BITS-way per pass.
 """
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ def key_float(key: torch.Tensor) -> torch.Tensor:
     return (k ^ ((k >> 31) & 0x7FFFFFFF)).view(torch.float32)
 
 
-def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """z = fp32 logits [B, R, V] / T per request (greedy requests, T = 0, are scaled by 1)."""
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    return logits.float() / scale.view(-1, 1, 1)
+    return logits.float() / scale.view(-1, 1, 1).float()
 
 
 def _top_k_on(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -137,7 +138,7 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
         return filter_thresholds(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                                  sampling.has_top_k, sampling.has_top_p)
     if z is None:
-        z = _scaled(logits, sampling.temperature)
+        z = scaled_logits(logits, sampling.temperature)
     b, r, _ = z.shape
     thr = torch.full((b, r), NEG_INF, device=z.device)
     if sampling.has_top_k:
