@@ -201,3 +201,19 @@ def test_native_runner_rejects_bad_input():
                         torch.ones(1, 1, 1, 8, dtype=torch.bool), 0)
     with pytest.raises(TypeError, match="only for encoder-decoder"):
         runner.encode(torch.zeros(1, 2, 3))
+
+
+def test_graphs_on_encoder_decoders_pick_the_native_decoder_or_say_no():
+    """compile="graphs" on an encoder-decoder: Whisper runs the native captured decoder (transformers' Whisper does
+    not capture); an encoder-decoder without a native path gets a clear error. Only the device type is read."""
+    from transformers import BartConfig, BartForConditionalGeneration
+    cuda = torch.device("cuda")
+    assert step_mode("graphs", cuda, tiny_whisper(0)) == "native-graphs"
+    assert step_mode("compiled-graphs", cuda, tiny_whisper(0)) == "native-graphs"
+    bart = BartForConditionalGeneration(BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                   encoder_ffn_dim=32, decoder_ffn_dim=32))
+    with pytest.raises(ValueError, match="encoder-decoder modules are not supported"):
+        step_mode("graphs", cuda, bart)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        step_mode("graphs", torch.device("cpu"), tiny_whisper(0))

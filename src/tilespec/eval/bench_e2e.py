@@ -202,7 +202,6 @@ def load_models(args, device, dtype):
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         model, context = split_draft_name(args.draft)
         return out[0], draft_spec(out[1] if model else None, context), None
-    whisper_defaults(args)
     from tilespec.api import load_pair
     return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
 
