@@ -251,14 +251,21 @@ class SpeculativeDecoder:
                                    method_options=self.method_options)
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
         advanced = committed and not spec        # target-only: W moves by exactly one slot, known now
-        host = None
+        host = ready = None
         if advanced:
             state.write += 1
             # the next step is launched before this one is read, and a replay rewrites the graph's output buffers
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1)
+            if host.is_cuda:
+                # Copied now and waited on by an event: a plain .cpu() in commit() would queue behind the run-ahead
+                # step and make the GPU idle for the host's bookkeeping every step.
+                pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+                host = pinned.copy_(host, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
         return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
                            draft_forwards=forwards, committed=committed, advanced=advanced, started=started,
-                           host=host)
+                           host=host, host_ready=ready)
 
     def _run_ahead(self, gen: Generation, planned: PlannedStep) -> Optional[PlannedStep]:
         """Launch the next step before reading ``planned`` (target-only steps on the whole-step graphs, whose
@@ -278,6 +285,8 @@ class SpeculativeDecoder:
         live = [i for i in planned.live if state.rows[i] not in gen.done]   # run-ahead: some may have ended since
         gamma = planned.gamma
         timer.start("bookkeeping")
+        if planned.host_ready is not None:
+            planned.host_ready.synchronize()      # waits for this step only, not for the run-ahead one
         host = (planned.host if planned.host is not None else
                 torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1)).cpu()   # the one sync per step
         emitted_all = host[:, 0].tolist()

@@ -145,5 +145,7 @@ class PlannedStep:
     committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
     advanced: bool = False              # ... and W was advanced when the step was launched (target-only steps)
     started: float = 0.0                # perf_counter() when the step was planned (its wall time feeds the schedule)
-    host: Optional[object] = None       # advanced steps: [B, 1 + q] device copy of (num_emitted, output_tokens)
-                                        # taken at launch, before a run-ahead replay overwrites the graph's outputs
+    host: Optional[object] = None       # advanced steps: [B, 1 + q] copy of (num_emitted, output_tokens) taken at
+                                        # launch, before a run-ahead replay overwrites the graph's outputs; on CUDA
+                                        # a pinned host tensor filled asynchronously, ready once host_ready fires
+    host_ready: Optional[object] = None # torch.cuda.Event recorded after that copy (None: host is usable now)
