@@ -199,3 +199,17 @@ def test_overhead_model_rejects_bad_input():
     sched = GammaSchedule("optimal", gamma=2)
     with pytest.raises(ValueError, match="step_time must be a finite number >= 0"):
         sched.update(2, [1], draft_time=1e-3, target_time=2e-3, step_time=float("nan"))
+
+
+def test_fallback_steps_run_ahead_on_the_native_step_path(models):
+    """After the optimal schedule's fallback the target-only steps are launched one ahead of the host read (the
+    native CPU step reuses its output buffers as a replayed graph does): tokens equal target-only decoding."""
+    target, draft = models["target"], models["draft"]
+    expected = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(), compile="native",
+                                  eos_token_id=[]).generate(PROMPTS, max_new_tokens=20).sequences
+    dec = SpeculativeDecoder(target, draft, gamma=2, gamma_schedule="optimal", fallback_below=1e9, compile="native",
+                             sampling=SamplingParams.greedy(), eos_token_id=[])
+    for prompts, rows in ((PROMPTS[:1], expected[:1]), (PROMPTS, expected)):
+        out = dec.generate(prompts, max_new_tokens=20)
+        assert out.stats.fallback_at_step == 4 and out.stats.runtime == "native"
+        assert out.sequences == rows

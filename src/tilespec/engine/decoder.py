@@ -250,7 +250,9 @@ class SpeculativeDecoder:
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
                                    method_options=self.method_options)
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
-        advanced = committed and not spec        # target-only: W moves by exactly one slot, known now
+        # target-only (no drafter, or the optimal schedule's fallback, which is for good): W moves by exactly one
+        # slot, known now, so the next step can be launched before this one is read
+        advanced = committed and (not spec or fallback) and gamma == 0 and drafts is None
         host = ready = None
         if advanced:
             state.write += 1

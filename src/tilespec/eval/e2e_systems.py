@@ -131,8 +131,13 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
             t0 = time.perf_counter()
             out = target.generate(input_features=f, language="en", task="transcribe", **kw).tolist()
             _sync(device)
-            rows = [r[len(p):] if r[:len(p)] == p else r for r, p in zip(out, batch)]
-            return [_truncate(r, eos) for r in rows], time.perf_counter() - t0
+            rows = [_truncate(r[len(p):] if r[:len(p)] == p else r, eos) for r, p in zip(out, batch)]
+            # Whisper's generate drops the end-of-text token of a request that ended alone (B=1); a row shorter
+            # than max_new_tokens ended on it, so it is put back (our engine's rows and HF's batched rows keep it)
+            end, cap = (min(eos) if eos else None), kw.get("max_new_tokens", 0)
+            rows = [r + [end] if end is not None and len(r) < cap and (not r or r[-1] not in eos) else r
+                    for r in rows]
+            return rows, time.perf_counter() - t0
         width = max(len(ids) for ids in batch)
         x = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
