@@ -29,10 +29,11 @@ def ncompiled(fn) -> int:
 
 
 def kernels():
-    from tilespec.verify.kernels.sample import accept_sample_kernel
+    from tilespec.verify.kernels.sample import accept_sample_kernel, sample_row_kernel
     from tilespec.verify.kernels.stats import row_stats_kernel
     from tilespec.verify.kernels.tiled import tiled_partials_kernel
-    return {"stats": row_stats_kernel, "sample": accept_sample_kernel, "tiled": tiled_partials_kernel}
+    return {"stats": row_stats_kernel, "sample": accept_sample_kernel, "sample_row": sample_row_kernel,
+            "tiled": tiled_partials_kernel}
 
 
 def part_a(vocab: int, dtype=torch.float32, k_values=(0, 1, 2, 3, 5, 8, 13, 16, 17, 20)) -> list:

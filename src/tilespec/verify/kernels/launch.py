@@ -1,5 +1,9 @@
 """Python launch wrappers: ``fused_verify`` (2 launches), ``sigmoid_verify`` (1), ``tiled_verify`` (2 + softmaxes).
 
+``fused`` on large vocabularies (per-request layout): ``stats.row_stats_kernel`` (statistics + acceptance test in
+its last program per request) then ``sample.sample_row_kernel`` (row n's tile masses, ceil(V / (BLOCK2 *
+SAMPLE_TILES)) programs per request, and the draw); direct launches: ``direct``.
+
 No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
 ~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
 Everything that depends only on the shapes - grids, constexprs, kernel choice, the scratch buffers of pass 1 /
@@ -35,7 +39,8 @@ import triton
 from ..distributions import draft_log_probs, filtered_logits, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
-from .sample import accept_sample_kernel, accept_sample_rows_kernel
+from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
+from .sample import accept_sample_kernel, accept_sample_rows_kernel, sample_row_kernel
 from .stats import row_stats_kernel, row_stats_rows_kernel
 from .tiled import tiled_partials_kernel, tiled_partials_rows_kernel
 
@@ -52,6 +57,9 @@ RB = 8
 NUM_WARPS1 = 8
 NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
+FUSED_SPLIT = True        # False: fused's per-request pass 2 is accept_sample_kernel again (tests compare the two)
+SAMPLE_TILES = 1          # fused pass 2 (per-request layout): BLOCK2 tiles per program, i.e. ceil(V / BLOCK2) programs
+                          # per request stream row n in parallel (acceptance ran once per request in pass 1's tail)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B); large blocks in the interpreter (few,
 # large NumPy ops); opt-in on GPUs (e.g. TILESPEC_ROW_ELEMS=8192, see the module docstring); 1 = per-request kernels.
@@ -83,10 +91,6 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[key]
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """[B, R, V] with unit stride along V (a copy only if the caller passed a non-contiguous last dimension)."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -111,13 +115,14 @@ class _Plan:
     counters, and the compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
 
     __slots__ = ("rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
-                 "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct")
+                 "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct", "split", "nrow",
+                 "lse", "cnt1")
 
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
-           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM)
+           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -133,16 +138,21 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     p.direct = None          # no direct launches for plans that are not cached
     f32 = dict(dtype=torch.float32, device=device)
     p.nc1, p.n_tiles, p.m, p.s, p.a, p.tau, p.bpart = 1, 1, None, None, None, None, None
+    p.split, p.nrow, p.lse, p.cnt1 = False, None, None, None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
         p.rows1 = bb1 > 1
         n_rows = k_max + 1 + (k_max if kind == DRAFT_LOGITS else 0)
         p.grid1 = (p.nc1, n_rows, triton.cdiv(batch, bb1))
-        p.const1 = dict(HAS_DRAFT_LOGITS=kind == DRAFT_LOGITS, HAS_THR=has_thr, CHUNK=chunk, num_warps=NUM_WARPS1)
+        p.const1 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, CHUNK=chunk, num_warps=NUM_WARPS1)
         if p.rows1:
             p.const1["BLOCK_B"] = bb1
-        else:
-            p.const1["SUB"] = min(SUB1, chunk)
+        else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_row_kernel
+            p.split = FUSED_SPLIT
+            p.const1.update(SUB=min(SUB1, chunk), NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB)
+            p.nrow = torch.empty(batch, dtype=torch.int32, device=device)
+            p.lse = torch.empty(batch, 2, **f32)
+            p.cnt1 = torch.zeros(batch, dtype=torch.int32, device=device)
         shape = (batch, 2 * k_max + 1, p.nc1)
         p.m, p.s = torch.empty(shape, **f32), torch.empty(shape, **f32)
         p.a = torch.empty(shape, dtype=torch.int32, device=device)
@@ -160,6 +170,9 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     p.rows2 = bb2 > 1
     if p.rows2:
         p.tiles, p.nc2 = 1, 1
+    elif p.split:
+        p.tiles = max(1, min(SAMPLE_TILES, tiles_total))
+        p.nc2 = triton.cdiv(tiles_total, p.tiles)
     else:
         per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
         p.tiles = triton.cdiv(tiles_total, min(per_request, tiles_total))
@@ -171,85 +184,15 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
         p.const2.update(BLOCK_B=bb2, WB=8)
         p.tsum = p.counters = None
+    elif p.split:
+        p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, NT2_BLOCK=p.const2["NT2_BLOCK"],
+                        num_warps=NUM_WARPS2)
+        p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)
+        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     else:
         p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)     # per tile: (residual mass, p mass)
         p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     return p
-
-
-class _Launcher:
-    """``kernel[grid](*args, **consts)``, or - on CUDA, for a cached plan - the compiled kernel called directly.
-
-    Triton's JIT dispatcher re-derives the specialisation of every argument (dtype, 16-byte alignment, integer
-    width) and hashes a cache key on every launch, several us of host time for our ~35-argument kernels. A plan
-    fixes every constexpr, and the wrappers pass tensors whose dtypes are fixed by the plan and the logits' dtype,
-    so the only other inputs to Triton's specialisation are the pointers' 16-byte alignment and whether an integer
-    fits in 32 bits. ``__call__`` therefore keeps, per plan, the CompiledKernel the first (JIT) launch returned for
-    (tensor dtypes), and calls it directly afterwards when every user tensor is 16-byte aligned and every stride
-    fits in 32 bits (anything else goes through the JIT path, which is always correct). If the installed Triton
-    rejects the direct call (its calling convention differs between versions), the launcher falls back to the JIT
-    path for good, with a warning. On by default on CUDA; ``TILESPEC_DIRECT_LAUNCH=0`` disables it.
-    """
-
-    def __init__(self, name: str, fn):
-        self.name, self.fn = name, fn
-        self.mode = "full"          # "full": constexprs passed too; "plain": runtime args only; "off": JIT only
-        self.const_names = None
-
-    def __call__(self, plan: _Plan, grid, args: tuple, consts: dict, key) -> None:
-        cache = plan.direct
-        if cache is None or key is None or self.mode == "off":
-            self.fn[grid](*args, **consts)
-            return
-        key = (self.name, key)
-        kernel = cache.get(key)
-        if kernel is None:
-            kernel = self.fn[grid](*args, **consts)
-            if hasattr(kernel, "function") and not _capturing(args[0].device):
-                cache[key] = kernel
-            return
-        try:
-            if self.mode == "full":
-                if self.const_names is None:
-                    self.const_names = list(self.fn.arg_names[len(args):])
-                kernel[grid](*args, *[consts[n] for n in self.const_names])
-            else:
-                kernel[grid](*args)
-        except (TypeError, ValueError, IndexError, KeyError) as err:
-            self.mode = "plain" if self.mode == "full" else "off"
-            if self.mode == "off":
-                import warnings
-                warnings.warn(f"tilespec: direct launch of {self.name} failed ({err!r}); using Triton's JIT "
-                              f"dispatcher from now on", RuntimeWarning)
-            self(plan, grid, args, consts, key[1])
-
-
-# Direct launches (see _Launcher) passed the GPU kernel tests and the exactness suite at 1e6 samples on an H100 with
-# Triton 3.6 (bench/results/kernels-direct-launch-H100-2026-11-21.json); TILESPEC_DIRECT_LAUNCH=0 turns them off.
-_DIRECT = not _INTERPRET and os.environ.get("TILESPEC_DIRECT_LAUNCH", "1") == "1"
-_LAUNCHERS: dict = {}
-_ALIGN_MASK = 15
-_INT32_MAX = 2**31 - 1
-
-
-def _launcher(fn) -> _Launcher:
-    """The launcher of kernel ``fn`` (looked up at call time, so tests can replace a kernel by a stub)."""
-    launcher = _LAUNCHERS.get(id(fn))
-    if launcher is None or launcher.fn is not fn:
-        launcher = _LAUNCHERS[id(fn)] = _Launcher(getattr(fn, "__name__", type(fn).__name__), fn)
-    return launcher
-
-
-def _direct_key(plan: _Plan, device: torch.device, tensors: tuple, ints: tuple):
-    """The tensors' dtypes when a direct launch is safe for them and these integers, else None (see _Launcher)."""
-    if plan.direct is None or not _DIRECT or device.type != "cuda" or device.index != torch.cuda.current_device():
-        return None
-    ptr = 0
-    for t in tensors:
-        ptr |= t.data_ptr()
-    if ptr & _ALIGN_MASK or max(ints) > _INT32_MAX:
-        return None
-    return tuple(t.dtype for t in tensors)
 
 
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
@@ -281,30 +224,46 @@ def _top_k_thresholds(logits: torch.Tensor, top_k: torch.Tensor, temperature: to
     return (kth / scale[:, None]).contiguous()
 
 
+def _outputs(batch: int, k_max: int, device: torch.device) -> tuple:
+    """The four output tensors (``torch.empty``: the only ATen ops of a hot-loop call)."""
+    return (torch.empty(batch, k_max + 1, dtype=torch.int64, device=device),
+            torch.empty(batch, dtype=torch.int64, device=device), torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch, k_max, dtype=torch.bool, device=device))
+
+
+def _result(outs: tuple, method: str, exact: bool) -> VerifyResult:
+    out, nacc, nemit, accepted = outs
+    return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted, method=method,
+                        exact=exact)
+
+
 def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf: Optional[torch.Tensor],
-           draft_kind: int, thr_t, thr_q, alpha: float, beta: float, method: str, exact: bool) -> VerifyResult:
+           draft_kind: int, thr_t, thr_q, alpha: float, beta: float, method: str, exact: bool,
+           outs: Optional[tuple] = None) -> VerifyResult:
     batch, k_max = tgt.shape[0], tgt.shape[1] - 1
     device = tgt.device
-    out = torch.empty(batch, k_max + 1, dtype=torch.int64, device=device)
-    nacc = torch.empty(batch, dtype=torch.int64, device=device)
-    nemit = torch.empty(batch, dtype=torch.int64, device=device)
-    accepted = torch.empty(batch, k_max, dtype=torch.bool, device=device)
+    outs = outs if outs is not None else _outputs(batch, k_max, device)
     sampling = inputs.sampling
     drf_t = drf if drf is not None else tgt
     tokens = inputs.draft_tokens if k_max > 0 else inputs.num_draft_tokens
     user = (tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, sampling.temperature,
             sampling.lenience)
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
+    dummy = sampling.temperature   # for buffers this variant never reads
+    if plan.split:   # fused, per-request layout: row n and its log-sum-exps come from pass 1's tail
+        _launcher(sample_row_kernel)(
+            plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
+                               plan.counters, *outs, k_max, tgt.shape[2], plan.nc2, plan.tiles, *strides),
+            plan.const2, _direct_key(plan, device, user, strides))
+        return _result(outs, method, exact)
     sizes = (k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles)
     key = _direct_key(plan, device, user, strides)
-    dummy = sampling.temperature   # for buffers this variant never reads
     kernel = accept_sample_rows_kernel if plan.rows2 else accept_sample_kernel
     _launcher(kernel)(
         plan, plan.grid2, (*user, *(_or(t, dummy) for t in (thr_t, thr_q, plan.m, plan.s, plan.a, plan.tau,
                                                               plan.bpart, plan.tsum, plan.counters)),
-                           out, nacc, nemit, accepted, batch, *sizes, *strides, alpha, beta), plan.const2, key)
-    return VerifyResult(output_tokens=out, num_accepted=nacc, num_emitted=nemit, accepted=accepted,
-                        method=method, exact=exact)
+                           *outs, batch, *sizes, *strides, alpha, beta), plan.const2, key)
+    return _result(outs, method, exact)
 
 
 def _or(tensor, dummy):  # kernels take a (never read) dummy tensor for unused buffers
@@ -329,21 +288,28 @@ def _thresholds(inputs: VerifyInputs, tgt: torch.Tensor, drf: Optional[torch.Ten
 
 @_quiet
 def fused_verify(inputs: VerifyInputs) -> VerifyResult:
-    """Exact verification from logits: pass 1 (row statistics) + pass 2 (accept, lazy residual, sample)."""
+    """Exact verification from logits: pass 1 (row statistics) + pass 2 (accept, lazy residual, sample). In the
+    per-request layout pass 1's last program per request also runs the acceptance test (``stats._accept_tail``)
+    and pass 2 is ``sample_row_kernel``; in the batched layout pass 2 (``accept_sample_rows_kernel``) does both."""
     tgt = _rows(inputs.target_logits)
     batch, rows, vocab = tgt.shape
     drf, kind = _draft(inputs)
     thr_t, thr_q = _thresholds(inputs, tgt, drf, kind)
     plan = _plan(tgt.device, batch, rows - 1, vocab, MODE_LOGITS, kind, thr_t is not None, True)
-    drf_t = drf if kind == DRAFT_LOGITS else tgt
+    sampling = inputs.sampling
+    temp = sampling.temperature
+    drf_t = drf if drf is not None else tgt
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
-    temp = inputs.sampling.temperature
-    key = _direct_key(plan, tgt.device, (tgt, drf_t, inputs.num_draft_tokens, temp), strides)
+    tokens = inputs.draft_tokens if rows > 1 else inputs.num_draft_tokens
+    user = (tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, temp, sampling.lenience)
+    outs = _outputs(batch, rows - 1, tgt.device)
     kernel = row_stats_rows_kernel if plan.rows1 else row_stats_kernel
     _launcher(kernel)(plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp), _or(thr_q, temp),
-                                         plan.m, plan.s, plan.a, batch, rows - 1, vocab, plan.nc1, *strides),
-                      plan.const1, key)
-    return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True)
+                                         plan.m, plan.s, plan.a, batch, rows - 1, vocab, plan.nc1, *strides, tokens,
+                                         inputs.seeds, inputs.offsets, sampling.lenience,
+                                         *(_or(t, temp) for t in (plan.nrow, plan.lse, plan.cnt1)), *outs),
+                      plan.const1, _direct_key(plan, tgt.device, user, strides))
+    return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True, outs)
 
 
 @_quiet

@@ -19,7 +19,10 @@ Outputs: out [B, K+1] int64 (-1 padded), nacc / nemit [B] int64, accepted [B, K]
 Two layouts with the same helpers (``common`` and the two below), differing only in indexing:
 ``accept_sample_kernel``, grid (NC2, B): program (c, b) handles vocabulary chunk c (TILES tiles) of request b;
 every program of b runs step 1 redundantly and identically (no sync needed), writes its tiles' masses to
-tsum [B, NC2 * TILES, 2], and the last one done (atomic counter, acq_rel; reset to 0 for CUDA-graph replay) draws.
+tsum [B, NC2 * TILES, 2], and the last one done (atomic counter, acq_rel; reset to 0 for CUDA-graph replay) draws
+(:func:`_sample_tiles`). ``fused`` in this layout runs step 1 once per request instead, at the end of pass 1
+(``stats._accept_tail``), and then ``sample_row_kernel`` (grid (NC2, B), steps 2-3 only, one tile per program by
+default): row n is streamed by ceil(V / BLOCK) programs per request with no acceptance work in any of them.
 ``accept_sample_rows_kernel``, grid (1, ceil(B / BLOCK_B)): BLOCK_B requests per program, each whole row n in one
 [BLOCK_B, BLOCK] tile (small vocabularies), so the tile step is trivial and no cross-program reduction is needed.
 Both take the same arguments (the batched kernel ignores tsum, cnt, NC2, TILES and NT2_BLOCK; the per-request one
@@ -159,7 +162,6 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
                                            lenience, log_l, tok_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr,
                                            tau_ptr, K, NC1, cols, stride_tr, stride_dr, alpha, beta, MODE,
                                            DRAFT_KIND, HAS_THR))
-    is_rej = n < k_b
     slot_n = (b * (2 * K + 1) + n) * NC1
     greedy_path = False   # only ``fused`` reads greedy answers from pass-1 statistics
     if MODE == MODE_LOGITS:
@@ -178,34 +180,77 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
             _, lse_n, _ = row_lse(m_ptr, s_ptr, slot_n, cols, cols < NC1)
             if DRAFT_KIND == DRAFT_LOGITS:   # draft row n exists only after a rejection
                 _, lse_qn, _ = row_lse(m_ptr, s_ptr, slot_n + (K + 1) * NC1, cols, (cols < NC1) & rej_v)
-        x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
-        row_t = tgt_b + n * stride_tr
-        row_q = drf_b + n * stride_dr
-        nt2 = NC2 * TILES
-        for t in range(TILES):
-            tile = c * TILES + t
-            offs = tile * BLOCK + tl.arange(0, BLOCK)
-            w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
-                                    b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
-                                    MODE, DRAFT_KIND, HAS_THR)
-            tl.store(tsum_ptr + (b * nt2 + tile) * 2, tl.sum(w_r, axis=0))
-            tl.store(tsum_ptr + (b * nt2 + tile) * 2 + 1, tl.sum(w_p, axis=0))
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
-        if done == NC2 - 1:   # the last program of request b: inverse CDF over tile masses, then inside one tile
-            tt = tl.arange(0, NT2_BLOCK)
-            tm = tt < nt2
-            sr = tl.load(tsum_ptr + (b * nt2 + tt) * 2, mask=tm, other=0.0, cache_modifier=".cg")
-            sp = tl.load(tsum_ptr + (b * nt2 + tt) * 2 + 1, mask=tm, other=0.0, cache_modifier=".cg")
-            use_res = _use_residual(is_rej, sr, bpart_ptr, (b * K + n) * NT, cols, (cols < NT) & rej_v, MODE)
-            tile, rest = cdf_tile(tl.where(use_res, sr, sp), tt, _sample_uniform(seed, off + n))
-            offs = tile * BLOCK + tl.arange(0, BLOCK)
-            w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, use_res, x_n, thr_t_ptr, thr_q_ptr,
-                                    b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
-                                    MODE, DRAFT_KIND, HAS_THR)
-            token = cdf_pick(tl.where(use_res, w_r, w_p), offs, rest, tile * BLOCK)
-            write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, live, n, token, K, 32)
-            tl.atomic_xchg(cnt_ptr + b, 0)
+        _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
+                      nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols,
+                      rej_v, K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE, DRAFT_KIND, HAS_THR,
+                      BLOCK, NT2_BLOCK)
+
+
+@triton.jit
+def _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
+                  nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols, rej_v,
+                  K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE: tl.constexpr,
+                  DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr):
+    """Steps 2-3 for program (c, b) of the per-request layout, once n (the row to sample) and its log-sum-exps are
+    known: the masses (residual, p) of tiles c * TILES .. c * TILES + TILES - 1 of row n -> tsum [B, NC2 * TILES, 2];
+    the last of the NC2 programs of b (counter at cnt_ptr[b], acq_rel; reset to 0) picks the tile with the SAMPLE
+    uniform, scans that one tile and writes the outputs. ``cols`` / ``rej_v``: tiled's b_k columns (n < k_b)."""
+    live = b >= 0   # always (one request per program): a mask the compiler folds away
+    is_rej = n < k_b
+    x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
+    row_t = tgt_b + n * stride_tr
+    row_q = drf_b + n * stride_dr
+    nt2 = NC2 * TILES
+    for t in range(TILES):
+        tile = c * TILES + t
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
+                                b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
+                                MODE, DRAFT_KIND, HAS_THR)
+        tl.store(tsum_ptr + (b * nt2 + tile) * 2, tl.sum(w_r, axis=0))
+        tl.store(tsum_ptr + (b * nt2 + tile) * 2 + 1, tl.sum(w_p, axis=0))
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+    if done == NC2 - 1:   # the last program of request b: inverse CDF over tile masses, then inside one tile
+        tt = tl.arange(0, NT2_BLOCK)
+        tm = tt < nt2
+        sr = tl.load(tsum_ptr + (b * nt2 + tt) * 2, mask=tm, other=0.0, cache_modifier=".cg")
+        sp = tl.load(tsum_ptr + (b * nt2 + tt) * 2 + 1, mask=tm, other=0.0, cache_modifier=".cg")
+        use_res = _use_residual(is_rej, sr, bpart_ptr, (b * K + n) * NT, cols, (cols < NT) & rej_v, MODE)
+        tile, rest = cdf_tile(tl.where(use_res, sr, sp), tt, _sample_uniform(seed, off + n))
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, use_res, x_n, thr_t_ptr, thr_q_ptr,
+                                b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
+                                MODE, DRAFT_KIND, HAS_THR)
+        token = cdf_pick(tl.where(use_res, w_r, w_p), offs, rest, tile * BLOCK)
+        write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, live, n, token, K, 32)
+        tl.atomic_xchg(cnt_ptr + b, 0)
+
+
+@triton.jit(do_not_specialize=["K", "V", "NC2", "TILES", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
+def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr,
+                      nrow_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                      K, V, NC2, TILES, stride_tb, stride_tr, stride_db, stride_dr,
+                      DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
+                      NT2_BLOCK: tl.constexpr):
+    """``fused`` pass 2 after ``stats.row_stats_kernel`` (per-request layout), grid (NC2, B): step 1 already ran
+    once per request at the end of pass 1 (row n -> nrow [B] int32, its log-sum-exps -> lse [B, 2] fp32; greedy
+    requests' outputs written there), so program (c, b) of a sampling request only sums its TILES tiles of row n
+    and the last one draws (:func:`_sample_tiles`): no per-program acceptance work, and NC2 (hence the number of
+    programs streaming the row) is free of it."""
+    c = tl.program_id(0)
+    b = tl.program_id(1)
+    temp = tl.load(temp_ptr + b)
+    if temp != 0.0:
+        k_b = tl.load(nd_ptr + b)
+        n = tl.load(nrow_ptr + b)
+        cols = tl.arange(0, 2)
+        _sample_tiles(tgt_ptr + b.to(tl.int64) * stride_tb, drf_ptr + b.to(tl.int64) * stride_db, tok_ptr,
+                      thr_t_ptr, thr_q_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b,
+                      c, n, k_b, tl.load(seed_ptr + b), tl.load(off_ptr + b), temp, tl.load(len_ptr + b),
+                      tl.log(tl.load(len_ptr + b)), tl.load(lse_ptr + 2 * b), tl.load(lse_ptr + 2 * b + 1), cols,
+                      (cols * 0 + n) < k_b, K, V, NC2, TILES, 1, stride_tr, stride_dr, 0.0, 1.0, MODE_LOGITS,
+                      DRAFT_KIND, HAS_THR, BLOCK, NT2_BLOCK)
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",

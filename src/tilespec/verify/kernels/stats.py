@@ -13,22 +13,33 @@ alone, so a request's statistics (hence its tokens) do not depend on the batch i
 Two layouts with the same arithmetic (``common``): ``row_stats_kernel``, grid (NC, R, B), one request per program,
 SUB ids at a time (CHUNK % SUB == 0); ``row_stats_rows_kernel``, grid (NC, R, ceil(B / BLOCK_B)), BLOCK_B requests
 per program, one [BLOCK_B, CHUNK] block (small vocabularies: NC = 1). Both take the same arguments (B, the batch
-size, bounds the batched layout's request blocks).
+size, bounds the batched layout's request blocks; the rows kernel ignores the tail's).
+
+Tail of ``row_stats_kernel`` (pass 2's step 1, moved here so it runs once per request, not once per pass-2
+program): every program of request b increments cnt[b] (acq_rel, after its stores); the last of the NC * R programs
+sees complete statistics and runs the acceptance test of ``sample._first_rejection`` (same code, so the same n).
+Greedy request: writes all outputs (token = argmax of row n). Sampling request: nrow[b] = n (int32),
+lse[b] = (log-sum-exp of target row n, of draft row n after a rejection with draft logits, else 0) (fp32), read
+by ``sample.sample_row_kernel``. It resets cnt[b] to 0 (CUDA-graph replay).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .common import BIG, first_index, online_max_sumexp, scaled, threshold
+from .common import (BIG, DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scaled, stats_argmax,
+                     threshold, write_outputs)
+from .sample import _first_rejection
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
 def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
                      m_ptr, s_ptr, a_ptr,
                      B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
-                     HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
-                     SUB: tl.constexpr):
+                     tok_ptr, seed_ptr, off_ptr, len_ptr, nrow_ptr, lse_ptr, cnt_ptr,
+                     out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                     DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
+                     SUB: tl.constexpr, NC_BLOCK: tl.constexpr, RB: tl.constexpr):
     c = tl.program_id(0)
     r = tl.program_id(1)
     b = tl.program_id(2)
@@ -65,13 +76,66 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
         tl.store(s_ptr + slot, s)
         if greedy & is_target:
             tl.store(a_ptr + slot, at)
+    # the last program of request b to finish (self-resetting counter, acq_rel) runs the acceptance test
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+        _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
+                     thr_q_ptr, m_ptr, s_ptr, a_ptr, nrow_ptr, lse_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b,
+                     K, NC, stride_tb, stride_tr, stride_db, stride_dr, DRAFT_KIND, HAS_THR, NC_BLOCK, RB)
+        tl.atomic_xchg(cnt_ptr + b, 0)
+
+
+@triton.jit
+def _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr,
+                 m_ptr, s_ptr, a_ptr, nrow_ptr, lse_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, K, NC,
+                 stride_tb, stride_tr, stride_db, stride_dr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
+                 NC_BLOCK: tl.constexpr, RB: tl.constexpr):
+    """Step 1 of pass 2 (``sample._first_rejection``, the same code), run once per request on its complete
+    statistics: n = the first rejected position (or K_b). Greedy requests: the token is row n's argmax and every
+    output is written here. Sampling requests: n -> nrow[b] (int32), (lse of target row n, lse of draft row n or 0)
+    -> lse[b, 0:2] (fp32), for ``sample.sample_row_kernel``."""
+    live = b >= 0   # always: a mask the compiler folds away
+    k_b = tl.load(nd_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    off = tl.load(off_ptr + b)
+    temp = tl.load(temp_ptr + b)
+    lenience = tl.load(len_ptr + b)
+    scale = tl.where(temp == 0.0, 1.0, temp)
+    log_l = tl.log(lenience)
+    cols = tl.arange(0, NC_BLOCK)
+    tgt_b = tgt_ptr + b.to(tl.int64) * stride_tb
+    drf_b = drf_ptr + b.to(tl.int64) * stride_db
+    n = k_b
+    for kb in range(0, k_b, RB):
+        n = tl.minimum(n, _first_rejection(tgt_b, drf_b, b, kb + tl.arange(0, RB), k_b, seed, off, temp, scale,
+                                           lenience, log_l, tok_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr,
+                                           m_ptr, K, NC, cols, stride_tr, stride_dr, 0.0, 1.0, MODE_LOGITS,
+                                           DRAFT_KIND, HAS_THR))
+    slot_n = (b * (2 * K + 1) + n) * NC
+    if temp == 0.0:
+        big_m, lse_g, mm = row_lse(m_ptr, s_ptr, slot_n, cols, cols < NC)   # (distinct names per branch: the
+        token = stats_argmax(a_ptr, slot_n, mm, big_m, cols, live)          # compiler types each one)
+        write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, live, n, token, K, 32)
+    else:
+        rej_v = (cols * 0 + n) < k_b   # (a vector: the interpreter turns scalar-bool & tensor-bool into int32)
+        m_n, lse_n, mm_n = row_lse(m_ptr, s_ptr, slot_n, cols, cols < NC)
+        lse_qn = tl.full([], 0.0, tl.float32)
+        if DRAFT_KIND == DRAFT_LOGITS:   # draft row n exists only after a rejection
+            m_q, lse_qn, mm_q = row_lse(m_ptr, s_ptr, slot_n + (K + 1) * NC, cols, (cols < NC) & rej_v)
+            lse_qn = tl.where(n < k_b, lse_qn, 0.0)
+        tl.store(nrow_ptr + b, n)
+        tl.store(lse_ptr + 2 * b, lse_n)
+        tl.store(lse_ptr + 2 * b + 1, lse_qn)
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
 def row_stats_rows_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
                           m_ptr, s_ptr, a_ptr,
                           B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
-                          HAS_DRAFT_LOGITS: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
+                          tok_ptr, seed_ptr, off_ptr, len_ptr, nrow_ptr, lse_ptr, cnt_ptr,
+                          out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                          DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
                           BLOCK_B: tl.constexpr):
     c = tl.program_id(0)
     r = tl.program_id(1)
