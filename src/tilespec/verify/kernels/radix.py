@@ -61,7 +61,8 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                  BITS: tl.constexpr, NC_PAD: tl.constexpr, COUNT: tl.constexpr = True):
     """hist (counts, int32; for top-p the counts of tokens that top-k keeps) and mass (fp32, top-p)
     [N, C, 2^BITS] of chunk c over [lo, lo + 2^(SHIFT + BITS)); WRITE_MAX: cmax [N, C] = the chunk's max z.
-    Column 0 holds the whole interval (every token in it is >= / > lo); COUNT=False: only cmax is wanted."""
+    Column 0 is the whole interval (top-p pass 1: every token, lo being below all keys; its float is a NaN);
+    it marks the chunks that still hold tokens inside it. COUNT=False: only cmax is wanted."""
     pid = tl.program_id(0)
     n = pid // nchunks
     c = pid % nchunks
@@ -100,13 +101,13 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                 zmax = tl.maximum(zmax, z)
             if MASS:
                 below = valid & (z >= t_k) & ~(z > f_hi)                   # kept by top-k, key <= hi
-                hit = ((z[None, :] > cand[:, None]) | (ways == 0)[:, None]) & below[None, :]
+                hit = ((z[None, :] > cand[:, None]) | ((ways == 0) & FIRST)[:, None]) & below[None, :]
                 e = tl.where(below, tl.exp(z - m), 0.0)
                 mass += tl.sum(tl.where(hit, e[None, :], 0.0), axis=1)
                 cnt += tl.sum(hit.to(tl.int32), axis=1)
             elif COUNT:
                 below = valid & (z == z) & ~(z >= f_hi)                    # key < hi (NaN: never counted)
-                hit = ((z[None, :] >= cand[:, None]) | (ways == 0)[:, None]) & below[None, :]
+                hit = (z[None, :] >= cand[:, None]) & below[None, :]
                 cnt += tl.sum(hit.to(tl.int32), axis=1)
         if WRITE_MAX:
             tl.store(cmax_ptr + pid, tl.max(zmax, axis=0))
