@@ -10,7 +10,7 @@ from tilespec.verify.filters import KEY_NEG_INF, key_float, keep_threshold, orde
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
-METHODS = ("search", "sort", "triton")
+METHODS = ("search", "sort", "triton", "triton_row")
 NEAR = 1e-5   # rows with a top-p mass or a min-p log-ratio this close to the boundary are skipped (float rounding)
 
 

@@ -29,8 +29,9 @@ def filtered_logits(logits: torch.Tensor, sampling: ResolvedSampling, method: st
     min-p drops tokens whose log-prob (of the row filtered so far) is below max log-prob + log(min_p).
     No sort: both thresholds come from an exact bisection over fp32 order keys (:mod:`tilespec.verify.filters`;
     a Triton kernel for CUDA tensors), with no host sync, so this is safe inside CUDA-graph capture.
-    ``method``: "auto", "triton", "search" or "sort" (the sort-based evaluation of the same definition, kept for
-    tests and benchmarks); all give the same kept set except where a top-p mass is within float rounding of top_p.
+    ``method``: "auto", "triton" (chunked radix kernel), "triton_row" (one program per row), "search" or "sort"
+    (the sort-based evaluation of the same definition, kept for tests and benchmarks); all give the same kept set
+    except where a top-p mass is within float rounding of top_p.
     """
     z = scaled_logits(logits, sampling.temperature)
     if not sampling.has_filters:

@@ -20,7 +20,8 @@ row with no host sync and no data-dependent shape, so the search is usable insid
   the sort-based form as a cumsum in sorted order; the two roundings differ, so the kept sets can differ only for a
   token x whose S(z_x) is within float rounding of p (~1e-7 relative) - a near-tie of p itself.
 
-The Triton kernel in :mod:`tilespec.verify.kernels.thresholds` runs the same search 2^BITS-way per pass.
+The Triton kernels run the same search 2^BITS-way per pass: :mod:`tilespec.verify.kernels.radix` (each pass
+split over many programs per row; the default) and :mod:`tilespec.verify.kernels.thresholds` (one program per row).
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def top_p_threshold_search(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
     return torch.where(p < 1.0, thr, torch.full_like(thr, NEG_INF))
 
 
-KERNEL_MIN_ROWS = 128   # rows (B x R) from which "auto" uses the threshold kernel on a GPU
+KERNEL_MIN_ROWS = 1   # rows (B x R) from which "auto" uses the chunked radix kernel on a GPU (a prediction)
 
 
 def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = None,
@@ -123,20 +124,25 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
     """Per-row threshold [B, R] (float32) of top-k followed by top-p: keep ``z >= thr`` (-inf: keep all).
 
     ``logits`` [B, R, V] raw (any float dtype); ``z`` its temperature-scaled fp32 copy when the caller has one.
-    method: "auto" (on a GPU with at least KERNEL_MIN_ROWS rows the Triton kernel, or "search" without Triton;
-    else "sort", which is cheaper there than many masked passes over few rows), "triton", "search"
-    (the torch bisection above), "sort" (the sort-based evaluation). Min-p is not included (see filtered_logits).
+    method: "auto" (on a GPU with at least KERNEL_MIN_ROWS rows "triton", or "search" without Triton; else
+    "sort"), "triton" (the chunked radix select, :mod:`tilespec.verify.kernels.radix`: many programs per row),
+    "triton_row" (the one-program-per-row kernel, :mod:`tilespec.verify.kernels.thresholds`), "search" (the torch
+    bisection above), "sort" (the sort-based evaluation). Min-p is not included (see filtered_logits).
     """
     if method == "auto":
         rows = logits.shape[0] * logits.shape[1]
-        # one Triton program per row re-reads its row 16 times: it beats the sort only when the rows fill the GPU
-        # (H100: 2.0 vs 5.7 ms at 384 rows, 1.2 vs 0.3 ms at 6 rows; filter-thresholds-H100-partial-2026-11-23.log)
+        # Prediction, to be measured (docs/kernels.md, session 6): the radix kernel's passes are split over
+        # ceil(V / 2048) programs per row, so even 6 rows fill the GPU (launch-bound, ~18-34 small launches) and
+        # 384 rows read each row ~4-5 times instead of 16; the sort measured 0.3-0.5 ms at 6 rows on the H100.
         method = (("triton" if _triton_ok() else "search") if rows >= KERNEL_MIN_ROWS else "sort") \
             if logits.is_cuda else "sort"
-    if method == "triton":
-        from .kernels.thresholds import filter_thresholds
-        return filter_thresholds(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                                 sampling.has_top_k, sampling.has_top_p)
+    if method in ("triton", "triton_row"):
+        if method == "triton":
+            from .kernels.radix import radix_thresholds as find
+        else:
+            from .kernels.thresholds import filter_thresholds as find
+        return find(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.has_top_k,
+                    sampling.has_top_p)
     if z is None:
         z = scaled_logits(logits, sampling.temperature)
     b, r, _ = z.shape
