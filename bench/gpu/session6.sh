@@ -2,9 +2,10 @@
 # Session 6's GPU chain on one offline H100 (same mechanics as session5.sh: the work runs in the background while the
 # model parts are uploaded; the calls that follow only wait and bring the results back).
 #
-#   session6.sh extras [kernels]  # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
+#   session6.sh extras [kernels|second]  # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
 #                                 #   installs the wheels and starts job A (no weights) and job B (waits for weights);
-#                                 #   "kernels": only job K (verification kernels, no weights, no parts needed)
+#                                 #   "kernels": only job K (verification kernels, no weights, no parts needed);
+#                                 #   "second": job K, then job B2 (e2e optimal-schedule rows, eval-scale continued)
 #   session6.sh part NN           # one call per .parts/uNN; a model whose parts are all there is converted
 #   session6.sh wait SECONDS      # returns when the running jobs are done or after SECONDS; results in $OUT/res.tgz
 #
@@ -55,6 +56,8 @@ job_k() {
     --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
   step verify-bench 240 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
     --filters --check --json $RES/verify.json --plot $RES/verify.png
+  step verify-bench-split0 120 env TILESPEC_FUSED_SPLIT=0 python3 -m tilespec bench verify --batch 1 64 --draft 5 \
+    --vocab 151936 --dtype bf16 --contenders fused sigmoid --json $RES/verify-split0.json
   if command -v ncu > /dev/null; then
     for b in 1 64; do
       step ncu-fused-B$b 90 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
@@ -62,7 +65,19 @@ job_k() {
         python3 bench/scripts/ncu_fused.py --batch $b --no-timing
     done
   fi
-  step filter-thresholds 120 python3 bench/scripts/filter_thresholds.py --json $RES/filter-thresholds.json
+  step filter-thresholds 120 python3 bench/scripts/filter_thresholds.py --quick --json $RES/filter-thresholds.json
+  touch $RES/.jobK-done $RES/.jobA-done
+}
+
+job_b2() {  # the second machine: after job K and the models, what the first machine's release cut short
+  env_setup
+  wait_ready
+  ts "job B2 starts"
+  E2E_RES=$RES/e2e E2E_TOTAL_S=200 E2E_BUDGET_S=170 E2E_MAX_S=5 \
+    E2E_ARGS="--ignore-eos --temperature 0,1 --batch 1,8 --systems ar,tilespec --gamma 2 --gamma-schedule optimal" \
+    step e2e-optimal 330 bash bench/gpu/e2e_fast.sh runtime-t0
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${EVAL_TOTAL_S:-560} EVAL_BUDGET_SCALE=1.3 \
+    step eval-scale 620 bash bench/gpu/eval_scale.sh xsum-t0 cnndm-t0 xsum-t1 cnndm-t1 asr-t0 asr-t1 multidraft
   touch $RES/.jobB-done
 }
 
@@ -116,7 +131,11 @@ case ${1:-} in
     MODELS=none source bench/gpu/setup.sh; set +e
     python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-    if [ "${2:-}" = kernels ]; then bg job-k; ts "job K started"; else bg job-a; bg job-b; ts "jobs A and B started"; fi ;;
+    case ${2:-} in
+      kernels) bg job-k; ts "job K started" ;;
+      second) bg job-k; bg job-b2; ts "jobs K and B2 started" ;;
+      *) bg job-a; bg job-b; ts "jobs A and B started" ;;
+    esac ;;
   part)
     d=.parts/u$2
     [ -d "$d/extra" ] && cp -r "$d"/extra/* $EXTRA/
@@ -135,6 +154,7 @@ case ${1:-} in
   job-a) job_a ;;
   job-b) job_b ;;
   job-k) job_k ;;
+  job-b2) job_b2 ;;
   convert) convert "$2" ;;
   *) echo "usage: session6.sh extras [kernels] | part NN | wait SECONDS" >&2; exit 2 ;;
 esac

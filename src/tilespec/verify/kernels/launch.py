@@ -57,7 +57,8 @@ RB = 8
 NUM_WARPS1 = 8
 NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
-FUSED_SPLIT = True        # False: fused's per-request pass 2 is accept_sample_kernel again (tests compare the two)
+# False (env TILESPEC_FUSED_SPLIT=0): fused's per-request pass 2 is accept_sample_kernel again (tests compare the two)
+FUSED_SPLIT = os.environ.get("TILESPEC_FUSED_SPLIT", "1") != "0"
 SAMPLE_TILES = 1          # fused pass 2 (per-request layout): BLOCK2 tiles per program, i.e. ceil(V / BLOCK2) programs
                           # per request stream row n in parallel (acceptance ran once per request in pass 1's tail)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
