@@ -76,6 +76,7 @@ job_b2() {  # the second machine: after job K and the models, what the first mac
   E2E_RES=$RES/e2e E2E_TOTAL_S=200 E2E_BUDGET_S=170 E2E_MAX_S=5 \
     E2E_ARGS="--ignore-eos --temperature 0,1 --batch 1,8 --systems ar,tilespec --gamma 2 --gamma-schedule optimal" \
     step e2e-optimal 330 bash bench/gpu/e2e_fast.sh runtime-t0
+  step whisper-profile 120 python3 bench/scripts/whisper_profile.py --json $RES/whisper-profile.json --clips 8
   EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${EVAL_TOTAL_S:-560} EVAL_BUDGET_SCALE=1.3 \
     step eval-scale 620 bash bench/gpu/eval_scale.sh xsum-t0 cnndm-t0 xsum-t1 cnndm-t1 asr-t0 asr-t1 multidraft
   touch $RES/.jobB-done
