@@ -48,24 +48,24 @@ job_a() {
   touch $RES/.jobA-done
 }
 
-job_k() {
+job_k() {  # ordered by importance: a call that ends early keeps what finished
   env_setup
-  step pytest-kernels-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+  step pytest-kernels-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
     tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
-  step exactness-gpu 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
-  step verify-bench 240 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+  step verify-bench 200 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
     --filters --check --json $RES/verify.json --plot $RES/verify.png
-  step verify-bench-split0 120 env TILESPEC_FUSED_SPLIT=0 python3 -m tilespec bench verify --batch 1 64 --draft 5 \
+  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  step verify-bench-split0 90 env TILESPEC_FUSED_SPLIT=0 python3 -m tilespec bench verify --batch 1 64 --draft 5 \
     --vocab 151936 --dtype bf16 --contenders fused sigmoid --json $RES/verify-split0.json
   if command -v ncu > /dev/null; then
-    for b in 1 64; do
-      step ncu-fused-B$b 90 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
+    for b in 64 1; do
+      step ncu-fused-B$b 60 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --csv \
         python3 bench/scripts/ncu_fused.py --batch $b --no-timing
     done
   fi
-  step filter-thresholds 120 python3 bench/scripts/filter_thresholds.py --quick --json $RES/filter-thresholds.json
+  step filter-thresholds 90 python3 bench/scripts/filter_thresholds.py --quick --json $RES/filter-thresholds.json
   touch $RES/.jobK-done $RES/.jobA-done
 }
 
@@ -134,6 +134,8 @@ case ${1:-} in
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
     case ${2:-} in
       kernels) bg job-k; ts "job K started" ;;
+      kernels-fg) (cd $WORK && timeout -k 5 ${K_TOTAL_S:-540} bash bench/gpu/session6.sh job-k >> $RES/jobs.log 2>&1)
+                  cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
       second) bg job-k; bg job-b2; ts "jobs K and B2 started" ;;
       *) bg job-a; bg job-b; ts "jobs A and B started" ;;
     esac ;;
