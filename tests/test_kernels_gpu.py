@@ -50,10 +50,11 @@ def test_direct_launch_matches_jit_dispatch(monkeypatch):
     kw = dict(draft_logits=draft, seed=torch.arange(8, device="cuda"), offsets=torch.arange(8, device="cuda"),
               check_values=False)
     jit = verify(target, tokens, method="fused", **kw)
-    monkeypatch.setattr(launch, "_DIRECT", True)
+    from tilespec.verify.kernels import direct as direct_launch
+    monkeypatch.setattr(direct_launch, "_DIRECT", True)   # the direct path lives in kernels/direct.py
     for _ in range(3):
         direct = verify(target, tokens, method="fused", **kw)
-    modes = {k.__name__: launch._launcher(k).mode for k in (launch.row_stats_kernel, launch.accept_sample_kernel)}
+    modes = {k.__name__: launch._launcher(k).mode for k in (launch.row_stats_kernel, launch.sample_row_kernel)}
     assert set(modes.values()) <= {"full", "plain"}, modes
     assert any(p.direct for p in launch._PLANS.values()), "no compiled kernel was cached for a direct launch"
     assert torch.equal(direct.output_tokens, jit.output_tokens) and torch.equal(direct.accepted, jit.accepted)

@@ -116,7 +116,8 @@ def top_p_threshold_search(z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor
     return torch.where(p < 1.0, thr, torch.full_like(thr, NEG_INF))
 
 
-KERNEL_MIN_ROWS = 1   # rows (B x R) from which "auto" uses the chunked radix kernel on a GPU (a prediction)
+KERNEL_MIN_ROWS = 1   # rows (B x R) from which "auto" uses the chunked radix kernel on a GPU
+ROW_KERNEL_TOP_P_ROWS = 128   # top-p alone from this many rows: the one-program-per-row kernel (measured faster)
 
 
 def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = None,
@@ -131,11 +132,14 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
     """
     if method == "auto":
         rows = logits.shape[0] * logits.shape[1]
-        # Prediction, to be measured (docs/kernels.md, session 6): the radix kernel's passes are split over
-        # ceil(V / 2048) programs per row, so even 6 rows fill the GPU (launch-bound, ~18-34 small launches) and
-        # 384 rows read each row ~4-5 times instead of 16; the sort measured 0.3-0.5 ms at 6 rows on the H100.
+        # Measured on the H100 (filter-thresholds-H100-session6-*.json, V = 151,936): the radix kernel beats the
+        # sort at 6 rows (graph 0.07 / 0.13 ms vs 0.33 / 0.52 for top-k 50 / top-p 0.9) and at 384 rows for top-k
+        # (1.0 ms vs 5.9; the row kernel 2.1); top-p alone at 384 rows keeps every chunk active (4.4 ms), where
+        # the one-program-per-row kernel takes 2.5 ms.
         method = (("triton" if _triton_ok() else "search") if rows >= KERNEL_MIN_ROWS else "sort") \
             if logits.is_cuda else "sort"
+        if method == "triton" and sampling.has_top_p and not sampling.has_top_k and rows >= ROW_KERNEL_TOP_P_ROWS:
+            method = "triton_row"
     if method in ("triton", "triton_row"):
         if method == "triton":
             from .kernels.radix import radix_thresholds as find
