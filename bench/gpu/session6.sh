@@ -69,6 +69,20 @@ job_k() {  # ordered by importance: a call that ends early keeps what finished
   touch $RES/.jobK-done $RES/.jobA-done
 }
 
+job_c() {  # the last machine (whisper parts only): the fixed kernel test, run-ahead of the optimal fallback on
+           # random-init Qwen shapes (B=1, 8), where a whisper-base clip's time goes
+  env_setup
+  step pytest-kernels-gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+    tests/test_native.py::test_run_ahead_target_only_on_cuda_graphs
+  for b in 1 8; do
+    step engine-profile-B$b 150 python3 bench/scripts/engine_profile.py --batch $b \
+      --runs target-only,draft0.5b-optimal-fallback --json $RES/engine-profile-B$b.json
+  done
+  while [ ! -e $RES/.ready-whisper-base ]; do sleep 2; done
+  step whisper-profile 150 python3 bench/scripts/whisper_profile.py --json $RES/whisper-profile.json --clips 8
+  touch $RES/.jobB-done
+}
+
 job_b2() {  # the second machine: after job K and the models, what the first machine's release cut short
   env_setup
   wait_ready
@@ -137,6 +151,7 @@ case ${1:-} in
       kernels-fg) (cd $WORK && timeout -k 5 ${K_TOTAL_S:-540} bash bench/gpu/session6.sh job-k >> $RES/jobs.log 2>&1)
                   cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
       second) bg job-k; bg job-b2; ts "jobs K and B2 started" ;;
+      third) bg job-c; ts "job C started" ;;
       *) bg job-a; bg job-b; ts "jobs A and B started" ;;
     esac ;;
   part)
@@ -158,6 +173,7 @@ case ${1:-} in
   job-b) job_b ;;
   job-k) job_k ;;
   job-b2) job_b2 ;;
+  job-c) job_c ;;
   convert) convert "$2" ;;
   *) echo "usage: session6.sh extras [kernels] | part NN | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -76,7 +76,7 @@ def profile_generation(dec, prompts, tokens: int, label: str, top: int = 20) -> 
                kernel_span_us=span, gpu_busy_us=busy, gpu_idle_us=span - busy, busy_share=busy / span if span else None,
                kernels_per_step=len(iv) / steps, busy_us_per_step=busy / steps, idle_us_per_step=(span - busy) / steps,
                largest_gaps_us=gaps[:15], gaps_over_20us=sum(1 for g in gaps if g > 20), top=rows[:top],
-               alpha=out.stats.alpha, phase_s=dict(out.stats.times), phase_ms_per_step={k: 1e3 * v / steps for k, v in out_p.stats.times.items()},
+               alpha=out.stats.alpha, fallback_at_step=out.stats.fallback_at_step, phase_s=dict(out.stats.times), phase_ms_per_step={k: 1e3 * v / steps for k, v in out_p.stats.times.items()},
                target_forward_ms=getattr(out.stats, "target_forward_ms", None),
                draft_forward_ms=getattr(out.stats, "draft_forward_ms", None), draft_calls=out.stats.draft_calls)
     print(f"[{label}] phases ms/step {res['phase_ms_per_step']}", flush=True)
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--runs", default="", help="comma list of run labels to keep (default: all)")
     args = ap.parse_args()
     from tilespec.engine import SpeculativeDecoder
     from tilespec.engine.native import NativeRunner
@@ -117,9 +118,16 @@ def main() -> None:
     runs = (("target-only", None, plain, 0, args.tokens), ("ngram-gamma5", "ngram", repetitive, 5, args.tokens),
             ("draft0.5b-gamma2", draft_model, plain, 2, args.tokens),
             ("draft0.5b-gamma3", draft_model, plain, 3, args.tokens),
-            ("target-only-prompt1000", None, long, 0, 32), ("draft0.5b-gamma2-prompt1000", draft_model, long, 2, 32))
+            ("target-only-prompt1000", None, long, 0, 32), ("draft0.5b-gamma2-prompt1000", draft_model, long, 2, 32),
+            # random weights: the draft is never accepted, so "optimal" falls back to target-only steps after its
+            # measured steps; those steps run ahead like target-only ones (tok/s should approach target-only's)
+            ("draft0.5b-optimal-fallback", draft_model, plain, 2, args.tokens))
+    keep = set(filter(None, args.runs.split(",")))
     for label, draft, prompts, gamma, tokens in runs:
-        kw = dict(gamma=gamma, gamma_schedule="constant") if draft is not None else {}
+        if keep and label not in keep:
+            continue
+        schedule = "optimal" if label.endswith("optimal-fallback") else "constant"
+        kw = dict(gamma=gamma, gamma_schedule=schedule) if draft is not None else {}
         dec = SpeculativeDecoder(model, draft, compile=True, sampling=sampling, eos_token_id=-1, pad_token_id=0, **kw)
         results["runs"].append(profile_generation(dec, prompts, tokens, label))
     with open(args.json, "w") as f:
