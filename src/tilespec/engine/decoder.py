@@ -175,8 +175,9 @@ class SpeculativeDecoder:
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
+        short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         for runner in (target, draft) if draft is not None else (target,):
-            runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
+            runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and runner.mode == "native-graphs")
         valid = torch.zeros((batch, capacity), dtype=torch.bool, device=self.device)
         valid[:, :p] = pad_valid
         state = BatchState(valid=valid, seq_len=is_tok.sum(dim=1), pending=ids[:, p].clone(),
@@ -250,8 +251,7 @@ class SpeculativeDecoder:
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
                                    method_options=self.method_options)
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
-        # target-only (no drafter, or the optimal schedule's fallback, which is for good): W moves by exactly one
-        # slot, known now, so the next step can be launched before this one is read
+        # target-only (no drafter, or the optimal schedule's fallback, for good): W moves by one slot, known now
         advanced = committed and (not spec or fallback) and gamma == 0 and drafts is None
         host = ready = None
         if advanced:
