@@ -83,6 +83,18 @@ job_c() {  # the last machine (whisper parts only): the fixed kernel test, run-a
   touch $RES/.jobB-done
 }
 
+job_d() {  # the last call: whisper encoder graph + short-prefix prefill (tests, e2e on all 32 clips, profile)
+  env_setup
+  step pytest-whisper-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+    tests/test_engine_gpu.py::test_graphs_whisper_match_eager
+  while [ ! -e $RES/.ready-whisper-base ]; do sleep 2; done
+  step e2e-whisper 150 python3 -m tilespec bench e2e --whisper --prompts 32 --max-new-tokens 96 --batch 1,8 \
+    --temperature 0 --systems ar,hf-static --dtype float16 --device cuda --compile auto --max-seconds 8 \
+    --budget-s 110 --json $RES/e2e/e2e-whisper.json
+  step whisper-profile 120 python3 bench/scripts/whisper_profile.py --json $RES/whisper-profile.json --clips 8
+  touch $RES/.jobB-done
+}
+
 job_b2() {  # the second machine: after job K and the models, what the first machine's release cut short
   env_setup
   wait_ready
@@ -152,6 +164,7 @@ case ${1:-} in
                   cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
       second) bg job-k; bg job-b2; ts "jobs K and B2 started" ;;
       third) bg job-c; ts "job C started" ;;
+      fourth) bg job-d; ts "job D started" ;;
       *) bg job-a; bg job-b; ts "jobs A and B started" ;;
     esac ;;
   part)
@@ -174,6 +187,7 @@ case ${1:-} in
   job-k) job_k ;;
   job-b2) job_b2 ;;
   job-c) job_c ;;
+  job-d) job_d ;;
   convert) convert "$2" ;;
   *) echo "usage: session6.sh extras [kernels] | part NN | wait SECONDS" >&2; exit 2 ;;
 esac
