@@ -84,6 +84,7 @@ job_c() {  # the last machine (whisper parts only): the fixed kernel test, run-a
 }
 
 job_d() {  # the last call: whisper encoder graph + short-prefix prefill (tests, e2e on all 32 clips, profile)
+  mkdir -p $RES/e2e
   env_setup
   step pytest-whisper-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
     tests/test_engine_gpu.py::test_graphs_whisper_match_eager
