@@ -213,3 +213,20 @@ def test_fallback_steps_run_ahead_on_the_native_step_path(models):
         out = dec.generate(prompts, max_new_tokens=20)
         assert out.stats.fallback_at_step == 4 and out.stats.runtime == "native"
         assert out.sequences == rows
+    # the decoder keeps the measured costs per batch size: a later generation that cannot pay even at the prior α
+    # falls back before its first step instead of probing again
+    again = dec.generate(PROMPTS[:1], max_new_tokens=20)
+    assert again.stats.fallback_at_step == 0 and again.stats.draft_calls == 0
+    assert again.sequences == expected[:1]
+
+
+def test_learned_costs_seed_the_next_schedule_but_not_alpha():
+    first = GammaSchedule("optimal", 3, 8)
+    drive(first, alpha=0.9, c=0.05, steps=6)
+    state = first.cost_state()
+    assert state is not None and GammaSchedule("optimal", 3, 8).cost_state() is None
+    second = GammaSchedule("optimal", 3, 8)
+    second.inherit_cost(state)
+    assert second.cost_ratio == pytest.approx(first.cost_ratio)
+    assert second.alpha == pytest.approx(0.7)               # α starts from its prior, not from the last prompt
+    assert second.next() >= 1                                # a cheap draft keeps speculating

@@ -28,7 +28,8 @@ from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
 from .gamma import GammaSchedule
-from .generation import GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling
+from .generation import (GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling,
+                         snapshot_outputs)
 from .inputs import check_request
 from .leases import lease, release_compiled, shared_runner  # noqa: F401  (release_compiled: public)
 from .metrics import PhaseTimer, RunStats, peak_memory
@@ -109,6 +110,7 @@ class SpeculativeDecoder:
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
         self.fallback_below = fallback_below
         self.schedule_factory = schedule or GammaSchedule
+        self._costs: dict = {}   # batch size -> measured c / overhead timings of the last generation (GammaSchedule)
         self.verify_fn = verify_fn
         self.method, self.sampling, self.tokenizer, self.compile = method, sampling, tokenizer, compile
         self.eos = eos_ids(target, tokenizer, eos_token_id)
@@ -159,6 +161,8 @@ class SpeculativeDecoder:
             torch.cuda.reset_peak_memory_stats(self.device)
         schedule = self.schedule_factory(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
                                          fallback_below=self.fallback_below)
+        if hasattr(schedule, "inherit_cost"):   # costs belong to the models and the machine, not to the prompt
+            schedule.inherit_cost(self._costs.get(batch))
         timer = PhaseTimer(self.device)
         stats = RunStats(requests=batch, method=self.method if spec else "target-only",
                          drafter=self.drafter.name if spec else "")
@@ -256,15 +260,7 @@ class SpeculativeDecoder:
         host = ready = None
         if advanced:
             state.write += 1
-            # the next step is launched before this one is read, and a replay rewrites the graph's output buffers
-            host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1)
-            if host.is_cuda:
-                # Copied now and waited on by an event: a plain .cpu() in commit() would queue behind the run-ahead
-                # step and make the GPU idle for the host's bookkeeping every step.
-                pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
-                host = pinned.copy_(host, non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record()
+            host, ready = snapshot_outputs(out)
         return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
                            draft_forwards=forwards, committed=committed, advanced=advanced, started=started,
                            host=host, host_ready=ready)
@@ -342,6 +338,8 @@ class SpeculativeDecoder:
         stats.peak_memory_bytes = peak_memory(self.device)
         if gen.context is not None:
             gen.context.close()
+        cost = gen.schedule.cost_state() if hasattr(gen.schedule, "cost_state") else None
+        self._costs[stats.requests] = cost or self._costs.get(stats.requests)
         self.last_stats = stats
         texts = None
         if self.tokenizer is not None:

@@ -212,6 +212,23 @@ class GammaSchedule:
         self.fallback_after: Optional[int] = None    # speculative steps seen when γ fell back to 0, else None
         self.fallback_speedup: Optional[float] = None  # the best predicted speedup max_γ S at that moment
 
+    _COST_FIELDS = ("_draft_time", "_draft_steps", "_target_time", "_target_calls", "_overhead_time",
+                    "_overhead_steps")
+
+    def cost_state(self) -> Optional[dict]:
+        """The measured timings behind c and the overhead (not α), to seed the next generation's schedule of the
+        same decoder; None before any timed step."""
+        est = self.estimator
+        return {f: getattr(est, f) for f in self._COST_FIELDS} if est.timed_steps > 0 else None
+
+    def inherit_cost(self, state: Optional[dict]) -> None:
+        """Start from an earlier generation's measured c and overhead (they belong to the models and the machine,
+        not to the prompt); α keeps its prior. So ``optimal`` with learned costs speculates only while the prior α
+        could pay, and falls back at once when even that cannot, instead of probing min_steps steps again."""
+        if state:
+            for f in self._COST_FIELDS:
+                setattr(self.estimator, f, float(state[f]))
+
     @property
     def alpha(self) -> float:
         return min(self.estimator.alpha, 1.0 - 1e-6)

@@ -149,3 +149,18 @@ class PlannedStep:
                                         # launch, before a run-ahead replay overwrites the graph's outputs; on CUDA
                                         # a pinned host tensor filled asynchronously, ready once host_ready fires
     host_ready: Optional[object] = None # torch.cuda.Event recorded after that copy (None: host is usable now)
+
+
+def snapshot_outputs(out) -> tuple:
+    """(host, ready) for a step launched ahead of its read: [B, 1 + q] (num_emitted, output_tokens) taken now, since
+    the next replay rewrites the graph's output buffers. On CUDA a pinned host tensor filled asynchronously and the
+    event after the copy: a plain ``.cpu()`` at commit time would queue behind the run-ahead step and make the GPU
+    wait for the host's bookkeeping every step. On CPU a copy and None."""
+    host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1)
+    if not host.is_cuda:
+        return host, None
+    pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+    pinned.copy_(host, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return pinned, ready
