@@ -29,19 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..filters import KEY_NAN, KEY_NEG_INF
+from .thresholds import _KEY_NAN, _KEY_NEG_INF, _key_float  # noqa: F401  (the same order keys)
 
 BITS = int(os.environ.get("TILESPEC_RADIX_BITS", 4))         # key bits per pass: 8 passes of a 16-way histogram
 CHUNK = int(os.environ.get("TILESPEC_RADIX_CHUNK", 2048))    # tokens per program; fixed per V (batch invariance)
-_KEY_NEG_INF = tl.constexpr(KEY_NEG_INF)
-_KEY_NAN = tl.constexpr(KEY_NAN)
-
-
-@triton.jit
-def _key_float(key):
-    """int64 order keys -> float32 (keys above key(+inf) give NaN, which compares false with everything)."""
-    k = tl.minimum(key, _KEY_NAN).to(tl.int32)
-    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
