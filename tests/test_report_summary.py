@@ -245,9 +245,8 @@ def test_whisper_settings_drafters_and_filters(tmp_path):
     _write(tmp_path, "e2e-b-early-2026-11-24.json", dict(early, environment=dict(ENV, date="2026-11-24T09:00:00")))
     late = {"environment": dict(ENV, date="2026-11-24T17:00:00", commit="fff0000"),
             "settings": dict(target="tgt-1.5b", draft="drf-0.5b", num_prompts=16, max_new_tokens=128, task="xsum"),
-            "results": [_row("hf-static", "hf-static", 100.0), _row("ar@auto", "ar", 300.0),
-                        _row("tilespec:fused/optimal@auto", "tilespec", 290.0)]}
-    _write(tmp_path, "e2e-a-late-2026-11-24.json", late)            # same kinds? no: fewer kinds than early
+            "results": [_row("ar@auto", "ar", 300.0), _row("tilespec:fused/optimal@auto", "tilespec", 290.0)]}
+    _write(tmp_path, "e2e-a-late-2026-11-24.json", late)            # newer, but without the hf-static anchor
     _write(tmp_path, "e2e-drafters-2026-11-24.json", {
         "environment": dict(ENV, date="2026-11-24T08:00:00", commit="0ld0000"),
         "settings": dict(target="tgt-1.5b", num_prompts=16, max_new_tokens=128, task="code-edit,cnndm"),
@@ -269,7 +268,7 @@ def test_whisper_settings_drafters_and_filters(tmp_path):
     assert "**(a) End-to-end decoding, whisper-base** — H100" in text and "qwen2.5-coder" not in text
     assert "*Note in the file: ar tokens shifted by one*" in text
     assert "B=1: 800.0 vs 80.0 tok/s (transformers (dynamic cache)), 10.00×" in text
-    assert "`e2e-b-early-2026-11-24.json`" in text and "`e2e-a-late-2026-11-24.json`" not in text  # more kinds wins
+    assert "`e2e-b-early-2026-11-24.json`" in text and "`e2e-a-late-2026-11-24.json`" not in text  # anchor wins
     assert ("**Best drafter per task** (B = 1, T = 0, fastest speculative configuration in the files above): cnndm: "
             "not measured (no speculative row); code-edit: n-gram (`ngram:fused/g5@auto`, 600.0 tok/s, 2.00× "
             "target-only; `e2e-drafters-2026-11-24.json`, commit 0ld0000); draft model, suffix: not measured") in text
@@ -279,8 +278,15 @@ def test_whisper_settings_drafters_and_filters(tmp_path):
     assert "fused's eager time exceeds FlashInfer's at top-p 0.9 B=1" in text
     assert "- **Exactness on the GPU** (fused, cuda (H100, per the file name), 1,000,000 samples per check" in text
     assert text.index("`exactness-gpu-H100-2026-11-23.json`") < text.index("`exactness-cpu-2026-11-24.json`")
-    # same kinds, same day: the later recorded time wins
+    # neither has the anchor, same day: the later recorded time wins
     _write(tmp_path, "e2e-b-early-2026-11-24.json", dict(late, environment=dict(ENV, date="2026-11-24T09:00:00")))
+    runs, others = load_results(tmp_path)
+    text = "\n".join(summary_section(runs, others, None))
+    assert "`e2e-a-late-2026-11-24.json`" in text and "`e2e-b-early-2026-11-24.json`" not in text.split("(f)")[0]
+    # both compare with hf-static: the newer file wins over the one comparing more system kinds
+    _write(tmp_path, "e2e-b-early-2026-11-24.json", dict(early, environment=dict(ENV, date="2026-11-24T09:00:00")))
+    late["results"].append(_row("hf-static", "hf-static", 100.0))
+    _write(tmp_path, "e2e-a-late-2026-11-24.json", late)
     runs, others = load_results(tmp_path)
     text = "\n".join(summary_section(runs, others, None))
     assert "`e2e-a-late-2026-11-24.json`" in text and "`e2e-b-early-2026-11-24.json`" not in text.split("(f)")[0]
