@@ -230,3 +230,11 @@ def test_learned_costs_seed_the_next_schedule_but_not_alpha():
     assert second.cost_ratio == pytest.approx(first.cost_ratio)
     assert second.alpha == pytest.approx(0.7)               # α starts from its prior, not from the last prompt
     assert second.next() >= 1                                # a cheap draft keeps speculating
+
+
+@pytest.mark.parametrize("state", [{"_draft_time": 1.0}, [1, 2], "costs",
+                                   dict.fromkeys(GammaSchedule._COST_FIELDS, float("nan")),
+                                   dict.fromkeys(GammaSchedule._COST_FIELDS, -1.0)])
+def test_inherit_cost_rejects_bad_states(state):
+    with pytest.raises(ValueError, match="cost state"):
+        GammaSchedule("optimal", 3, 8).inherit_cost(state)

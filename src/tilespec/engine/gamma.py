@@ -225,9 +225,15 @@ class GammaSchedule:
         """Start from an earlier generation's measured c and overhead (they belong to the models and the machine,
         not to the prompt); α keeps its prior. So ``optimal`` with learned costs speculates only while the prior α
         could pay, and falls back at once when even that cannot, instead of probing min_steps steps again."""
-        if state:
-            for f in self._COST_FIELDS:
-                setattr(self.estimator, f, float(state[f]))
+        if state is None:
+            return
+        if not isinstance(state, dict) or set(state) != set(self._COST_FIELDS):
+            raise ValueError(f"a cost state is a dict with exactly {self._COST_FIELDS}, got {state!r}")
+        values = {f: float(state[f]) for f in self._COST_FIELDS}
+        if not all(math.isfinite(v) and v >= 0.0 for v in values.values()):
+            raise ValueError(f"cost state values must be finite and >= 0, got {state!r}")
+        for f, v in values.items():
+            setattr(self.estimator, f, v)
 
     @property
     def alpha(self) -> float:

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .thresholds import _KEY_NAN, _KEY_NEG_INF, _key_float  # noqa: F401  (the same order keys)
+from .thresholds import _KEY_NAN, _KEY_NEG_INF, _key_float, prepare_thresholds  # noqa: F401 (same keys)
 
 BITS = int(os.environ.get("TILESPEC_RADIX_BITS", 4))         # key bits per pass: 8 passes of a 16-way histogram
 CHUNK = int(os.environ.get("TILESPEC_RADIX_CHUNK", 2048))    # tokens per program; fixed per V (batch invariance)
@@ -173,16 +173,10 @@ def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
     ``do_k`` / ``do_p`` (host flags) only skip work. Scratch: O(B * R * C * 2^bits) words, nothing of size V.
     ``chunk`` (tokens per program) and ``block`` are powers of two; the chunk is clamped to V's next power of two,
     so it depends on V only (batch invariance)."""
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    batch, rows, vocab = logits.shape
-    out = torch.empty(batch, rows, dtype=torch.float32, device=logits.device)
-    if batch * rows == 0:
+    logits, out, done = prepare_thresholds(logits, do_k, do_p, bits)
+    if done:
         return out
-    if not (do_k or do_p):
-        return out.fill_(float("-inf"))
-    if bits not in (1, 2, 4, 8):
-        raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+    batch, rows, vocab = logits.shape
     chunk = min(chunk, max(16, triton.next_power_of_2(vocab)))
     block = min(block, chunk)
     n, nc = batch * rows, triton.cdiv(vocab, chunk)

@@ -83,6 +83,31 @@ def _first_rejection(tgt_b, drf_b, req, rows, k_b, seed, off, temp, scale, lenie
     return tl.min(tl.where(acc | ~valid, k_b, rows), axis=-1)
 
 
+
+@triton.jit
+def _request_n(tgt_b, drf_b, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr,
+               m_ptr, s_ptr, a_ptr, tau_ptr, b, K, NC1, stride_tr, stride_dr, alpha, beta,
+               MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, NC1_BLOCK: tl.constexpr,
+               RB: tl.constexpr):
+    """Request b's parameters and n, its first rejected position (k_b when every draft token is accepted), from
+    the complete pass-1 statistics (per-request layout; tgt_b / drf_b: its logits rows): (n, k_b, seed, off, temp,
+    scale, lenience, log_l)."""
+    k_b = tl.load(nd_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    off = tl.load(off_ptr + b)
+    temp = tl.load(temp_ptr + b)
+    lenience = tl.load(len_ptr + b)
+    scale = tl.where(temp == 0.0, 1.0, temp)
+    log_l = tl.log(lenience)
+    cols = tl.arange(0, NC1_BLOCK)
+    n = k_b
+    for kb in range(0, k_b, RB):
+        n = tl.minimum(n, _first_rejection(tgt_b, drf_b, b, kb + tl.arange(0, RB), k_b, seed, off, temp, scale,
+                                           lenience, log_l, tok_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr,
+                                           tau_ptr, K, NC1, cols, stride_tr, stride_dr, alpha, beta, MODE,
+                                           DRAFT_KIND, HAS_THR))
+    return n, k_b, seed, off, temp, scale, lenience, log_l
+
 @triton.jit
 def _row_weights(row_t, row_q, idx, mask, live, rej, x_n, thr_t_ptr, thr_q_ptr, t_slot, q_slot, scale, lse_n,
                  lse_qn, lenience, log_l, alpha, beta, MODE: tl.constexpr, DRAFT_KIND: tl.constexpr,
@@ -146,22 +171,12 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
     c = tl.program_id(0)
     b = tl.program_id(1)
     live = b >= 0   # always (one request per program): a mask the compiler folds away
-    k_b = tl.load(nd_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    off = tl.load(off_ptr + b)
-    temp = tl.load(temp_ptr + b)
-    lenience = tl.load(len_ptr + b)
-    scale = tl.where(temp == 0.0, 1.0, temp)
-    log_l = tl.log(lenience)
-    cols = tl.arange(0, NC1_BLOCK)
     tgt_b = tgt_ptr + b.to(tl.int64) * stride_tb
     drf_b = drf_ptr + b.to(tl.int64) * stride_db
-    n = k_b
-    for kb in range(0, k_b, RB):
-        n = tl.minimum(n, _first_rejection(tgt_b, drf_b, b, kb + tl.arange(0, RB), k_b, seed, off, temp, scale,
-                                           lenience, log_l, tok_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr,
-                                           tau_ptr, K, NC1, cols, stride_tr, stride_dr, alpha, beta, MODE,
-                                           DRAFT_KIND, HAS_THR))
+    n, k_b, seed, off, temp, scale, lenience, log_l = _request_n(
+        tgt_b, drf_b, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr,
+        a_ptr, tau_ptr, b, K, NC1, stride_tr, stride_dr, alpha, beta, MODE, DRAFT_KIND, HAS_THR, NC1_BLOCK, RB)
+    cols = tl.arange(0, NC1_BLOCK)
     slot_n = (b * (2 * K + 1) + n) * NC1
     greedy_path = False   # only ``fused`` reads greedy answers from pass-1 statistics
     if MODE == MODE_LOGITS:

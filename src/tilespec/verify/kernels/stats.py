@@ -17,7 +17,7 @@ size, bounds the batched layout's request blocks; the rows kernel ignores the ta
 
 Tail of ``row_stats_kernel`` (pass 2's step 1, moved here so it runs once per request, not once per pass-2
 program): every program of request b increments cnt[b] (acq_rel, after its stores); the last of the NC * R programs
-sees complete statistics and runs the acceptance test of ``sample._first_rejection`` (same code, so the same n).
+sees complete statistics and runs the acceptance test of ``sample._request_n`` (same code, so the same n).
 Greedy request: writes all outputs (token = argmax of row n). Sampling request: nrow[b] = n (int32),
 lse[b] = (log-sum-exp of target row n, of draft row n after a rejection with draft logits, else 0) (fp32), read
 by ``sample.sample_row_kernel``. It resets cnt[b] to 0 (CUDA-graph replay).
@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .common import (BIG, DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scaled, stats_argmax,
                      threshold, write_outputs)
-from .sample import _first_rejection
+from .sample import _request_n
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
@@ -91,27 +91,16 @@ def _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr,
                  m_ptr, s_ptr, a_ptr, nrow_ptr, lse_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, K, NC,
                  stride_tb, stride_tr, stride_db, stride_dr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr,
                  NC_BLOCK: tl.constexpr, RB: tl.constexpr):
-    """Step 1 of pass 2 (``sample._first_rejection``, the same code), run once per request on its complete
+    """Step 1 of pass 2 (``sample._request_n``, the same code), run once per request on its complete
     statistics: n = the first rejected position (or K_b). Greedy requests: the token is row n's argmax and every
     output is written here. Sampling requests: n -> nrow[b] (int32), (lse of target row n, lse of draft row n or 0)
     -> lse[b, 0:2] (fp32), for ``sample.sample_row_kernel``."""
     live = b >= 0   # always: a mask the compiler folds away
-    k_b = tl.load(nd_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    off = tl.load(off_ptr + b)
-    temp = tl.load(temp_ptr + b)
-    lenience = tl.load(len_ptr + b)
-    scale = tl.where(temp == 0.0, 1.0, temp)
-    log_l = tl.log(lenience)
     cols = tl.arange(0, NC_BLOCK)
-    tgt_b = tgt_ptr + b.to(tl.int64) * stride_tb
-    drf_b = drf_ptr + b.to(tl.int64) * stride_db
-    n = k_b
-    for kb in range(0, k_b, RB):
-        n = tl.minimum(n, _first_rejection(tgt_b, drf_b, b, kb + tl.arange(0, RB), k_b, seed, off, temp, scale,
-                                           lenience, log_l, tok_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr,
-                                           m_ptr, K, NC, cols, stride_tr, stride_dr, 0.0, 1.0, MODE_LOGITS,
-                                           DRAFT_KIND, HAS_THR))
+    n, k_b, _, _, temp, _, _, _ = _request_n(
+        tgt_ptr + b.to(tl.int64) * stride_tb, drf_ptr + b.to(tl.int64) * stride_db, tok_ptr, nd_ptr, seed_ptr, off_ptr,
+        temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr, m_ptr, s_ptr, a_ptr, m_ptr, b, K, NC, stride_tr, stride_dr,
+        0.0, 1.0, MODE_LOGITS, DRAFT_KIND, HAS_THR, NC_BLOCK, RB)
     slot_n = (b * (2 * K + 1) + n) * NC
     if temp == 0.0:
         big_m, lse_g, mm = row_lse(m_ptr, s_ptr, slot_n, cols, cols < NC)   # (distinct names per branch: the

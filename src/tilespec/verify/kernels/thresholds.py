@@ -107,6 +107,22 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stri
     tl.store(out_ptr + pid, thr)
 
 
+def prepare_thresholds(logits: torch.Tensor, do_k: bool, do_p: bool, bits: int) -> tuple:
+    """Shared by both threshold kernels: (logits with unit stride in V, out [B, R] float32, done). ``done``: ``out``
+    is already the answer (an empty batch, or -inf when neither filter is on). Rejects a bad ``bits``."""
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    batch, rows, _ = logits.shape
+    out = torch.empty(batch, rows, dtype=torch.float32, device=logits.device)
+    if batch * rows == 0:
+        return logits, out, True
+    if not (do_k or do_p):
+        return logits, out.fill_(float("-inf")), True
+    if bits not in (1, 2, 4, 8):
+        raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+    return logits, out, False
+
+
 def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                       do_k: bool, do_p: bool, block: int = 2048, num_warps: int = 8, bits: int = BITS
                       ) -> torch.Tensor:
@@ -114,16 +130,10 @@ def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
 
     ``do_k`` / ``do_p`` (host flags, e.g. ResolvedSampling.has_top_k / has_top_p) only skip work; rows whose k is
     0 or >= V, or whose top_p >= 1, get no such filter either way. No host sync, no allocation of size V."""
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    batch, rows, vocab = logits.shape
-    out = torch.empty(batch, rows, dtype=torch.float32, device=logits.device)
-    if batch * rows == 0:
+    logits, out, done = prepare_thresholds(logits, do_k, do_p, bits)
+    if done:
         return out
-    if not (do_k or do_p):
-        return out.fill_(float("-inf"))
-    if bits not in (1, 2, 4, 8):
-        raise ValueError(f"bits must be 1, 2, 4 or 8, got {bits}")
+    batch, rows, vocab = logits.shape
     block = min(block, max(16, triton.next_power_of_2(vocab)))
     _thresholds_kernel[(batch * rows,)](
         logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), rows, vocab,
