@@ -20,25 +20,7 @@
 #   fused at B=1 and 64.
 # Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
 set -u
-RES=${S5_RES:-/root/res}; PARTS=${PARTS:-/root/parts}; EXTRA=${EXTRA:-/root/extra}
-mkdir -p $RES $PARTS $EXTRA
-export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
-ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
-QWEN="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
-ALL_MODELS="$QWEN whisper-base"
-
-env_setup() {  # PYTHONPATH, TILESPEC_HOME, TILESPEC_DATA, ... without unpacking anything
-  MODELS=none source bench/gpu/setup.sh
-  set +e
-}
-
-step() {  # step NAME TIMEOUT CMD...: run one step of a job, log to $RES/NAME.log
-  local name=$1 limit=$2; shift 2
-  ts "start $name (timeout ${limit}s)"
-  timeout -k 5 "$limit" "$@" > "$RES/$name.log" 2>&1
-  local rc=$?
-  ts "end $name rc=$rc: $(grep -v '^\s*$' "$RES/$name.log" | tail -1 | cut -c1-200)"
-}
+source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, wait_ready, part_call, wait_call
 
 job_a() {
   env_setup
@@ -109,25 +91,6 @@ job_b2() {  # the second machine: after job K and the models, what the first mac
   touch $RES/.jobB-done
 }
 
-convert() {  # unpack a model; the first bf16 load of a GGUF model writes its safetensors copy into the cache
-  env_setup
-  local m=$1
-  python3 -m tilespec models unpack $PARTS --name "$m" > $RES/unpack-$m.log 2>&1 && touch "$TILESPEC_HOME/.unpacked-$m"
-  if [[ $m == qwen* ]]; then
-    python3 -c "import tilespec; tilespec.load('$m', dtype='bfloat16', device='cpu')" > $RES/convert-$m.log 2>&1
-  fi
-  touch $RES/.ready-$m
-}
-
-wait_ready() {  # until job A is done and every model is unpacked / converted
-  while :; do
-    local missing=0
-    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
-    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
-    sleep 2
-  done
-}
-
 job_b() {
   env_setup
   ts "job B waits for job A and the models"
@@ -168,21 +131,8 @@ case ${1:-} in
       fourth) bg job-d; ts "job D started" ;;
       *) bg job-a; bg job-b; ts "jobs A and B started" ;;
     esac ;;
-  part)
-    d=.parts/u$2
-    [ -d "$d/extra" ] && cp -r "$d"/extra/* $EXTRA/
-    ls "$d" | grep -q '\.part[0-9]' && cp "$d"/*.part* $PARTS/
-    for m in $ALL_MODELS; do
-      [ -f $PARTS/$m.manifest.json ] || continue
-      want=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" $PARTS/$m.manifest.json)
-      have=$(ls $PARTS/$m.part* 2>/dev/null | wc -l)
-      if [ "$have" = "$want" ] && mkdir $RES/.converting-$m 2>/dev/null; then bg convert "$m"; ts "converting $m"; fi
-    done
-    ts "parts: $(ls $PARTS | grep -c part); ready: $(ls -a $RES | grep -c '^.ready')" ;;
-  wait)
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ ! -e $RES/.jobB-done ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
-    cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
+  part) part_call "$2" ;;
+  wait) wait_call "${2:-500}" ;;
   job-a) job_a ;;
   job-b) job_b ;;
   job-k) job_k ;;

@@ -1,0 +1,60 @@
+# Shared by the GPU chains (session5.sh, session6.sh): paths, logging, one timed step, model conversion, and the
+# "part" / "wait" calls. Source it from the repository root; the sourcing script defines bg() (how it starts a
+# background job) before calling part_call.
+RES=${S5_RES:-/root/res}; PARTS=${PARTS:-/root/parts}; EXTRA=${EXTRA:-/root/extra}
+mkdir -p $RES $PARTS $EXTRA
+export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
+ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
+QWEN="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
+ALL_MODELS="$QWEN whisper-base"
+
+env_setup() {  # PYTHONPATH, TILESPEC_HOME, TILESPEC_DATA, ... without unpacking anything
+  MODELS=none source bench/gpu/setup.sh
+  set +e
+}
+
+step() {  # step NAME TIMEOUT CMD...: run one step of a job, log to $RES/NAME.log
+  local name=$1 limit=$2; shift 2
+  ts "start $name (timeout ${limit}s)"
+  timeout -k 5 "$limit" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  ts "end $name rc=$rc: $(grep -v '^\s*$' "$RES/$name.log" | tail -1 | cut -c1-200)"
+}
+
+convert() {  # unpack a model; the first bf16 load of a GGUF model writes its safetensors copy into the cache
+  env_setup
+  local m=$1
+  python3 -m tilespec models unpack $PARTS --name "$m" > $RES/unpack-$m.log 2>&1 && touch "$TILESPEC_HOME/.unpacked-$m"
+  if [[ $m == qwen* ]]; then
+    python3 -c "import tilespec; tilespec.load('$m', dtype='bfloat16', device='cpu')" > $RES/convert-$m.log 2>&1
+  fi
+  touch $RES/.ready-$m
+}
+
+wait_ready() {  # until job A is done and every model is unpacked / converted
+  while :; do
+    local missing=0
+    for m in $ALL_MODELS; do [ -e $RES/.ready-$m ] || missing=1; done
+    [ -e $RES/.jobA-done ] && [ $missing = 0 ] && break
+    sleep 2
+  done
+}
+
+part_call() {  # part_call NN: copy .parts/uNN into place; convert (bg) a model whose parts are all there
+  local d=.parts/u$1 m want have
+  [ -d "$d/extra" ] && cp -r "$d"/extra/* $EXTRA/
+  ls "$d" | grep -q '\.part[0-9]' && cp "$d"/*.part* $PARTS/
+  for m in $ALL_MODELS; do
+    [ -f $PARTS/$m.manifest.json ] || continue
+    want=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['parts']))" $PARTS/$m.manifest.json)
+    have=$(ls $PARTS/$m.part* 2>/dev/null | wc -l)
+    if [ "$have" = "$want" ] && mkdir $RES/.converting-$m 2>/dev/null; then bg convert "$m"; ts "converting $m"; fi
+  done
+  ts "parts: $(ls $PARTS | grep -c part); ready: $(ls -a $RES | grep -c '^.ready')"
+}
+
+wait_call() {  # wait_call SECONDS: until job B is done or SECONDS pass; the results tarred to $OUT/res.tgz
+  local end=$(( $(date +%s) + ${1:-500} ))
+  while [ ! -e $RES/.jobB-done ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
+  cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES .
+}
