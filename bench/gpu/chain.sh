@@ -1,6 +1,6 @@
-# Shared by the GPU chains (session5.sh, session6.sh): paths, logging, one timed step, model conversion, and the
-# "part" / "wait" calls. Source it from the repository root; the sourcing script defines bg() (how it starts a
-# background job) before calling part_call.
+# Shared by the GPU chains (session5.sh, session6.sh, session7.sh): paths, logging, one timed step, model conversion,
+# a private snapshot of the tree for background jobs, and the "part" / "wait" calls. Source it from the repository
+# root; session5.sh defines its own bg(), the later chains set CHAIN_SCRIPT (the script bg() runs) and use this one.
 RES=${S5_RES:-/root/res}; PARTS=${PARTS:-/root/parts}; EXTRA=${EXTRA:-/root/extra}
 mkdir -p $RES $PARTS $EXTRA
 export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
@@ -31,6 +31,11 @@ convert() {  # unpack a model; the first bf16 load of a GGUF model writes its sa
   touch $RES/.ready-$m
 }
 
+# background jobs run from a private copy of the tree: each call re-syncs the call's tree under running imports
+WORK=${CHAIN_WORK:-/root/tswork}
+snapshot() { rm -rf $WORK && mkdir -p $WORK && tar --exclude=./.parts -cf - . | tar -xf - -C $WORK; }
+bg() { (cd $WORK && setsid nohup bash "$CHAIN_SCRIPT" "$@" >> $RES/jobs.log 2>&1 < /dev/null &) }
+
 wait_ready() {  # until job A is done and every model is unpacked / converted
   while :; do
     local missing=0
@@ -53,8 +58,9 @@ part_call() {  # part_call NN: copy .parts/uNN into place; convert (bg) a model 
   ts "parts: $(ls $PARTS | grep -c part); ready: $(ls -a $RES | grep -c '^.ready')"
 }
 
-wait_call() {  # wait_call SECONDS: until job B is done or SECONDS pass; the results tarred to $OUT/res.tgz
+wait_call() {  # wait_call SECONDS: until $RES/$WAIT_MARK (default .jobB-done) exists or SECONDS pass; the results
+               # tarred to $OUT/res.tgz
   local end=$(( $(date +%s) + ${1:-500} ))
-  while [ ! -e $RES/.jobB-done ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
+  while [ ! -e $RES/${WAIT_MARK:-.jobB-done} ] && [ "$(date +%s)" -lt "$end" ]; do sleep 3; done
   cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES .
 }

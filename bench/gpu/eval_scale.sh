@@ -19,7 +19,9 @@
 #   EVAL_TOTAL_S (480)   seconds for the whole call;      EVAL_RES (/root/res/eval-scale)
 #   EVAL_SEED_DIR        continue committed runs: copies bench/results' eval-scale-*-<stage>-*.json into EVAL_RES
 #   EVAL_BATCH (16)      examples per generation in the main comparisons (the side studies stay at batch 1)
-#   EVAL_BUDGET_SCALE (1) multiplies every stage's default budget (tilespec.eval.scale.BUDGETS, H100 seconds:
+#   EVAL_BUDGET_SCALE (1) multiplies every stage's default budget when sizing a group's --total-s (the process splits
+#                        its total over the stages in proportion and hands what one leaves to the next;
+#                        tilespec.eval.scale.BUDGETS, H100 seconds:
 #                        xsum-t0 65, xsum-t1 85, cnndm-t0 50, cnndm-t1 60, drafters 50, studies-text 40, asr-t0 30,
 #                        asr-t1 40, studies-asr 20)
 #   EVAL_XSUM_LIMIT (304), EVAL_SYNTH_LIMIT (304)         sample sizes (CNN/DM and LJSpeech: all)
@@ -87,7 +89,7 @@ run_group() {   # name, wanted seconds, seconds wanted by the groups after it, s
   # shellcheck disable=SC2086
   timeout -k 5 $(( budget + GRACE )) $PY -m tilespec eval scale "$@" --res "$RES" --total-s "$budget" \
       --batch-size "${EVAL_BATCH:-16}" --xsum-limit "${EVAL_XSUM_LIMIT:-304}" --asr-synth-limit "${EVAL_SYNTH_LIMIT:-304}" \
-      --budget-scale "${EVAL_BUDGET_SCALE:-1}" "${XS[@]}" ${OUT:+--tar "$OUT/eval-scale.tgz"} ${EVAL_ARGS:-} \
+      "${XS[@]}" ${OUT:+--tar "$OUT/eval-scale.tgz"} ${EVAL_ARGS:-} \
       > "$RES/eval-scale-$name.log" 2>&1
   local rc=$?
   ts "$name group: exit $rc$( ((rc == 124)) && echo ' (hard timeout: every finished chunk is in the JSON)')"

@@ -20,7 +20,8 @@
 #   fused at B=1 and 64.
 # Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
 set -u
-source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, wait_ready, part_call, wait_call
+CHAIN_SCRIPT=bench/gpu/session6.sh CHAIN_WORK=${S6_WORK:-/root/ts6}
+source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, snapshot, bg, wait_ready, part_call, wait_call
 
 job_a() {
   env_setup
@@ -109,11 +110,6 @@ job_b() {
     step eval-scale-2 380 bash bench/gpu/eval_scale.sh drafters studies-text studies-asr xsum-t0 xsum-t1 cnndm-t1
   touch $RES/.jobB-done
 }
-
-# background jobs run from a private copy of the tree: each call re-syncs the call's tree under running imports
-WORK=${S6_WORK:-/root/ts6}
-snapshot() { rm -rf $WORK && mkdir -p $WORK && tar --exclude=./.parts -cf - . | tar -xf - -C $WORK; }
-bg() { (cd $WORK && setsid nohup bash bench/gpu/session6.sh "$@" >> $RES/jobs.log 2>&1 < /dev/null &) }
 
 case ${1:-} in
   extras)

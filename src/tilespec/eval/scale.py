@@ -21,13 +21,15 @@ asr-t0/-t1      whisper-base (draft: its first 4 decoder layers), LJSpeech (all 
                 (``--asr-synth-limit``, labelled synthetic), T = 0: hf, tiled, fused; T = 1: + sigmoid (∓1e3)
 studies-asr     LJSpeech T = 1 side studies as studies-text
 ==============  ===================================================================================================
-Budgets: each stage has a default number of seconds (:data:`BUDGETS`, sized for an H100 at batch 16), scaled by
-``--budget-scale`` and cut so the process ends within ``--total-s``; inside a stage the runs share the budget by
-weight. ``--tiny`` swaps in random tiny models (.scale_tiny) for a CPU dry run of the whole path.
+Budgets: each stage has a default number of seconds (:data:`BUDGETS`, sized for an H100 at batch 16; the GPU
+wrapper sizes ``--total-s`` from them). The process splits ``--total-s`` over its stages in those proportions,
+redone before each stage, so what a stage leaves unused goes to the stages after it; inside a stage the runs share
+the budget by weight. ``--tiny`` swaps in random tiny models (.scale_tiny) for a CPU dry run of the whole path.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tarfile
 import time
@@ -45,9 +47,7 @@ SIDE = ("acceptance", "alphabeta", "gamma")
 
 def runs_of(stage: str, a) -> list[tuple[str, dict, float]]:
     """(run name, EvalConfig keywords, weight) of each run of ``stage`` under the parsed arguments ``a``."""
-    if a.tiny:   # the records name what ran
-        a.target, a.draft = "tiny-random-qwen2", "tiny-random-qwen2:layers=1"
-        a.asr_target, a.asr_draft = "tiny-random-whisper", "tiny-random-whisper:layers=1"
+    name_tiny_models(a)
     text = dict(task="summarization", target=a.target, draft=a.draft, max_new_tokens=a.max_new_tokens,
                 batch_size=a.batch_size)
     asr = dict(task="asr", target=a.asr_target, draft=a.asr_draft, max_new_tokens=a.asr_max_new_tokens,
@@ -82,11 +82,19 @@ def runs_of(stage: str, a) -> list[tuple[str, dict, float]]:
     raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
 
-class Models:
-    """Loads each (task, target, draft model) once per process; context drafters reuse the loaded target."""
+def name_tiny_models(a) -> None:
+    """With ``--tiny`` the records name what ran: the random tiny models, not the real defaults."""
+    if a.tiny:
+        a.target, a.draft = "tiny-random-qwen2", "tiny-random-qwen2:layers=1"
+        a.asr_target, a.asr_draft = "tiny-random-whisper", "tiny-random-whisper:layers=1"
 
-    def __init__(self, tiny: bool, device: str):
-        self.tiny, self.device, self.cache = tiny, device, {}
+
+class Models:
+    """Loads each (task, target) once per process with its family's draft model (``drafts[task]``, e.g. the 0.5B for
+    text); context-drafter runs reuse the loaded target, so the stage order does not matter."""
+
+    def __init__(self, tiny: bool, device: str, drafts: dict):
+        self.tiny, self.device, self.drafts, self.cache = tiny, device, drafts, {}
 
     def get(self, cfg):
         from tilespec.engine.drafters import draft_spec, split_draft_name
@@ -94,7 +102,7 @@ class Models:
         model_name, context = split_draft_name(cfg.draft)
         key = (cfg.task, cfg.target, cfg.dtype)
         if key not in self.cache:
-            self.cache[key] = self._load(cfg)
+            self.cache[key] = self._load(dataclasses.replace(cfg, draft=self.drafts[cfg.task]))
         target, draft_model, proc, draft_name = self.cache[key]
         if model_name is not None and model_name != draft_name:
             raise ValueError(f"stage runner loaded draft {draft_name!r}, run asks for {model_name!r}")
@@ -103,23 +111,16 @@ class Models:
     def _load(self, cfg):
         import torch
 
-        from .run import load_models
+        from tilespec.engine.drafters import split_draft_name
+        model_name, _ = split_draft_name(cfg.draft)
         dtype = getattr(torch, cfg.dtype)
         if self.tiny:
             from .scale_tiny import tiny_text_pair, tiny_whisper_pair
             make = tiny_whisper_pair if cfg.task == "asr" else tiny_text_pair
-            return (*make(self.device, dtype), cfg.draft)
-        from tilespec.engine.drafters import split_draft_name
-        model_name, _ = split_draft_name(cfg.draft)
+            return (*make(self.device, dtype), model_name)
+        from .run import load_models
         target, draft, proc = load_models(cfg)
-        return target, draft, proc, model_name
-
-
-def stage_budgets(stages: list, scale: float, total: float) -> dict:
-    """Seconds per stage: :data:`BUDGETS` x ``scale``, shrunk proportionally so their sum fits ``total``."""
-    want = {s: BUDGETS[s] * scale for s in stages}
-    factor = min(1.0, total / sum(want.values())) if want else 1.0
-    return {s: max(5.0, w * factor) for s, w in want.items()}
+        return target, draft, proc, model_name   # cfg.draft is a model name here, so draft is that model
 
 
 def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict:
@@ -180,7 +181,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="results folder (eval-<stage>.json); default $EVAL_RES or /root/res/eval-scale")
     p.add_argument("--tar", type=Path, default=None, help="tar RES to this .tgz after every stage")
     p.add_argument("--total-s", type=float, default=480.0, help="seconds for this process, all stages together")
-    p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every stage's default budget")
     p.add_argument("--batch-size", type=int, default=16, help="examples per generation in the main comparisons")
     p.add_argument("--xsum-limit", type=int, default=304, help="XSum examples (default 304 = 19 x 16)")
     p.add_argument("--asr-synth-limit", type=int, default=304, help="synthetic ASR clips (default 304)")
@@ -211,12 +211,14 @@ def run(a) -> int:
     if any(s in ASR for s in a.stages) or a.tiny:
         import tilespec.verify.kernels  # noqa: F401  (before the models: Triton's interpreter without CUDA)
     a.res.mkdir(parents=True, exist_ok=True)
-    models = Models(a.tiny, a.device)
-    budgets = stage_budgets(a.stages, a.budget_scale, a.total_s)
+    name_tiny_models(a)
+    models = Models(a.tiny, a.device, drafts={"summarization": a.draft, "asr": a.asr_draft})
     summary = {}
-    for stage in a.stages:
+    for j, stage in enumerate(a.stages):
         left = a.total_s - (time.time() - start)
-        budget = min(budgets[stage], left)
+        # split what is left over the stages still to run, by their default budgets: a stage that ends early
+        # (little left to resume) hands its seconds to the ones after it
+        budget = left * BUDGETS[stage] / sum(BUDGETS[s] for s in a.stages[j:])
         if budget < 10:
             print(f"[scale] {stage}: skipped, {left:.0f} s left of --total-s {a.total_s:.0f} (rerun to continue)")
             summary[stage] = "skipped (total budget)"

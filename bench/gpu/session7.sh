@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Session 7's GPU chain on one offline H100 (the mechanics of session6.sh, over bench/gpu/chain.sh): the work runs in
+# the background while the model parts are uploaded; the calls that follow only wait and bring the results back.
+#
+#   session7.sh extras [kernels-fg]  # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
+#                                    #   installs the wheels, starts job V (no weights) and job E (waits for weights);
+#                                    #   "kernels-fg": only job V, in the foreground (a kernel-only machine)
+#   session7.sh part NN              # one call per .parts/uNN; a model whose parts are all there is converted
+#   session7.sh wait SECONDS         # returns when job E's e2e is done (WAIT_MARK=.jobE-exactness-done: its last
+#                                    #   step) or after SECONDS; results in $OUT/res.tgz
+#
+# Job V (no weights, overlaps the uploads): the kernel GPU tests (kernel vs reference token for token after the
+#   session-6 review refactors), the verify benchmark with filters under the new threshold routing (FlashInfer and
+#   transformers in the same run), the threshold-kernel sweep.
+# Job E (weights, after job V): issue 16's paper-scale evaluation, resumed from the committed partial runs (text,
+#   drafters, side studies, ASR, multi-draft), then issue 13's e2e comparison (XSum 16 x 128, T=0/1, B=1/8: ar,
+#   hf-static, hf-assisted, ours + 0.5B draft at constant gamma 2 and the optimal schedule with its cost memory),
+#   then the exactness suite on the GPU (fused, reference, 10^6 samples) if the machine is still held.
+# Every step has its own timeout; logs and JSONs go to /root/res. Set TILESPEC_COMMIT (the device's .git is stale).
+set -u
+CHAIN_SCRIPT=bench/gpu/session7.sh CHAIN_WORK=${S7_WORK:-/root/ts7}
+source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, snapshot, bg, wait_ready, ...
+
+job_v() {  # ordered by importance: a call that ends early keeps what finished
+  env_setup
+  step pytest-kernels-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+    tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
+  step verify-bench 220 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --json $RES/verify.json --plot $RES/verify.png
+  step filter-thresholds 90 python3 bench/scripts/filter_thresholds.py --quick --json $RES/filter-thresholds.json
+  touch $RES/.jobA-done
+}
+
+job_e() {
+  env_setup
+  ts "job E waits for job V and the models"
+  wait_ready
+  ts "job E starts"
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${EVAL_TOTAL_S:-780} EVAL_BUDGET_SCALE=1.3 \
+    step eval-scale 840 bash bench/gpu/eval_scale.sh xsum-t0 cnndm-t0 xsum-t1 cnndm-t1 drafters studies-text \
+    asr-t0 asr-t1 studies-asr multidraft
+  E2E_RES=$RES/e2e E2E_TOTAL_S=${E2E_TOTAL_S:-380} E2E_BUDGET_S=${E2E_BUDGET_S:-340} E2E_MAX_S=6 \
+    E2E_ARGS="--ignore-eos --temperature 0,1 --systems ar,hf-static,tilespec,hf-assisted --gamma 2 --gamma-schedule constant,optimal" \
+    step e2e-runtime 540 bash bench/gpu/e2e_fast.sh runtime-t0
+  touch $RES/.jobB-done
+  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  touch $RES/.jobE-exactness-done
+}
+
+case ${1:-} in
+  extras)
+    cp -r .parts/u00/extra/* $EXTRA/ && cp .parts/u00/*.json $PARTS/
+    snapshot
+    MODELS=none source bench/gpu/setup.sh; set +e
+    python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+    case ${2:-} in
+      kernels-fg) (cd $WORK && timeout -k 5 ${V_TOTAL_S:-540} bash $CHAIN_SCRIPT job-v >> $RES/jobs.log 2>&1)
+                  cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
+      *) bg job-v; bg job-e; ts "jobs V and E started" ;;
+    esac ;;
+  part) part_call "$2" ;;
+  wait) wait_call "${2:-500}" ;;
+  job-v) job_v ;;
+  job-e) job_e ;;
+  convert) convert "$2" ;;
+  *) echo "usage: session7.sh extras [kernels-fg] | part NN | wait SECONDS" >&2; exit 2 ;;
+esac
