@@ -4,7 +4,8 @@
 #
 #   session7.sh extras [kernels-fg]  # first call, carrying .parts/u00 (wheels, FlashInfer, shared data, manifests):
 #                                    #   installs the wheels, starts job V (no weights) and job E (waits for weights);
-#                                    #   "kernels-fg": only job V, in the foreground (a kernel-only machine)
+#                                    #   "kernels-fg": only job V, in the foreground (a kernel-only machine);
+#                                    #   "second": job E2 (upload whisper-base's parts first: ASR starts at once)
 #   session7.sh part NN              # one call per .parts/uNN; a model whose parts are all there is converted
 #   session7.sh wait SECONDS         # returns when job E's e2e is done (WAIT_MARK=.jobE-exactness-done: its last
 #                                    #   step) or after SECONDS; results in $OUT/res.tgz
@@ -31,6 +32,27 @@ job_v() {  # ordered by importance: a call that ends early keeps what finished
   touch $RES/.jobA-done
 }
 
+job_e2() {  # the second machine (the first went back mid-job): ASR while the Qwen parts upload, the GPU exactness
+           # suite, then the drafters and multi-draft stages, then the e2e rows
+  env_setup
+  while [ ! -e $RES/.ready-whisper-base ]; do sleep 2; done
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=170 \
+    step eval-scale-asr 230 bash bench/gpu/eval_scale.sh asr-t0 asr-t1 studies-asr
+  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  wait_ready
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=490 EVAL_BUDGET_SCALE=6 \
+    step eval-scale-text 560 bash bench/gpu/eval_scale.sh drafters multidraft
+  e2e_rows
+  touch $RES/.jobB-done
+}
+
+e2e_rows() {
+  E2E_RES=$RES/e2e E2E_TOTAL_S=${E2E_TOTAL_S:-380} E2E_BUDGET_S=${E2E_BUDGET_S:-340} E2E_MAX_S=6 \
+    E2E_ARGS="--ignore-eos --temperature 0,1 --systems ar,hf-static,tilespec,hf-assisted --gamma 2 --gamma-schedule constant,optimal" \
+    step e2e-runtime 540 bash bench/gpu/e2e_fast.sh runtime-t0
+}
+
 job_e() {
   env_setup
   ts "job E waits for job V and the models"
@@ -39,9 +61,7 @@ job_e() {
   EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${EVAL_TOTAL_S:-780} EVAL_BUDGET_SCALE=1.3 \
     step eval-scale 840 bash bench/gpu/eval_scale.sh xsum-t0 cnndm-t0 xsum-t1 cnndm-t1 drafters studies-text \
     asr-t0 asr-t1 studies-asr multidraft
-  E2E_RES=$RES/e2e E2E_TOTAL_S=${E2E_TOTAL_S:-380} E2E_BUDGET_S=${E2E_BUDGET_S:-340} E2E_MAX_S=6 \
-    E2E_ARGS="--ignore-eos --temperature 0,1 --systems ar,hf-static,tilespec,hf-assisted --gamma 2 --gamma-schedule constant,optimal" \
-    step e2e-runtime 540 bash bench/gpu/e2e_fast.sh runtime-t0
+  e2e_rows
   touch $RES/.jobB-done
   step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
     --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
@@ -58,12 +78,14 @@ case ${1:-} in
     case ${2:-} in
       kernels-fg) (cd $WORK && timeout -k 5 ${V_TOTAL_S:-540} bash $CHAIN_SCRIPT job-v >> $RES/jobs.log 2>&1)
                   cat $RES/jobs.log; tar -czf "$OUT/res.tgz" -C $RES . ;;
+      second) touch $RES/.jobA-done; bg job-e2; ts "job E2 started" ;;
       *) bg job-v; bg job-e; ts "jobs V and E started" ;;
     esac ;;
   part) part_call "$2" ;;
   wait) wait_call "${2:-500}" ;;
   job-v) job_v ;;
   job-e) job_e ;;
+  job-e2) job_e2 ;;
   convert) convert "$2" ;;
   *) echo "usage: session7.sh extras [kernels-fg] | part NN | wait SECONDS" >&2; exit 2 ;;
 esac
