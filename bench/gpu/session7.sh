@@ -53,6 +53,18 @@ e2e_rows() {
     step e2e-runtime 540 bash bench/gpu/e2e_fast.sh runtime-t0
 }
 
+job_e3() {  # replaces job E2's last step: after its drafters / multi-draft step, ASR again (the first ASR call gave
+           # LJSpeech too small a share to start), then shorter e2e rows
+  env_setup
+  while ! grep -q "end eval-scale-text" $RES/jobs.log; do sleep 2; done
+  pkill -f "session7.sh job-e2"; pkill -f "e2e_fast.sh"; pkill -f "tilespec bench e2e"; sleep 2
+  ts "job E3: job E2 stopped after its eval step"
+  EVAL_RES=$RES/eval-scale EVAL_TOTAL_S=${ASR_TOTAL_S:-170} \
+    step eval-scale-asr2 230 bash bench/gpu/eval_scale.sh asr-t0 asr-t1
+  E2E_TOTAL_S=${E2E3_TOTAL_S:-250} E2E_BUDGET_S=${E2E3_BUDGET_S:-210} e2e_rows
+  touch $RES/.jobB-done
+}
+
 job_e() {
   env_setup
   ts "job E waits for job V and the models"
@@ -86,6 +98,8 @@ case ${1:-} in
   job-v) job_v ;;
   job-e) job_e ;;
   job-e2) job_e2 ;;
+  job-e3) job_e3 ;;
+  restart) snapshot; bg "$2"; ts "$2 started from a fresh snapshot in $WORK" ;;   # S7_WORK must name a new folder
   convert) convert "$2" ;;
   *) echo "usage: session7.sh extras [kernels-fg] | part NN | wait SECONDS" >&2; exit 2 ;;
 esac

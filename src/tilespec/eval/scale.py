@@ -73,8 +73,9 @@ def runs_of(stage: str, a) -> list[tuple[str, dict, float]]:
     if stage in ("asr-t0", "asr-t1"):
         temp = stage[-1]
         kw = dict(asr, temperature=float(temp), methods=ALL if temp == "1" else EXACT)
-        return [(f"asr-lj-t{temp}", dict(kw, dataset="ljspeech"), 1.0),
-                (f"asr-synth-t{temp}", dict(kw, dataset="synthetic", limit=a.asr_synth_limit), 6.0)]
+        # weights 2 : 5, not 32 : 304 clips: each run pays its own warm-up (~10-20 s on an H100) before a clip
+        return [(f"asr-lj-t{temp}", dict(kw, dataset="ljspeech"), 2.0),
+                (f"asr-synth-t{temp}", dict(kw, dataset="synthetic", limit=a.asr_synth_limit), 5.0)]
     if stage == "studies-asr":
         return [(stage, dict(asr, dataset="ljspeech", limit=a.sweep_limit, temperature=1.0, methods=ALL,
                              batch_size=1, studies=SIDE, sweep_limit=a.sweep_limit,
