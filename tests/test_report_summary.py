@@ -290,3 +290,34 @@ def test_whisper_settings_drafters_and_filters(tmp_path):
     runs, others = load_results(tmp_path)
     text = "\n".join(summary_section(runs, others, None))
     assert "`e2e-a-late-2026-11-24.json`" in text and "`e2e-b-early-2026-11-24.json`" not in text.split("(f)")[0]
+
+
+def test_glance_table_eval_rows(tmp_path):
+    """The 'At a glance' table: T=0 identity summed over runs, T=1 bootstrap interval, Δ% range, speculation vs the
+    target-only run of the drafters stage, context-drafter rows, sigmoid's price; side-study records are skipped."""
+    t1 = _scale_run("xsum", 1.0, 4, 304, sig=True)
+    t1["references"] = ["1 2", "2 3", "3 4", "4 5"]
+    t1["methods"]["fused"]["delta_profiling_pct"] = 97.0
+    t0 = _scale_run("xsum", 0.0, 5, 304)
+    t0["methods"]["fused"]["delta_profiling_pct"] = 98.5
+    target_only = dict(_scale_run("xsum", 1.0, 4, 304), draft=None, methods={"hf": {"tokens_per_s": 250.0}})
+    ngram = dict(_scale_run("xsum", 1.0, 4, 304), draft="ngram")
+    ngram["methods"] = {"hf": ngram["methods"]["hf"], "fused": dict(ngram["methods"]["fused"], tokens_per_s=200.0)}
+    study = dict(_scale_run("xsum", 1.0, 2, 2), methods={})
+    _write(tmp_path, "eval-scale-H100-xsum-t0-2026-11-24.json", {"kind": "eval", "runs": [t0]})
+    _write(tmp_path, "eval-scale-H100-xsum-t1-2026-11-24.json", {"kind": "eval", "runs": [t1]})
+    _write(tmp_path, "eval-scale-H100-drafters-2026-11-24.json", {"kind": "eval", "runs": [ngram, target_only]})
+    _write(tmp_path, "eval-scale-H100-studies-text-2026-11-24.json", {"kind": "eval", "runs": [study]})
+    text = build_report(tmp_path, tmp_path / "REPORT.md", tmp_path / "figs")
+    glance = text[text.index("**At a glance**"):text.index("**Key numbers**")]
+    assert "| T=0: exact methods' outputs token-identical to the `hf` baseline | tiled 4/5, fused 4/5 | xsum 5 |" \
+        in glance
+    assert "| T=1: `fused` − `hf` quality, paired bootstrap 95 % interval | xsum ROUGE1 +0.000 [+0.000, +0.000] |" \
+        in glance
+    assert "**+97.0 % to +98.5 %**" in glance
+    # fused 125 tok/s in the main run and 200 with the n-gram drafter, over the target-only run's 250
+    assert "0.5B draft xsum 0.50×; ngram xsum (n=4) 0.80×" in glance
+    assert "xsum ROUGE1 0.150 vs 0.200 at 1.50× the tok/s" in glance
+    assert "studies-text" not in glance
+    summary = text.split("## Table 1")[0]
+    assert "xsum, ngram drafter T=1 n = 4 of 304" in summary and "xsum, target-only T=1" in summary

@@ -37,6 +37,32 @@ def rouge1(predictions: Sequence[str], references: Sequence) -> float:
     return float(sum(scores) / len(scores))
 
 
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
+
+
+def rouge_per_example(predictions: Sequence[str], references: Sequence, types=ROUGE_TYPES) -> dict:
+    """{type: per-example F1} for each ROUGE type (stemmed, best reference counts), in one scoring pass."""
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(list(types), use_stemmer=True)
+    out = {t: [] for t in types}
+    for pred, ref in zip(predictions, references):
+        scores = [scorer.score(r, pred) for r in ([ref] if isinstance(ref, str) else list(ref))]
+        for t in types:
+            out[t].append(max(x[t].fmeasure for x in scores))
+    return out
+
+
+def bootstrap_ci(metric: str, pieces: list, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(value, 2.5 %, 97.5 % bootstrap quantiles) of a metric over resampled examples: ``pieces`` are per-example
+    scores for ROUGE types (mean) or (word errors, reference words) pairs for WER (corpus ratio)."""
+    import random
+    if not pieces:
+        raise ValueError("a bootstrap interval needs at least one example")
+    rng, n = random.Random(seed), len(pieces)
+    vals = sorted(_aggregate(metric, [pieces[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
+    return _aggregate(metric, pieces), vals[int(0.025 * (n_boot - 1))], vals[int(0.975 * (n_boot - 1))]
+
+
 _NORMALIZER = None
 
 
@@ -105,7 +131,7 @@ def _per_example(metric: str, texts: Sequence[str], references: Sequence) -> lis
 
 
 def _aggregate(metric: str, pieces: list) -> float:
-    if metric == "rouge1":
+    if metric.startswith("rouge"):
         return sum(pieces) / len(pieces)
     return sum(e for e, _ in pieces) / max(1, sum(w for _, w in pieces))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import paper
 from .report_e2e import e2e_section
+from .report_quality import quality_table
 from .report_summary import backing_sections, e2e_figure, summary_section
 from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
     DATASET_NAMES, METHOD_ORDER, _batch, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair,
@@ -286,7 +287,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
     if any(r.get("dataset") == "synthetic" for r in runs):
         lines += [f"**Note: the ASR runs on the synthetic set use {SYNTH_CAVEAT}.**", ""]
     if runs:
-        lines += table1(runs) + noise_table(runs) + sigmoid_table(runs)
+        lines += table1(runs) + noise_table(runs) + quality_table(runs) + sigmoid_table(runs)
         lines += table5(runs) + table6(runs) + table8(runs) + table7(runs)
     else:
         lines += table7(runs)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report_tables import _batch, identical_count, is_partial, n_cell, tokens_per_s
+from .report_glance import glance_lines
+from .report_tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
 from .report_summary_data import (CONTEXT_KINDS, HF_KINDS, SMALL_N, SPEC_KINDS, _dev, _f, _x, best_drafters,
                                   e2e_groups, e2e_models, exactness_files, file_date, file_time, is_gpu_device,
                                   newest_e2e, verify_headline)
@@ -163,6 +164,7 @@ def sample_lines(runs: list) -> list[str]:
 
 def scale_runs(runs: list) -> list:
     """The newest eval-scale runs: runs from ``eval-scale-*`` files, else batched runs (``batch_size`` > 1)."""
+    runs = [r for r in runs if r.get("methods")]   # side-study-only records (no main comparison) are not runs here
     return [r for r in runs if str(r.get("_source", "")).startswith("eval-scale-")] or \
         [r for r in runs if _batch(r) > 1]
 
@@ -206,7 +208,7 @@ def scale_lines(runs: list) -> list[str]:
             if isinstance(ms, (int, float)) and isinstance(mh, (int, float)) and mh:
                 sig_cell = (f"{metric.upper()} {ms:.3f} vs {mh:.3f} ({(ms - mh) / mh * 100:+.1f} %), "
                             f"{_x(ts / th if ts and th else None)} hf tok/s")
-        out.append(f"| {r.get('dataset')} T={_f(temp, '{:g}')} | {n_cell(r)} | {_batch(r)} | "
+        out.append(f"| {r.get('dataset')}{drafter_note(r)} T={_f(temp, '{:g}')} | {n_cell(r)} | {_batch(r)} | "
                    f"{', '.join(rows)} | {same} | {metric.upper()} {vals} | {sig_cell} | "
                    f"`{r.get('_source')}` |")
     return out + [""]
@@ -272,7 +274,8 @@ def key_lines(runs: list, others: list) -> list[str]:
         cells, ident, sig = [], [], []
         for r in sel:
             temp = (r.get("config") or {}).get("temperature")
-            cells.append(f"{r.get('dataset')} T={_f(temp, '{:g}')} n = {n_cell(r).replace(' (**partial**)', '')}")
+            cells.append(f"{r.get('dataset')}{drafter_note(r)} T={_f(temp, '{:g}')} "
+                         f"n = {n_cell(r).replace(' (**partial**)', '')}")
             c = _scale_cells(r)
             if temp == 0 and c["same"]:
                 vals = list(c["same"].values())
@@ -295,7 +298,7 @@ def key_lines(runs: list, others: list) -> list[str]:
                    + (", **partial runs**" if partial else "") + "): " + "; ".join(cells) + "."
                    + (" T=0: tiled and fused outputs identical to hf for " + " and ".join(ident) + "." if ident else "")
                    + (" Sigmoid (NOT exact) at T=1: " + "; ".join(sig) + "." if sig else "")
-                   + " Files: " + ", ".join(f"`{r.get('_source')}`" for r in sel) + ".")
+                   + " Files: " + ", ".join(f"`{f}`" for f in sorted({r.get('_source') for r in sel})) + ".")
     gpu = [x for x in exactness_files(others) if is_gpu_device(x[1].get("device"))]
     if gpu:
         path, doc, res = max(gpu, key=lambda x: (file_date(x[0], x[1]), x[0].name))
@@ -326,7 +329,7 @@ def summary_section(runs: list, others: list, figure: str | None = None) -> list
     e2e, notes = e2e_lines(others, figure)
     out = [TITLE, "", "Generated from the committed JSON files named on each line; the tables that back each claim "
            "follow further down.", ""]
-    out += key_lines(runs, others)
+    out += glance_lines(runs, others) + key_lines(runs, others)
     out += e2e or ["**(a) End-to-end decoding**: no real-weight `e2e-*.json` with result rows committed.", ""]
     out += native_lines(others) + verify_lines(others) + exactness_lines(others) + scale_lines(runs)
     out += sample_lines(runs)

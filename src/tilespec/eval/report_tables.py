@@ -59,7 +59,15 @@ def _dataset(r: dict) -> str:
 
 
 def _pair(r: dict) -> str:
-    return f"{r.get('target')} / {r.get('draft')}"
+    return f"{r.get('target')} / {r.get('draft') or '– (target-only)'}"
+
+
+def drafter_note(r: dict) -> str:
+    """", ngram drafter" / ", target-only" for the context-drafter and target-only runs of a stage, else ""."""
+    d = r.get("draft")
+    if d is None and r.get("target"):
+        return ", target-only"
+    return f", {d} drafter" if str(d) in ("ngram", "suffix") else ""
 
 
 def _device(r: dict) -> str:
@@ -80,7 +88,8 @@ def _batch(r: dict) -> int:
 def _label(r: dict) -> str:
     """Short run label used in every table: dataset, T, device (and the batch size of a batched run)."""
     b = _batch(r)
-    return f"{_dataset(r)}, T={_temp(r)}, {_device(r)}" + (f", B={b} (batched)" if b > 1 else "")
+    return (f"{_dataset(r)}, T={_temp(r)}{drafter_note(r)}, {_device(r)}"
+            + (f", B={b} (batched)" if b > 1 else ""))
 
 
 def is_partial(r: dict) -> bool:
