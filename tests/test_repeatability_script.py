@@ -1,0 +1,25 @@
+"""bench/scripts/repeatability.py's comparison: which (method, repeat) outputs differ, and at which token."""
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "repeatability.py"
+spec = importlib.util.spec_from_file_location("repeatability", SCRIPT)
+rep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rep)
+
+
+def test_first_divergence():
+    assert rep.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert rep.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert rep.first_divergence([1, 2], [1, 2, 3]) == 2     # a prefix diverges where it ends
+
+
+def test_compare_counts_pairs_and_positions():
+    outputs = {("hf", 0): [[1, 2, 3], [4, 5]], ("fused", 0): [[1, 2, 3], [4, 6]], ("fused", 1): [[1, 2, 3], [4, 6]]}
+    rows = {(tuple(r["a"]), tuple(r["b"])): r for r in rep.compare(outputs)}
+    assert len(rows) == 3
+    same = rows[(("fused", 0), ("fused", 1))]
+    assert same["differing"] == 0 and same["first_divergence"] == []
+    cross = rows[(("fused", 0), ("hf", 0))]
+    assert cross["examples"] == 2 and cross["differing"] == 1
+    assert cross["first_divergence"] == [{"example": 1, "token": 1}]
