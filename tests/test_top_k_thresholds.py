@@ -37,10 +37,27 @@ def test_top_k_thresholds_match_reference(dtype, top_k, temperature):
     assert torch.equal(keep_fast, keep_ref)
 
 
-def test_top_k_with_top_p_or_unknown_k_uses_the_general_pass():
-    logits = torch.randn(2, 2, 32)
-    for sampling in (SamplingParams(top_k=4, top_p=0.9), SamplingParams(top_k=torch.tensor([4, 5])),
-                     SamplingParams(top_k=[4, 0])):
-        inputs = prepare_inputs(logits, torch.zeros(2, 1, dtype=torch.int64), sampling=sampling)
-        resolved = inputs.sampling
-        assert torch.equal(keep_thresholds(logits, inputs), _reference_thresholds(logits, resolved))
+def _kept(logits, thr, sampling):
+    scale = torch.where(sampling.temperature > 0, sampling.temperature, torch.ones_like(sampling.temperature))
+    z = logits.float() / scale[:, None, None]
+    return torch.where(z >= thr[..., None], z, torch.full_like(z, float("-inf")))
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(top_k=4, top_p=0.9), SamplingParams(top_k=torch.tensor([4, 5])),
+                                      SamplingParams(top_k=[4, 0]), SamplingParams(top_p=0.5),
+                                      SamplingParams(top_p=[0.3, 1.0], temperature=[0.7, 1.0]),
+                                      SamplingParams(top_p=0.8, temperature=0.0),
+                                      SamplingParams(top_k=6, top_p=0.7, min_p=0.1)])
+def test_top_k_top_p_min_p_keep_the_reference_set(sampling):
+    """Top-p / ragged top-k / min-p: the thresholds the kernels get keep exactly filtered_logits' set (no fp32 copy
+    of the rows without min-p; the values may differ, e.g. -inf for a row with no filter on)."""
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randint(-8, 8, (2, 3, 48), generator=gen).float() / 3).to(torch.bfloat16)   # ties
+    logits[1, 2, :7] = float("-inf")
+    inputs = prepare_inputs(logits, torch.zeros(2, 2, dtype=torch.int64), sampling=sampling)
+    resolved = inputs.sampling
+    thr = keep_thresholds(logits, inputs)
+    assert thr.dtype == torch.float32 and thr.shape == (2, 3) and thr.is_contiguous()
+    assert torch.equal(_kept(logits, thr, resolved), filtered_logits(logits, resolved))
+    if resolved.has_min_p:   # the general pass: exactly the reference's thresholds
+        assert torch.equal(thr, _reference_thresholds(logits, resolved))

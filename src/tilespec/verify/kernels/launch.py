@@ -37,6 +37,7 @@ import torch
 import triton
 
 from ..distributions import draft_log_probs, filtered_logits, log_probs
+from ..filters import keep_threshold
 from ..types import VerifyInputs, VerifyResult
 from . import common
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
@@ -199,16 +200,22 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    General case: :func:`tilespec.verify.distributions.filtered_logits` (the reference semantics: sorts / cumsums a
-    full fp32 copy of every row), so the kernels' mask ``z / T >= thr`` keeps exactly the same set (for top-p,
-    tokens tied with the last kept one are also kept). Top-k alone with every k known on the host and in [1, V):
-    :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Returns float32 [B, R].
+    Top-k alone with every k known on the host and in [1, V): :func:`_top_k_thresholds`, the same thresholds from
+    one ``torch.topk``. Top-k / top-p without min-p: :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU
+    the radix / row kernels, which scale the raw logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is
+    by definition the set ``filtered_logits`` keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the
+    reference semantics on a full fp32 copy of every row). In every case the kernels' mask ``z / T >= thr`` keeps
+    exactly the reference's set (for top-p, tokens tied with the last kept one are also kept). Returns float32
+    [B, R]; a row with no filter on gets -inf (keep all) or, with min-p, its smallest finite z: the same set but
+    for -inf tokens, which have no mass either way.
     """
     s = inputs.sampling
     bounds = s.top_k_range
     if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
             and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
         return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
+    if not s.has_min_p:
+        return keep_threshold(logits, s).float().contiguous()
     z = filtered_logits(logits, s)
     return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
 
