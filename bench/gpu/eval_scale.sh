@@ -19,8 +19,9 @@
 #   EVAL_TOTAL_S (480)   seconds for the whole call;      EVAL_RES (/root/res/eval-scale)
 #   EVAL_SEED_DIR        continue committed runs: copies bench/results' eval-scale-*-<stage>-*.json into EVAL_RES
 #   EVAL_BATCH (16)      examples per generation in the main comparisons (the side studies stay at batch 1)
-#   EVAL_BUDGET_SCALE (1) multiplies every stage's default budget when sizing a group's --total-s (the process splits
-#                        its total over the stages in proportion and hands what one leaves to the next;
+#   EVAL_BUDGET_SCALE (1) multiplies every stage's default budget; only the ratios between the groups (text, ASR,
+#                        multidraft) matter: each group gets its share of what is left of EVAL_TOTAL_S (the process
+#                        splits its total over its stages the same way and hands what one leaves to the next;
 #                        tilespec.eval.scale.BUDGETS, H100 seconds:
 #                        xsum-t0 65, xsum-t1 85, cnndm-t0 50, cnndm-t1 60, drafters 50, studies-text 40, asr-t0 30,
 #                        asr-t1 40, studies-asr 20)
@@ -81,9 +82,9 @@ ts "eval_scale.sh: stages [$STAGES], total ${TOTAL}s (text ~${w_text}s, asr ~${w
 run_group() {   # name, wanted seconds, seconds wanted by the groups after it, stages...
   local name=$1 w=$2 later=$3; shift 3
   local l; l=$(left)
-  local budget=$(( w < l - later ? w : l - later ))
-  local total_w=$(( w + later ))
-  if (( total_w > l )); then budget=$(( l * w / total_w )); fi
+  # its share of what is left, in proportion to what it and the groups after it want: EVAL_TOTAL_S decides the
+  # call's length, the wants (x EVAL_BUDGET_SCALE) only split it; a group that ends early leaves its time to the next
+  local budget=$(( l * w / (w + later > 0 ? w + later : 1) ))
   if (( budget < 30 )); then ts "skip $name group ($*): ${l}s left of EVAL_TOTAL_S=$TOTAL (rerun to continue)"; return; fi
   ts "$name group: $* (total ${budget}s, hard timeout $(( budget + GRACE ))s)"
   # shellcheck disable=SC2086
