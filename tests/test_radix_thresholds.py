@@ -114,3 +114,24 @@ def test_default_chunking_and_routing():
     assert torch.equal(got, keep_threshold(logits, s, method="search"))
     with pytest.raises(ValueError):
         radix_thresholds(logits, s.temperature, s.top_k, s.top_p, True, True, bits=3)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0, 0.7])
+def test_top_p_stops_reading_once_one_value_is_left(temperature):
+    """bf16 rows whose top-p boundary value is shared by tokens in every chunk: once the interval holds that one
+    value, no chunk is read again (the stop), and the thresholds stay bit-identical to the row kernel's."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = 256
+    logits = torch.full((2, 3, vocab), -2.0)
+    logits[..., ::5] = 1.5                                      # the boundary value, in every chunk of 16
+    logits[..., 2::9] = (torch.randn(2, 3, 29, generator=gen) + 4.0)   # a head above it
+    logits = logits.to(torch.bfloat16)
+    sp = SamplingParams(temperature=temperature, top_p=0.97)
+    s = resolve_sampling(sp, 2, "cpu")
+    counts = []
+    got = radix_thresholds(logits, s.temperature, s.top_k, s.top_p, False, True, chunk=16, block=16,
+                           active_counts=counts)
+    assert torch.equal(got, filter_thresholds(logits, s.temperature, s.top_k, s.top_p, False, True))
+    _assert_same_keep_as_brute(logits, s, got, ([temperature] * 2, [0] * 2, [0.97] * 2, [0.0] * 2))
+    assert len(counts) == 8 and counts[-1] == 0
+    assert 0 in counts[:-1], counts                              # stopped before the last pass

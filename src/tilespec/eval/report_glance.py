@@ -48,7 +48,8 @@ def _e2e_rows(others: list) -> list:
             by = {r["kind"]: r for r in grp}
             ar, hs = by.get("ar"), by.get("hf-static")
             if ar and hs and temp == 0:
-                cells.append(f"{task} B={b}: **{ar['tps'] / hs['tps']:.2f}×** ({_f(ar['tps'])} vs {_f(hs['tps'])} tok/s)")
+                cells.append(f"{task} B={b}: **{ar['tps'] / hs['tps']:.2f}×** "
+                             f"({_f(ar['tps'])} vs {_f(hs['tps'])} tok/s)")
         if cells:
             rows.append((f"{e2e_models(st)[0]}: our target-only decoding vs transformers' compiled static-cache "
                          "`generate` (`hf-static`)", "; ".join(cells),
@@ -56,11 +57,11 @@ def _e2e_rows(others: list) -> list:
                          _dev(env.get("gpu") or env.get("device")), path.name))
     for task, best, path, doc, _seen, _missing in best_drafters(picked):
         if best is not None and best.get("vs_ar"):
-            st = doc.get("settings") or {}
+            st, env = doc.get("settings") or {}, doc.get("environment") or {}
             rows.append((f"{task}: best speculative configuration vs our target-only",
                          f"{SPEC_KINDS[best['kind']]} **{best['vs_ar']:.2f}×** ({_f(best['tps'])} tok/s, "
                          f"`{best['system']}`)", f"{st.get('num_prompts', '?')} prompts, B=1, T=0",
-                         _dev((doc.get("environment") or {}).get("gpu") or (doc.get("environment") or {}).get("device")),
+                         _dev(env.get("gpu") or env.get("device")),
                          path.name))
     return rows
 

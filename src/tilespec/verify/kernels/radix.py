@@ -11,7 +11,8 @@ bit-identical to ``filters.scaled_logits``), but each pass is split over many pr
   from the previous pass) writes zeros without reading its logits: after the first few passes most chunks skip.
 * ``_combine_kernel``, grid N: adds the C partial histograms of its row to the row's running count / mass above
   hi, picks the digit (largest j whose count >= k, or whose mass / total >= top_p), narrows [lo, hi), marks which
-  chunks still hold tokens inside it, and after the last pass writes the thresholds.
+  chunks still hold tokens inside it, and after the last pass writes the thresholds. Top-p stops a row early once
+  its interval holds a single key (bf16 ties at the boundary): no chunk is read again for it.
 
 Launches: top-k 2 * 32 / BITS; top-p 1 (chunk maxima) + 2 * 32 / BITS; both 4 * 32 / BITS (the chunk maxima
 come from the first top-k pass). Fixed grids, trip counts and buffer shapes; no host sync: CUDA-graph safe.
@@ -31,6 +32,8 @@ import triton.language as tl
 
 from .thresholds import _KEY_NAN, _KEY_NEG_INF, _key_float, prepare_thresholds  # noqa: F401 (same keys)
 
+_INT32_MAX = tl.constexpr(2**31 - 1)
+_INT32_MIN = tl.constexpr(-2**31)
 BITS = int(os.environ.get("TILESPEC_RADIX_BITS", 4))         # key bits per pass: 8 passes of a 16-way histogram
 CHUNK = int(os.environ.get("TILESPEC_RADIX_CHUNK", 2048))    # tokens per program; fixed per V (batch invariance)
 
@@ -47,13 +50,15 @@ def _row_on(k_ptr, p_ptr, b, vocab, MASS: tl.constexpr):
 
 @triton.jit
 def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_ptr, temp_ptr, k_ptr, p_ptr,
-                 rows, vocab, stride_b, stride_r, nchunks, SHIFT: tl.constexpr, FIRST: tl.constexpr,
-                 MASS: tl.constexpr, WRITE_MAX: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                 BITS: tl.constexpr, NC_PAD: tl.constexpr, COUNT: tl.constexpr = True):
+                 kmin_ptr, kmax_ptr, rows, vocab, stride_b, stride_r, nchunks, SHIFT: tl.constexpr,
+                 FIRST: tl.constexpr, MASS: tl.constexpr, WRITE_MAX: tl.constexpr, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr, BITS: tl.constexpr, NC_PAD: tl.constexpr, COUNT: tl.constexpr = True):
     """hist (counts, int32; for top-p the counts of tokens that top-k keeps) and mass (fp32, top-p)
     [N, C, 2^BITS] of chunk c over [lo, lo + 2^(SHIFT + BITS)); WRITE_MAX: cmax [N, C] = the chunk's max z.
     Column 0 is the whole interval (top-p pass 1: every token, lo being below all keys; its float is a NaN);
-    it marks the chunks that still hold tokens inside it. COUNT=False: only cmax is wanted."""
+    it marks the chunks that still hold tokens inside it. COUNT=False: only cmax is wanted. MASS also writes
+    kmin / kmax [N, C]: the smallest / largest order key of the chunk's tokens inside the interval (column 0's
+    tokens; int32 max / min when there are none), so the combine kernel can see that only one value is left."""
     pid = tl.program_id(0)
     n = pid // nchunks
     c = pid % nchunks
@@ -74,6 +79,8 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
     scale = tl.where(temp > 0, temp, 1.0)
     cnt = tl.zeros([1 << BITS], tl.int32)
     mass = tl.zeros([1 << BITS], tl.float32)
+    kmin = tl.full((), _INT32_MAX, tl.int32)
+    kmax = tl.full((), _INT32_MIN, tl.int32)
     if run:
         ar = tl.arange(0, BLOCK)
         if MASS:
@@ -82,6 +89,7 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
             m = tl.max(cm, axis=0)
             m = tl.where(m == float("-inf"), 0.0, m)
             t_k = tl.load(thr_ptr + n)
+            c0 = _key_float(lo)
         zmax = tl.full([BLOCK], float("-inf"), tl.float32)
         for i in range(0, CHUNK, BLOCK):
             offs = c * CHUNK + i + ar
@@ -96,6 +104,11 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                 e = tl.where(below, tl.exp(z - m), 0.0)
                 mass += tl.sum(tl.where(hit, e[None, :], 0.0), axis=1)
                 cnt += tl.sum(hit.to(tl.int32), axis=1)
+                inside = below if FIRST else below & (z > c0)                     # column 0's tokens
+                zi = z.to(tl.int32, bitcast=True)
+                key = zi ^ ((zi >> 31) & 0x7FFFFFFF)
+                kmin = tl.minimum(kmin, tl.min(tl.where(inside, key, _INT32_MAX), axis=0))
+                kmax = tl.maximum(kmax, tl.max(tl.where(inside, key, _INT32_MIN), axis=0))
             elif COUNT:
                 below = valid & (z == z) & ~(z >= f_hi)                    # key < hi (NaN: never counted)
                 hit = (z[None, :] >= cand[:, None]) & below[None, :]
@@ -106,13 +119,21 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
     tl.store(hist_ptr + pid * (1 << BITS) + ways, cnt)
     if MASS:
         tl.store(mass_ptr + pid * (1 << BITS) + ways, tl.where(on, mass, 0.0))
+        tl.store(kmin_ptr + pid, kmin)
+        tl.store(kmax_ptr + pid, kmax)
 
 
 @triton.jit
 def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_ptr, thr_ptr, out_ptr, k_ptr, p_ptr,
-                    rows, vocab, nchunks, SHIFT: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
-                    MASS: tl.constexpr, WRITE_OUT: tl.constexpr, BITS: tl.constexpr, NC_PAD: tl.constexpr):
-    """Row n: fix the next BITS key bits, update lo / above / active; on LAST write thr [N] (and out [N])."""
+                    kmin_ptr, kmax_ptr, rows, vocab, nchunks, SHIFT: tl.constexpr, FIRST: tl.constexpr,
+                    LAST: tl.constexpr, MASS: tl.constexpr, WRITE_OUT: tl.constexpr, BITS: tl.constexpr,
+                    NC_PAD: tl.constexpr):
+    """Row n: fix the next BITS key bits, update lo / above / active; on LAST write thr [N] (and out [N]).
+
+    Top-p stops early when the interval holds a single key v (bf16 ties: every chunk holding the boundary value
+    would otherwise stay active for the remaining passes): the invariants S(lo) >= top_p and S(hi) < top_p make v
+    the boundary, so lo becomes v - 1 (what the remaining passes would reach, with the same sums) and every chunk
+    goes inactive; later passes then read nothing and keep lo."""
     n = tl.program_id(0)
     b = n // rows
     ways = tl.arange(0, 1 << BITS)
@@ -125,6 +146,9 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
     else:
         lo = tl.load(base_ptr + n)
     if MASS:
+        kmn = tl.min(tl.load(kmin_ptr + n * nchunks + cs, mask=cs < nchunks, other=_INT32_MAX), axis=0)
+        kmx = tl.max(tl.load(kmax_ptr + n * nchunks + cs, mask=cs < nchunks, other=_INT32_MIN), axis=0)
+        single = kmn == kmx
         part = tl.sum(tl.load(mass_ptr + idx, mask=cmask, other=0.0), axis=0)
         if FIRST:
             above = tl.zeros((), tl.float32)
@@ -145,12 +169,17 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
         ok = (s >= tl.load(k_ptr + b)) | (ways == 0)
     best = tl.max(tl.where(ok, ways, 0), axis=0)
     nxt = tl.sum(tl.where(ways == best + 1, s, tl.zeros_like(s)), axis=0)
-    above = tl.where(best + 1 < (1 << BITS), nxt, above)
-    lo = lo + (best.to(tl.int64) << SHIFT)
-    tl.store(base_ptr + n, lo)
-    tl.store(above_ptr + n, above)
+    above_new = tl.where(best + 1 < (1 << BITS), nxt, above)
+    lo_new = lo + (best.to(tl.int64) << SHIFT)
     inside = tl.sum(tl.where(ways[None, :] == best, hist, 0), axis=1) \
         - tl.sum(tl.where(ways[None, :] == best + 1, hist, 0), axis=1)   # chunk's tokens in the new interval
+    if MASS:
+        lo_new = tl.where(single, kmn.to(tl.int64) - 1, lo_new)
+        above_new = tl.where(single, above, above_new)
+        inside = tl.where(single, 0, inside)
+    lo, above = lo_new, above_new
+    tl.store(base_ptr + n, lo)
+    tl.store(above_ptr + n, above)
     tl.store(active_ptr + n * nchunks + cs, (inside > 0).to(tl.int8), mask=cs < nchunks)
     if LAST:
         on = _row_on(k_ptr, p_ptr, b, vocab, MASS)
@@ -166,13 +195,14 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
 
 def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      do_k: bool, do_p: bool, bits: int = BITS, chunk: int = CHUNK, block: int = 1024,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int = 4, active_counts: list | None = None) -> torch.Tensor:
     """thr [B, R] float32 for logits [B, R, V] and per-request temperature / top_p (float32 [B]), top_k (int [B]):
     the same thresholds as :func:`.thresholds.filter_thresholds` (keep z >= thr; -inf where no filter is on).
 
     ``do_k`` / ``do_p`` (host flags) only skip work. Scratch: O(B * R * C * 2^bits) words, nothing of size V.
     ``chunk`` (tokens per program) and ``block`` are powers of two; the chunk is clamped to V's next power of two,
-    so it depends on V only (batch invariance)."""
+    so it depends on V only (batch invariance). ``active_counts`` (tests, benchmarks): a list that gets, after each
+    pass, how many (row, chunk) programs the next pass reads (one host sync per pass)."""
     logits, out, done = prepare_thresholds(logits, do_k, do_p, bits)
     if done:
         return out
@@ -190,11 +220,13 @@ def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
     active = torch.empty(n, nc, dtype=torch.int8, device=dev)
     thr = torch.full((n,), float("-inf"), dtype=torch.float32, device=dev)
     cmax = torch.empty(n, nc, dtype=torch.float32, device=dev) if do_p else thr
+    kmin = torch.empty(n, nc, dtype=torch.int32, device=dev) if do_p else hist   # top-p's single-value stop
+    kmax = torch.empty(n, nc, dtype=torch.int32, device=dev) if do_p else hist
     temp, k, p = temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous()
     meta = dict(BITS=bits, NC_PAD=triton.next_power_of_2(nc))
     passes = 32 // bits
     if do_p and not do_k:   # chunk maxima for exp(z - m): one read of every row
-        _hist_kernel[(n * nc,)](logits, hist, mass, base, active, thr, cmax, temp, k, p, rows, vocab,
+        _hist_kernel[(n * nc,)](logits, hist, mass, base, active, thr, cmax, temp, k, p, kmin, kmax, rows, vocab,
                                 logits.stride(0), logits.stride(1), nc, SHIFT=32 - bits, FIRST=True, MASS=False,
                                 WRITE_MAX=True, CHUNK=chunk, BLOCK=block, num_warps=num_warps, COUNT=False,
                                 **meta)
@@ -203,12 +235,14 @@ def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
             continue
         for i in range(passes):
             shift = 32 - bits * (i + 1)
-            _hist_kernel[(n * nc,)](logits, hist, mass, base, active, thr, cmax, temp, k, p, rows, vocab,
-                                    logits.stride(0), logits.stride(1), nc, SHIFT=shift, FIRST=i == 0,
+            _hist_kernel[(n * nc,)](logits, hist, mass, base, active, thr, cmax, temp, k, p, kmin, kmax, rows,
+                                    vocab, logits.stride(0), logits.stride(1), nc, SHIFT=shift, FIRST=i == 0,
                                     MASS=bool(mode), WRITE_MAX=bool(i == 0 and not mode and do_p), CHUNK=chunk,
                                     BLOCK=block, num_warps=num_warps, **meta)
             last = i == passes - 1
-            _combine_kernel[(n,)](hist, mass, base, above, total, active, thr, out, k, p, rows, vocab, nc,
+            _combine_kernel[(n,)](hist, mass, base, above, total, active, thr, out, k, p, kmin, kmax, rows, vocab, nc,
                                   SHIFT=shift, FIRST=i == 0, LAST=last, MASS=bool(mode),
                                   WRITE_OUT=bool(last and (mode or not do_p)), num_warps=4, **meta)
+            if active_counts is not None:
+                active_counts.append(int(active.sum()))
     return out
