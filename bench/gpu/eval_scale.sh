@@ -12,7 +12,7 @@
 #
 # Stages (tilespec eval scale; docs/eval.md "Paper-scale runs"): xsum-t0 xsum-t1 cnndm-t0 cnndm-t1 drafters
 #   studies-text asr-t0 asr-t1 studies-asr (one python process per model family: text stages share one, ASR
-#   stages another), and multidraft (tilespec bench multidraft, real Qwen pair, fp32).
+#   stages another), and multidraft (tilespec bench multidraft, real Qwen pair, bf16 weights, fp32 softmax).
 # Results: $EVAL_RES/eval-<stage>.json (records with raw per-chunk outputs), multidraft.json (+ .png), *.log;
 #   tarred to $OUT/eval-scale.tgz after every stage (when OUT is set).
 # Environment:
@@ -31,6 +31,8 @@
 #                        --max-new-tokens 6 --asr-max-new-tokens 6 --sweep-max-new-tokens 4 --sweep-limit 1"
 #   EVAL_MD_BUDGET_S (100) multidraft block-efficiency rounds (then the timing: EVAL_MD_TIMING_PROMPTS (4) prompts per
 #                        dataset x T=1.2 x SD + SpecInfer/SpecTr/IS at K = 2,3,4, EVAL_MD_TIMING_TOKENS (64) tokens)
+#   EVAL_MD_DTYPE (bfloat16) model weights of the multidraft stage (logits are upcast to fp32 before every softmax;
+#                        bf16 reuses the main eval's converted weights: float32 re-converts both GGUF models, ~60 s)
 #   EVAL_MD_PROMPTS (50) prompts per dataset; EVAL_MD_ARGS appended to the multidraft call (e.g. a CPU dry run:
 #                        "--device cpu --target smollm2-135m-instruct --draft smollm2-135m-instruct --prompts 2
 #                        --max-new-tokens 4 --temps 1.2 --max-k 3 --reps 2 --timing-tokens 4")
@@ -106,7 +108,8 @@ if (( md )); then
   if (( mb < 20 )); then ts "skip multidraft: ${l}s left (rerun to continue)"; else
     ts "multidraft: ${mb}s of rounds, then timing (hard timeout $(( l )) s)"
     # shellcheck disable=SC2086
-    timeout -k 5 "$l" $PY -m tilespec bench multidraft --device cuda --prompts "${EVAL_MD_PROMPTS:-50}" \
+    timeout -k 5 "$l" $PY -m tilespec bench multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
+        --prompts "${EVAL_MD_PROMPTS:-50}" \
         --datasets xsum,cnndm "${XM[@]}" --budget-s "$mb" --timing --timing-prompts "${EVAL_MD_TIMING_PROMPTS:-4}" \
         --timing-ks 2,3,4 --timing-temps 1.2 --timing-tokens "${EVAL_MD_TIMING_TOKENS:-64}" --out "$RES/multidraft.json" \
         --plot ${EVAL_MD_ARGS:-} > "$RES/multidraft.log" 2>&1
