@@ -34,7 +34,7 @@
 #   EVAL_MD_DTYPE (bfloat16) model weights of the multidraft stage (logits are upcast to fp32 before every softmax;
 #                        bf16 reuses the main eval's converted weights: float32 re-converts both GGUF models, ~60 s)
 #   EVAL_MD_PROMPTS (50) prompts per dataset; EVAL_MD_ARGS appended to the multidraft call (e.g. a CPU dry run:
-#                        "--device cpu --target smollm2-135m-instruct --draft smollm2-135m-instruct --prompts 2
+#                        "--device cpu --dtype float32 --target smollm2-135m-instruct --draft smollm2-135m-instruct --prompts 2
 #                        --max-new-tokens 4 --temps 1.2 --max-k 3 --reps 2 --timing-tokens 4")
 #   EVAL_GRACE_S (45)    hard timeout = a group's budget + this (model load, compile, the last chunk)
 set -u
