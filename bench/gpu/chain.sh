@@ -36,6 +36,15 @@ WORK=${CHAIN_WORK:-/root/tswork}
 snapshot() { rm -rf $WORK && mkdir -p $WORK && tar --exclude=./.parts -cf - . | tar -xf - -C $WORK; }
 bg() { (cd $WORK && setsid nohup bash "$CHAIN_SCRIPT" "$@" >> $RES/jobs.log 2>&1 < /dev/null &) }
 
+extras_setup() {  # the first call of a chain (carrying .parts/u00): extras and manifests in place, the tree
+                  # snapshot for the background jobs, the wheels installed, the GPU named
+  cp -r .parts/u00/extra/* $EXTRA/ && cp .parts/u00/*.json $PARTS/
+  snapshot
+  MODELS=none source bench/gpu/setup.sh; set +e
+  python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+}
+
 wait_ready() {  # until job A is done and every model is unpacked / converted
   while :; do
     local missing=0

@@ -113,11 +113,7 @@ job_b() {
 
 case ${1:-} in
   extras)
-    cp -r .parts/u00/extra/* $EXTRA/ && cp .parts/u00/*.json $PARTS/
-    snapshot
-    MODELS=none source bench/gpu/setup.sh; set +e
-    python3 -c "import flashinfer, soundfile, jiwer, rouge_score, gguf; print('wheels ok')" 2>&1 | tail -1
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+    extras_setup
     case ${2:-} in
       kernels) bg job-k; ts "job K started" ;;
       kernels-fg) (cd $WORK && timeout -k 5 ${K_TOTAL_S:-540} bash bench/gpu/session6.sh job-k >> $RES/jobs.log 2>&1)
