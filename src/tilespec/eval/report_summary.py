@@ -37,7 +37,7 @@ def _batches(groups: list) -> str:
     return ", ".join(str(b) for b in sorted({key[2] for key, _ in groups}))
 
 
-def e2e_lines(others: list, figure: str | None) -> tuple[list[str], list[str]]:
+def e2e_lines(others: list) -> tuple[list[str], list[str]]:
     """(summary lines, notes on skipped files) for the newest real-weight e2e file per target."""
     picked, notes = newest_e2e(others)
     out = []
@@ -77,14 +77,18 @@ def e2e_lines(others: list, figure: str | None) -> tuple[list[str], list[str]]:
         if best:
             out += [best, ""]
     out += drafter_lines(picked)
-    if figure and out:
-        out += [f"![end-to-end tok/s by system]({figure})", "",
-                "Bars: tok/s at B = 1, T = 0 per system (best configuration of each); whiskers: min–max of the "
-                "per-batch rates where a system recorded them. Full tables: *End-to-end decoding (engine "
-                "benchmark)* below.", ""]
-    elif out:
+    if out:
         out += ["Full tables: *End-to-end decoding (engine benchmark)* below.", ""]
     return out, notes
+
+
+def figure_lines(figure: str | None) -> list[str]:
+    """The end-to-end bar chart, shown right under the 'At a glance' table."""
+    if not figure:
+        return []
+    return [f"![end-to-end tok/s by system]({figure})", "",
+            "Bars: tok/s at B = 1, T = 0 per system (best configuration of each); whiskers: min–max of the per-batch "
+            "rates where a system recorded them. Full tables: *End-to-end decoding (engine benchmark)* below.", ""]
 
 
 def _headline(groups: list) -> str:
@@ -326,10 +330,10 @@ def key_lines(runs: list, others: list) -> list[str]:
 # --------------------------------------------------------------------------------------------------- assembly
 def summary_section(runs: list, others: list, figure: str | None = None) -> list[str]:
     """The opening section: (a)-(e), then the skipped-file notes."""
-    e2e, notes = e2e_lines(others, figure)
+    e2e, notes = e2e_lines(others)
     out = [TITLE, "", "Generated from the committed JSON files named on each line; the tables that back each claim "
            "follow further down.", ""]
-    out += glance_lines(runs, others) + key_lines(runs, others)
+    out += glance_lines(runs, others) + (figure_lines(figure) if e2e else []) + key_lines(runs, others)
     out += e2e or ["**(a) End-to-end decoding**: no real-weight `e2e-*.json` with result rows committed.", ""]
     out += native_lines(others) + verify_lines(others) + exactness_lines(others) + scale_lines(runs)
     out += sample_lines(runs)
