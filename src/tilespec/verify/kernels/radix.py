@@ -104,7 +104,10 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                 e = tl.where(below, tl.exp(z - m), 0.0)
                 mass += tl.sum(tl.where(hit, e[None, :], 0.0), axis=1)
                 cnt += tl.sum(hit.to(tl.int32), axis=1)
-                inside = below if FIRST else below & (z > c0)                     # column 0's tokens
+                if FIRST:                                                          # column 0's tokens
+                    inside = below
+                else:
+                    inside = below & (z > c0)
                 zi = z.to(tl.int32, bitcast=True)
                 key = zi ^ ((zi >> 31) & 0x7FFFFFFF)
                 kmin = tl.minimum(kmin, tl.min(tl.where(inside, key, _INT32_MAX), axis=0))
