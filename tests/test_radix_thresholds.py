@@ -135,3 +135,7 @@ def test_top_p_stops_reading_once_one_value_is_left(temperature):
     _assert_same_keep_as_brute(logits, s, got, ([temperature] * 2, [0] * 2, [0.97] * 2, [0.0] * 2))
     assert len(counts) == 8 and counts[-1] == 0
     assert 0 in counts[:-1], counts                              # stopped before the last pass
+    slow = []
+    off = radix_thresholds(logits, s.temperature, s.top_k, s.top_p, False, True, chunk=16, block=16,
+                           active_counts=slow, stop=False)
+    assert torch.equal(off, got) and sum(slow) > sum(counts)

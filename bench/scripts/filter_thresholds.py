@@ -3,7 +3,9 @@
 Usage: python3 bench/scripts/filter_thresholds.py --json OUT.json [--quick]
 For B in (1, 64), R = K + 1 = 6 rows, V = 151,936, bf16 logits at T=1, filters top-k 50, top-p 0.9 and both:
 * the chunked radix kernel (verify/kernels/radix.py) at BITS = 2, 4, 8 key bits per pass and chunks of 1024, 2048,
-  4096 tokens per program, eager and replayed from a CUDA graph (the graph removes the ~17-34 launch overheads);
+  4096 tokens per program, eager and replayed from a CUDA graph (the graph removes the ~17-34 launch overheads),
+  with the (row, chunk) programs each pass reads; for top-p also the default without its single-value stop
+  (``_nostop``, same run);
 * the one-program-per-row kernel (verify/kernels/thresholds.py) at its default (2 bits, block 2048) and 4 bits;
 * the sort-based evaluation (filters.py "sort") of the same thresholds.
 CUDA-event medians of 50 calls (10 for the sort). Every kernel's thresholds are checked against the sort's.
@@ -66,13 +68,17 @@ def main() -> None:
             row = dict(B=batch, R=6, V=151936, filter=name,
                        sort_ms=median_ms(lambda: keep_threshold(logits, s, method="sort"), 10))
             radix = [(4, 2048)] if args.quick else [(b, c) for b in (2, 4, 8) for c in (1024, 2048, 4096)]
-            for bits, chunk in radix:
+            variants = [(b, c, True) for b, c in radix] + ([(4, 2048, False)] if s.has_top_p else [])
+            for bits, chunk, stop in variants:   # stop=False: top-p without its single-value stop (same run)
                 def run():
-                    return radix_thresholds(logits, *flags, bits=bits, chunk=chunk)
-                tag = f"radix_bits{bits}_chunk{chunk}"
+                    return radix_thresholds(logits, *flags, bits=bits, chunk=chunk, stop=stop)
+                tag = f"radix_bits{bits}_chunk{chunk}" + ("" if stop else "_nostop")
                 row[f"{tag}_equal_sort"] = bool(torch.equal(run(), ref))
                 row[f"{tag}_ms"] = median_ms(run)
                 row[f"{tag}_graph_ms"] = graph_ms(run)
+                counts = []
+                radix_thresholds(logits, *flags, bits=bits, chunk=chunk, stop=stop, active_counts=counts)
+                row[f"{tag}_chunks_read_per_pass"] = counts
             for bits in ((2,) if args.quick else (2, 4)):
                 def run_row():
                     return filter_thresholds(logits, *flags, block=2048, bits=bits)

@@ -36,6 +36,7 @@ _INT32_MAX = tl.constexpr(2**31 - 1)
 _INT32_MIN = tl.constexpr(-2**31)
 BITS = int(os.environ.get("TILESPEC_RADIX_BITS", 4))         # key bits per pass: 8 passes of a 16-way histogram
 CHUNK = int(os.environ.get("TILESPEC_RADIX_CHUNK", 2048))    # tokens per program; fixed per V (batch invariance)
+STOP = os.environ.get("TILESPEC_RADIX_STOP", "1") == "1"      # top-p's single-value stop (0: same-run comparisons)
 
 
 @triton.jit
@@ -52,7 +53,8 @@ def _row_on(k_ptr, p_ptr, b, vocab, MASS: tl.constexpr):
 def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_ptr, temp_ptr, k_ptr, p_ptr,
                  kmin_ptr, kmax_ptr, rows, vocab, stride_b, stride_r, nchunks, SHIFT: tl.constexpr,
                  FIRST: tl.constexpr, MASS: tl.constexpr, WRITE_MAX: tl.constexpr, CHUNK: tl.constexpr,
-                 BLOCK: tl.constexpr, BITS: tl.constexpr, NC_PAD: tl.constexpr, COUNT: tl.constexpr = True):
+                 BLOCK: tl.constexpr, BITS: tl.constexpr, NC_PAD: tl.constexpr, COUNT: tl.constexpr = True,
+                 STOP: tl.constexpr = True):
     """hist (counts, int32; for top-p the counts of tokens that top-k keeps) and mass (fp32, top-p)
     [N, C, 2^BITS] of chunk c over [lo, lo + 2^(SHIFT + BITS)); WRITE_MAX: cmax [N, C] = the chunk's max z.
     Column 0 is the whole interval (top-p pass 1: every token, lo being below all keys; its float is a NaN);
@@ -104,14 +106,15 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                 e = tl.where(below, tl.exp(z - m), 0.0)
                 mass += tl.sum(tl.where(hit, e[None, :], 0.0), axis=1)
                 cnt += tl.sum(hit.to(tl.int32), axis=1)
-                if FIRST:                                                          # column 0's tokens
-                    inside = below
-                else:
-                    inside = below & (z > c0)
-                zi = z.to(tl.int32, bitcast=True)
-                key = zi ^ ((zi >> 31) & 0x7FFFFFFF)
-                kmin = tl.minimum(kmin, tl.min(tl.where(inside, key, _INT32_MAX), axis=0))
-                kmax = tl.maximum(kmax, tl.max(tl.where(inside, key, _INT32_MIN), axis=0))
+                if STOP:
+                    if FIRST:                                                      # column 0's tokens
+                        inside = below
+                    else:
+                        inside = below & (z > c0)
+                    zi = z.to(tl.int32, bitcast=True)
+                    key = zi ^ ((zi >> 31) & 0x7FFFFFFF)
+                    kmin = tl.minimum(kmin, tl.min(tl.where(inside, key, _INT32_MAX), axis=0))
+                    kmax = tl.maximum(kmax, tl.max(tl.where(inside, key, _INT32_MIN), axis=0))
             elif COUNT:
                 below = valid & (z == z) & ~(z >= f_hi)                    # key < hi (NaN: never counted)
                 hit = (z[None, :] >= cand[:, None]) & below[None, :]
@@ -130,7 +133,7 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
 def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_ptr, thr_ptr, out_ptr, k_ptr, p_ptr,
                     kmin_ptr, kmax_ptr, rows, vocab, nchunks, SHIFT: tl.constexpr, FIRST: tl.constexpr,
                     LAST: tl.constexpr, MASS: tl.constexpr, WRITE_OUT: tl.constexpr, BITS: tl.constexpr,
-                    NC_PAD: tl.constexpr):
+                    NC_PAD: tl.constexpr, STOP: tl.constexpr = True):
     """Row n: fix the next BITS key bits, update lo / above / active; on LAST write thr [N] (and out [N]).
 
     Top-p stops early when the interval holds a single key v (bf16 ties: every chunk holding the boundary value
@@ -176,7 +179,7 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
     lo_new = lo + (best.to(tl.int64) << SHIFT)
     inside = tl.sum(tl.where(ways[None, :] == best, hist, 0), axis=1) \
         - tl.sum(tl.where(ways[None, :] == best + 1, hist, 0), axis=1)   # chunk's tokens in the new interval
-    if MASS:
+    if MASS and STOP:
         lo_new = tl.where(single, kmn.to(tl.int64) - 1, lo_new)
         above_new = tl.where(single, above, above_new)
         inside = tl.where(single, 0, inside)
@@ -198,14 +201,15 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
 
 def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      do_k: bool, do_p: bool, bits: int = BITS, chunk: int = CHUNK, block: int = 1024,
-                     num_warps: int = 4, active_counts: list | None = None) -> torch.Tensor:
+                     num_warps: int = 4, active_counts: list | None = None, stop: bool = STOP) -> torch.Tensor:
     """thr [B, R] float32 for logits [B, R, V] and per-request temperature / top_p (float32 [B]), top_k (int [B]):
     the same thresholds as :func:`.thresholds.filter_thresholds` (keep z >= thr; -inf where no filter is on).
 
     ``do_k`` / ``do_p`` (host flags) only skip work. Scratch: O(B * R * C * 2^bits) words, nothing of size V.
     ``chunk`` (tokens per program) and ``block`` are powers of two; the chunk is clamped to V's next power of two,
     so it depends on V only (batch invariance). ``active_counts`` (tests, benchmarks): a list that gets, after each
-    pass, how many (row, chunk) programs the next pass reads (one host sync per pass)."""
+    pass, how many (row, chunk) programs the next pass reads (one host sync per pass). ``stop=False`` turns the
+    top-p single-value stop off (same thresholds, more chunks read)."""
     logits, out, done = prepare_thresholds(logits, do_k, do_p, bits)
     if done:
         return out
@@ -226,7 +230,7 @@ def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: tor
     kmin = torch.empty(n, nc, dtype=torch.int32, device=dev) if do_p else hist   # top-p's single-value stop
     kmax = torch.empty(n, nc, dtype=torch.int32, device=dev) if do_p else hist
     temp, k, p = temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous()
-    meta = dict(BITS=bits, NC_PAD=triton.next_power_of_2(nc))
+    meta = dict(BITS=bits, NC_PAD=triton.next_power_of_2(nc), STOP=stop)
     passes = 32 // bits
     if do_p and not do_k:   # chunk maxima for exp(z - m): one read of every row
         _hist_kernel[(n * nc,)](logits, hist, mass, base, active, thr, cmax, temp, k, p, kmin, kmax, rows, vocab,
