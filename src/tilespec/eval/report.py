@@ -87,7 +87,7 @@ def setup_section(runs: list) -> list[str]:
             f"{n_txt} | {_batch(r)} | {r.get('sweep_n', '–')} | {cfg.get('max_new_tokens')} | {cfg.get('schedule')} from "
             f"γ={cfg.get('gamma')} (max {cfg.get('max_gamma')}) | {_warmup_kind(r)} | `{env.get('commit')}`, "
             f"{env.get('date')} | `{r.get('_source')}` |")
-        for key in ("note", "budget_note", "protocol_note"):
+        for key in ("note", "budget_note", "protocol_note", "timing_note"):
             if r.get(key):
                 notes.append(f"- run {i}: {r[key]}")
         if env.get("note"):

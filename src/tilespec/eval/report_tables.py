@@ -146,7 +146,7 @@ def tokens_per_s(row: dict):
 
 
 def _ours_note(r: dict) -> str:
-    return "" if _is_gpu(r) else " (CPU: Triton interpreter)"
+    return ("" if _is_gpu(r) else " (CPU: Triton interpreter)") + (" ‡" if r.get("timing_note") else "")
 
 
 # --------------------------------------------------------------------------------------------------- tables
@@ -174,7 +174,9 @@ def table1(runs: list) -> list[str]:
     return out + ["", "n: examples scored (\"of N\": the sampled set; **partial**: the run stopped before it, by its "
                   "time budget). Runs labelled \"B=16 (batched)\" generate 16 examples per call: their times are per "
                   "batched step, not the paper's batch-1 protocol, and Δ% compares methods at the same batch size. "
-                  "Identical outputs: examples whose generated token sequence (else text) equals the baseline's.", "",
+                  "Identical outputs: examples whose generated token sequence (else text) equals the baseline's. "
+                  "‡: the run's record carries a `timing_note` (its times are not clean: see *Runs*); its outputs "
+                  "and metrics are unaffected.", "",
                   "At temperature 0 the exact methods must give token-identical outputs (100 %); at temperature 1 "
                   "`hf` draws its random numbers differently (torch generator, transformers' semantics) from "
                   "`tiled`/`fused` (counter-based Philox, identical to each other), so their texts differ and their "
