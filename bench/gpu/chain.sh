@@ -34,7 +34,10 @@ convert() {  # unpack a model; the first bf16 load of a GGUF model writes its sa
 # background jobs run from a private copy of the tree: each call re-syncs the call's tree under running imports
 WORK=${CHAIN_WORK:-/root/tswork}
 snapshot() { rm -rf $WORK && mkdir -p $WORK && tar --exclude=./.parts -cf - . | tar -xf - -C $WORK; }
-bg() { (cd $WORK && setsid nohup bash "$CHAIN_SCRIPT" "$@" >> $RES/jobs.log 2>&1 < /dev/null &) }
+bg() {  # start a background job, unless the same job of the same script is already running on this machine
+  if pgrep -f "bash $CHAIN_SCRIPT $1\$" > /dev/null; then ts "$1 is already running: not started again"; return; fi
+  (cd $WORK && setsid nohup bash "$CHAIN_SCRIPT" "$@" >> $RES/jobs.log 2>&1 < /dev/null &)
+}
 
 extras_setup() {  # the first call of a chain (carrying .parts/u00): extras and manifests in place, the tree
                   # snapshot for the background jobs, the wheels installed, the GPU named
