@@ -50,8 +50,10 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 export PYTHONPATH="${PYTHONPATH:-$PWD/src}"
 mkdir -p "$RES"
 # one driver per results folder: two at once would share the GPU (no clean timing) and race on the same JSONs
-exec 9> "$RES/.eval_scale.lock"
-if ! flock -n 9; then echo "eval_scale.sh: another run holds $RES/.eval_scale.lock; not starting" >&2; exit 3; fi
+if command -v flock > /dev/null; then
+  exec 9> "$RES/.eval_scale.lock"
+  if ! flock -n 9; then echo "eval_scale.sh: another run holds $RES/.eval_scale.lock; not starting" >&2; exit 3; fi
+fi
 # resume from committed results: EVAL_SEED_DIR=bench/results copies the newest eval-scale-*-<stage>-*.json of each
 # stage into $RES as eval-<stage>.json (unless $RES already has one), so a fresh machine continues those runs
 if [ -n "${EVAL_SEED_DIR:-}" ]; then
