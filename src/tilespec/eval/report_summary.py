@@ -211,9 +211,10 @@ def scale_lines(runs: list) -> list[str]:
             th, ts = tokens_per_s(hf), tokens_per_s(sig)
             if isinstance(ms, (int, float)) and isinstance(mh, (int, float)) and mh:
                 sig_cell = (f"{metric.upper()} {ms:.3f} vs {mh:.3f} ({(ms - mh) / mh * 100:+.1f} %), "
-                            f"{_x(ts / th if ts and th else None)} hf tok/s")
-        out.append(f"| {r.get('dataset')}{drafter_note(r)} T={_f(temp, '{:g}')} | {n_cell(r)} | {_batch(r)} | "
-                   f"{', '.join(rows)} | {same} | {metric.upper()} {vals} | {sig_cell} | "
+                            + ("tok/s not clean ‡" if r.get("timing_note") else
+                               f"{_x(ts / th if ts and th else None)} hf tok/s"))
+        out.append(f"| {r.get('dataset')}{drafter_note(r)} T={_f(temp, '{:g}')}{' ‡' * bool(r.get('timing_note'))} | "
+                   f"{n_cell(r)} | {_batch(r)} | {', '.join(rows)} | {same} | {metric.upper()} {vals} | {sig_cell} | "
                    f"`{r.get('_source')}` |")
     return out + [""]
 
@@ -293,7 +294,9 @@ def key_lines(runs: list, others: list) -> list[str]:
                 th, ts = tokens_per_s(c["hf"]), tokens_per_s(c["sig"])
                 if isinstance(ms, (int, float)):
                     sig.append(f"{r.get('dataset')} (n = {r.get('n')}) {c['metric'].upper()} {ms:.3f} vs {mh:.3f} "
-                               f"({(ms - mh) / mh * 100:+.0f} %) at {_x(ts / th if ts and th else None)} hf tok/s")
+                               f"({(ms - mh) / mh * 100:+.0f} %)"
+                               + ("" if r.get("timing_note") else
+                                  f" at {_x(ts / th if ts and th else None)} hf tok/s"))
         partial = any(is_partial(r) for r in sel)
         bs = sorted({_batch(r) for r in sel})
         out.append(f"- **Paper-scale evaluation** ({_dev((sel[0].get('environment') or {}).get('device'))}, "
