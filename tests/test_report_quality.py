@@ -19,8 +19,17 @@ def test_bootstrap_ci_brackets_the_value_and_is_zero_width_for_constant_scores()
     assert bootstrap_ci("rouge2", [0.25] * 10) == (0.25, 0.25, 0.25)
     # WER pieces are (errors, words): the corpus ratio, not the mean of ratios
     assert bootstrap_ci("wer", [(1, 10), (0, 30)])[0] == pytest.approx(1 / 40)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one example"):
         bootstrap_ci("rouge1", [])
+    with pytest.raises(ValueError, match="no bootstrap for metric 'bleu'"):
+        bootstrap_ci("bleu", [0.1, 0.2])
+
+
+def test_rouge_per_example_rejects_mismatched_lengths_and_remembers_scores():
+    with pytest.raises(ValueError, match="2 predictions for 1 references"):
+        rouge_per_example(["a b", "c d"], ["a b"])
+    first = rouge_per_example(["a b c"], [["a b", "b c"]])
+    assert rouge_per_example(["a b c"], [["a b", "b c"]]) is first     # scored once, reused
 
 
 def test_quality_table_rows_for_text_and_asr_runs():

@@ -40,22 +40,33 @@ def rouge1(predictions: Sequence[str], references: Sequence) -> float:
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
 
-def rouge_per_example(predictions: Sequence[str], references: Sequence, types=ROUGE_TYPES) -> dict:
-    """{type: per-example F1} for each ROUGE type (stemmed, best reference counts), in one scoring pass."""
-    from rouge_score import rouge_scorer
-    scorer = rouge_scorer.RougeScorer(list(types), use_stemmer=True)
-    out = {t: [] for t in types}
-    for pred, ref in zip(predictions, references):
-        scores = [scorer.score(r, pred) for r in ([ref] if isinstance(ref, str) else list(ref))]
-        for t in types:
-            out[t].append(max(x[t].fmeasure for x in scores))
-    return out
+def rouge_per_example(predictions: Sequence[str], references: Sequence) -> dict:
+    """{type: per-example F1} for ROUGE-1 / ROUGE-2 / ROUGE-L (stemmed, best reference counts), in one scoring pass,
+    remembered per (predictions, references): the report scores the same outputs for several tables."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    key = (tuple(predictions), tuple(r if isinstance(r, str) else tuple(r) for r in references))
+    if key not in _ROUGE_SCORES:
+        from rouge_score import rouge_scorer
+        scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+        out = {t: [] for t in ROUGE_TYPES}
+        for pred, ref in zip(*key):
+            scores = [scorer.score(r, pred) for r in ([ref] if isinstance(ref, str) else ref)]
+            for t in ROUGE_TYPES:
+                out[t].append(max(x[t].fmeasure for x in scores))
+        _ROUGE_SCORES[key] = out
+    return _ROUGE_SCORES[key]
+
+
+_ROUGE_SCORES: dict = {}
 
 
 def bootstrap_ci(metric: str, pieces: list, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """(value, 2.5 %, 97.5 % bootstrap quantiles) of a metric over resampled examples: ``pieces`` are per-example
     scores for ROUGE types (mean) or (word errors, reference words) pairs for WER (corpus ratio)."""
     import random
+    if metric not in (*ROUGE_TYPES, "wer"):
+        raise ValueError(f"no bootstrap for metric {metric!r}; choose {', '.join(ROUGE_TYPES)} or wer")
     if not pieces:
         raise ValueError("a bootstrap interval needs at least one example")
     rng, n = random.Random(seed), len(pieces)
@@ -116,7 +127,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def _per_example(metric: str, texts: Sequence[str], references: Sequence) -> list:
     """Per-example pieces of a corpus metric: ROUGE-1 F1 scores, or (word errors, reference words) for WER."""
     if metric == "rouge1":
-        return [rouge1([t], [r]) for t, r in zip(texts, references)]
+        return rouge_per_example(texts, references)["rouge1"]
     if metric == "wer":
         import jiwer
         out = []

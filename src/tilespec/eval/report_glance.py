@@ -9,16 +9,12 @@ the verification-time Δ%, speculation vs target-only decoding at the eval's bat
 """
 from __future__ import annotations
 
+from .metrics import paired_bootstrap
 from .report_summary_data import (SPEC_KINDS, _dev, _f, best_drafters, e2e_groups, e2e_models, exactness_files,
                                   file_date, is_gpu_device, newest_e2e, verify_headline)
 from .report_tables import _batch, identical_count, tokens_per_s
 
 EXACT = ("tiled", "fused")
-
-
-def _bootstrap(metric: str, base: list, texts: list, refs: list) -> tuple:
-    from .metrics import paired_bootstrap
-    return paired_bootstrap(metric, base, texts, refs)
 
 
 def _temp(r: dict):
@@ -134,7 +130,7 @@ def _eval_rows(runs: list) -> list:
         hf, fused, refs = rows_m.get("hf") or {}, rows_m.get("fused") or {}, r.get("references")
         if metric in ("rouge1", "wer") and hf.get("texts") and fused.get("texts") and refs \
                 and len(hf["texts"]) == len(fused["texts"]) <= len(refs):
-            d, lo, hi = _bootstrap(metric, hf["texts"], fused["texts"], refs[:len(hf["texts"])])
+            d, lo, hi = paired_bootstrap(metric, hf["texts"], fused["texts"], refs[:len(hf["texts"])])
             noise.append(f"{r.get('dataset')} {metric.upper()} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
                          + ("" if lo <= 0 <= hi else " **outside**"))
         s = rows_m.get("sigmoid")

@@ -21,7 +21,7 @@ def method_quality(r: dict, method: str) -> dict:
     if r.get("metric") == "wer":
         pieces = _per_example("wer", texts, refs)
         return {"wer": bootstrap_ci("wer", pieces)} if pieces else {}
-    per = rouge_per_example(texts, refs)
+    per = rouge_per_example(texts, refs)   # scored once per report, shared with the paired bootstrap
     return {t: bootstrap_ci(t, per[t]) for t in ROUGE_TYPES}
 
 
