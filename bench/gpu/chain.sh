@@ -21,6 +21,18 @@ step() {  # step NAME TIMEOUT CMD...: run one step of a job, log to $RES/NAME.lo
   ts "end $name rc=$rc: $(grep -v '^\s*$' "$RES/$name.log" | tail -1 | cut -c1-200)"
 }
 
+kernel_steps() {  # kernel_steps VERIFY_TIMEOUT: the kernel GPU tests, then the verify benchmark (filters, peers)
+  step pytest-kernels-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+    tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
+  step verify-bench "$1" python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --json $RES/verify.json --plot $RES/verify.png
+}
+
+exactness_step() {  # the exactness suite on the GPU: fused and reference, 10^6 samples per check
+  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+}
+
 convert() {  # unpack a model; the first bf16 load of a GGUF model writes its safetensors copy into the cache
   env_setup
   local m=$1

@@ -33,12 +33,8 @@ job_a() {
 
 job_k() {  # ordered by importance: a call that ends early keeps what finished
   env_setup
-  step pytest-kernels-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
-    tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
-  step verify-bench 200 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
-    --filters --check --json $RES/verify.json --plot $RES/verify.png
-  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  kernel_steps 200
+  exactness_step
   step verify-bench-split0 90 env TILESPEC_FUSED_SPLIT=0 python3 -m tilespec bench verify --batch 1 64 --draft 5 \
     --vocab 151936 --dtype bf16 --contenders fused sigmoid --json $RES/verify-split0.json
   if command -v ncu > /dev/null; then

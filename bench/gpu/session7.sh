@@ -24,10 +24,7 @@ source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, s
 
 job_v() {  # ordered by importance: a call that ends early keeps what finished
   env_setup
-  step pytest-kernels-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
-    tests/test_top_k_thresholds.py tests/test_filters.py tests/test_verify_overhead.py
-  step verify-bench 220 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
-    --filters --check --json $RES/verify.json --plot $RES/verify.png
+  kernel_steps 220
   step filter-thresholds 90 python3 bench/scripts/filter_thresholds.py --quick --json $RES/filter-thresholds.json
   touch $RES/.jobA-done
 }
@@ -38,8 +35,7 @@ job_e2() {  # the second machine (the first went back mid-job): ASR while the Qw
   while [ ! -e $RES/.ready-whisper-base ]; do sleep 2; done
   EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=170 \
     step eval-scale-asr 230 bash bench/gpu/eval_scale.sh ${E2_ASR_STAGES:-asr-t0 asr-t1 studies-asr}
-  [ "${E2_EXACTNESS:-1}" = 1 ] && step exactness-gpu 200 python3 -m tilespec check exactness --method fused \
-    --method reference --device cuda --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  [ "${E2_EXACTNESS:-1}" = 1 ] && exactness_step
   wait_ready
   EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${E2_TEXT_S:-490} EVAL_BUDGET_SCALE=6 \
     step eval-scale-text 560 bash bench/gpu/eval_scale.sh drafters multidraft
@@ -75,8 +71,7 @@ job_e() {
     asr-t0 asr-t1 studies-asr multidraft
   e2e_rows
   touch $RES/.jobB-done
-  step exactness-gpu 200 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json $RES/exactness-gpu-fused-reference-1e6.json
+  exactness_step
   touch $RES/.jobE-exactness-done
 }
 
