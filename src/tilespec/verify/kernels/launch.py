@@ -215,7 +215,7 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
             and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
         return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
     if not s.has_min_p:
-        return keep_threshold(logits, s).float().contiguous()
+        return keep_threshold(logits, s).contiguous()
     z = filtered_logits(logits, s)
     return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
 

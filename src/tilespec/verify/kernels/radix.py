@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .thresholds import _KEY_NAN, _KEY_NEG_INF, _key_float, prepare_thresholds  # noqa: F401 (same keys)
+from .thresholds import _KEY_NAN, _KEY_NEG_INF, _float_key, _key_float, prepare_thresholds  # noqa: F401 (same keys)
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
 _INT32_MIN = tl.constexpr(-2**31)
@@ -111,8 +111,7 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
                         inside = below
                     else:
                         inside = below & (z > c0)
-                    zi = z.to(tl.int32, bitcast=True)
-                    key = zi ^ ((zi >> 31) & 0x7FFFFFFF)
+                    key = _float_key(z)
                     kmin = tl.minimum(kmin, tl.min(tl.where(inside, key, _INT32_MAX), axis=0))
                     kmax = tl.maximum(kmax, tl.max(tl.where(inside, key, _INT32_MIN), axis=0))
             elif COUNT:

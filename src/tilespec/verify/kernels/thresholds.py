@@ -45,6 +45,13 @@ def _key_float(key):
 
 
 @triton.jit
+def _float_key(x):
+    """float32 -> int32 order key (the inverse of :func:`_key_float`; -0.0 and +0.0 get different keys)."""
+    xi = x.to(tl.int32, bitcast=True)
+    return xi ^ ((xi >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def _load_z(row, offs, vocab, scale):
     x = tl.load(row + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
     return tl.div_rn(x, scale)
