@@ -1,5 +1,7 @@
 """bench/scripts/repeatability.py's comparison: which (method, repeat) outputs differ, and at which token."""
 import importlib.util
+
+import pytest
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "repeatability.py"
@@ -23,3 +25,10 @@ def test_compare_counts_pairs_and_positions():
     cross = rows[(("fused", 0), ("hf", 0))]
     assert cross["examples"] == 2 and cross["differing"] == 1
     assert cross["first_divergence"] == [{"example": 1, "token": 1}]
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--batch", "0"], ["--methods", "fused,sigmoid"]])
+def test_bad_arguments_are_rejected_before_loading_anything(args):
+    with pytest.raises(SystemExit) as err:
+        rep.main(args)
+    assert err.value.code == 2

@@ -55,6 +55,11 @@ def main(argv=None) -> int:
                    help="torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG=:4096:8")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.repeats < 1 or a.batch < 1 or a.max_new_tokens < 1 or a.offset < 0:
+        p.error("--repeats, --batch and --max-new-tokens must be >= 1 and --offset >= 0")
+    unknown = [m for m in a.methods.split(",") if m not in ("hf", "reference", "tiled", "fused")]
+    if unknown:
+        p.error(f"--methods: {unknown} are not exact methods with a greedy mode (hf, reference, tiled, fused)")
     if a.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
