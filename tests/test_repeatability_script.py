@@ -32,3 +32,26 @@ def test_bad_arguments_are_rejected_before_loading_anything(args):
     with pytest.raises(SystemExit) as err:
         rep.main(args)
     assert err.value.code == 2
+
+
+def test_run_order_interleaves_methods_so_first_run_and_method_are_not_confounded():
+    assert rep.run_order(["hf", "fused"], 2, "interleaved") == [("hf", 0), ("fused", 0), ("hf", 1), ("fused", 1)]
+    assert rep.run_order(["hf", "fused"], 2, "grouped") == [("hf", 0), ("hf", 1), ("fused", 0), ("fused", 1)]
+
+
+def test_committed_chunk_reads_the_eval_record_by_example_index(tmp_path):
+    import json
+
+    raw = {"hf": [{"idx": [0, 1], "sequences": ["1 2 3", "4 5"]}, {"idx": [2, 3], "sequences": ["6", "7 8"]}],
+           "fused": [{"idx": [0, 1], "sequences": ["1 2 3", "4 6"]}]}      # fused stopped after the first chunk
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"runs": [{"raw": raw}]}))
+    assert rep.committed_chunk(str(path), 1, 2) == {"hf": [[4, 5], [6]]}  # only methods that hold every example
+    assert rep.committed_chunk(str(path), 0, 2) == {"hf": [[1, 2, 3], [4, 5]], "fused": [[1, 2, 3], [4, 6]]}
+    assert rep.tokens("7 8") == [7, 8] and rep.tokens([7, 8]) == [7, 8]
+
+
+def test_offset_past_the_eval_sample_is_rejected():
+    with pytest.raises(SystemExit) as err:
+        rep.main(["--dataset", "cnndm", "--offset", "190"])         # 190 + 16 > the 199 CNN/DM examples
+    assert err.value.code == 2

@@ -6,7 +6,7 @@ mkdir -p $RES $PARTS $EXTRA
 export PYTHONUNBUFFERED=1 TILESPEC_COMMIT=${TILESPEC_COMMIT:-unknown}
 ts() { echo "[$(date -u +%H:%M:%S)] $*"; }
 QWEN="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
-ALL_MODELS="$QWEN whisper-base"
+ALL_MODELS=${CHAIN_MODELS:-"$QWEN whisper-base"}   # the models wait_ready waits for
 
 env_setup() {  # PYTHONPATH, TILESPEC_HOME, TILESPEC_DATA, ... without unpacking anything
   MODELS=none source bench/gpu/setup.sh

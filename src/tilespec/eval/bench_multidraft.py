@@ -226,7 +226,8 @@ def run(args) -> int:
             write_result(rec, args, groups, table2_temp, None, seconds_before + time.perf_counter() - started,
                          final=False)
     timing = rec.get("timing")
-    if not cut and timing is None and (args.timing or (args.timing is None and dev_is_cuda(args))):
+    # the timing does not wait for every round: a budget-cut run still gets its tokens/s (over its first prompts)
+    if timing is None and (args.timing or (args.timing is None and dev_is_cuda(args))):
         n = args.timing_prompts
         timing = time_generation(target, draft, [p for ps in prompts_by_ds.values() for p in ps[:n]], args,
                                  sampling)
