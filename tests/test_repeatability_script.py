@@ -55,3 +55,9 @@ def test_offset_past_the_eval_sample_is_rejected():
     with pytest.raises(SystemExit) as err:
         rep.main(["--dataset", "cnndm", "--offset", "190"])         # 190 + 16 > the 199 CNN/DM examples
     assert err.value.code == 2
+
+
+def test_target_only_run_and_fresh_runners_are_accepted():
+    a = rep.parse(["--methods", "target,tiled,fused", "--fresh"])
+    assert a.methods.split(",")[0] == rep.TARGET_ONLY and a.fresh
+    assert not rep.parse([]).fresh

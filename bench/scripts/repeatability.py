@@ -27,6 +27,7 @@ import sys
 import time
 
 EXACT_GREEDY = ("hf", "reference", "tiled", "fused")
+TARGET_ONLY = "target"     # the engine's target-only greedy decoding (no draft): the ground truth of every method
 EVAL_LIMITS = {"xsum": 304, "cnndm": 199}     # the paper-scale eval's sample sizes (its subsample depends on them)
 
 
@@ -110,6 +111,9 @@ def parse(argv):
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--committed", default=None, help="eval-scale JSON whose record of this chunk to compare with")
     p.add_argument("--probe", action="store_true", help="top logits of the target at every divergence")
+    p.add_argument("--fresh", action="store_true",
+                   help="drop every cached compiled runner (graphs, K/V buffers) before each run: outputs that change "
+                        "with --fresh depend on what earlier runs left in the shared buffers")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--deterministic", action="store_true",
@@ -119,9 +123,10 @@ def parse(argv):
     a.limit = a.limit or EVAL_LIMITS[a.dataset]
     if a.repeats < 1 or a.batch < 1 or a.max_new_tokens < 1 or a.offset < 0 or a.offset + a.batch > a.limit:
         p.error("--repeats, --batch and --max-new-tokens must be >= 1, and 0 <= --offset <= --limit - --batch")
-    unknown = [m for m in a.methods.split(",") if m not in EXACT_GREEDY]
+    unknown = [m for m in a.methods.split(",") if m not in EXACT_GREEDY + (TARGET_ONLY,)]
     if unknown:
-        p.error(f"--methods: {unknown} are not exact methods with a greedy mode ({', '.join(EXACT_GREEDY)})")
+        p.error(f"--methods: {unknown} are not exact methods with a greedy mode ({', '.join(EXACT_GREEDY)}) "
+                f"or {TARGET_ONLY!r} (target-only decoding)")
     return a
 
 
@@ -151,9 +156,15 @@ def main(argv=None) -> int:
     idx = list(range(a.offset, a.offset + a.batch))
     examples = load_dataset("summarization", a.dataset, limit=a.limit, seed=cfg.seed)
     prepared = [task.prepare(examples[i], device, dtype) for i in idx]
-    decoders = {m: make_decoder(target, draft, m, cfg) for m in methods}
+    from tilespec.engine.leases import release_compiled
+    decoders = {m: make_decoder(target, None if m == TARGET_ONLY else draft, "fused" if m == TARGET_ONLY else m, cfg)
+                for m in methods}
     outputs, seconds = {}, {}
     for m, r in run_order(methods, a.repeats, a.order):
+        if a.fresh:
+            release_compiled()
+            decoders[m] = make_decoder(target, None if m == TARGET_ONLY else draft,
+                                       "fused" if m == TARGET_ONLY else m, cfg)
         t0 = time.perf_counter()
         with torch.inference_mode():
             rec = decode_chunk(decoders[m], task, prepared, idx, [cfg.seed + i for i in idx], a.max_new_tokens)
@@ -176,7 +187,7 @@ def main(argv=None) -> int:
                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), target=a.target, draft=a.draft, dataset=a.dataset,
                limit=a.limit, batch=a.batch, offset=a.offset, max_new_tokens=a.max_new_tokens, order=a.order,
                run_order=[list(x) for x in run_order(methods, a.repeats, a.order)], committed=a.committed,
-               deterministic=a.deterministic, seconds=seconds, pairs=rows, probes=probes,
+               deterministic=a.deterministic, fresh=a.fresh, seconds=seconds, pairs=rows, probes=probes,
                note="the first run of each method includes its graph captures / compilation; 'committed-M' rows are "
                     "the committed eval record of the same chunk")
     for r in rows:
