@@ -6,7 +6,8 @@ set -e
 PARTS=${PARTS:-/root/parts}
 EXTRA=${EXTRA:-/root/extra}
 if [ ! -d /tmp/site ]; then
-  pip install -q --no-index --no-deps --target /tmp/site "$EXTRA"/wheels/*.whl "$EXTRA"/fi/*.whl 2>&1 | grep -v WARNING || true
+  shopt -s nullglob; wheels=("$EXTRA"/wheels/*.whl "$EXTRA"/fi/*.whl); shopt -u nullglob   # fi/ may be empty
+  pip install -q --no-index --no-deps --target /tmp/site "${wheels[@]}" 2>&1 | grep -v WARNING || true
 fi
 export PYTHONPATH=/tmp/site:$PWD/src TILESPEC_HOME=${TILESPEC_HOME:-/root/tscache}
 export TILESPEC_DATA=$EXTRA/shared-data TILESPEC_SYNTH_DIR=$EXTRA/synth-asr HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
