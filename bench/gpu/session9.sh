@@ -39,7 +39,10 @@ job_e() {
 }
 
 case ${1:-} in
-  extras) extras_setup; touch $RES/.jobA-done; bg job-e; ts "job E started" ;;
+  extras) extras_setup; touch $RES/.jobA-done
+          # a multidraft run cut on an earlier machine resumes from its JSON (carried in .parts/u00/seed/)
+          [ -f .parts/u00/seed/multidraft.json ] && mkdir -p $RES/eval-scale && cp .parts/u00/seed/multidraft.json $RES/eval-scale/
+          bg job-e; ts "job E started" ;;
   part) part_call "$2" ;;
   wait) WAIT_MARK=${WAIT_MARK:-.jobE-done} wait_call "${2:-500}" ;;
   job-e) job_e ;;

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     draft, _ = tilespec.load(a.draft, device=device, dtype=dtype, role="draft")
     methods = a.methods.split(",")
     cfg = EvalConfig(device=str(device), dtype=str(dtype).replace("torch.", ""), temperature=0.0,
-                     methods=tuple(methods), batch_size=a.batch, max_new_tokens=a.max_new_tokens)
+                     methods=tuple(m for m in methods if m != TARGET_ONLY) or ("fused",), batch_size=a.batch, max_new_tokens=a.max_new_tokens)
     task = TextTask(getattr(tok, "tokenizer", tok), cfg.max_article_chars)
     idx = list(range(a.offset, a.offset + a.batch))
     examples = load_dataset("summarization", a.dataset, limit=a.limit, seed=cfg.seed)
