@@ -61,3 +61,31 @@ def test_target_only_run_and_fresh_runners_are_accepted():
     a = rep.parse(["--methods", "target,tiled,fused", "--fresh"])
     assert a.methods.split(",")[0] == rep.TARGET_ONLY and a.fresh
     assert not rep.parse([]).fresh
+
+
+def test_probe_feeds_the_prompt_before_the_common_prefix():
+    """The runs' sequences hold new tokens only: the probe must score prompt + prefix, and reports the top-2 gap."""
+    import torch
+
+    seen = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids):
+            seen.append(input_ids[0].tolist())
+            logits = torch.zeros(1, input_ids.shape[1], 8)
+            logits[0, -1, 3], logits[0, -1, 5] = 16.0, 15.875           # one bf16 ulp apart at 16
+            return type("Out", (), {"logits": logits})()
+
+    outputs = {("a", 0): [[1, 2, 3]], ("b", 0): [[1, 2, 5]]}
+    rows = rep.compare(outputs)
+    out = rep.probe(Model(), outputs, rows, prompts=[[7, 8]])
+    assert seen == [[7, 8, 1, 2]]
+    assert out[0]["token"] == 2 and out[0]["top_ids"][:2] == [3, 5]
+    assert out[0]["gap_ulps"] == pytest.approx(1.0)
+    first = rep.probe(Model(), {("a", 0): [[3]], ("b", 0): [[5]]}, rep.compare({("a", 0): [[3]], ("b", 0): [[5]]}),
+                      prompts=[[7, 8]])
+    assert seen[-1] == [7, 8] and first[0]["token"] == 0       # a split at the first new token is probed too

@@ -8,6 +8,7 @@
 #   3. the repeatability run again with --fresh (every cached runner, its graphs and K/V buffers dropped before each
 #      run): a divergence that disappears there depends on what earlier runs left in the shared buffers.
 #
+#   session9.sh extras-r      # (third machine) only the repeatability run, with the fixed probe
 #   session9.sh extras        # first call, carrying .parts/u00 and the tree WITH bench/results
 #   session9.sh part NN       # one call per .parts/uNN (u01-u26: the Qwen parts); a complete model is converted
 #   session9.sh wait SECONDS  # returns when the job is done or after SECONDS; results in $OUT/res.tgz
@@ -38,7 +39,16 @@ job_e() {
   touch $RES/.jobE-done
 }
 
+job_r() {  # the third machine: the repeatability run alone, with the probe that feeds the prompt (fixed after machine 2)
+  env_setup
+  wait_ready
+  repeat_step repeatability-xsum80-probe 300 --methods target,hf,tiled,fused
+  touch $RES/.jobE-done
+}
+
 case ${1:-} in
+  extras-r) extras_setup; touch $RES/.jobA-done; bg job-r; ts "job R started" ;;
+  job-r) job_r ;;
   extras) extras_setup; touch $RES/.jobA-done
           # a multidraft run cut on an earlier machine resumes from its JSON (carried in .parts/u00/seed/)
           [ -f .parts/u00/seed/multidraft.json ] && mkdir -p $RES/eval-scale && cp .parts/u00/seed/multidraft.json $RES/eval-scale/

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -73,9 +74,11 @@ def committed_chunk(path: str, offset: int, batch: int) -> dict:
     return out
 
 
-def probe(model, sequences: dict, rows: list, top: int = 3) -> list[dict]:
-    """For every differing example of every pair: the model's top logits after the common prefix (one eager
-    forward per distinct prefix) and the two tokens the runs chose there."""
+def probe(model, sequences: dict, rows: list, prompts: list, top: int = 3) -> list[dict]:
+    """For every differing example of every pair: the model's top logits after prompt + the common prefix of new
+    tokens (one eager forward per distinct prefix; ``prompts[example]``: its prompt token ids, since the runs'
+    sequences hold the new tokens only) and the two tokens the runs chose there. ``gap_ulps``: the top-2 logit gap
+    in units of the bf16 spacing at the top logit (about 1 or less: a near tie that rounding decides)."""
     import torch
 
     seen, out = {}, []
@@ -83,16 +86,19 @@ def probe(model, sequences: dict, rows: list, top: int = 3) -> list[dict]:
         for d in r["first_divergence"]:
             ex, tok_i = d["example"], d["token"]
             a, b = sequences[tuple(r["a"])][ex], sequences[tuple(r["b"])][ex]
-            if tok_i == 0 or tok_i >= min(len(a), len(b)):
-                continue                        # nothing in common, or one run stopped where the other went on
+            if tok_i >= min(len(a), len(b)):
+                continue                        # one run stopped where the other went on
             key = (ex, tuple(a[:tok_i]))
             if key not in seen:
                 dev = next(model.parameters()).device
+                ids_in = list(prompts[ex]) + list(a[:tok_i])
                 with torch.inference_mode():
-                    logits = model(input_ids=torch.tensor([a[:tok_i]], device=dev, dtype=torch.long)).logits[0, -1].float()
+                    logits = model(input_ids=torch.tensor([ids_in], device=dev, dtype=torch.long)).logits[0, -1].float()
                 vals, ids = logits.topk(top)
+                ulp = 2.0 ** (math.floor(math.log2(max(abs(float(vals[0])), 1e-30))) - 7)   # bf16: 8 significant bits
                 seen[key] = dict(example=ex, token=tok_i, top_ids=ids.tolist(), top_logits=vals.tolist(),
-                                 logit={int(t): float(logits[t]) for t in (a[tok_i], b[tok_i])})
+                                 logit={int(t): float(logits[t]) for t in (a[tok_i], b[tok_i])},
+                                 gap_ulps=float(vals[0] - vals[1]) / ulp)
             out.append(dict(seen[key], a=r["a"], b=r["b"], a_token=a[tok_i], b_token=b[tok_i]))
     return out
 
@@ -176,11 +182,12 @@ def main(argv=None) -> int:
     rows = compare(outputs)
     probes = {}
     if a.probe:
-        probes[str(dtype)] = probe(target, outputs, rows)
+        prompts = [p.ids for p in prepared]
+        probes[str(dtype)] = probe(target, outputs, rows, prompts)
         if dtype != torch.float32:
             decoders.clear()
             fp32 = copy.deepcopy(target).float()
-            probes["torch.float32"] = probe(fp32, outputs, rows)
+            probes["torch.float32"] = probe(fp32, outputs, rows, prompts)
             del fp32
     doc = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", dtype=str(dtype),
                torch=torch.__version__, commit=os.environ.get("TILESPEC_COMMIT", "unknown"),
@@ -196,7 +203,7 @@ def main(argv=None) -> int:
     for name, ps in probes.items():
         for x in ps:
             print(f"probe {name} ex{x['example']}@{x['token']} {x['a']}->{x['a_token']} {x['b']}->{x['b_token']}: "
-                  f"logits {x['logit']} top {list(zip(x['top_ids'], [round(v, 4) for v in x['top_logits']]))}")
+                  f"gap {x['gap_ulps']:.2f} bf16 ulps, logits {x['logit']} top {list(zip(x['top_ids'], [round(v, 4) for v in x['top_logits']]))}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
