@@ -8,6 +8,7 @@
 #   3. the repeatability run again with --fresh (every cached runner, its graphs and K/V buffers dropped before each
 #      run): a divergence that disappears there depends on what earlier runs left in the shared buffers.
 #
+#   session9.sh extras-d      # (fourth machine) only the XSum drafter rows, resumed from bench/results
 #   session9.sh extras-r      # (third machine) only the repeatability run, with the fixed probe
 #   session9.sh extras        # first call, carrying .parts/u00 and the tree WITH bench/results
 #   session9.sh part NN       # one call per .parts/uNN (u01-u26: the Qwen parts); a complete model is converted
@@ -46,7 +47,17 @@ job_r() {  # the third machine: the repeatability run alone, with the probe that
   touch $RES/.jobE-done
 }
 
+job_d() {  # the fourth machine: the rest of the XSum context-drafter rows (issue 16), resumed from the committed run
+  env_setup
+  wait_ready
+  EVAL_RES=$RES/eval-scale EVAL_SEED_DIR=bench/results EVAL_TOTAL_S=${DR_TOTAL_S:-220} \
+    step eval-drafters $(( ${DR_TOTAL_S:-220} + 40 )) bash bench/gpu/eval_scale.sh drafters
+  touch $RES/.jobE-done
+}
+
 case ${1:-} in
+  extras-d) extras_setup; touch $RES/.jobA-done; bg job-d; ts "job D started" ;;
+  job-d) job_d ;;
   extras-r) extras_setup; touch $RES/.jobA-done; bg job-r; ts "job R started" ;;
   job-r) job_r ;;
   extras) extras_setup; touch $RES/.jobA-done

@@ -16,6 +16,7 @@ from pathlib import Path
 from . import paper
 from .report_e2e import e2e_section
 from .report_quality import quality_table
+from .report_multidraft import multidraft_section, multidraft_summary, repeatability_lines
 from .report_summary import backing_sections, e2e_figure, summary_section
 from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
     DATASET_NAMES, METHOD_ORDER, _batch, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair,
@@ -23,7 +24,7 @@ from .report_tables import (  # noqa: F401  (re-exported: the helpers and tables
     noise_table, sigmoid_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
 
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
-                  "engine-", "compile-")
+                  "engine-", "compile-", "repeatability-")
 SYNTH_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 
 
@@ -278,6 +279,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
              "transformers' speculative sampling step (the paper's baseline), `tiled` = the paper's exact tiled "
              "kernel, `fused` = our exact fused kernel, `sigmoid` = the paper's NON-EXACT sigmoid approximation.", ""]
     lines += summary_section(runs, others, _rel(bar, out.parent) if bar else None)
+    lines += multidraft_summary(others) + repeatability_lines(others)
     if not runs:
         lines += ["**No eval results yet** — run `tilespec eval ... --json bench/results/eval-<device>-<date>.json` "
                   "(GPU: `bash bench/gpu/eval.sh`).", ""]
@@ -299,6 +301,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
                   "of the heuristic; our sweep holds γ constant (see each axis label), so the verify shape is "
                   "exactly γ.", ""]
     lines += comparison_note(runs) + e2e_section(others) + backing_sections(others)
+    lines += multidraft_section(others, lambda p: _rel(p, out.parent))
     lines += ["# Methods and raw files", ""] + (setup_section(runs) + per_run_details(runs) if runs else [])
     lines += others_section(others)
     text = "\n".join(lines) + "\n"
