@@ -54,3 +54,28 @@ def test_stage_order_does_not_matter_for_the_draft_model(tmp_path):
     assert models.get(EvalConfig(device="cpu", draft="ngram")) == ("target", "ngram", "proc")
     assert models.get(EvalConfig(device="cpu", draft="small-draft")) == ("target", "draft-model", "proc")
     assert loaded == ["small-draft"]
+
+
+def test_runs_finished_earlier_take_no_share_of_a_resumed_stage(tmp_path, monkeypatch):
+    """A resumed stage whose other runs are done gives its whole budget to the run still to finish (session 9 lost
+    two n-gram resumes to a share computed over runs that were already complete)."""
+    from tilespec.eval import run as run_mod
+
+    a = _args(tmp_path, ["drafters"], 100.0)
+    runs = scale.runs_of("drafters", a)
+    assert len(runs) >= 2
+    first = runs[0][1]                                        # runs after it are done: they must not dilute it
+    monkeypatch.setattr(run_mod, "find_run", lambda path, cfg: None if (cfg.dataset, cfg.draft) == (
+        first["dataset"], first["draft"]) else {"n": 1, "stages_done": list(cfg.studies)})
+    budgets = []
+
+    def fake_evaluate(cfg, **kw):
+        budgets.append(cfg.time_budget)
+        return {"n": 1, "n_requested": 1, "stages_done": []}
+
+    monkeypatch.setattr(run_mod, "evaluate", fake_evaluate)
+    monkeypatch.setattr(run_mod, "write_results", lambda path, rec: None)
+    status = scale.run_stage("drafters", a, models=type("M", (), {"get": lambda self, cfg: None})(),
+                             deadline=time.time() + 100.0, log=lambda *x: None)
+    assert len(budgets) == 1 and budgets[0] > 95.0            # all of the ~100 s, not 100 / len(runs)
+    assert sum(v == "done earlier" for v in status.values()) == len(runs) - 1

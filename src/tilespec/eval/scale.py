@@ -132,12 +132,23 @@ def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict
     path = Path(a.res) / f"eval-{stage}.json"
     runs = runs_of(stage, a)
     status = {}
+
+    def config(kw, budget):
+        dtype = a.dtype or ("float32" if a.device == "cpu" else "float16" if kw["task"] == "asr" else "bfloat16")
+        return EvalConfig(device=a.device, dtype=dtype, seed=a.seed, compile=a.asr_compile if kw["task"] == "asr"
+                          else a.compile, time_budget=max(budget, 1.0), main_share=0.5, **kw)
+
+    def finished(kw) -> bool:
+        cfg = config(kw, 1.0)
+        previous = find_run(path, cfg)
+        return bool(previous) and set(cfg.studies) <= set(previous.get("stages_done", []))
+
+    # runs finished earlier take no share of the budget (a resumed stage gives its seconds to what is left to do)
+    todo = [not finished(kw) for _, kw, _ in runs]
     for j, (name, kw, weight) in enumerate(runs):
         left = deadline - time.time()
-        share = left * weight / sum(w for _, _, w in runs[j:])
-        dtype = a.dtype or ("float32" if a.device == "cpu" else "float16" if kw["task"] == "asr" else "bfloat16")
-        cfg = EvalConfig(device=a.device, dtype=dtype, seed=a.seed, compile=a.asr_compile if kw["task"] == "asr"
-                         else a.compile, time_budget=max(share, 1.0), main_share=0.5, **kw)
+        share = left * weight / max(sum(w for (_, _, w), t in zip(runs[j:], todo[j:]) if t), 1e-9)
+        cfg = config(kw, share)
         data = None
         if cfg.dataset == "xsum":
             data = a.xsum
