@@ -145,6 +145,7 @@ def main(argv=None) -> int:
     import torch
 
     import tilespec
+    from tilespec.engine.leases import release_compiled
     from tilespec.eval.config import EvalConfig
     from tilespec.eval.data import load_dataset
     from tilespec.eval.harness import decode_chunk, make_decoder
@@ -157,20 +158,22 @@ def main(argv=None) -> int:
     draft, _ = tilespec.load(a.draft, device=device, dtype=dtype, role="draft")
     methods = a.methods.split(",")
     cfg = EvalConfig(device=str(device), dtype=str(dtype).replace("torch.", ""), temperature=0.0,
-                     methods=tuple(m for m in methods if m != TARGET_ONLY) or ("fused",), batch_size=a.batch, max_new_tokens=a.max_new_tokens)
+                     methods=tuple(m for m in methods if m != TARGET_ONLY) or ("fused",), batch_size=a.batch,
+                     max_new_tokens=a.max_new_tokens)
     task = TextTask(getattr(tok, "tokenizer", tok), cfg.max_article_chars)
     idx = list(range(a.offset, a.offset + a.batch))
     examples = load_dataset("summarization", a.dataset, limit=a.limit, seed=cfg.seed)
     prepared = [task.prepare(examples[i], device, dtype) for i in idx]
-    from tilespec.engine.leases import release_compiled
-    decoders = {m: make_decoder(target, None if m == TARGET_ONLY else draft, "fused" if m == TARGET_ONLY else m, cfg)
-                for m in methods}
+
+    def decoder(m):   # target-only: no draft (its verify method is never called)
+        return make_decoder(target, None, "fused", cfg) if m == TARGET_ONLY else make_decoder(target, draft, m, cfg)
+
+    decoders = {m: decoder(m) for m in methods}
     outputs, seconds = {}, {}
     for m, r in run_order(methods, a.repeats, a.order):
         if a.fresh:
             release_compiled()
-            decoders[m] = make_decoder(target, None if m == TARGET_ONLY else draft,
-                                       "fused" if m == TARGET_ONLY else m, cfg)
+            decoders[m] = decoder(m)
         t0 = time.perf_counter()
         with torch.inference_mode():
             rec = decode_chunk(decoders[m], task, prepared, idx, [cfg.seed + i for i in idx], a.max_new_tokens)

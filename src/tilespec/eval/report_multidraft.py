@@ -8,15 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 
 SCHEMES = ("sd", "specinfer", "spectr", "is")
+ACCEPTANCE = ("optimal", "is", "spectr", "specinfer")     # the Table 3 columns
 NAMES = {"sd": "SD (1 draft)", "specinfer": "SpecInfer", "spectr": "SpecTr", "is": "IS (trunc. LP s=5, m=40)",
          "optimal": "optimal (LP bound)"}
 
 
-def _newest(others: list, prefix: str, gpu: bool = True) -> tuple[str, dict, Path] | None:
-    """(file name, parsed JSON, path) of the newest ``prefix*`` file (GPU runs only unless ``gpu`` is False)."""
+def _newest(others: list, prefix: str) -> tuple[str, dict, Path] | None:
+    """(file name, parsed JSON, path) of the newest ``prefix*`` file from a GPU run (no "cpu" in its name)."""
     rows = [(Path(p).name, d, Path(p)) for p, d in others if Path(p).name.startswith(prefix) and isinstance(d, dict)
-            and (not gpu or "cpu" not in Path(p).name)]
+            and "cpu" not in Path(p).name]
     return sorted(rows, key=lambda r: (r[1].get("date") or "", r[0]))[-1] if rows else None
+
+
+def _short(scheme: str) -> str:
+    """A scheme's name without its parameters ("IS (trunc. ...)" -> "IS"); unknown keys as they are."""
+    return NAMES.get(scheme, scheme).split(" (")[0]
 
 
 def _cell(stats: dict | None) -> str:
@@ -41,8 +47,8 @@ def multidraft_summary(others: list) -> list[str]:
         best2 = max(k2, key=lambda s: k2[s]["mean"]) if k2 else None
         best4 = max(k4, key=lambda s: k4[s]["mean"]) if k4 else None
         if sd and best2 and best4:
-            parts.append(f"{ds}: SD {sd:.2f} tokens per target call, K=2 {NAMES[best2].split(' (')[0]} "
-                         f"{k2[best2]['mean']:.2f}, K=4 {NAMES[best4].split(' (')[0]} {k4[best4]['mean']:.2f}")
+            parts.append(f"{ds}: SD {sd:.2f} tokens per target call, K=2 {_short(best2)} "
+                         f"{k2[best2]['mean']:.2f}, K=4 {_short(best4)} {k4[best4]['mean']:.2f}")
     timing = (doc.get("timing") or {}).get("T=1.2") or {}
     gain = max(((r["gain_over_sd_pct"], k) for k, r in timing.items() if k != "sd"), default=None)
     speed = (f"; tokens/s of the multi-draft decoder (eager transformers forwards, not the fast runtime) best "
@@ -103,14 +109,13 @@ def multidraft_section(others: list, rel=lambda p: p.as_posix()) -> list[str]:
         merged = {k: v for by in rows.values() for k, v in by.items()}
         out.append(f"| {ds} | " + " | ".join(_cell(merged.get(k)) for k in labels) + " |")
     out += ["", "Table 3 setting: token-level acceptance probability along target-sampled trajectories, K i.i.d. "
-            "drafts:", "", "| dataset | T_d | K | " + " | ".join(NAMES[s].split(" (")[0] for s in
-                                                                ("optimal", "is", "spectr", "specinfer")) + " |",
+            "drafts:", "", "| dataset | T_d | K | " + " | ".join(_short(s) for s in ACCEPTANCE) + " |",
             "|---|---|---|---|---|---|---|"]
     for ds, by_t in ta.items():
         for temp, by_k in by_t.items():
             for k, by_s in by_k.items():
                 out.append(f"| {ds} | {temp} | {k} | " + " | ".join(
-                    f"{by_s[s]['mean']:.3f}" if s in by_s else "–" for s in ("optimal", "is", "spectr", "specinfer"))
+                    f"{by_s[s]['mean']:.3f}" if s in by_s else "–" for s in ACCEPTANCE)
                     + " |")
     timing = (doc.get("timing") or {}).get("T=1.2")
     if timing:
@@ -121,7 +126,7 @@ def multidraft_section(others: list, rel=lambda p: p.as_posix()) -> list[str]:
                 "so only the ratios to its own SD mean anything):", "",
                 "| scheme | K | tokens/s | vs SD |", "|---|---|---|---|"]
         for key, r in timing.items():
-            out.append(f"| {NAMES.get(key.split('/')[0], key).split(' (')[0]} | {r['K']} | {r['tokens_per_s']:.2f} | "
+            out.append(f"| {_short(key.split('/')[0])} | {r['K']} | {r['tokens_per_s']:.2f} | "
                        f"{r['gain_over_sd_pct']:+.0f} % |")
     png = path.with_suffix(".png")
     out += ["", f"![multi-draft]({rel(png)})" if png.is_file() else "", ""]

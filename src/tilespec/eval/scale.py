@@ -138,13 +138,11 @@ def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict
         return EvalConfig(device=a.device, dtype=dtype, seed=a.seed, compile=a.asr_compile if kw["task"] == "asr"
                           else a.compile, time_budget=max(budget, 1.0), main_share=0.5, **kw)
 
-    def finished(kw) -> bool:
-        cfg = config(kw, 1.0)
-        previous = find_run(path, cfg)
-        return bool(previous) and set(cfg.studies) <= set(previous.get("stages_done", []))
-
-    # runs finished earlier take no share of the budget (a resumed stage gives its seconds to what is left to do)
-    todo = [not finished(kw) for _, kw, _ in runs]
+    # each run's earlier record (the budget is not part of a run's identity); runs finished earlier take no share
+    # of the budget, so a resumed stage gives its seconds to what is left to do
+    base = [config(kw, 1.0) for _, kw, _ in runs]
+    earlier = [find_run(path, c) for c in base]
+    todo = [not (prev and set(c.studies) <= set(prev.get("stages_done", []))) for c, prev in zip(base, earlier)]
     for j, (name, kw, weight) in enumerate(runs):
         left = deadline - time.time()
         share = left * weight / max(sum(w for (_, _, w), t in zip(runs[j:], todo[j:]) if t), 1e-9)
@@ -158,8 +156,8 @@ def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict
                 log(f"[scale] {name}: SKIP, no synthetic set (manifest.jsonl) at {data!r} (set TILESPEC_SYNTH_DIR)")
                 status[name] = "skipped: no synthetic set"
                 continue
-        previous = find_run(path, cfg)
-        if previous and set(cfg.studies) <= set(previous.get("stages_done", [])):
+        previous = earlier[j]
+        if not todo[j]:
             log(f"[scale] {name}: done earlier ({previous.get('n')} examples), skipped")
             status[name] = "done earlier"
             continue
