@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from .linear import fused_linear
+
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
@@ -114,12 +116,19 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
                   k_cache: torch.Tensor, v_cache: torch.Tensor, ln1: torch.Tensor, qkv: torch.Tensor,
                   qkv_bias: torch.Tensor | None, o: torch.Tensor, ln2: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float,
-                  flex: bool = False) -> torch.Tensor:
+                  flex: bool = False, kernels: str = "") -> torch.Tensor:
     """One pre-norm decoder layer on hidden states h [B, q, d]; writes its K/V at slots write_pos + [0, q).
-    ``flex``: attention through FlexAttention (compiled paths only: inductor's decoding kernel) instead of SDPA."""
+    ``flex``: attention through FlexAttention (compiled paths only: inductor's decoding kernel) instead of SDPA.
+    ``kernels``: comma-separated parts that run tilespec's decode-shape Triton kernels instead of PyTorch ops
+    (``linear.fused_linear``; ``attention.decode_attention``): "qkv" (norm + q/k/v + bias), "o" (output projection +
+    residual), "mlp" (norm + gate/up + SiLU gate; down projection + residual), "attn", or "all". Same maths, one
+    launch per part; each falls back to PyTorch where its kernel cannot run (e.g. prefill-sized M)."""
     b, q, _ = h.shape
-    x = rms_norm(h, ln1, eps)
-    proj = F.linear(x, qkv, qkv_bias)
+    parts = _parts(kernels)
+    if "qkv" in parts:
+        proj = fused_linear(h, qkv, bias=qkv_bias, norm=ln1, eps=eps)
+    else:
+        proj = F.linear(rms_norm(h, ln1, eps), qkv, qkv_bias)
     nq, nkv = heads * head_dim, kv_heads * head_dim
     xq = proj[..., :nq].view(b, q, heads, head_dim).transpose(1, 2)
     xk = proj[..., nq:nq + nkv].view(b, q, kv_heads, head_dim).transpose(1, 2)
@@ -136,11 +145,27 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
         attn = flex_attention(xq, k_cache, v_cache, score_mod=add_mask, enable_gqa=heads != kv_heads)
     else:
         attn = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask, enable_gqa=heads != kv_heads)
-    h = h + F.linear(attn.transpose(1, 2).reshape(b, q, nq), o)
-    x = rms_norm(h, ln2, eps)
-    gu = F.linear(x, gate_up)
+    attn = attn.transpose(1, 2).reshape(b, q, nq)
+    h = fused_linear(attn, o, residual=h) if "o" in parts else h + F.linear(attn, o)
+    if "mlp" in parts:
+        return fused_linear(fused_linear(h, gate_up, norm=ln2, eps=eps, silu_mul=True), down, residual=h)
+    gu = F.linear(rms_norm(h, ln2, eps), gate_up)
     f = gu.shape[-1] // 2
     return h + F.linear(F.silu(gu[..., :f]) * gu[..., f:], down)
+
+
+KERNEL_PARTS = ("qkv", "o", "mlp", "attn")
+
+
+def _parts(kernels: str) -> tuple:
+    """The parts named in a ``kernels`` string ("" = none, "all" = every part of KERNEL_PARTS)."""
+    names = tuple(p.strip() for p in kernels.split(",") if p.strip())
+    if "all" in names:
+        return KERNEL_PARTS
+    unknown = [p for p in names if p not in KERNEL_PARTS]
+    if unknown:
+        raise ValueError(f"unknown kernel parts {unknown}; choose from {KERNEL_PARTS} or 'all'")
+    return names
 
 
 class NativeLlama:

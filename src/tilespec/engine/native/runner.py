@@ -31,6 +31,9 @@ from .llama import NativeLlama, unsupported_reason
 from .whisper import NativeWhisperDecoder, whisper_unsupported_reason
 
 NATIVE_MODES = ("native", "native-graphs")
+# parts of a Llama-family layer that run tilespec's decode-shape Triton kernels under "native-graphs"
+# (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none)
+DEFAULT_KERNELS = ""
 _COMPILED_LAYERS: dict = {}
 
 
@@ -111,7 +114,7 @@ def compiled_layer(model):
 class NativeRunner:
     """One model's native decoder and KV caches for one (batch, capacity); see the module docstring."""
 
-    def __init__(self, model, capacity: int, *, mode: str = "native"):
+    def __init__(self, model, capacity: int, *, mode: str = "native", kernels: Optional[str] = None):
         if mode not in NATIVE_MODES:
             raise ValueError(f"mode must be one of {NATIVE_MODES}, got {mode!r}")
         if capacity <= 0:
@@ -136,6 +139,12 @@ class NativeRunner:
         # FlexAttention's decoding kernel (compiled only) measured slower than cuDNN SDPA at decode shapes on an H100
         # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: TILESPEC_FLEX=1
         self._layer_kw = {"flex": mode == "native-graphs" and os.environ.get("TILESPEC_FLEX", "0") == "1"}
+        if self.encdec:
+            kernels = ""
+        elif kernels is None:   # decode-shape Triton kernels (llama.decoder_layer's ``kernels``): graphs only
+            kernels = os.environ.get("TILESPEC_NATIVE_KERNELS", DEFAULT_KERNELS) if mode == "native-graphs" else ""
+        if kernels:
+            self._layer_kw["kernels"] = kernels
 
     @property
     def capacity(self) -> int:
@@ -203,8 +212,9 @@ class NativeRunner:
             if keep is not None:
                 logits = logits[:, -keep:]
             return logits.float() if logits.dtype != torch.float32 else logits.clone()
+        eager_kw = {"kernels": self._layer_kw["kernels"]} if "kernels" in self._layer_kw else {}
         logits = self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
-                                     keep=keep, layer_fn=self.native.layer)
+                                     keep=keep, layer_fn=self.native.layer, **eager_kw)
         return logits.float()
 
     def raw_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,

@@ -1,0 +1,152 @@
+"""Skinny linear layers for decode shapes: y = epilogue(prologue(x) @ W^T) in one Triton kernel.
+
+Why: at decode and verification shapes (M = B * q <= 64 rows) a projection is a matrix-vector product bound by
+reading W once. cuBLAS reaches 77-81 % of the H100's bandwidth on the large MLP weights but only ~1 TB/s on the
+small q/k/v and output projections of a 1.5B model (5-6 µs each, one wave of 32-64 blocks), and every RMSNorm in
+front of a projection is a kernel of its own (~1.7 µs). This kernel gives every program a BLOCK_N-row slice of W,
+streams it over K with pipelined loads, recomputes the RMS of the few x rows itself (they are tiny and stay in L2),
+and applies the epilogue before the single store, so a layer's norm + projection + bias / residual / SiLU-gate is
+one launch.
+
+Shapes and dtypes: x [..., K] (M = prod(leading dims) rows), W [N, K] row-major (an ``nn.Linear`` weight, the
+fused q/k/v or gate/up tensors of engine/native/llama.py), bias [N], residual [..., N], norm weight [K], all in
+the model dtype (bf16 / fp16 / fp32); fp32 accumulation. With ``silu_mul`` W holds [gate; up] ([2F, K]) and the
+output is silu(x W_gate^T) * (x W_up^T), [..., F].
+
+Rounding follows the PyTorch ops it replaces (``llama.rms_norm`` then ``F.linear`` then the epilogue): the norm's
+fp32 result is cast to the model dtype before the weight multiply, the projection is rounded to the model dtype
+before a residual add or the SiLU gate, so in fp32 it equals the PyTorch path up to summation order.
+
+Where it runs: CUDA (inside ``torch.compile`` as a user-defined Triton kernel, and in CUDA graphs: no host sync,
+grid from shapes only) or under ``TRITON_INTERPRET=1`` (the CPU tests). Elsewhere, and for M > MAX_ROWS,
+:func:`fused_linear` runs the same maths in PyTorch (:func:`fused_linear_reference`).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from tilespec.env import use_triton_interpreter_without_cuda
+
+use_triton_interpreter_without_cuda()   # before the kernel is decorated (CPU tests run it in the interpreter)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+MAX_ROWS = 64            # above this (prefill) a GEMM is compute-shaped: cuBLAS through F.linear
+BLOCK_K = 256            # launch parameters (module globals: bench/scripts/native_kernels.py sweeps them)
+NUM_STAGES = 4
+NUM_WARPS = 4
+BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
+BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, eps,
+                         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                         SILU_MUL: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program n: output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of all M rows. x, y, residual contiguous [M, *]."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N_OUT
+    dtype = y_ptr.dtype.element_ty
+    inv = tl.full([BLOCK_M], 1.0, tl.float32)
+    if HAS_NORM:   # RMS of each x row (fp32), as llama.rms_norm
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
+            xf = xv.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+        inv = 1.0 / tl.sqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        xv = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if HAS_NORM:   # weight * (x * inv).to(dtype), rounded like the PyTorch ops
+            g = tl.load(g_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            xn = (xv.to(tl.float32) * inv[:, None]).to(dtype).to(tl.float32)
+            xv = (g[None, :] * xn).to(dtype)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
+            xv = xv.to(tl.float32)
+            acc = tl.dot(xv, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+        if SILU_MUL:   # the up rows sit N_OUT rows below the gate rows
+            w2 = tl.load(w_ptr + (rn + N_OUT)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+            if IEEE:
+                acc2 = tl.dot(xv, tl.trans(w2.to(tl.float32)), acc2, input_precision="ieee")
+            else:
+                acc2 = tl.dot(xv, tl.trans(w2), acc2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dtype)
+    if SILU_MUL:
+        gate = y.to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        y = (act * acc2.to(dtype).to(tl.float32)).to(dtype)
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    offs = rm[:, None] * N_OUT + rn[None, :]
+    if HAS_RES:
+        res = tl.load(r_ptr + offs, mask=out_mask, other=0.0).to(tl.float32)
+        y = (res + y.to(tl.float32)).to(dtype)
+    tl.store(y_ptr + offs, y, mask=out_mask)
+
+
+def fused_linear_reference(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, norm=None,
+                           eps: float = 1e-6, silu_mul: bool = False) -> torch.Tensor:
+    """The PyTorch ops :func:`fused_linear` replaces (the native decoder's own code path)."""
+    if norm is not None:
+        xf = x.float()
+        x = norm * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    y = F.linear(x, w, bias)
+    if silu_mul:
+        f = y.shape[-1] // 2
+        y = F.silu(y[..., :f]) * y[..., f:]
+    return y if residual is None else residual + y
+
+
+def _block_n(n_out: int, silu_mul: bool) -> int:
+    """Output columns per program: enough programs to cover the SMs a few times over on small projections."""
+    return BLOCK_N_LARGE if silu_mul or n_out >= 8192 else BLOCK_N_SMALL
+
+
+def can_run(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """True when the Triton kernel runs for this call (else :func:`fused_linear` falls back to PyTorch)."""
+    rows = x.numel() // max(1, x.shape[-1])
+    return ((x.is_cuda or _INTERPRET) and 0 < rows <= MAX_ROWS and x.dtype == w.dtype
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and w.is_contiguous()
+            and x.shape[-1] == w.shape[1] and x.shape[-1] >= 16)
+
+
+def fused_linear(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, norm=None, eps: float = 1e-6,
+                 silu_mul: bool = False) -> torch.Tensor:
+    """epilogue(rms_norm(x) @ w^T): x [..., K] -> [..., N] ([..., N / 2] with ``silu_mul``); see the module
+    docstring for the optional pieces and the rounding. Runs the Triton kernel when :func:`can_run`."""
+    if not can_run(x, w):
+        return fused_linear_reference(x, w, bias=bias, residual=residual, norm=norm, eps=eps, silu_mul=silu_mul)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    n_out = w.shape[0] // 2 if silu_mul else w.shape[0]
+    y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    res = residual.reshape(m, n_out).contiguous() if residual is not None else y
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = _block_n(n_out, silu_mul)
+    grid = (triton.cdiv(n_out, block_n),)
+    _fused_linear_kernel[grid](
+        x2, w, bias if bias is not None else w, res, norm if norm is not None else w, y, m, n_out, k, eps,
+        HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SILU_MUL=silu_mul,
+        IEEE=x.dtype == torch.float32 or _INTERPRET, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+    return y.view(*lead, n_out)
