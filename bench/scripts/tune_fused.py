@@ -3,18 +3,22 @@
 pass 2 ``sample_row_kernel``). Needs a CUDA GPU (or ``--device cpu`` with TRITON_INTERPRET=1 for a logic smoke
 test on a tiny vocabulary); no network access.
 
-The parameters are module globals of ``tilespec.verify.kernels.launch`` (CHUNK1, SUB1, BLOCK2, NUM_WARPS1, NUM_WARPS2,
-SAMPLE_TILES; fused no longer reads PROGRAMS_PER_SM); the plan cache key includes them, so setting them at runtime selects a new plan (and Triton
-compiles a new constexpr variant, ~1 s each). For every config the script sets the globals, and for every batch
-size: warms up (eager), checks that (num_emitted, output_tokens) equal the DEFAULT config's exactly, captures one
-call in a CUDA graph and times ``--graph-iters`` replays with CUDA events, then restores the defaults.
+The parameters are module globals of ``tilespec.verify.kernels.launch`` (CHUNK1, SUB1, CHUNKS_PER_PROGRAM, BLOCK2,
+NUM_WARPS1, NUM_WARPS2, SAMPLE_TILES; fused no longer reads PROGRAMS_PER_SM); the plan cache key includes them, so
+setting them at runtime selects a new plan (and Triton compiles a new constexpr variant, ~1 s each). For every
+config the script sets the globals, and for every batch size: warms up (eager), checks that (num_emitted,
+output_tokens) equal the DEFAULT config's exactly, captures one call in a CUDA graph and times ``--graph-iters``
+replays with CUDA events, then restores the defaults.
 
 Sweeps (pass 1 at default while pass 2 is swept, and vice versa):
   pass 2: SAMPLE_TILES in {1, 2, 4, 8} x NUM_WARPS2 in {2, 4, 8} x BLOCK2 in {512, 1024, 2048}
   pass 1: NUM_WARPS1 in {4, 8, 16} x CHUNK1 in {8192, 16384} x SUB1 in {1024, 2048, 4096, 8192}
+          x CHUNKS_PER_PROGRAM in {1, 2, 4, 8} (96 configs: raise --time-budget or pick --sweeps pass1)
   combo : per batch, the best pass-2 config (same outputs) with the best pass-1 config, if time is left
-(--quick: SAMPLE_TILES {1, 4} x NUM_WARPS2 {4, 8} x BLOCK2 {1024, 2048}; NUM_WARPS1 {4, 8} x CHUNK1 {8192, 16384}.)
-Pass-2 parameters must not change results (sampling is Gumbel-max keyed by vocabulary id); CHUNK1 / NUM_WARPS1 may
+(--quick: SAMPLE_TILES {1, 4} x NUM_WARPS2 {4, 8} x BLOCK2 {1024, 2048}; NUM_WARPS1 {4, 8} x CHUNK1 {8192, 16384}
+x SUB1 {2048} x CHUNKS_PER_PROGRAM {1, 2, 4}.)
+Pass-2 parameters and CHUNKS_PER_PROGRAM must not change results (sampling is Gumbel-max keyed by vocabulary id;
+each pass-1 chunk's arithmetic does not depend on how many chunks a program handles); CHUNK1 / SUB1 / NUM_WARPS1 may
 change float rounding, so a mismatch there is recorded, not fatal. Errors are recorded per config.
 
 Usage:
@@ -45,9 +49,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_fused import git_commit, make_inputs  # noqa: E402  (same inputs as the profiling script)
 
-PARAMS = ("CHUNK1", "SUB1", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "SAMPLE_TILES")
+PARAMS = ("CHUNK1", "SUB1", "CHUNKS_PER_PROGRAM", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "SAMPLE_TILES")
 PASS2_PARAMS = ("SAMPLE_TILES", "NUM_WARPS2", "BLOCK2")
-PASS1_PARAMS = ("NUM_WARPS1", "CHUNK1", "SUB1")
+PASS1_PARAMS = ("NUM_WARPS1", "CHUNK1", "SUB1", "CHUNKS_PER_PROGRAM")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,10 +92,11 @@ def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[
     """[(sweep name, full params)]: pass-2 sweep with pass 1 at default, then pass-1 sweep with pass 2 at default."""
     if quick:
         p2 = dict(SAMPLE_TILES=[1, 4], NUM_WARPS2=[4, 8], BLOCK2=[1024, 2048])
-        p1 = dict(NUM_WARPS1=[4, 8], CHUNK1=[8192, 16384], SUB1=[2048])
+        p1 = dict(NUM_WARPS1=[4, 8], CHUNK1=[8192, 16384], SUB1=[2048], CHUNKS_PER_PROGRAM=[1, 2, 4])
     else:
         p2 = dict(SAMPLE_TILES=[1, 2, 4, 8], NUM_WARPS2=[2, 4, 8], BLOCK2=[512, 1024, 2048])
-        p1 = dict(NUM_WARPS1=[4, 8, 16], CHUNK1=[8192, 16384], SUB1=[1024, 2048, 4096, 8192])
+        p1 = dict(NUM_WARPS1=[4, 8, 16], CHUNK1=[8192, 16384], SUB1=[1024, 2048, 4096, 8192],
+                  CHUNKS_PER_PROGRAM=[1, 2, 4, 8])
     out = []
     for sweep in sweeps:
         grid = {"pass2": p2, "pass1": p1}[sweep]

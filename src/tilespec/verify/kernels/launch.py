@@ -25,6 +25,9 @@ point) the batched kernels with much larger blocks make the exactness suite ~500
 
 Block sizes are module globals (tests shrink them to exercise multi-chunk code on tiny vocabularies): CHUNK1
 (pass-1 chunk; fixed per V: batch invariance), BLOCK2 (pass-2 tile), TILE (tiled's n), ROW_ELEMS (see below).
+CHUNKS_PER_PROGRAM (env TILESPEC_CHUNKS_PER_PROGRAM, default 0 = by batch size): pass-1 chunks per program in the
+per-request layout, grid (ceil(NC / CPP), R, B); the statistics, hence the tokens, are the same bits for every
+value, so choosing it by batch size keeps results batch invariant.
 """
 from __future__ import annotations
 
@@ -60,6 +63,13 @@ NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
 # False (env TILESPEC_FUSED_SPLIT=0): fused's per-request pass 2 is accept_sample_kernel again (tests compare the two)
 FUSED_SPLIT = os.environ.get("TILESPEC_FUSED_SPLIT", "1") != "0"
+# fused pass 1 (per-request layout): contiguous CHUNK1 chunks per program (grid (ceil(NC / CPP), R, B)), sharing one
+# program's scalar loads and tail atomic, the next slice prefetched; 1 = one chunk per program, no prefetch. The
+# statistics are the same bits for every value (same per-chunk arithmetic), so tokens do not depend on it.
+# 0 = auto: CPP_AUTO from CPP_AUTO_MIN_BATCH requests up (a first H100 look: B=64 pass 1 127 -> 101 us at 2; B=1
+# 6.7 -> 8.5 us), else 1.
+CHUNKS_PER_PROGRAM = int(os.environ.get("TILESPEC_CHUNKS_PER_PROGRAM", "0"))
+CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
 SAMPLE_TILES = 1          # fused pass 2 (per-request layout): BLOCK2 tiles per program, i.e. ceil(V / BLOCK2) programs
                           # per request stream row n in parallel (acceptance ran once per request in pass 1's tail)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -124,7 +134,8 @@ class _Plan:
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
-           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT)
+           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT, CHUNKS_PER_PROGRAM,
+           CPP_AUTO, CPP_AUTO_MIN_BATCH)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -151,7 +162,9 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             p.const1["BLOCK_B"] = bb1
         else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_row_kernel
             p.split = FUSED_SPLIT
-            p.const1.update(SUB=min(SUB1, chunk), NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB)
+            cpp = _chunks_per_program(p.nc1, batch)
+            p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
+            p.const1.update(SUB=min(SUB1, chunk), NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
             p.nrow = torch.empty(batch, dtype=torch.int32, device=device)
             p.lse = torch.empty(batch, 2, **f32)
             p.cnt1 = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -195,6 +208,16 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)     # per tile: (residual mass, p mass)
         p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     return p
+
+
+def _chunks_per_program(n_chunks: int, batch: int) -> int:
+    """Pass-1 chunks per program (per-request layout): CHUNKS_PER_PROGRAM, or with 0 CPP_AUTO from
+    CPP_AUTO_MIN_BATCH requests up (else 1), at most the row's ``n_chunks`` (no program of all-skipped chunks). The
+    choice moves no bits (same per-chunk arithmetic), so a batch-dependent choice keeps tokens batch invariant."""
+    if CHUNKS_PER_PROGRAM < 0:
+        raise ValueError(f"CHUNKS_PER_PROGRAM (TILESPEC_CHUNKS_PER_PROGRAM) must be >= 0, got {CHUNKS_PER_PROGRAM}")
+    cpp = CHUNKS_PER_PROGRAM or (CPP_AUTO if batch >= CPP_AUTO_MIN_BATCH else 1)
+    return min(cpp, n_chunks)
 
 
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
