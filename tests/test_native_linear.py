@@ -66,7 +66,8 @@ def test_leading_dims_kept_and_fallbacks():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_native_layer_with_kernels_equals_pytorch_layer(family):
-    """The native decoder with its projections on the kernel (qwen2: q/k/v biases) gives the PyTorch path's logits."""
+    """The native decoder with its projections (qwen2: q/k/v biases) and its attention on the kernels gives the
+    PyTorch path's logits."""
     from engine_models import tiny_lm
     from tilespec.engine.native import NativeRunner
     from tilespec.engine.state import prefill_mask
@@ -79,12 +80,39 @@ def test_native_layer_with_kernels_equals_pytorch_layer(family):
     step_mask[..., :7] = True
     outs = []
     with torch.inference_mode():
-        for kernels in ("", "qkv,o,mlp"):
+        for kernels in ("", "qkv,o,mlp", "all"):
             runner = NativeRunner(model, 16, kernels=kernels)
             prefill = runner.forward(ids, pos, mask, 0)
             step = runner.forward(torch.tensor([[42], [7]]), torch.tensor([[6], [6]]), step_mask, 6)
             outs.append((prefill, step))
-    for got, want in zip(outs[1], outs[0]):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for variant in outs[1:]:
+        for got, want in zip(variant, outs[0]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="unknown kernel parts"):
         NativeRunner(model, 16, kernels="qkv,bogus").forward(ids, pos, mask, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_native_graphs_with_kernels_equal_eager_on_gpu(temperature, monkeypatch):
+    """Every kernel part inside the compiled layer and the CUDA graphs (decode q=1, re-feed q=2, verify q=4)."""
+    from engine_models import layer_skip, tiny_lm
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.engine.native import runner as native_runner
+    from tilespec.verify import SamplingParams
+
+    monkeypatch.setenv("TILESPEC_NATIVE_KERNELS", "all")
+    native_runner._COMPILED_LAYERS.clear()
+    target = tiny_lm(21, family="qwen2", logit_scale=3.0).cuda()
+    draft = layer_skip(target, 1).cuda()
+    prompts = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]]
+    kwargs = dict(gamma=3, method="fused", sampling=SamplingParams(temperature=temperature), eos_token_id=-1,
+                  pad_token_id=0)
+    ref = SpeculativeDecoder(target, draft, compile="native", **kwargs).generate(input_ids=prompts,
+                                                                                 max_new_tokens=16, seed=3)
+    out = SpeculativeDecoder(target, draft, compile=True, **kwargs).generate(input_ids=prompts, max_new_tokens=16,
+                                                                             seed=3)
+    assert out.stats.runtime == "native-graphs"
+    assert out.sequences == ref.sequences
+    native_runner._COMPILED_LAYERS.clear()

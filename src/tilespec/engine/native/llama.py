@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from .attention import decode_attention
+from .attention import supported as attention_supported
 from .linear import fused_linear
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -139,7 +141,9 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
     slots = write_pos + torch.arange(q, device=h.device)
     k_cache.index_copy_(2, slots, xk)
     v_cache.index_copy_(2, slots, xv)
-    if flex:
+    if "attn" in parts and attention_supported(xq, k_cache):
+        attn = decode_attention(xq, k_cache, v_cache, mask)
+    elif flex:
         def add_mask(score, bi, hi, qi, kvi):
             return score + mask[bi, 0, qi, kvi]
         attn = flex_attention(xq, k_cache, v_cache, score_mod=add_mask, enable_gqa=heads != kv_heads)

@@ -1,0 +1,179 @@
+"""Decode attention over the slot KV cache: split-KV ("flash decoding") Triton kernels for few query tokens.
+
+Why: at decode and verification shapes (q <= 16 new tokens, a cache of C slots) cuDNN's SDPA kernel takes ~7.6 µs
+per layer on an H100 for ~0.5 MB of K/V (Qwen2.5-1.5B, C = 512): a handful of thread blocks loop over the whole
+capacity. Here the capacity is split into SPLIT-slot pieces, each (request, KV head, piece) program handles every
+query head of its group at once (G = H / H_kv heads x q tokens = one [M, D] tile, so K/V are read once per group),
+skips slot blocks that the mask hides entirely (unused capacity costs a mask read, not a K/V read), and a second
+small kernel merges the pieces' online-softmax partials.
+
+Semantics: ``F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)`` with the
+default scale 1/sqrt(D), for an additive mask in the model dtype whose masked entries are finfo.min (never -inf,
+as the engine builds them). A row masked everywhere (padding) stays finite (zeros or an average of V rows; SDPA
+gives the mean of V there: such rows are ignored by the engine).
+
+Shapes: q [B, H, Q, D] any strides (the engine passes a transposed view); k_cache, v_cache [B, H_kv, C, D]
+contiguous; mask [B, 1, Q, C] (any strides). Output [B, H, Q, D] in q's dtype (a view of [B, Q, H, D]). D a power
+of two (16-256), G * Q <= 128.
+
+Where it runs: CUDA (inside ``torch.compile`` as user-defined Triton kernels, and in CUDA graphs: no host sync,
+grids from shapes only) or under ``TRITON_INTERPRET=1``; :func:`supported` says when, else the caller keeps SDPA.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from tilespec.env import use_triton_interpreter_without_cuda
+
+use_triton_interpreter_without_cuda()   # before the kernels are decorated (CPU tests run them in the interpreter)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+SPLIT = 256              # cache slots per program
+BLOCK_N = 64             # slots per inner step (a skipped step reads only its mask)
+MAX_Q = 16
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, H, HKV, Q, C, NS, scale, skip_below,
+                    sqb, sqh, sqq, smb, smq, smn,
+                    G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SPLIT: tl.constexpr, F32DOT: tl.constexpr):
+    """Program (b * H_kv + j, s): rows m = g * Q + t (head j * G + g, query token t) over slots [s * SPLIT, ...).
+    Writes the piece's row max pm, sum pl and unnormalised P @ V pacc ([BLOCK_M, D], fp32)."""
+    bj = tl.program_id(0)
+    s = tl.program_id(1)
+    b = bj // HKV
+    j = bj % HKV
+    rm = tl.arange(0, BLOCK_M)
+    g = rm // Q
+    t = rm % Q
+    row_ok = rm < G * Q
+    rd = tl.arange(0, D)
+    head = j * G + g
+    qv = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqq + rd[None, :], mask=row_ok[:, None],
+                 other=0.0)
+    if F32DOT:
+        qv = qv.to(tl.float32)
+    kv_base = (b * HKV + j).to(tl.int64) * C * D
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for n0 in range(s * SPLIT, s * SPLIT + SPLIT, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        n_ok = rn < C
+        add = tl.load(mask_ptr + b * smb + t[:, None] * smq + rn[None, :] * smn,
+                      mask=row_ok[:, None] & n_ok[None, :], other=-3.0e38).to(tl.float32)
+        # a step whose slots are all masked (or past C) for every row of the group is skipped: exp(masked - max)
+        # is 0 in fp32 for any row that attends anywhere, so the step could not change the result
+        if tl.max(tl.max(add, axis=1), axis=0) > skip_below:
+            kt = tl.load(k_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=n_ok[:, None], other=0.0)
+            vt = tl.load(v_ptr + kv_base + rn[:, None] * D + rd[None, :], mask=n_ok[:, None], other=0.0)
+            if F32DOT:
+                sc = tl.dot(qv, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+            else:
+                sc = tl.dot(qv, tl.trans(kt))
+            sc = sc * scale + add
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if F32DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+    slot = bj * NS + s
+    tl.store(pm_ptr + slot * BLOCK_M + rm, m_i)
+    tl.store(pl_ptr + slot * BLOCK_M + rm, l_i)
+    tl.store(pacc_ptr + (slot * BLOCK_M + rm[:, None]) * D + rd[None, :], acc)
+
+
+@triton.jit
+def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, o_ptr, H, HKV, Q, NS,
+                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program b * H_kv + j: merges the NS pieces of its rows into o, stored [B, Q, H, D]. A row that no piece
+    attended to (every slot of the group masked) gets zeros."""
+    bj = tl.program_id(0)
+    b = bj // HKV
+    j = bj % HKV
+    rm = tl.arange(0, BLOCK_M)
+    rs = tl.arange(0, BLOCK_S)
+    rd = tl.arange(0, D)
+    s_ok = rs < NS
+    pm = tl.load(pm_ptr + (bj * NS + rs[:, None]) * BLOCK_M + rm[None, :], mask=s_ok[:, None], other=float("-inf"))
+    pl = tl.load(pl_ptr + (bj * NS + rs[:, None]) * BLOCK_M + rm[None, :], mask=s_ok[:, None], other=0.0)
+    m = tl.max(pm, axis=0)                                              # [BLOCK_M]
+    seen = m > float("-inf")
+    w = tl.where(seen[None, :], tl.exp(pm - tl.where(seen, m, 0.0)[None, :]), 0.0)   # [BLOCK_S, BLOCK_M]
+    denom = tl.sum(w * pl, axis=0)
+    out = tl.zeros([BLOCK_M, D], tl.float32)
+    for si in range(0, NS):
+        ws = tl.sum(tl.where(rs[:, None] == si, w, 0.0), axis=0)         # weight of piece si per row
+        part = tl.load(pacc_ptr + ((bj * NS + si) * BLOCK_M + rm[:, None]) * D + rd[None, :])
+        out += part * ws[:, None]
+    out = out / tl.where(seen, denom, 1.0)[:, None]
+    g = rm // Q
+    t = rm % Q
+    row_ok = rm < G * Q
+    o_off = ((b * Q + t) * H + j * G + g)[:, None] * D + rd[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """True when :func:`decode_attention` runs its kernels for these shapes / dtypes (else use SDPA)."""
+    b, h, nq, d = q.shape
+    return ((q.is_cuda or _INTERPRET) and q.dtype == k_cache.dtype
+            and q.dtype in (torch.bfloat16, torch.float16, torch.float32) and 1 <= nq <= MAX_Q
+            and k_cache.dim() == 4 and k_cache.shape[0] == b and k_cache.shape[3] == d and h % k_cache.shape[1] == 0
+            and d >= 16 and d <= 256 and d & (d - 1) == 0 and k_cache.is_contiguous()
+            and (h // k_cache.shape[1]) * nq <= 128)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+                     ) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v over the cache, GQA groups shared; see the module docstring for shapes.
+    Returns [B, H, Q, D] as a transposed view of a contiguous [B, Q, H, D] tensor (the layer's next step flattens
+    the heads: no copy). Callers check :func:`supported` first."""
+    b, h, nq, d = q.shape
+    hkv, c = k_cache.shape[1], k_cache.shape[2]
+    grp = h // hkv
+    block_m = _pow2_at_least(grp * nq, 16)        # (comparisons only: shapes may be symbolic under torch.compile)
+    ns = (c + SPLIT - 1) // SPLIT
+    f32 = dict(dtype=torch.float32, device=q.device)
+    pm = torch.empty((b * hkv * ns, block_m), **f32)
+    pl = torch.empty((b * hkv * ns, block_m), **f32)
+    pacc = torch.empty((b * hkv * ns, block_m, d), **f32)
+    out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
+    # steps whose mask is <= half of finfo.min everywhere are skipped (the engine's masked entries are finfo.min)
+    skip_below = torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else -1e30
+    f32dot = q.dtype == torch.float32 or _INTERPRET     # (the interpreter's bf16 / fp16 dot is wrong in Triton 3.9)
+    _partial_kernel[(b * hkv, ns)](
+        q, k_cache, v_cache, mask, pm, pl, pacc, h, hkv, nq, c, ns, 1.0 / math.sqrt(d), skip_below,
+        q.stride(0), q.stride(1), q.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
+        G=grp, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SPLIT=SPLIT, F32DOT=f32dot, num_warps=4)
+    _merge_kernel[(b * hkv,)](pm, pl, pacc, out, h, hkv, nq, ns, G=grp, D=d, BLOCK_M=block_m,
+                              BLOCK_S=_pow2_at_least(ns, 2), num_warps=4)
+    return out.transpose(1, 2)
+
+
+def _pow2_at_least(n, low: int) -> int:
+    p = low
+    while p < n:
+        p *= 2
+    return p
+
+
+def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+                               ) -> torch.Tensor:
+    """The same in PyTorch (fp32 math, K/V repeated over the groups), for tests."""
+    grp = q.shape[1] // k_cache.shape[1]
+    k = k_cache.float().repeat_interleave(grp, dim=1)
+    v = v_cache.float().repeat_interleave(grp, dim=1)
+    scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask.float()
+    return (scores.softmax(-1) @ v).to(q.dtype)
