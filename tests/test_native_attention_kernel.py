@@ -62,3 +62,12 @@ def test_supported_says_no_to_what_it_cannot_run():
     long_q = torch.randn(1, 4, attention.MAX_Q + 1, 32)
     assert not attention.supported(long_q, k)                                # prefill-sized
     assert not attention.supported(torch.randn(1, 3, 1, 32), k)              # heads not a multiple of H_kv
+
+
+def test_operator_form_for_compiled_code():
+    q, k, v, mask = _inputs(2, 8, 2, 2, 32, 256, torch.float32, seed=2)
+    out = torch.ops.tilespec.decode_attention(q, k, v, mask)
+    assert out.shape == (2, 2, 8, 32) and out.is_contiguous()                # [B, Q, H, D]
+    torch.testing.assert_close(out.transpose(1, 2), attention.decode_attention(q, k, v, mask))
+    torch.library.opcheck(torch.ops.tilespec.decode_attention.default, (q, k, v, mask),
+                          test_utils=("test_schema", "test_faketensor"))

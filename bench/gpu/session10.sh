@@ -55,7 +55,42 @@ job_e() {
   touch $RES/.jobE-done
 }
 
+job_k() {  # native-kernels again (after a fix carried by a later call), then job E
+  env_setup
+  wait_ready
+  step native-kernels 460 python3 bench/scripts/native_kernels.py --json $RES/native-kernels.json
+  job_e
+}
+
+job_k2() {  # machine 1 re-planned: native-kernels right after job A's current step, then the rest of job A
+  env_setup
+  while pgrep -f "tune_fused.py|filter_thresholds.py|tilespec bench verify" > /dev/null; do sleep 2; done
+  step native-kernels 460 python3 bench/scripts/native_kernels.py --json $RES/native-kernels.json
+  [ -f $RES/filter-thresholds.json ] || step filter-thresholds 200 python3 bench/scripts/filter_thresholds.py \
+    --quick --json $RES/filter-thresholds.json
+  step pytest-native-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+    tests/test_native_linear.py tests/test_native_attention_kernel.py tests/test_engine_gpu.py
+  [ -f $RES/verify.json ] || kernel_steps 260
+  touch $RES/.jobK-done
+}
+
+kernels_fg() {  # machine 2 (foreground, no weights): native-kernels with the fixes, native GPU tests
+  MODELS=none source bench/gpu/setup.sh; set +e
+  step native-kernels2 420 python3 bench/scripts/native_kernels.py --quick --json $RES/native-kernels2.json
+  step pytest-native-gpu2 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+    tests/test_native_linear.py tests/test_native_attention_kernel.py
+  tar -czf $OUT/res.tgz -C $RES .
+}
+
 case ${1:-} in
+  kernels-fg) kernels_fg ;;
+  job-k) job_k ;;
+  job-k2) job_k2 ;;
+  restart-k2) cp bench/scripts/native_kernels.py $WORK/bench/scripts/ && cp bench/gpu/session10.sh $WORK/bench/gpu/
+              pkill -f "session10.sh job-k2?$"; pkill -f "session10.sh job-a$"; pkill -f "native_kernels.py"
+              sleep 1; bg job-k2; ts "job K2 started" ;;
+  restart-k) cp bench/scripts/native_kernels.py $WORK/bench/scripts/ && cp bench/gpu/session10.sh $WORK/bench/gpu/
+             pkill -f "session10.sh job-e" ; bg job-k; ts "job K started" ;;
   extras) extras_setup; bg job-a; bg job-e; ts "jobs A and E started" ;;
   job-a) job_a ;;
   job-e) job_e ;;

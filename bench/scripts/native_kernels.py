@@ -9,6 +9,7 @@ Usage: python3 bench/scripts/native_kernels.py --json OUT.json [--quick]
    PyTorch ops: max abs difference recorded).
 2. ``forwards``: the native forward (compiled layer, one CUDA graph) at (B, q) in {(1,1), (1,6), (8,1), (8,4)} for
    each ``kernels`` setting (TILESPEC_NATIVE_KERNELS), with a per-kernel profile of the B=1 q=1 replay.
+0. ``attention``: decode attention alone, SDPA vs the split-KV kernels (graph replay).
 3. ``engine``: target-only tok/s (B=1, 8; 128 new tokens) for "" and the fastest setting.
 """
 from __future__ import annotations
@@ -91,7 +92,8 @@ def projections(quick: bool) -> list:
                     us = graph_us(lambda: linear.fused_linear(x, w, **kw))
                     row["configs"].append(dict(cfg, us=us, max_abs_diff=(out.float() - ref.float()).abs().max().item()))
                 except Exception as err:   # a config Triton cannot compile (shared memory): record it
-                    row["configs"].append(dict(cfg, error=repr(err)[:200]))
+                    row["configs"].append(dict(cfg, error=repr(err)[:400]))
+                    print(f"  {name} {pname} M={m} {cfg}: {err!r}"[:600], flush=True)
             for key, val in defaults.items():
                 setattr(linear, key, val)
             ok = [c for c in row["configs"] if "us" in c]
@@ -99,10 +101,36 @@ def projections(quick: bool) -> list:
             default = next((c for c in ok if all(c[k2] == v for k2, v in defaults.items())), None)
             row["best"], row["default"] = best, default
             gbs = lambda us: w.numel() * 2 / (us * 1e-6) / 1e9  # noqa: E731
+            best_txt = (f"best {best['us']:.1f} us ({gbs(best['us']):.0f} GB/s) {({k2: best[k2] for k2 in defaults})}"
+                        if best else "every config failed")
             print(f"{name} {pname} M={m}: torch {row['torch_us']:.1f} us ({gbs(row['torch_us']):.0f} GB/s), "
-                  f"kernel default {default and round(default['us'], 1)}, best {best and round(best['us'], 1)} "
-                  f"({best and gbs(best['us']):.0f} GB/s) {best and {k2: best[k2] for k2 in defaults}}", flush=True)
+                  f"kernel default {default and round(default['us'], 1)}, {best_txt}", flush=True)
             rows.append(row)
+    return rows
+
+
+def attention_rows() -> list:
+    """Decode attention (Qwen2.5-1.5B heads) at B in {1, 8}, Q in {1, 6}, C in {512, 2048} with a third of the
+    capacity in use: SDPA (cuDNN, what the layer runs by default) vs the split-KV kernels; graph-replay µs."""
+    import torch.nn.functional as F
+    from tilespec.engine.native import attention
+    rows = []
+    for b, nq, c in itertools.product((1, 8), (1, 6), (512, 2048)):
+        torch.manual_seed(0)
+        h, hkv, d, used = 12, 2, 128, c // 3
+        q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(b, hkv, c, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
+        mask[..., :used] = 0
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = torch.ops.tilespec.decode_attention(q, k, v, mask).transpose(1, 2)
+        row = dict(batch=b, q=nq, capacity=c, used=used,
+                   sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)),
+                   kernel_us=graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask)),
+                   max_abs_diff=(out.float() - ref.float()).abs().max().item())
+        print("attention", row, flush=True)
+        rows.append(row)
     return rows
 
 
@@ -136,7 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", nargs="*", default=[], choices=("projections", "forwards", "engine"))
+    ap.add_argument("--skip", nargs="*", default=[], choices=("attention", "projections", "forwards", "engine"))
     ap.add_argument("--settings", nargs="*", default=None, help="kernels settings to compare (default: a ladder)")
     args = ap.parse_args()
     import transformers
@@ -150,10 +178,13 @@ def main() -> None:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)
 
+    if "attention" not in args.skip:
+        res["attention"] = attention_rows()
+        save()
     if "projections" not in args.skip:
         res["projections"] = projections(args.quick)
         save()
-    settings = args.settings if args.settings is not None else ["", "qkv", "qkv,o", "qkv,o,mlp", "attn", "all"]
+    settings = args.settings if args.settings is not None else ["", "attn", "qkv", "qkv,attn", "qkv,o,attn", "all"]
     if "forwards" not in args.skip:
         res["forwards"] = forwards(settings, args.quick)
         save()

@@ -138,8 +138,28 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
                      ) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + mask) v over the cache, GQA groups shared; see the module docstring for shapes.
-    Returns [B, H, Q, D] as a transposed view of a contiguous [B, Q, H, D] tensor (the layer's next step flattens
-    the heads: no copy). Callers check :func:`supported` first."""
+    Returns [B, H, Q, D] (a transposed view of a contiguous [B, Q, H, D] tensor). Callers check :func:`supported`
+    first."""
+    return _launch(q, k_cache, v_cache, mask).transpose(1, 2)
+
+
+@torch.library.custom_op("tilespec::decode_attention", mutates_args=())
+def decode_attention_bqhd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+                          ) -> torch.Tensor:
+    """:func:`decode_attention` as an opaque operator for compiled code, returning [B, Q, H, D] contiguous (the
+    layer flattens the heads next: no copy). Opaque, so inductor neither re-compiles the Triton kernels nor
+    specialises on their shapes; inside a CUDA graph its launches cost nothing at replay."""
+    return _launch(q, k_cache, v_cache, mask)
+
+
+@decode_attention_bqhd.register_fake
+def _(q, k_cache, v_cache, mask):
+    b, h, nq, d = q.shape
+    return q.new_empty((b, nq, h, d))
+
+
+def _launch(q, k_cache, v_cache, mask) -> torch.Tensor:
+    """Both kernels; returns o [B, Q, H, D] contiguous."""
     b, h, nq, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     grp = h // hkv
@@ -159,7 +179,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         G=grp, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SPLIT=SPLIT, F32DOT=f32dot, num_warps=4)
     _merge_kernel[(b * hkv,)](pm, pl, pacc, out, h, hkv, nq, ns, G=grp, D=d, BLOCK_M=block_m,
                               BLOCK_S=_pow2_at_least(ns, 2), num_warps=4)
-    return out.transpose(1, 2)
+    return out
 
 
 def _pow2_at_least(n, low: int) -> int:

@@ -13,9 +13,11 @@ fused q/k/v or gate/up tensors of engine/native/llama.py), bias [N], residual [.
 the model dtype (bf16 / fp16 / fp32); fp32 accumulation. With ``silu_mul`` W holds [gate; up] ([2F, K]) and the
 output is silu(x W_gate^T) * (x W_up^T), [..., F].
 
-Rounding follows the PyTorch ops it replaces (``llama.rms_norm`` then ``F.linear`` then the epilogue): the norm's
-fp32 result is cast to the model dtype before the weight multiply, the projection is rounded to the model dtype
-before a residual add or the SiLU gate, so in fp32 it equals the PyTorch path up to summation order.
+Rounding: the RMS scale of each row is applied to the fp32 accumulator after the loop (rms_norm(x) W^T = inv_rms(x)
+(g * x) W^T; one pass over x instead of a dependent norm pass first), so in bf16 the normed input is not rounded at
+the same point as ``llama.rms_norm`` does (a different rounding, not a different function); the projection is
+rounded to the model dtype before a residual add or the SiLU gate, as the PyTorch ops do. In fp32 it equals the
+PyTorch path up to summation order.
 
 Where it runs: CUDA (inside ``torch.compile`` as a user-defined Triton kernel, and in CUDA graphs: no host sync,
 grid from shapes only) or under ``TRITON_INTERPRET=1`` (the CPU tests). Elsewhere, and for M > MAX_ROWS,
@@ -41,6 +43,7 @@ NUM_STAGES = 4
 NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
+SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (the H100 allows 227 KB; leave room for the rest)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -56,25 +59,18 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, 
     m_ok = rm < M
     n_ok = rn < N_OUT
     dtype = y_ptr.dtype.element_ty
-    inv = tl.full([BLOCK_M], 1.0, tl.float32)
-    if HAS_NORM:   # RMS of each x row (fp32), as llama.rms_norm
-        ss = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
-            xf = xv.to(tl.float32)
-            ss += tl.sum(xf * xf, axis=1)
-        inv = 1.0 / tl.sqrt(ss / K + eps)
+    ss = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
         xv = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if HAS_NORM:   # weight * (x * inv).to(dtype), rounded like the PyTorch ops
+        if HAS_NORM:   # rms_norm(x) @ W^T = inv_rms(x) * ((g * x) @ W^T): the row scale is applied after the loop
+            xf = xv.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
             g = tl.load(g_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-            xn = (xv.to(tl.float32) * inv[:, None]).to(dtype).to(tl.float32)
-            xv = (g[None, :] * xn).to(dtype)
+            xv = (g[None, :] * xf).to(dtype)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
             xv = xv.to(tl.float32)
@@ -88,6 +84,10 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, 
                 acc2 = tl.dot(xv, tl.trans(w2.to(tl.float32)), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(xv, tl.trans(w2), acc2)
+    if HAS_NORM:
+        inv = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * inv[:, None]
+        acc2 = acc2 * inv[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dtype)
@@ -143,10 +143,13 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, 
     res = residual.reshape(m, n_out).contiguous() if residual is not None else y
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_n = _block_n(n_out, silu_mul)
+    # pipelined stages that fit in shared memory (x tile + one or two W tiles per stage; fp32 tiles are twice bf16's)
+    per_stage = (block_m + block_n * (2 if silu_mul else 1)) * BLOCK_K * (4 if x.dtype == torch.float32 else 2)
+    stages = max(1, min(NUM_STAGES, SMEM_BUDGET // per_stage))
     grid = (triton.cdiv(n_out, block_n),)
     _fused_linear_kernel[grid](
         x2, w, bias if bias is not None else w, res, norm if norm is not None else w, y, m, n_out, k, eps,
         HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SILU_MUL=silu_mul,
         IEEE=x.dtype == torch.float32 or _INTERPRET, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+        NUM_STAGES=stages, num_warps=NUM_WARPS)
     return y.view(*lead, n_out)

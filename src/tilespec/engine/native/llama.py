@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
-from .attention import decode_attention
+from .attention import decode_attention_bqhd
 from .attention import supported as attention_supported
 from .linear import fused_linear
 
@@ -142,7 +142,7 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
     k_cache.index_copy_(2, slots, xk)
     v_cache.index_copy_(2, slots, xv)
     if "attn" in parts and attention_supported(xq, k_cache):
-        attn = decode_attention(xq, k_cache, v_cache, mask)
+        attn = decode_attention_bqhd(xq, k_cache, v_cache, mask).transpose(1, 2)   # a view: no copy below
     elif flex:
         def add_mask(score, bi, hi, qi, kvi):
             return score + mask[bi, 0, qi, kvi]
