@@ -76,8 +76,8 @@ job_k2() {  # machine 1 re-planned: native-kernels right after job A's current s
 
 kernels_fg() {  # machine 2 (foreground, no weights): native-kernels with the fixes, native GPU tests
   MODELS=none source bench/gpu/setup.sh; set +e
-  step native-kernels2 420 python3 bench/scripts/native_kernels.py --quick --json $RES/native-kernels2.json
-  step pytest-native-gpu2 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+  step native-kernels2 370 python3 bench/scripts/native_kernels.py --quick --json $RES/native-kernels2.json
+  step pytest-native-gpu2 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
     tests/test_native_linear.py tests/test_native_attention_kernel.py
   tar -czf $OUT/res.tgz -C $RES .
 }

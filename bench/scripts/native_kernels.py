@@ -147,7 +147,7 @@ def forwards(settings: list, quick: bool) -> dict:
             print(f"{name} kernels={kernels!r}", flush=True)
             try:
                 t0 = time.perf_counter()
-                rows = forward_times(model, batches=(1, 8), qs=(1, 6) if not quick else (1,))
+                rows = forward_times(model, batches=(1, 8), qs=(1, 6))
                 entry = dict(rows=rows, seconds=time.perf_counter() - t0)
                 if name == "qwen2.5-1.5b":
                     entry["profile_q1"] = profile_replay(model)
