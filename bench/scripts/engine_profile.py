@@ -46,6 +46,33 @@ def busy_and_gaps(intervals: list) -> tuple:
     return busy, gaps
 
 
+HOST_PROFILE = False
+
+
+def host_profile(dec, prompts, tokens: int, steps: int, top: int = 25) -> list:
+    """cProfile of one generation: the host functions with the most own time (µs per step), to find what keeps
+    the GPU idle between steps."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    dec.generate(input_ids=prompts, max_new_tokens=tokens)
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = []
+    for (fname, line, func), (cc, nc, tt, ct, _) in st.stats.items():
+        rows.append(dict(func=f"{os.path.basename(fname)}:{line}:{func}", calls_per_step=nc / steps,
+                         own_us_per_step=1e6 * tt / steps, cum_us_per_step=1e6 * ct / steps))
+    rows.sort(key=lambda r: -r["own_us_per_step"])
+    for r in rows[:12]:
+        print(f"    host {r['own_us_per_step']:8.1f} us own, {r['cum_us_per_step']:8.1f} cum  x{r['calls_per_step']:.1f}"
+              f"  {r['func'][:90]}", flush=True)
+    by_cum = sorted(rows, key=lambda r: -r["cum_us_per_step"])[:top]
+    return dict(by_own=rows[:top], by_cum=by_cum)
+
+
 def profile_generation(dec, prompts, tokens: int, label: str, top: int = 20) -> dict:
     from torch.profiler import ProfilerActivity, profile
     dec.generate(input_ids=prompts, max_new_tokens=tokens)        # warm: compiles and captures
@@ -59,6 +86,7 @@ def profile_generation(dec, prompts, tokens: int, label: str, top: int = 20) -> 
         out_p = dec.generate(input_ids=prompts, max_new_tokens=tokens)
         torch.cuda.synchronize()
     steps = max(1, out_p.stats.steps)
+    host = host_profile(dec, prompts, tokens, steps) if HOST_PROFILE else None
     iv = kernel_intervals(prof)
     span = (iv[-1][1] - iv[0][0]) if iv else 0.0
     busy, gaps = busy_and_gaps(iv)
@@ -78,7 +106,8 @@ def profile_generation(dec, prompts, tokens: int, label: str, top: int = 20) -> 
                largest_gaps_us=gaps[:15], gaps_over_20us=sum(1 for g in gaps if g > 20), top=rows[:top],
                alpha=out.stats.alpha, fallback_at_step=out.stats.fallback_at_step, phase_s=dict(out.stats.times), phase_ms_per_step={k: 1e3 * v / steps for k, v in out_p.stats.times.items()},
                target_forward_ms=getattr(out.stats, "target_forward_ms", None),
-               draft_forward_ms=getattr(out.stats, "draft_forward_ms", None), draft_calls=out.stats.draft_calls)
+               draft_forward_ms=getattr(out.stats, "draft_forward_ms", None), draft_calls=out.stats.draft_calls,
+               host_profile=host)
     print(f"[{label}] phases ms/step {res['phase_ms_per_step']}", flush=True)
     print(f"[{label}] {res['tok_s']:.1f} tok/s; per step: busy {res['busy_us_per_step']:.0f} us, idle "
           f"{res['idle_us_per_step']:.0f} us, {res['kernels_per_step']:.0f} kernels", flush=True)
@@ -93,7 +122,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--runs", default="", help="comma list of run labels to keep (default: all)")
+    ap.add_argument("--host-profile", action="store_true", help="also cProfile one generation per run (host time)")
     args = ap.parse_args()
+    global HOST_PROFILE
+    HOST_PROFILE = args.host_profile
     from tilespec.engine import SpeculativeDecoder
     from tilespec.engine.native import NativeRunner
     from tilespec.env import run_record

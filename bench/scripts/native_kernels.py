@@ -109,12 +109,13 @@ def projections(quick: bool) -> list:
     return rows
 
 
-def attention_rows() -> list:
+def attention_rows(splits=(64, 128, 256)) -> list:
     """Decode attention (Qwen2.5-1.5B heads) at B in {1, 8}, Q in {1, 6}, C in {512, 2048} with a third of the
-    capacity in use: SDPA (cuDNN, what the layer runs by default) vs the split-KV kernels; graph-replay µs."""
+    capacity in use: SDPA (cuDNN, what the layer runs by default) vs the split-KV kernels at each SPLIT (cache
+    slots per program); graph-replay µs."""
     import torch.nn.functional as F
     from tilespec.engine.native import attention
-    rows = []
+    rows, default_split = [], attention.SPLIT
     for b, nq, c in itertools.product((1, 8), (1, 6), (512, 2048)):
         torch.manual_seed(0)
         h, hkv, d, used = 12, 2, 128, c // 3
@@ -124,11 +125,14 @@ def attention_rows() -> list:
         mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
         mask[..., :used] = 0
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        out = torch.ops.tilespec.decode_attention(q, k, v, mask).transpose(1, 2)
         row = dict(batch=b, q=nq, capacity=c, used=used,
-                   sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)),
-                   kernel_us=graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask)),
-                   max_abs_diff=(out.float() - ref.float()).abs().max().item())
+                   sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)))
+        for split in splits:
+            attention.SPLIT = split
+            out = torch.ops.tilespec.decode_attention(q, k, v, mask).transpose(1, 2)
+            row[f"kernel_us_split{split}"] = graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask))
+            row[f"max_abs_diff_split{split}"] = (out.float() - ref.float()).abs().max().item()
+        attention.SPLIT = default_split
         print("attention", row, flush=True)
         rows.append(row)
     return rows

@@ -6,8 +6,8 @@ gate/up weights), which ``torch.compile`` compiles once and every layer reuses (
 weights), so inductor fuses the norms, RoPE, the cache write and the activation, and the whole forward is then
 captured in one CUDA graph by the runner.
 
-Shapes: tokens/positions [B, q] int64; ``mask`` additive [B, 1, q, C] in the model dtype (0 = attend, finfo.min =
-masked; never -inf, so fully masked padding rows stay finite); K/V caches [B, H_kv, C, D] per layer; the q new
+Shapes: tokens/positions [B, q] int64; ``mask`` bool [B, 1, q, C] (True = attend; the layers get it as an additive
+mask in the model dtype, 0 or finfo.min, never -inf, so fully masked padding rows stay finite); K/V caches [B, H_kv, C, D] per layer; the q new
 states are written at slots ``write_pos + [0, q)`` (``write_pos`` a 0-d int64 device tensor, so a captured graph
 reads it without recapture). Logits [B, q, V] in the model dtype.
 
@@ -114,23 +114,29 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, ln1: torch.Tensor, qkv: torch.Tensor,
-                  qkv_bias: torch.Tensor | None, o: torch.Tensor, ln2: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float,
-                  flex: bool = False, kernels: str = "") -> torch.Tensor:
-    """One pre-norm decoder layer on hidden states h [B, q, d]; writes its K/V at slots write_pos + [0, q).
+def decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                  write_pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ln1: torch.Tensor,
+                  qkv: torch.Tensor, qkv_bias: torch.Tensor | None, o: torch.Tensor, ln2: torch.Tensor,
+                  gate_up: torch.Tensor, down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float,
+                  flex: bool = False, kernels: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """One pre-norm decoder layer; writes its K/V at slots write_pos + [0, q).
+
+    The residual stream is carried as a pair (h, res) [B, q, d] whose sum is transformers' hidden state: the layer
+    adds them first (the previous layer's MLP output onto its residual: the same bf16 add transformers does at the
+    end of that layer), so inductor fuses the add into this layer's RMSNorm instead of launching it on its own.
+    Returns (mlp output, residual) for the next layer. The first layer gets (embeddings, zeros).
     ``flex``: attention through FlexAttention (compiled paths only: inductor's decoding kernel) instead of SDPA.
     ``kernels``: comma-separated parts that run tilespec's decode-shape Triton kernels instead of PyTorch ops
     (``linear.fused_linear``; ``attention.decode_attention``): "qkv" (norm + q/k/v + bias), "o" (output projection +
-    residual), "mlp" (norm + gate/up + SiLU gate; down projection + residual), "attn", or "all". Same maths, one
-    launch per part; each falls back to PyTorch where its kernel cannot run (e.g. prefill-sized M)."""
+    residual), "mlp" (norm + gate/up + SiLU gate; down projection), "attn", or "all". Same maths, one launch per
+    part; each falls back to PyTorch where its kernel cannot run (e.g. prefill-sized M)."""
     b, q, _ = h.shape
     parts = _parts(kernels)
+    res = h + res
     if "qkv" in parts:
-        proj = fused_linear(h, qkv, bias=qkv_bias, norm=ln1, eps=eps)
+        proj = fused_linear(res, qkv, bias=qkv_bias, norm=ln1, eps=eps)
     else:
-        proj = F.linear(rms_norm(h, ln1, eps), qkv, qkv_bias)
+        proj = F.linear(rms_norm(res, ln1, eps), qkv, qkv_bias)
     nq, nkv = heads * head_dim, kv_heads * head_dim
     xq = proj[..., :nq].view(b, q, heads, head_dim).transpose(1, 2)
     xk = proj[..., nq:nq + nkv].view(b, q, kv_heads, head_dim).transpose(1, 2)
@@ -150,12 +156,36 @@ def decoder_layer(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: t
     else:
         attn = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask, enable_gqa=heads != kv_heads)
     attn = attn.transpose(1, 2).reshape(b, q, nq)
-    h = fused_linear(attn, o, residual=h) if "o" in parts else h + F.linear(attn, o)
+    res = fused_linear(attn, o, residual=res) if "o" in parts else res + F.linear(attn, o)
     if "mlp" in parts:
-        return fused_linear(fused_linear(h, gate_up, norm=ln2, eps=eps, silu_mul=True), down, residual=h)
-    gu = F.linear(rms_norm(h, ln2, eps), gate_up)
+        return fused_linear(fused_linear(res, gate_up, norm=ln2, eps=eps, silu_mul=True), down), res
+    gu = F.linear(rms_norm(res, ln2, eps), gate_up)
     f = gu.shape[-1] // 2
-    return h + F.linear(F.silu(gu[..., :f]) * gu[..., f:], down)
+    return F.linear(F.silu(gu[..., :f]) * gu[..., f:], down), res
+
+
+def prologue(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
+             inv_freq: torch.Tensor, rope_scale: float) -> tuple:
+    """tokens/positions [B, q] int64, bool mask [B, 1, q, C] -> (h, res) [B, q, d] (embeddings, zeros), cos / sin
+    [B, q, D] fp32 (transformers' RoPE convention: halves, not interleaved) and the additive mask [B, 1, q, C] in the
+    model dtype (0 = attend, finfo.min = masked; never -inf, so fully masked padding rows stay finite)."""
+    h = F.embedding(tokens, embed)
+    freqs = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return h, torch.zeros_like(h), emb.cos() * rope_scale, emb.sin() * rope_scale, additive_mask(mask, embed.dtype)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask (True = attend) -> additive mask in ``dtype``: 0 or finfo.min (never -inf)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def head(h: torch.Tensor, res: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor, eps: float,
+         keep: int | None = None) -> torch.Tensor:
+    """The last layer's (h, res) -> logits [B, q or keep, V] (model dtype): final add, RMSNorm, LM head."""
+    if keep is not None:
+        h, res = h[:, -keep:], res[:, -keep:]
+    return F.linear(rms_norm(h + res, norm, eps), lm_head)
 
 
 KERNEL_PARTS = ("qkv", "o", "mlp", "attn")
@@ -211,24 +241,20 @@ class NativeLlama:
         return [(torch.zeros(shape, dtype=self.dtype, device=dev), torch.zeros(shape, dtype=self.dtype, device=dev))
                 for _ in self.layers]
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, q] -> cos, sin [B, q, D] (fp32), transformers' convention (halves, not interleaved)."""
-        freqs = positions.float()[..., None] * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
-                caches: list, keep: int | None = None, layer_fn=decoder_layer, **layer_kw) -> torch.Tensor:
-        """tokens/positions [B, q], additive mask [B, 1, q, C] -> logits [B, q or keep, V] (model dtype)."""
-        h = F.embedding(tokens, self.embed)
-        cos, sin = self.rope(positions)
+                caches: list, keep: int | None = None, layer_fn=decoder_layer, prologue_fn=prologue, head_fn=head,
+                **layer_kw) -> torch.Tensor:
+        """tokens/positions [B, q], bool mask [B, 1, q, C] -> logits [B, q or keep, V] (model dtype).
+        ``layer_fn`` / ``prologue_fn`` / ``head_fn``: :func:`decoder_layer`, :func:`prologue`, :func:`head` or
+        compiled copies of them (the runner's compiled paths)."""
+        h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
         for w, (k_cache, v_cache) in zip(self.layers, caches):
-            h = layer_fn(h, cos, sin, mask, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias, w.o, w.ln2,
-                              w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                              eps=self.eps, **layer_kw)
-        if keep is not None:
-            h = h[:, -keep:]
-        return F.linear(rms_norm(h, self.norm, self.eps), self.lm_head)
+            h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias, w.o,
+                              w.ln2, w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads,
+                              head_dim=self.head_dim, eps=self.eps, **layer_kw)
+        return head_fn(h, res, self.norm, self.lm_head, self.eps, keep)
 
 
 NativeLlama.layer = staticmethod(decoder_layer)
+NativeLlama.prologue = staticmethod(prologue)
+NativeLlama.head = staticmethod(head)

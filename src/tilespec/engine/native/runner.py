@@ -90,25 +90,33 @@ def native_model(model):
     return native
 
 
-def compiled_layer(model):
-    """A torch.compile'd copy of the native decoder's layer function, private to ``model``.
+def compiled_parts(model) -> dict:
+    """torch.compile'd copies of the native decoder's functions, private to ``model``: ``layer_fn`` always, and
+    for Llama-family decoders ``prologue_fn`` (embedding, RoPE table, additive mask) and ``head_fn`` (final add,
+    norm, LM head), which would otherwise run as ~15 eager kernels per forward.
 
-    Why a copy: dynamo keys its cache (and its automatic-dynamic bookkeeping) on the function's code object; a
+    Why copies: dynamo keys its cache (and its automatic-dynamic bookkeeping) on the function's code object; a
     target and its draft have different hidden sizes, so sharing one code object would turn the hidden size into a
     dynamic dimension after the second model and slow every reduction. A renamed code object keeps them apart.
     """
     key = id(model)
     entry = _COMPILED_LAYERS.get(key)
     if entry is None or entry[0]() is not model:
-        import weakref
-        layer = native_model(model).layer
-        code = layer.__code__.replace(co_name=f"{layer.__name__}_{len(_COMPILED_LAYERS)}")
-        fn = types.FunctionType(code, layer.__globals__, code.co_name, layer.__defaults__, layer.__closure__)
-        fn.__kwdefaults__ = layer.__kwdefaults__
+        native = native_model(model)
         raise_recompile_limits(64)
-        entry = (weakref.ref(model), torch.compile(fn, dynamic=None, fullgraph=True))
+        names = {"layer_fn": "layer"} if native.encoder_decoder else \
+            {"layer_fn": "layer", "prologue_fn": "prologue", "head_fn": "head"}
+        fns = {kw: _private_compiled(getattr(native, attr), len(_COMPILED_LAYERS)) for kw, attr in names.items()}
+        entry = (weakref.ref(model), fns)
         _COMPILED_LAYERS[key] = entry
     return entry[1]
+
+
+def _private_compiled(fn, serial: int):
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{serial}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return torch.compile(copy, dynamic=None, fullgraph=True)
 
 
 class NativeRunner:
@@ -135,7 +143,7 @@ class NativeRunner:
         self.cache_version = 0          # bumped whenever the K/V buffers are replaced (captured graphs go stale)
         self.compile_seconds = 0.0
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
-        self._layer = compiled_layer(model) if mode == "native-graphs" else self.native.layer
+        self._fns = compiled_parts(model) if mode == "native-graphs" else {}
         # FlexAttention's decoding kernel (compiled only) measured slower than cuDNN SDPA at decode shapes on an H100
         # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: TILESPEC_FLEX=1
         self._layer_kw = {"flex": mode == "native-graphs" and os.environ.get("TILESPEC_FLEX", "0") == "1"}
@@ -184,13 +192,9 @@ class NativeRunner:
                 self._graphs.clear()
         return shared
 
-    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
-        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
-        return additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
-
     def _graph_forward(self, tokens, positions, mask, key=None):
-        return self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
-                                   layer_fn=self._layer, **self._layer_kw)
+        return self.native.forward(tokens, positions, mask, self.write_pos, self.caches, **self._fns,
+                                   **self._layer_kw)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
@@ -213,16 +217,15 @@ class NativeRunner:
                 logits = logits[:, -keep:]
             return logits.float() if logits.dtype != torch.float32 else logits.clone()
         eager_kw = {"kernels": self._layer_kw["kernels"]} if "kernels" in self._layer_kw else {}
-        logits = self.native.forward(tokens, positions, self._additive(mask), self.write_pos, self.caches,
-                                     keep=keep, layer_fn=self.native.layer, **eager_kw)
+        logits = self.native.forward(tokens, positions, mask, self.write_pos, self.caches, keep=keep, **eager_kw)
         return logits.float()
 
     def raw_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
                     keep: Optional[int] = None) -> torch.Tensor:
         """The forward without a graph of its own, for capture inside a larger one (engine/step_graph.py):
         ``write_pos`` a 0-d int64 device tensor; returns logits in the model dtype (a graph-owned buffer)."""
-        return self.native.forward(tokens, positions, self._additive(mask), write_pos, self.caches, keep=keep,
-                                   layer_fn=self._layer, **self._layer_kw)
+        return self.native.forward(tokens, positions, mask, write_pos, self.caches, keep=keep, **self._fns,
+                                   **self._layer_kw)
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots); the

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .llama import _fuse, _fuse_bias
+from .llama import _fuse, _fuse_bias, additive_mask
 
 
 def whisper_unsupported_reason(model) -> str | None:
@@ -132,7 +132,8 @@ class NativeWhisperDecoder:
         return out
 
     def forward(self, tokens, positions, mask, write_pos, caches, keep=None, layer_fn=whisper_layer, **layer_kw):
-        """caches: per layer (K, V, K_x, V_x) -> logits [B, q or keep, V] (model dtype)."""
+        """bool mask [B, 1, q, C]; caches: per layer (K, V, K_x, V_x) -> logits [B, q or keep, V] (model dtype)."""
+        mask = additive_mask(mask, self.embed.dtype)
         h = F.embedding(tokens, self.embed) + F.embedding(positions, self.positions)
         for w, (k, v, ck, cv) in zip(self.layers, caches):
             h = layer_fn(h, mask, write_pos, k, v, ck, cv, w.ln1_w, w.ln1_b, w.qkv_w, w.qkv_b, w.o_w, w.o_b,

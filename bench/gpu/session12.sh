@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Session 12's GPU chain on one offline H100 (over bench/gpu/chain.sh; .parts built by bench/gpu/make_parts.sh).
+# Job A (random-init weights, runs while the Qwen parts upload): the runtime after this session's changes
+#   (residual add fused into the next norm, compiled prologue / head, logits kept in bf16, compiled argmax):
+#   1. native_kernels.py: decode attention SDPA vs the split-KV kernel per SPLIT; forwards with kernels "" and
+#      "attn" (1.5B and 0.5B, B 1/8, q 1/6) and engine target-only tok/s with the faster one;
+#   2. engine_profile.py --host-profile: GPU busy / idle per step and the host functions that keep the GPU idle
+#      (target-only, n-gram, 0.5B draft at gamma 2);
+#   3. the native-runtime / engine GPU tests.
+# Job E (started by its own call once the models are in): issue 13's e2e on the real Qwen2.5-Coder weights.
+#   session12.sh extras        # first call: carry .parts/u00, the tree WITH bench/results; set TILESPEC_COMMIT
+#   session12.sh part NN       # one call per .parts/uNN (bench/results moved out so the tree fits in 64 MiB)
+#   session12.sh e2e STAGES    # snapshot the current tree, start job E (e2e_fast.sh STAGES) in the background
+#   session12.sh wait SECONDS [MARK]  # returns when MARK (.jobE-done) exists or after SECONDS; results in $OUT/res.tgz
+set -u
+CHAIN_SCRIPT=bench/gpu/session12.sh CHAIN_WORK=${S12_WORK:-/root/ts12}
+export CHAIN_MODELS="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
+source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, snapshot, bg, wait_ready, ...
+
+best_kernels() {  # the setting with the fastest B=1 q=1 1.5B forward in job A ("" when none wins or on error)
+  python3 - "$RES/native-kernels.json" <<'PY'
+import json, sys
+try:
+    fw = json.load(open(sys.argv[1]))["forwards"]["qwen2.5-1.5b"]
+    q1 = {k: next(r["graph_replay_ms"] for r in v["rows"] if r["batch"] == 1 and r["q"] == 1)
+          for k, v in fw.items() if "rows" in v}
+    best = min(q1, key=q1.get)
+    print("" if best == "none" else best)
+except Exception:
+    print("")
+PY
+}
+
+job_a() {
+  env_setup
+  step native-kernels 420 python3 bench/scripts/native_kernels.py --quick --skip projections \
+    --json $RES/native-kernels.json --settings "" attn
+  export TILESPEC_NATIVE_KERNELS=$(best_kernels)
+  step engine-profile 240 python3 bench/scripts/engine_profile.py --host-profile --json $RES/engine-profile.json \
+    --runs target-only,ngram-gamma5,draft0.5b-gamma2
+  step pytest-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+    tests/test_native_attention_kernel.py tests/test_engine_gpu.py
+  touch $RES/.jobA-done
+}
+
+job_e() {
+  env_setup
+  wait_ready
+  export TILESPEC_NATIVE_KERNELS=${S12_KERNELS-$(best_kernels)}
+  ts "job E: TILESPEC_NATIVE_KERNELS='$TILESPEC_NATIVE_KERNELS' stages: $*"
+  echo "$TILESPEC_NATIVE_KERNELS" > $RES/e2e-kernels-setting.txt
+  E2E_RES=$RES/e2e-fast E2E_TOTAL_S=${E2E_TOTAL_S:-540} E2E_BUDGET_S=${E2E_BUDGET_S:-250} \
+    step e2e 900 bash bench/gpu/e2e_fast.sh "$@"
+  touch $RES/.jobE-done
+}
+
+case ${1:-} in
+  extras) extras_setup; bg job-a; ts "job A started" ;;
+  job-a) job_a ;;
+  job-e) shift; job_e "$@" ;;
+  e2e) shift; snapshot; rm -f $RES/.jobE-done; bg job-e "$@"; ts "job E started: $*" ;;
+  part) part_call "$2"; tail -3 $RES/jobs.log ;;
+  wait) WAIT_MARK=${3:-.jobE-done} wait_call "${2:-500}" ;;
+  convert) convert "$2" ;;
+  *) echo "usage: session12.sh extras | part NN | e2e STAGES | wait SECONDS [MARK]" >&2; exit 2 ;;
+esac
