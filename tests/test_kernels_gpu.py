@@ -54,7 +54,8 @@ def test_direct_launch_matches_jit_dispatch(monkeypatch):
     monkeypatch.setattr(direct_launch, "_DIRECT", True)   # the direct path lives in kernels/direct.py
     for _ in range(3):
         direct = verify(target, tokens, method="fused", **kw)
-    modes = {k.__name__: launch._launcher(k).mode for k in (launch.row_stats_kernel, launch.sample_row_kernel)}
+    modes = {k.__name__: launch._launcher(k).mode for k in (launch.row_stats_kernel, launch.sample_row_kernel,
+                                                            launch.row_stats_stream_kernel)}
     assert set(modes.values()) <= {"full", "plain"}, modes
     assert any(p.direct for p in launch._PLANS.values()), "no compiled kernel was cached for a direct launch"
     assert torch.equal(direct.output_tokens, jit.output_tokens) and torch.equal(direct.accepted, jit.accepted)
@@ -129,8 +130,10 @@ def test_changing_k_does_not_recompile(method):
     # a decoding run changes K from step to step (gamma schedules, ragged finishes): K must stay a runtime argument
     from tilespec.verify.kernels.sample import accept_sample_kernel, sample_row_kernel
     from tilespec.verify.kernels.stats import row_stats_kernel
+    from tilespec.verify.kernels.stream import row_stats_stream_kernel
     from tilespec.verify.kernels.tiled import tiled_partials_kernel
-    kernels = (accept_sample_kernel, sample_row_kernel, row_stats_kernel, tiled_partials_kernel)
+    kernels = (accept_sample_kernel, sample_row_kernel, row_stats_kernel, row_stats_stream_kernel,
+               tiled_partials_kernel)
     target, draft, tokens = _case(4, 3, 151936, seed=11)
     verify(target, tokens, draft_logits=draft, method=method, seed=1)
     before = _compiled(*kernels)
@@ -138,3 +141,44 @@ def test_changing_k_does_not_recompile(method):
         target, draft, tokens = _case(4, max(k, 1), 151936, seed=12 + k)
         verify(target[:, :k + 1], tokens[:, :k], draft_logits=draft[:, :k], method=method, seed=1)
     assert _compiled(*kernels) == before
+
+
+def _pass1_stats(monkeypatch, target, draft, tokens, sampling, **globals_):
+    """(result, m, s, a) of one fused call at B = target.shape[0], K = 5 with the launch globals ``globals_``."""
+    for name, value in globals_.items():
+        monkeypatch.setattr(launch, name, value)
+    batch, rows, vocab = target.shape
+    plan = launch._plan(target.device, batch, rows - 1, vocab, launch.MODE_LOGITS, launch.DRAFT_LOGITS, False, True)
+    got = verify(target, tokens, draft_logits=draft, sampling=sampling, method="fused",
+                 seed=torch.arange(batch, device="cuda"), offsets=11)
+    return got, plan.m.clone(), plan.s.clone(), plan.a.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_stream_pass1_matches_classic(dtype, monkeypatch):
+    # issue 15: the stream pass 1 (lane-wise statistics, 16-byte loads) against the previous kernel: the same chunk
+    # maxima and argmaxes, sums to fp32 rounding, (nearly) the same tokens; the same bits for every chunks-per-program
+    # / prefetch / register-cap value and for a misaligned (2-byte-load) copy of the same rows
+    target, draft, tokens = _case(64, 5, 151936, dtype, seed=3)
+    sampling = SamplingParams(temperature=[0.0, 1.0, 0.7, 1.0] * 16)
+    old = _pass1_stats(monkeypatch, target, draft, tokens, sampling, PASS1="classic")
+    new = _pass1_stats(monkeypatch, target, draft, tokens, sampling, PASS1="stream")
+    used = torch.zeros(old[1].shape, dtype=torch.bool, device="cuda")   # slots pass 1 writes (the rest: stale)
+    used[:, :6] = True
+    used[torch.arange(64, device="cuda") % 4 != 0, 6:] = True           # draft rows of sampling requests
+    assert torch.equal(old[1][used], new[1][used])
+    assert torch.allclose(old[2][used], new[2][used], rtol=1e-5, atol=0)
+    greedy = torch.zeros_like(used)
+    greedy[0::4, :6] = True
+    assert torch.equal(old[3][greedy & used], new[3][greedy & used])
+    assert _same_rows(old[0], new[0]) >= 0.99
+    for cpp, prefetch, maxnreg in ((1, False, 0), (2, True, 32), (4, True, 0), (3, False, 32)):
+        again = _pass1_stats(monkeypatch, target, draft, tokens, sampling, CHUNKS_PER_PROGRAM=cpp,
+                             PREFETCH1=prefetch, MAXNREG1=maxnreg)
+        for x, y in zip(new[1:], again[1:]):
+            assert torch.equal(x[used], y[used]), (cpp, prefetch, maxnreg)
+        assert torch.equal(new[0].output_tokens, again[0].output_tokens)
+    monkeypatch.setattr(launch, "ALIGN_LOADS", False)
+    unaligned = _pass1_stats(monkeypatch, target, draft, tokens, sampling)
+    for x, y in zip(new[1:], unaligned[1:]):
+        assert torch.equal(x[used], y[used])

@@ -1,5 +1,6 @@
 """CPU tests (TRITON_INTERPRET=1) of ``fused`` pass 1 with several chunks per program (``launch.CHUNKS_PER_PROGRAM``,
-the ``CPP`` constexpr of ``stats.row_stats_kernel``, per-request layout only).
+the ``CPP`` constexpr of ``stats.row_stats_kernel`` and ``stream.row_stats_stream_kernel``, per-request layout
+only; every test runs with both kernels).
 
 A program runs the per-chunk arithmetic of CPP = 1 on each of its chunks (with the next slice prefetched), so the
 pass-1 statistics m / s / a must be the same bits and the tokens the same, also when the number of chunks (5 here,
@@ -21,11 +22,13 @@ KINDS = {"logits": launch.DRAFT_LOGITS, "probs": launch.DRAFT_PROBS, "none": lau
 SENTINEL = 12345.0                      # pre-fills the scratch: slots pass 1 must not write stay equal too
 
 
-@pytest.fixture(autouse=True)
-def per_request_layout(monkeypatch):
+@pytest.fixture(autouse=True, params=["stream", "classic"])
+def per_request_layout(monkeypatch, request):
+    monkeypatch.setattr(launch, "PASS1", request.param)   # both pass-1 kernels (stream: the default)
     monkeypatch.setattr(launch, "ROW_ELEMS", 1)       # the GPU layout: one request per program, several chunks
     monkeypatch.setattr(launch, "CHUNK1", CHUNK)
     monkeypatch.setattr(launch, "SUB1", 16)           # 2 slices per chunk: prefetches within and across chunks
+    monkeypatch.setattr(launch, "SUB1_STREAM", 16)
     monkeypatch.setattr(launch, "BLOCK2", 16)
     monkeypatch.setattr(launch, "_PLANS", {})         # fresh cache: the plans below are the ones verify() uses
 
@@ -79,6 +82,7 @@ def test_statistics_and_tokens_match_one_chunk_per_program(draft, filters, monke
 def test_low_precision_and_one_slice_per_chunk(monkeypatch):
     # bf16 logits (the prefetched slice stays bf16 until it is used); SUB = CHUNK: each prefetch is a next chunk's
     monkeypatch.setattr(launch, "SUB1", CHUNK)
+    monkeypatch.setattr(launch, "SUB1_STREAM", CHUNK)
     sampling = SamplingParams(temperature=[0.0, 0.7] * 4)
     one = _run(1, "logits", sampling, monkeypatch, torch.bfloat16)
     _assert_same(one, _run(2, "logits", sampling, monkeypatch, torch.bfloat16))

@@ -1,8 +1,9 @@
 """Python launch wrappers: ``fused_verify`` (2 launches), ``sigmoid_verify`` (1), ``tiled_verify`` (2 + softmaxes).
 
-``fused`` on large vocabularies (per-request layout): ``stats.row_stats_kernel`` (statistics + acceptance test in
-its last program per request) then ``sample.sample_row_kernel`` (row n's tile masses, ceil(V / (BLOCK2 *
-SAMPLE_TILES)) programs per request, and the draw); direct launches: ``direct``.
+``fused`` on large vocabularies (per-request layout): ``stream.row_stats_stream_kernel`` (default; PASS1 =
+"classic": ``stats.row_stats_kernel``; statistics + acceptance test in its last program per request) then
+``sample.sample_row_kernel`` (row n's tile masses, ceil(V / (BLOCK2 * SAMPLE_TILES)) programs per request, and the
+draw); direct launches: ``direct``.
 
 No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
 ~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
@@ -39,13 +40,14 @@ import numpy as np
 import torch
 import triton
 
-from ..distributions import draft_log_probs, filtered_logits, log_probs
-from ..filters import keep_threshold
+from ..distributions import draft_log_probs, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
+from .keep import _top_k_thresholds, keep_thresholds  # noqa: F401  (tests import them from here)
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
 from .sample import accept_sample_kernel, accept_sample_rows_kernel, sample_row_kernel
 from .stats import row_stats_kernel, row_stats_rows_kernel
+from .stream import row_stats_stream_kernel
 from .tiled import tiled_partials_kernel, tiled_partials_rows_kernel
 
 DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, common.DRAFT_LOGITS,
@@ -70,6 +72,21 @@ FUSED_SPLIT = os.environ.get("TILESPEC_FUSED_SPLIT", "1") != "0"
 # 6.7 -> 8.5 us), else 1.
 CHUNKS_PER_PROGRAM = int(os.environ.get("TILESPEC_CHUNKS_PER_PROGRAM", "0"))
 CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
+# fused pass 1 kernel of the per-request layout (env TILESPEC_PASS1): "stream" (stream.row_stats_stream_kernel:
+# lane-wise online statistics, 16-byte loads, few registers) or "classic" (stats.row_stats_kernel, the previous
+# kernel; its sums differ from stream's in fp32 rounding, so a process should not mix the two). Both use CHUNK1
+# chunks and the same tail. The stream kernel's lane layout is fixed by SUB1_STREAM and NUM_WARPS1_STREAM (never
+# by B: batch invariance); PREFETCH1 (env TILESPEC_PREFETCH1) loads the next slice early (no bits change);
+# MAXNREG1 (env TILESPEC_MAXNREG1, 0 = none) caps its registers per thread (offline sm_90: 47 uncapped; 40 / 32
+# spill a little / more, see docs/kernels.md).
+PASS1 = os.environ.get("TILESPEC_PASS1", "stream")
+SUB1_STREAM = int(os.environ.get("TILESPEC_SUB1_STREAM", "2048"))
+NUM_WARPS1_STREAM = int(os.environ.get("TILESPEC_WARPS1_STREAM", "8"))
+PREFETCH1 = os.environ.get("TILESPEC_PREFETCH1", "1") != "0"
+MAXNREG1 = int(os.environ.get("TILESPEC_MAXNREG1", "0"))
+# 16-byte loads (the ALIGNED constexpr of the stream pass 1 and fused's pass 2) for calls whose rows allow them;
+# env TILESPEC_ALIGN_LOADS=0 turns them off (the previous 2-byte loads; for comparisons)
+ALIGN_LOADS = os.environ.get("TILESPEC_ALIGN_LOADS", "1") != "0"
 SAMPLE_TILES = 1          # fused pass 2 (per-request layout): BLOCK2 tiles per program, i.e. ceil(V / BLOCK2) programs
                           # per request stream row n in parallel (acceptance ran once per request in pass 1's tail)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -126,7 +143,8 @@ class _Plan:
     """Shape-dependent launch state of one (device, B, K, V, variant): kernel choice, grids, constexprs, scratch,
     counters, and the compiled kernels found for it (``direct``, see :class:`_Launcher`)."""
 
-    __slots__ = ("rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
+    __slots__ = ("kernel1", "const1a", "const2a",   # pass-1 kernel name; ALIGNED variants of const1 / const2
+                 "rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
                  "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct", "split", "nrow",
                  "lse", "cnt1")
 
@@ -135,7 +153,7 @@ def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, k
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
            MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT, CHUNKS_PER_PROGRAM,
-           CPP_AUTO, CPP_AUTO_MIN_BATCH)
+           CPP_AUTO, CPP_AUTO_MIN_BATCH, PASS1, SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -152,6 +170,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     f32 = dict(dtype=torch.float32, device=device)
     p.nc1, p.n_tiles, p.m, p.s, p.a, p.tau, p.bpart = 1, 1, None, None, None, None, None
     p.split, p.nrow, p.lse, p.cnt1 = False, None, None, None
+    p.kernel1, p.const1a, p.const2a = None, None, None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
         p.rows1 = bb1 > 1
@@ -160,11 +179,24 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.const1 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, CHUNK=chunk, num_warps=NUM_WARPS1)
         if p.rows1:
             p.const1["BLOCK_B"] = bb1
+            p.kernel1 = "rows"
         else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_row_kernel
             p.split = FUSED_SPLIT
             cpp = _chunks_per_program(p.nc1, batch)
             p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
-            p.const1.update(SUB=min(SUB1, chunk), NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
+            p.const1.update(NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
+            if PASS1 == "stream":
+                p.kernel1 = "stream"
+                p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
+                                num_warps=NUM_WARPS1_STREAM)
+                if MAXNREG1 > 0 and not _INTERPRET:
+                    p.const1["maxnreg"] = MAXNREG1
+                p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
+            elif PASS1 == "classic":
+                p.kernel1 = "classic"
+                p.const1["SUB"] = min(SUB1, chunk)
+            else:
+                raise ValueError(f"PASS1 (TILESPEC_PASS1) must be 'stream' or 'classic', got {PASS1!r}")
             p.nrow = torch.empty(batch, dtype=torch.int32, device=device)
             p.lse = torch.empty(batch, 2, **f32)
             p.cnt1 = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -201,7 +233,8 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.tsum = p.counters = None
     elif p.split:
         p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, NT2_BLOCK=p.const2["NT2_BLOCK"],
-                        num_warps=NUM_WARPS2)
+                        ALIGNED=False, num_warps=NUM_WARPS2)
+        p.const2a = dict(p.const2, ALIGNED=True)
         p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)
         p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     else:
@@ -218,41 +251,6 @@ def _chunks_per_program(n_chunks: int, batch: int) -> int:
         raise ValueError(f"CHUNKS_PER_PROGRAM (TILESPEC_CHUNKS_PER_PROGRAM) must be >= 0, got {CHUNKS_PER_PROGRAM}")
     cpp = CHUNKS_PER_PROGRAM or (CPP_AUTO if batch >= CPP_AUTO_MIN_BATCH else 1)
     return min(cpp, n_chunks)
-
-
-def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
-    """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
-
-    Top-k alone with every k known on the host and in [1, V): :func:`_top_k_thresholds`, the same thresholds from
-    one ``torch.topk``. Top-k / top-p without min-p: :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU
-    the radix / row kernels, which scale the raw logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is
-    by definition the set ``filtered_logits`` keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the
-    reference semantics on a full fp32 copy of every row). In every case the kernels' mask ``z / T >= thr`` keeps
-    exactly the reference's set (for top-p, tokens tied with the last kept one are also kept). Returns float32
-    [B, R]; a row with no filter on gets -inf (keep all) or, with min-p, its smallest finite z: the same set but
-    for -inf tokens, which have no mass either way.
-    """
-    s = inputs.sampling
-    bounds = s.top_k_range
-    if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
-            and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
-        return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
-    if not s.has_min_p:
-        return keep_threshold(logits, s).contiguous()
-    z = filtered_logits(logits, s)
-    return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
-
-
-def _top_k_thresholds(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor, k_max: int):
-    """The k-th largest scaled logit per row [B, R] (float32), every k in [1, V): what the reference's full sort
-    gives, at the cost of a top-``k_max`` selection instead of a sort and an fp32 copy of the rows. Exact: x ->
-    float(x) / T is non-decreasing, so the k-th largest scaled logit is the k-th largest logit, scaled the same way
-    (greedy rows, T = 0, are scaled by 1 as in ``filtered_logits``)."""
-    batch, rows, _ = logits.shape
-    top = torch.topk(logits, k_max, dim=-1, sorted=True).values                   # [B, R, k_max], descending
-    kth = top.gather(-1, (top_k - 1).view(batch, 1, 1).expand(batch, rows, 1))[..., 0].float()
-    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    return (kth / scale[:, None]).contiguous()
 
 
 def _outputs(batch: int, k_max: int, device: torch.device) -> tuple:
@@ -282,10 +280,13 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
     strides = (tgt.stride(0), tgt.stride(1), drf_t.stride(0), drf_t.stride(1))
     dummy = sampling.temperature   # for buffers this variant never reads
     if plan.split:   # fused, per-request layout: row n and its log-sum-exps come from pass 1's tail
+        key, const2 = _direct_key(plan, device, user, strides), plan.const2
+        if _aligned(tgt, drf_t, strides, tgt.shape[2]):
+            key, const2 = key and (*key, "aligned"), plan.const2a
         _launcher(sample_row_kernel)(
             plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
                                plan.counters, *outs, k_max, tgt.shape[2], plan.nc2, plan.tiles, *strides),
-            plan.const2, _direct_key(plan, device, user, strides))
+            const2, key)
         return _result(outs, method, exact)
     sizes = (k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles)
     key = _direct_key(plan, device, user, strides)
@@ -295,6 +296,13 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
                                                               plan.bpart, plan.tsum, plan.counters)),
                            *outs, batch, *sizes, *strides, alpha, beta), plan.const2, key)
     return _result(outs, method, exact)
+
+
+def _aligned(tgt: torch.Tensor, drf: torch.Tensor, strides: tuple, vocab: int) -> bool:
+    """Whether every logits row starts 16-byte aligned and V and the strides are multiples of 8 elements (the
+    kernels' ALIGNED constexpr: 16-byte vector loads; masks constant over 8-id groups). Host-side values only."""
+    return (ALIGN_LOADS and ((tgt.data_ptr() | drf.data_ptr()) & 15) == 0 and vocab % 8 == 0
+            and all(x % 8 == 0 for x in strides))
 
 
 def _or(tensor, dummy):  # kernels take a (never read) dummy tensor for unused buffers
@@ -334,12 +342,17 @@ def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     tokens = inputs.draft_tokens if rows > 1 else inputs.num_draft_tokens
     user = (tgt, drf_t, tokens, inputs.num_draft_tokens, inputs.seeds, inputs.offsets, temp, sampling.lenience)
     outs = _outputs(batch, rows - 1, tgt.device)
-    kernel = row_stats_rows_kernel if plan.rows1 else row_stats_kernel
-    _launcher(kernel)(plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp), _or(thr_q, temp),
-                                         plan.m, plan.s, plan.a, batch, rows - 1, vocab, plan.nc1, *strides, tokens,
-                                         inputs.seeds, inputs.offsets, sampling.lenience,
-                                         *(_or(t, temp) for t in (plan.nrow, plan.lse, plan.cnt1)), *outs),
-                      plan.const1, _direct_key(plan, tgt.device, user, strides))
+    key, const1 = _direct_key(plan, tgt.device, user, strides), plan.const1
+    if plan.const1a is not None and _aligned(tgt, drf_t, strides, vocab):
+        const1 = plan.const1a
+        key = key and (*key, "aligned")
+    kernel = {"rows": row_stats_rows_kernel, "classic": row_stats_kernel, "stream": row_stats_stream_kernel}
+    _launcher(kernel[plan.kernel1])(plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp),
+                                               _or(thr_q, temp), plan.m, plan.s, plan.a, batch, rows - 1, vocab,
+                                               plan.nc1, *strides, tokens, inputs.seeds, inputs.offsets,
+                                               sampling.lenience,
+                                               *(_or(t, temp) for t in (plan.nrow, plan.lse, plan.cnt1)), *outs),
+                            const1, key)
     return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True, outs)
 
 

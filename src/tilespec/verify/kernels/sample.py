@@ -247,14 +247,20 @@ def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp
                       nrow_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                       K, V, NC2, TILES, stride_tb, stride_tr, stride_db, stride_dr,
                       DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
-                      NT2_BLOCK: tl.constexpr):
+                      NT2_BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``fused`` pass 2 after ``stats.row_stats_kernel`` (per-request layout), grid (NC2, B): step 1 already ran
     once per request at the end of pass 1 (row n -> nrow [B] int32, its log-sum-exps -> lse [B, 2] fp32; greedy
     requests' outputs written there), so program (c, b) of a sampling request only sums its TILES tiles of row n
     and the last one draws (:func:`_sample_tiles`): no per-program acceptance work, and NC2 (hence the number of
-    programs streaming the row) is free of it."""
+    programs streaming the row) is free of it. ALIGNED (see ``launch._aligned``: V and the strides are multiples
+    of 8 elements, the rows 16-byte aligned): the same values rewritten as multiples of 8, so that the compiler
+    emits 16-byte loads (V and the strides are not specialised)."""
     c = tl.program_id(0)
     b = tl.program_id(1)
+    if ALIGNED:
+        V = V // 8 * 8
+        stride_tb, stride_tr = stride_tb // 8 * 8, stride_tr // 8 * 8
+        stride_db, stride_dr = stride_db // 8 * 8, stride_dr // 8 * 8
     temp = tl.load(temp_ptr + b)
     if temp != 0.0:
         k_b = tl.load(nd_ptr + b)

@@ -1,0 +1,47 @@
+"""Keep thresholds for top-k / top-p / min-p: one fp32 value per logits row, applied by the kernels in-stream.
+
+Used by :mod:`tilespec.verify.kernels.launch` (``fused`` / ``sigmoid`` with filters); PyTorch plus the threshold
+kernels of :mod:`tilespec.verify.filters`.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..distributions import filtered_logits
+from ..filters import keep_threshold
+from ..types import VerifyInputs
+
+
+def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
+    """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
+
+    Top-k alone with every k known on the host and in [1, V): :func:`_top_k_thresholds`, the same thresholds from
+    one ``torch.topk``. Top-k / top-p without min-p: :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU
+    the radix / row kernels, which scale the raw logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is
+    by definition the set ``filtered_logits`` keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the
+    reference semantics on a full fp32 copy of every row). In every case the kernels' mask ``z / T >= thr`` keeps
+    exactly the reference's set (for top-p, tokens tied with the last kept one are also kept). Returns float32
+    [B, R]; a row with no filter on gets -inf (keep all) or, with min-p, its smallest finite z: the same set but
+    for -inf tokens, which have no mass either way.
+    """
+    s = inputs.sampling
+    bounds = s.top_k_range
+    if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
+            and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
+        return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
+    if not s.has_min_p:
+        return keep_threshold(logits, s).contiguous()
+    z = filtered_logits(logits, s)
+    return z.masked_fill(torch.isneginf(z), float("inf")).amin(dim=-1).contiguous()
+
+
+def _top_k_thresholds(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor, k_max: int):
+    """The k-th largest scaled logit per row [B, R] (float32), every k in [1, V): what the reference's full sort
+    gives, at the cost of a top-``k_max`` selection instead of a sort and an fp32 copy of the rows. Exact: x ->
+    float(x) / T is non-decreasing, so the k-th largest scaled logit is the k-th largest logit, scaled the same way
+    (greedy rows, T = 0, are scaled by 1 as in ``filtered_logits``)."""
+    batch, rows, _ = logits.shape
+    top = torch.topk(logits, k_max, dim=-1, sorted=True).values                   # [B, R, k_max], descending
+    kth = top.gather(-1, (top_k - 1).view(batch, 1, 1).expand(batch, rows, 1))[..., 0].float()
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return (kth / scale[:, None]).contiguous()

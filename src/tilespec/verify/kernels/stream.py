@@ -1,0 +1,143 @@
+"""Pass 1 of ``fused``, streaming variant (issue 15): the same outputs as ``stats.row_stats_kernel``, few registers.
+
+Same grid (ceil(NC / CPP), R, B), arguments (plus two constexprs), per-chunk outputs m / s / a at
+slot = (b * (2K + 1) + r) * NC + c and the same tail (``stats._accept_tail``: the last program of request b runs
+the acceptance test). What differs is how a chunk is reduced:
+
+* Lane-wise online statistics. Each of the SUB lanes of a slice keeps its own running max m_l, sum
+  s_l = sum exp(z - m_l) and (greedy) first argmax over the chunk's CHUNK / SUB slices, one exp per element
+  (e = exp(min(m_l, z) - max(m_l, z)); s_l = z > m_l ? s_l * e + 1 : s_l + e). The lanes are combined once per
+  chunk (M = max m_l, S = sum s_l exp(m_l - M), a = the smallest lane argmax among lanes with m_l = M), so the
+  loop body has no cross-thread reduction and no barrier: a warp's next load is never held up by the others.
+  The ``stats`` kernel reduced every slice across the whole program (two block reductions per slice).
+* Vector loads. With ``ALIGNED`` (the caller checked: 16-byte aligned base pointers, strides and V multiples of
+  16 bytes), row offsets and V are declared multiples of 16 bytes (``tl.multiple_of``), so each thread loads
+  16 bytes per instruction; without the hint (strides / V are not specialised) Triton emitted one 2-byte load per
+  bf16 element and ~115 registers held 64 bytes in flight per thread.
+* PREFETCH: the next slice (across chunk boundaries within the program's chunks) is loaded before this one is
+  reduced. It moves no bits.
+
+Values: z = x / T (fp32, the same operation as ``common.scaled``) with -inf where masked or below the keep
+threshold, so z is the same bits as in ``stats``; m is the same value (a max), a the same index (first argmax),
+s the same sum in a different fp32 order (not the same bits as ``stats``; relative difference ~1e-7). Each
+chunk's arithmetic depends on CHUNK, SUB and the warp count only (fixed by V and the module globals, never by B or
+CPP), so the statistics, hence the tokens, are batch invariant and the same bits for every CPP and PREFETCH.
+Running maxima start at -FLT_MAX (not -inf), which needs no -inf guard per element: a lane that saw only -inf
+keeps s_l = 0, and a chunk with S = 0 (nothing unmasked) stores m = -inf, s = 0 as ``stats`` does.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import BIG
+from .stats import _accept_tail
+
+NEG_MAX = tl.constexpr(-3.4028234663852886e38)   # -FLT_MAX: the lanes' initial running max
+
+
+@triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
+def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
+                            m_ptr, s_ptr, a_ptr,
+                            B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
+                            tok_ptr, seed_ptr, off_ptr, len_ptr, nrow_ptr, lse_ptr, cnt_ptr,
+                            out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
+                            DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
+                            SUB: tl.constexpr, NC_BLOCK: tl.constexpr, RB: tl.constexpr, CPP: tl.constexpr,
+                            ALIGNED: tl.constexpr, PREFETCH: tl.constexpr):
+    g = tl.program_id(0)   # chunks g * CPP .. g * CPP + CPP - 1 (those < NC) of row r of request b
+    r = tl.program_id(1)
+    b = tl.program_id(2)
+    k_b = tl.load(nd_ptr + b)
+    temp = tl.load(temp_ptr + b)
+    greedy = temp == 0.0
+    scale = tl.where(greedy, 1.0, temp)
+    is_target = r <= K
+    row = tl.where(is_target, r, r - K - 1)
+    active = (is_target & (row <= k_b)) | ((r > K) & (row < k_b) & (temp != 0.0))
+    if active:
+        b64 = b.to(tl.int64)
+        c0 = g * CPP
+        n_chunks = tl.minimum(CPP, NC - c0)
+        slot0 = (b * (2 * K + 1) + r) * NC
+        # (each branch has its own pointer: target and draft logits may differ in dtype)
+        if is_target:
+            row_off = b64 * stride_tb + row * stride_tr
+            if ALIGNED:
+                row_off = tl.multiple_of(row_off, 128 // tgt_ptr.dtype.element_ty.primitive_bitwidth)
+            thr = 0.0
+            if HAS_THR:
+                thr = tl.load(thr_t_ptr + b * (K + 1) + row)
+            if greedy:
+                _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
+                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, True)
+            else:
+                _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
+                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
+        else:
+            row_off = b64 * stride_db + row * stride_dr
+            if ALIGNED:
+                row_off = tl.multiple_of(row_off, 128 // drf_ptr.dtype.element_ty.primitive_bitwidth)
+            thr = 0.0
+            if HAS_THR:
+                thr = tl.load(thr_q_ptr + b * K + row)
+            _stream_chunks(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
+                           HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+        _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
+                     thr_q_ptr, m_ptr, s_ptr, a_ptr, nrow_ptr, lse_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b,
+                     K, NC, stride_tb, stride_tr, stride_db, stride_dr, DRAFT_KIND, HAS_THR, NC_BLOCK, RB)
+        tl.atomic_xchg(cnt_ptr + b, 0)
+
+
+@triton.jit
+def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0, HAS_THR: tl.constexpr,
+                   CHUNK: tl.constexpr, SUB: tl.constexpr, PREFETCH: tl.constexpr, ALIGNED: tl.constexpr,
+                   WANT_A: tl.constexpr):
+    """Chunks c0 .. c0 + n_chunks - 1 (CHUNK / SUB slices of SUB ids each) of the row at ``row_ptr``: lane-wise
+    online max / sum-exp (/ first argmax with WANT_A) per chunk, combined and stored at slot0 + c after the chunk's
+    last slice. Ids >= V read as -inf (no memory traffic); so do prefetches past the program's last chunk."""
+    NSUB: tl.constexpr = CHUNK // SUB
+    lane = tl.arange(0, SUB)
+    base = c0 * CHUNK
+    lim = tl.minimum(V, (c0 + n_chunks) * CHUNK)
+    if ALIGNED:   # V % 8 == 0 (checked by the caller): masks are constant over 8-id groups, loads stay vectors
+        lim = tl.multiple_of(lim, 8)
+    x = 0
+    if PREFETCH:
+        x = tl.load(row_ptr + base + lane, mask=base + lane < lim, other=float("-inf"))
+    m = tl.full([SUB], NEG_MAX, tl.float32)
+    s = tl.zeros([SUB], tl.float32)
+    at = tl.full([SUB], BIG, tl.int32)
+    for it in range(0, n_chunks * NSUB):
+        offs = base + it * SUB + lane      # (from the induction variable: Triton keeps its contiguity)
+        if PREFETCH:   # issue the next slice's load (maybe the next chunk's first) before this one's arithmetic
+            x_next = tl.load(row_ptr + offs + SUB, mask=offs + SUB < lim, other=float("-inf"))
+            xv = x
+        else:
+            xv = tl.load(row_ptr + offs, mask=offs < lim, other=float("-inf"))
+        z = xv.to(tl.float32) / scale        # masked ids: -inf / scale = -inf (scale > 0), as common.scaled
+        if HAS_THR:
+            z = tl.where(z >= thr, z, float("-inf"))
+        up = z > m
+        if WANT_A:   # the lane's first id holding its running max (also a first z equal to the initial -FLT_MAX)
+            at = tl.where(up | ((z == m) & (at == BIG)), offs, at)
+        e = tl.exp(tl.minimum(m, z) - tl.maximum(m, z))
+        s = tl.where(up, s * e + 1.0, s + e)
+        m = tl.maximum(m, z)
+        if it % NSUB == NSUB - 1:   # the chunk's last slice: combine the lanes, store, restart
+            big_m = tl.max(m, axis=0)
+            total = tl.sum(s * tl.exp(m - big_m), axis=0)
+            slot = slot0 + c0 + it // NSUB
+            tl.store(m_ptr + slot, tl.where(total > 0.0, big_m, float("-inf")))
+            tl.store(s_ptr + slot, total)
+            if WANT_A:   # a fully masked chunk: its first id (as stats.row_stats_kernel)
+                first = tl.min(tl.where(m == big_m, at, BIG), axis=0)
+                tl.store(a_ptr + slot, tl.where(total > 0.0, first, base + (it // NSUB) * CHUNK))
+                at = tl.full([SUB], BIG, tl.int32)
+            m = tl.full([SUB], NEG_MAX, tl.float32)
+            s = tl.zeros([SUB], tl.float32)
+        if PREFETCH:
+            x = x_next
