@@ -14,6 +14,10 @@ Sweeps (pass 1 at default while pass 2 is swept, and vice versa):
   pass 2: SAMPLE_TILES in {1, 2, 4, 8} x NUM_WARPS2 in {2, 4, 8} x BLOCK2 in {512, 1024, 2048}
   pass 1: NUM_WARPS1 in {4, 8, 16} x CHUNK1 in {8192, 16384} x SUB1 in {1024, 2048, 4096, 8192}
           x CHUNKS_PER_PROGRAM in {1, 2, 4, 8} (96 configs: raise --time-budget or pick --sweeps pass1)
+  stream: (issue 15) the classic pass 1 (PASS1=classic, with / without ALIGN_LOADS) and the stream pass 1 over
+          (SUB1_STREAM, NUM_WARPS1_STREAM) x MAXNREG1 {0, 40} (+ 32 once) x CHUNKS_PER_PROGRAM {0 (auto), 1, 2, 4}
+          x PREFETCH1
+          (see stream_configs; SUB1 / NUM_WARPS1 of the pass-1 sweep apply to PASS1=classic only)
   combo : per batch, the best pass-2 config (same outputs) with the best pass-1 config, if time is left
 (--quick: SAMPLE_TILES {1, 4} x NUM_WARPS2 {4, 8} x BLOCK2 {1024, 2048}; NUM_WARPS1 {4, 8} x CHUNK1 {8192, 16384}
 x SUB1 {2048} x CHUNKS_PER_PROGRAM {1, 2, 4}.)
@@ -49,7 +53,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_fused import git_commit, make_inputs  # noqa: E402  (same inputs as the profiling script)
 
-PARAMS = ("CHUNK1", "SUB1", "CHUNKS_PER_PROGRAM", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "SAMPLE_TILES")
+PARAMS = ("CHUNK1", "SUB1", "CHUNKS_PER_PROGRAM", "BLOCK2", "NUM_WARPS1", "NUM_WARPS2", "SAMPLE_TILES", "PASS1",
+          "SUB1_STREAM", "NUM_WARPS1_STREAM", "PREFETCH1", "MAXNREG1", "ALIGN_LOADS")
+STREAM_PARAMS = ("PASS1", "SUB1_STREAM", "NUM_WARPS1_STREAM", "PREFETCH1", "MAXNREG1", "CHUNKS_PER_PROGRAM",
+                 "ALIGN_LOADS")
 PASS2_PARAMS = ("SAMPLE_TILES", "NUM_WARPS2", "BLOCK2")
 PASS1_PARAMS = ("NUM_WARPS1", "CHUNK1", "SUB1", "CHUNKS_PER_PROGRAM")
 
@@ -63,8 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true", help="a smaller sweep")
-    ap.add_argument("--sweeps", nargs="+", choices=("pass2", "pass1"), default=["pass2", "pass1"],
-                    help="which sweeps to run, in this order (default: pass2 pass1)")
+    ap.add_argument("--sweeps", nargs="+", choices=("pass2", "pass1", "stream"), default=["pass2", "pass1"],
+                    help="which sweeps to run, in this order (default: pass2 pass1; stream: issue 15's pass-1 "
+                         "kernels, see stream_configs)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results there")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=3, help="eager warm-up calls per config and batch (default 3)")
@@ -99,6 +107,9 @@ def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[
                   CHUNKS_PER_PROGRAM=[1, 2, 4, 8])
     out = []
     for sweep in sweeps:
+        if sweep == "stream":
+            out += [("stream", dict(defaults, **params)) for params in stream_configs(quick)]
+            continue
         grid = {"pass2": p2, "pass1": p1}[sweep]
         names = list(grid)
         for values in itertools.product(*(grid[n] for n in names)):
@@ -108,8 +119,25 @@ def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[
     return out
 
 
+def stream_configs(quick: bool) -> list[dict]:
+    """The stream sweep (issue 15): the previous pass 1 (classic, with and without 16-byte pass-2 loads) first,
+    then the stream pass 1 over (slice width, warps) x register cap x CHUNKS_PER_PROGRAM (0 = auto) x prefetch.
+    Slice width and warps change the fp32 order of the sums (so may change a token at a rounding boundary); the
+    rest moves no bits."""
+    out = [dict(PASS1="classic", ALIGN_LOADS=False), dict(PASS1="classic", ALIGN_LOADS=True)]
+    shapes = [(2048, 8), (1024, 4), (4096, 16)] if not quick else [(2048, 8), (1024, 4)]
+    for (sub, warps), maxnreg, cpp, prefetch in itertools.product(shapes, (0, 40), (0, 1, 2, 4), (True, False)):
+        if not prefetch and (maxnreg != 0 or cpp not in (0, 1)):
+            continue
+        out.append(dict(PASS1="stream", SUB1_STREAM=sub, NUM_WARPS1_STREAM=warps, MAXNREG1=maxnreg,
+                        CHUNKS_PER_PROGRAM=cpp, PREFETCH1=prefetch, ALIGN_LOADS=True))
+    out.append(dict(PASS1="stream", SUB1_STREAM=2048, NUM_WARPS1_STREAM=8, MAXNREG1=32, CHUNKS_PER_PROGRAM=0,
+                    PREFETCH1=True, ALIGN_LOADS=True))   # full occupancy, with spills (offline: 88 LDL/STL)
+    return out
+
+
 def short(params: dict) -> str:
-    return " ".join(f"{k}={params[k]}" for k in PARAMS)
+    return " ".join(f"{k}={params[k]}" for k in PARAMS if k in params)
 
 
 class Tuner:
@@ -253,7 +281,7 @@ def best_rows(rows: list[dict], batch: int) -> dict:
                                                  "sweep": r["sweep"], "same_outputs": r["same_outputs"]}
     return {"best_same_outputs": brief(pick(same)), "best_any": brief(pick(ok)),
             "best_pass2": brief(pick(same, "pass2")), "best_pass1": brief(pick(ok, "pass1")),
-            "best_pass1_same_outputs": brief(pick(same, "pass1"))}
+            "best_pass1_same_outputs": brief(pick(same, "pass1")), "best_stream": brief(pick(ok, "stream"))}
 
 
 def main(argv=None) -> int:
@@ -400,7 +428,7 @@ def main(argv=None) -> int:
         d = report["default_runs"].get(str(batch), {})
         best = report["best"][str(batch)]
         print(f"B={batch}: default {d.get('graph_us')} us", flush=True)
-        for label in ("best_same_outputs", "best_any", "best_pass2", "best_pass1"):
+        for label in ("best_same_outputs", "best_any", "best_pass2", "best_pass1", "best_stream"):
             b = best[label]
             if b is not None:
                 print(f"    {label:18s} {b['graph_us']:9.3f} us  {short(b['params'])}  same={b['same_outputs']}",
