@@ -56,6 +56,7 @@ job_e() {
 
 case ${1:-} in
   extras) extras_setup; bg job-a; ts "job A started" ;;
+  setup) extras_setup ;;
   job-a) job_a ;;
   job-e) shift; job_e "$@" ;;
   e2e) shift; snapshot; rm -f $RES/.jobE-done; bg job-e "$@"; ts "job E started: $*" ;;
