@@ -16,10 +16,13 @@ by views), so memory is not doubled and the transformers model keeps working.
 """
 from __future__ import annotations
 
+import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
 
 from .attention import decode_attention_bqhd
@@ -27,6 +30,19 @@ from .attention import supported as attention_supported
 from .linear import fused_linear
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+def sdpa_backends(spec: str) -> list:
+    """"efficient,cudnn" -> [SDPBackend...] ("" -> [], i.e. PyTorch's own choice). Env TILESPEC_SDPA picks the
+    attention backends of the native forwards (compiled code bakes the choice in when it is traced)."""
+    names = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        if part not in names:
+            raise ValueError(f"unknown SDPA backend {part!r}; choose from {sorted(names)}")
+        out.append(names[part])
+    return out
 
 
 def unsupported_reason(model) -> str | None:
@@ -248,10 +264,12 @@ class NativeLlama:
         ``layer_fn`` / ``prologue_fn`` / ``head_fn``: :func:`decoder_layer`, :func:`prologue`, :func:`head` or
         compiled copies of them (the runner's compiled paths)."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
-        for w, (k_cache, v_cache) in zip(self.layers, caches):
-            h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias, w.o,
-                              w.ln2, w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads,
-                              head_dim=self.head_dim, eps=self.eps, **layer_kw)
+        backends = sdpa_backends(os.environ.get("TILESPEC_SDPA", ""))
+        with sdpa_kernel(backends) if backends else nullcontext():
+            for w, (k_cache, v_cache) in zip(self.layers, caches):
+                h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias,
+                                  w.o, w.ln2, w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads,
+                                  head_dim=self.head_dim, eps=self.eps, **layer_kw)
         return head_fn(h, res, self.norm, self.lm_head, self.eps, keep)
 
 
