@@ -17,6 +17,7 @@ schedule. After the fallback the draft runner is never touched again in that gen
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Iterator, Optional
 
@@ -75,6 +76,10 @@ class SpeculativeDecoder:
             way as a baseline that cannot be captured.
         cache_slack: extra KV slots per request for the holes ragged acceptance leaves (default: max_new_tokens
             when B > 1); when the write pointer reaches the capacity the caches are defragmented (one copy).
+        run_ahead: on the whole-step graph path, launch the next step before reading the current one where that
+            step is certain (target-only steps; draft-model steps with the constant schedule, see
+            ``Generation.may_run_ahead``); same tokens either way. Default: env ``TILESPEC_RUN_AHEAD`` (on unless
+            "0"); ``dec.run_ahead`` may be changed between generations.
     """
 
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
@@ -82,7 +87,7 @@ class SpeculativeDecoder:
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
                  cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
                  schedule=None, verify_fn=None, method_options: Optional[dict] = None,
-                 chat: bool = True):
+                 chat: bool = True, run_ahead: Optional[bool] = None):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
@@ -121,6 +126,7 @@ class SpeculativeDecoder:
         self.cache_slack = cache_slack
         self.graph_verify = graph_verify
         self.chat = chat
+        self.run_ahead = os.environ.get("TILESPEC_RUN_AHEAD", "1") != "0" if run_ahead is None else bool(run_ahead)
         self.last_stats: Optional[RunStats] = None   # convenience: the stats of the last generation that finished
 
     def _prompt_lists(self, input_ids, prompts) -> list:
@@ -182,11 +188,7 @@ class SpeculativeDecoder:
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         for runner in (target, draft) if draft is not None else (target,):
             runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and runner.mode == "native-graphs")
-        valid = torch.zeros((batch, capacity), dtype=torch.bool, device=self.device)
-        valid[:, :p] = pad_valid
-        state = BatchState(valid=valid, seq_len=is_tok.sum(dim=1), pending=ids[:, p].clone(),
-                           prev=ids[:, p - 1].clone(), write=p, rows=list(range(batch)),
-                           seeds=torch.as_tensor(seeds, dtype=torch.int64, device=self.device))
+        state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
         context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
@@ -203,11 +205,12 @@ class SpeculativeDecoder:
         return gen
 
     @torch.inference_mode()
-    def step(self, gen: Generation) -> PlannedStep:
-        """Choose γ (and context drafts), defragment if needed, run draft/target/verify: no host sync."""
+    def step(self, gen: Generation, lagged: bool = False) -> PlannedStep:
+        """Choose γ (and context drafts), defragment if needed, run draft/target/verify: no host sync. ``lagged``:
+        launched before the previous step was read (its W comes from the device, see :meth:`_run_ahead`)."""
         state, stats, timer = gen.state, gen.stats, gen.timer
         started = time.perf_counter()
-        before = dict(timer.totals)
+        before = timer.mark()
         live = gen.live()
         remaining = max(gen.remaining(i) for i in live)
         spec = self.drafter is not None
@@ -230,26 +233,20 @@ class SpeculativeDecoder:
             if stats.fallback_at_step is None:
                 stats.fallback_at_step = gen.step_no
         if state.write + gamma + 1 > gen.capacity:
+            assert not lagged, "Generation.may_run_ahead let a step run ahead into a defrag"
             slot_index, _ = state.plan_defrag()
             rows = torch.arange(state.size, device=self.device)
             for runner in runners:
                 runner.select(rows, slot_index)
             stats.defrags += 1
-        context = None
-        if drafts is not None:
-            timer.start("draft")
-            pin = self.device.type == "cuda"           # pinned: the copies below are truly asynchronous
-            padded = torch.tensor([d + [self.pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64,
-                                  pin_memory=pin)
-            counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64, pin_memory=pin)
-            context = (padded.to(self.device, non_blocking=True), counts.to(self.device, non_blocking=True))
-            timer.stop("draft")
+        context = gen.draft_tensors(drafts, gamma, self.pad_id) if drafts is not None else None
         draft_runner = gen.draft if use_model and (gamma > 0 or context is not None) else None
         committed = (gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
                      and (context is None or draft_runner is None))
         if committed:   # the whole step in captured graphs, commit included (step_graph.py)
             out = gen.fast.step(state, gamma if draft_runner is not None else 0, gen.sampling, gen.resolved,
-                                self.method, timer, *(context or ()), method_options=self.method_options)
+                                self.method, timer, *(context or ()), method_options=self.method_options,
+                                lagged=lagged)
         else:
             out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
@@ -257,24 +254,32 @@ class SpeculativeDecoder:
         forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
         # target-only (no drafter, or the optimal schedule's fallback, for good): W moves by one slot, known now
         advanced = committed and (not spec or fallback) and gamma == 0 and drafts is None
-        host = ready = None
         if advanced:
             state.write += 1
-            host, ready = snapshot_outputs(out)
-        return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, runners=runners,
-                           draft_forwards=forwards, committed=committed, advanced=advanced, started=started,
-                           host=host, host_ready=ready)
+        return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, after=timer.mark(),
+                           runners=runners, draft_forwards=forwards, committed=committed, advanced=advanced,
+                           started=started)
 
     def _run_ahead(self, gen: Generation, planned: PlannedStep) -> Optional[PlannedStep]:
-        """Launch the next step before reading ``planned`` (target-only steps on the whole-step graphs, whose
-        inputs do not depend on the host read): the GPU then never waits for the host's bookkeeping. A request that
-        ends at ``planned`` (EOS) is computed once more and ignored; None when the next step is not certain to be
-        needed (every live request ends at ``planned`` by length) or cannot run ahead."""
-        if not planned.advanced or gen.finished:
+        """Launch the next step before reading ``planned`` when its inputs do not depend on that read, so the GPU
+        never waits for the host's bookkeeping and launches: target-only steps on the whole-step graphs (W moves by
+        one, known), and draft-model steps that ``Generation.may_run_ahead`` proves identical to the step launched
+        after the read (their W comes from the device: ``lagged``). A request that ends at ``planned`` by EOS is
+        computed once more and ignored; None when the next step is not certain to be needed (every live request
+        ends at ``planned`` by length), cannot run ahead, or ``self.run_ahead`` is off."""
+        if not self.run_ahead or gen.finished:
             return None
-        if all(gen.remaining(i) <= 1 for i in gen.live()):
+        if planned.advanced:
+            if all(gen.remaining(i) <= 1 for i in gen.live()):
+                return None
+            lagged = False
+        elif gen.may_run_ahead(planned):
+            lagged = True
+        else:
             return None
-        return self.step(gen)
+        planned.host, planned.host_ready = snapshot_outputs(planned.out)   # the next replay rewrites the outputs
+        gen.stats.ahead_steps += 1
+        return self.step(gen, lagged=lagged)
 
     @torch.inference_mode()
     def commit(self, gen: Generation, planned: PlannedStep) -> StepEvent:
@@ -290,27 +295,22 @@ class SpeculativeDecoder:
         emitted_all = host[:, 0].tolist()
         if planned.advanced:
             pass                                  # the step moved W when it was launched
-        elif planned.committed:
-            gen.fast.advance(state, max(emitted_all) - 1)
+        elif planned.committed:                   # as graph T did: ended rows do not count
+            gen.fast.advance(state, max((emitted_all[i] for i in live), default=0))
         else:
             state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
-        if gen.done:  # zombie rows (compiled path) keep no context, so they never fill the cache
+        if gen.done and not planned.committed:    # zombie rows keep no context (graph T clears them itself)
             state.valid[[i for i, r in enumerate(state.rows) if r in gen.done]] = False
-        if not live:  # a run-ahead step after every request ended: nothing to record
+        if not live:  # a run-ahead step after every request ended: nothing to record but its forwards
             stats.target_calls += 1
-            timer.stop("bookkeeping")
-            return StepEvent(step=gen.step_no, tokens={}, finished=[])
+            stats.draft_calls += planned.draft_forwards
+            return gen.read_done(StepEvent(step=gen.step_no, tokens={}, finished=[]))
         emitted = [emitted_all[i] for i in live]
         ks = [len(planned.drafts[i]) if planned.drafts is not None else gamma for i in live]
         new_tokens, finished, keep = gen.take(host, emitted_all, live, self.eos)
         stats.count_step(gamma, planned.draft_forwards, ks, emitted, context=planned.drafts is not None)
-        if gamma > 0:   # (reading the CUDA events syncs: never on run-ahead target-only steps)
-            totals = timer.resolve() if timer.cuda else timer.totals
-            drafted = [(e - 1, k) for e, k in zip(emitted, ks) if k > 0]
-            extra = {"step_time": time.perf_counter() - planned.started} \
-                if getattr(gen.schedule, "wants_step_time", False) else {}   # injected schedules may not take it
-            gen.schedule.update(gamma, [a for a, _ in drafted], totals["draft"] - planned.before["draft"],
-                                totals["target"] - planned.before["target"], **extra)
+        if gamma > 0:
+            gen.feed_schedule(planned, emitted, ks)
         if finished and keep and not self.compile:
             rows = state.keep_rows(keep)
             ident = torch.arange(gen.capacity, device=self.device)[None, :].expand(len(keep), gen.capacity)
@@ -320,10 +320,10 @@ class SpeculativeDecoder:
             gen.resolved = resolve_sampling(gen.sampling, state.size, self.device)
         elif finished:
             gen.done.update(finished)
-        timer.stop("bookkeeping")
-        event = StepEvent(step=gen.step_no, tokens=new_tokens, finished=finished)
+            if not planned.committed:             # graph T keeps state.alive itself; here the host tells it
+                state.alive[[i for i in live if state.rows[i] in gen.done]] = False
         gen.step_no += 1
-        return event
+        return gen.read_done(StepEvent(step=gen.step_no - 1, tokens=new_tokens, finished=finished))
 
     @torch.inference_mode()
     def finish(self, gen: Generation) -> GenerationOutput:
@@ -375,7 +375,7 @@ class SpeculativeDecoder:
         return self.finish(gen)
 
     def _events(self, gen: Generation) -> Iterator[StepEvent]:
-        """step / commit until every request ends; target-only steps are launched one ahead (:meth:`_run_ahead`)."""
+        """step / commit until every request ends; certain steps are launched one ahead (:meth:`_run_ahead`)."""
         planned = None
         while planned is not None or not gen.finished:
             planned = planned or self.step(gen)

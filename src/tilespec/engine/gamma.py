@@ -251,6 +251,11 @@ class GammaSchedule:
                 self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 
+    def fixed_gamma(self) -> Optional[int]:
+        """γ of every later step when it cannot depend on the outcome of steps not yet recorded (``constant``),
+        else None. The decoder launches such steps before reading the previous one (docs/engine.md)."""
+        return self.gamma if self.kind == "constant" else None
+
     def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0,
                step_time: Optional[float] = None) -> None:
         """Record a step drafted with ``gamma`` (>= 1) where active request i accepted ``num_accepted[i]`` tokens.

@@ -7,10 +7,15 @@ schedule, the context drafter's matching state, the timer and counters, and the 
 the batch (the compiled path keeps static shapes); ``finished`` is True once every request is done.
 
 :class:`PlannedStep` is what ``SpeculativeDecoder.step`` hands to ``commit``: the step's device outputs plus the
-host facts decided before it (live rows, γ, per-row draft lengths, phase totals before the step).
+host facts decided before it (live rows, γ, per-row draft lengths, the timer's marks around the step).
+
+Run-ahead (decoder ``_run_ahead``): on the whole-step graphs the next step may be launched before the host reads the
+current one. Target-only steps move W by exactly one; speculative steps with a draft model only when
+:meth:`Generation.may_run_ahead` proves the next step identical to the one the host would launch after the read.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -85,6 +90,8 @@ class Generation:
     done: set = field(default_factory=set)
     fast: Optional[object] = None       # step_graph.StepGraphs when the runners are native (whole-step graphs)
     compile_before: float = 0.0         # runners' compile seconds before this generation
+    last_read: float = 0.0              # perf_counter() at the end of the last commit (a step's wall time starts
+                                        # there when it was launched earlier, ahead of that read)
 
     @property
     def finished(self) -> bool:
@@ -118,6 +125,34 @@ class Generation:
                 keep.append(i)
         return new_tokens, finished, keep
 
+    def draft_tensors(self, drafts: list, gamma: int, pad_id: int) -> tuple:
+        """Context drafts (per batch position, ragged) -> device (tokens [B, γ] padded with ``pad_id``, counts [B]),
+        timed as the draft phase; copied from pinned memory on CUDA, so asynchronously."""
+        self.timer.start("draft")
+        device = self.state.valid.device
+        pin = device.type == "cuda"
+        padded = torch.tensor([d + [pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64, pin_memory=pin)
+        counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64, pin_memory=pin)
+        out = (padded.to(device, non_blocking=True), counts.to(device, non_blocking=True))
+        self.timer.stop("draft")
+        return out
+
+    def read_done(self, event: "StepEvent") -> "StepEvent":
+        """End a commit (the bookkeeping phase) and note when, for the next step's wall time."""
+        self.timer.stop("bookkeeping")
+        self.last_read = time.perf_counter()
+        return event
+
+    def feed_schedule(self, planned: "PlannedStep", emitted: list, ks: list) -> None:
+        """Tell the γ schedule how a speculative step went: accepted counts of the live rows that drafted (``emitted``
+        / ``ks``: per live row), the step's own draft and target time (on CUDA this waits for its events, not for a
+        step launched after it), and its wall time from its launch or, if launched ahead, from the previous read."""
+        spent = self.timer.between(planned.before, planned.after)
+        accepted = [e - 1 for e, k in zip(emitted, ks) if k > 0]
+        extra = {"step_time": time.perf_counter() - max(planned.started, self.last_read)} \
+            if getattr(self.schedule, "wants_step_time", False) else {}   # injected schedules may not take it
+        self.schedule.update(planned.gamma, accepted, spent["draft"], spent["target"], **extra)
+
     def context_drafts(self, live: list, cap: int) -> Optional[list]:
         """The context drafter's host-side proposals per batch position (live rows only, at most ``cap`` tokens and
         never past max_new_tokens; [] = no match), or None if no row matched."""
@@ -132,6 +167,33 @@ class Generation:
         """New tokens row i (position in the batch) may still emit."""
         return self.max_new_tokens - self.produced[self.state.rows[i]]
 
+    def may_run_ahead(self, planned: "PlannedStep") -> bool:
+        """Whether the next speculative step may be launched before ``planned`` (launched, not read) is read, being
+        exactly the step the host would launch after the read (same γ, W and cache layout, hence the same tokens):
+
+          * ``planned`` drafted with the draft model on the whole-step graphs (``committed``: the device advanced W
+            and applied the end-of-request rule itself), and there is no context drafter (its drafts need the
+            tokens on the host);
+          * γ cannot depend on the unread step: the schedule has a ``fixed_gamma()`` (the constant schedule). The
+            adaptive ones would have to decide from statistics one step older; that is exact too (γ would depend
+            only on tokens already emitted, never on the random numbers it then consumes) but changes the tokens
+            against the read-then-launch order, so they wait for the read;
+          * the budget cannot clip γ: every live row has at least γ_planned + 1 + γ + 1 tokens left, so whatever
+            ``planned`` accepts, no row ends there by length and each survivor keeps >= γ + 1 (a row ending there
+            by EOS is computed once more and ignored, as with target-only run-ahead);
+          * no defrag is needed: ``planned`` moves W by at most γ_planned + 1, so W + (γ_planned + 1) + (γ + 1) <= C
+            (``state.write`` is exact here: every earlier step has been read). Otherwise the next step waits for the
+            read and defragments then, exactly as without run-ahead.
+        """
+        fixed = getattr(self.schedule, "fixed_gamma", None)
+        gamma = fixed() if fixed is not None else None
+        if not (planned.committed and planned.draft_forwards > 0 and planned.drafts is None and gamma
+                and self.context is None and self.draft is not None):
+            return False
+        need = planned.gamma + 1 + gamma + 1
+        live = self.live()
+        return bool(live) and min(self.remaining(i) for i in live) >= need and self.state.write + need <= self.capacity
+
 
 @dataclass
 class PlannedStep:
@@ -139,15 +201,16 @@ class PlannedStep:
     live: list                          # batch positions of the live rows
     gamma: int                          # the step's draft length: max over rows (0: target-only)
     drafts: Optional[list] = None       # per batch position: tokens drafted (context steps), else None
-    before: dict = field(default_factory=dict)
+    before: int = 0                     # PhaseTimer.mark() before and after the step's phases
+    after: int = 0
     runners: tuple = ()
     draft_forwards: int = 0             # forwards of the draft model in this step
     committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
     advanced: bool = False              # ... and W was advanced when the step was launched (target-only steps)
     started: float = 0.0                # perf_counter() when the step was planned (its wall time feeds the schedule)
-    host: Optional[object] = None       # advanced steps: [B, 1 + q] copy of (num_emitted, output_tokens) taken at
-                                        # launch, before a run-ahead replay overwrites the graph's outputs; on CUDA
-                                        # a pinned host tensor filled asynchronously, ready once host_ready fires
+    host: Optional[object] = None       # steps run ahead of: [B, 1 + q] copy of (num_emitted, output_tokens) taken
+                                        # before the next replay overwrites the graph's outputs; on CUDA a pinned
+                                        # host tensor filled asynchronously, ready once host_ready fires
     host_ready: Optional[object] = None # torch.cuda.Event recorded after that copy (None: host is usable now)
 
 

@@ -14,7 +14,12 @@ Definitions (see docs/engine.md and decoding-peers.md §5):
     context_steps: steps drafted from the context; match_share = request-steps whose context had a match /
     request-steps (the share of a request's steps that drafted anything from its context);
   * time_{draft,target,verify}: seconds inside the draft forwards, the target forward and ``verify()``; on CUDA they
-    come from CUDA events read once at the end of the run (no extra host syncs inside a step).
+    come from CUDA events read once at the end of the run (no extra host syncs inside a step; the γ schedule gets
+    each step's own times by waiting for that step's events only, :meth:`PhaseTimer.between`). For a step launched
+    ahead of the previous read the GPU reaches its events straight after the previous step, so its phases measure
+    GPU time without launch gaps; ``bookkeeping`` on CUDA is the GPU time elapsed during the host's commit, ~0 when
+    a step launched ahead hides it;
+  * ahead_steps: steps launched before the previous step's host read (``SpeculativeDecoder(run_ahead=...)``).
 """
 from __future__ import annotations
 
@@ -28,12 +33,17 @@ PHASES = ("prefill", "draft", "target", "verify", "bookkeeping")
 
 
 class PhaseTimer:
-    """Accumulates time per phase: perf_counter on CPU, CUDA events (resolved lazily) on GPU."""
+    """Accumulates time per phase: perf_counter on CPU, CUDA events (resolved lazily) on GPU.
+
+    Every closed phase is logged in order; :meth:`mark` names a position in that log and :meth:`between` sums the
+    phases closed between two marks (one step's draft / target time) without waiting for work queued later.
+    """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.totals = {p: 0.0 for p in PHASES}
-        self._events: list[tuple[str, object, object]] = []
+        self._log: list = []           # closed phases: (phase, seconds) on CPU, (phase, begin, end) events on CUDA
+        self._resolved = 0             # CUDA: entries of _log already added to totals
         self._open: dict[str, object] = {}
 
     def start(self, phase: str) -> None:
@@ -50,18 +60,35 @@ class PhaseTimer:
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._events.append((phase, begin, end))
+            self._log.append((phase, begin, end))
             return 0.0
         dt = time.perf_counter() - begin
         self.totals[phase] += dt
+        self._log.append((phase, dt))
         return dt
 
+    def mark(self) -> int:
+        """The number of phases closed so far: a position for :meth:`between`."""
+        return len(self._log)
+
+    def between(self, start: int, stop: int) -> dict[str, float]:
+        """Seconds per phase of the phases closed between marks ``start`` and ``stop``. On CUDA this waits for the
+        last of them only (an event, not the device), so a step launched after them keeps running."""
+        spent = {p: 0.0 for p in PHASES}
+        entries = self._log[start:stop]
+        if self.cuda and entries:
+            entries[-1][2].synchronize()
+        for entry in entries:
+            spent[entry[0]] += entry[1] if not self.cuda else entry[1].elapsed_time(entry[2]) / 1000.0
+        return spent
+
     def resolve(self) -> dict[str, float]:
-        if self.cuda and self._events:
+        """The totals of every closed phase (on CUDA: waits for the device)."""
+        if self.cuda and self._resolved < len(self._log):
             torch.cuda.synchronize()
-            for phase, begin, end in self._events:
+            for phase, begin, end in self._log[self._resolved:]:
                 self.totals[phase] += begin.elapsed_time(end) / 1000.0
-            self._events.clear()
+            self._resolved = len(self._log)
         return dict(self.totals)
 
 
@@ -94,6 +121,8 @@ class RunStats:
     drafter: str = ""
     context_steps: int = 0         # steps drafted by a context drafter (ngram / suffix)
     match_request_steps: int = 0   # request-steps whose context matched (drafted >= 1 token)
+    ahead_steps: int = 0           # steps launched before the previous step's host read (run-ahead; incl. a last
+                                   # one computed after every request had ended, which counts only its forwards)
 
     def count_step(self, gamma: int, draft_forwards: int, ks: list, emitted: list, context: bool) -> None:
         """Count one step: ``ks`` tokens drafted and ``emitted`` tokens emitted per live request (same order)."""
@@ -157,7 +186,7 @@ class RunStats:
         for r in runs:
             for name in ("requests", "new_tokens", "steps", "target_calls", "draft_calls", "request_steps", "drafted",
                          "accepted", "tested", "emitted", "defrags", "fallback_steps", "context_steps",
-                         "match_request_steps"):
+                         "match_request_steps", "ahead_steps"):
                 setattr(total, name, getattr(total, name) + getattr(r, name))
             total.wall_time += r.wall_time
             total.compile_seconds += r.compile_seconds

@@ -9,11 +9,14 @@ Invariants between steps (B = active requests, C = cache capacity, W = the share
     first forward of a step, which (re)writes the last accepted draft token whenever the target accepted all of a
     block -- so the draft cache is complete without the extra forward gpt-fast needs, and shapes stay static.
 Target and draft caches share this slot layout, so one ``valid`` mask serves both.
+On the whole-step graph path (step_graph.py) the device also keeps ``alive`` [B] (rows still generating), ``limit``
+[B] (the seq_len at which a row has max_new_tokens new tokens) and ``eos`` [E] (EOS ids), so that it applies the host's
+end-of-request rule itself (:func:`still_alive`) one read before the host does.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -79,6 +82,20 @@ def committed(valid: torch.Tensor, seq_len: torch.Tensor, pending: torch.Tensor,
     return valid, seq_len + num_emitted, last, prev
 
 
+def still_alive(alive: torch.Tensor, seq_len: torch.Tensor, limit: torch.Tensor, eos: torch.Tensor,
+                num_emitted: torch.Tensor, output_tokens: torch.Tensor) -> torch.Tensor:
+    """The host's end-of-request rule (``Generation.take``) on the device -> alive [B] bool after one step.
+
+    alive, seq_len (before the step), limit [B]; eos [E] int64 (E may be 0); num_emitted [B]; output_tokens
+    [B, K+1] (-1 padded: only the first num_emitted entries count). A row ends when it reaches max_new_tokens
+    (seq_len + n >= limit) or emits an EOS id; an EOS past the length limit ends it by length, so ending is the same
+    either way. Rows already ended stay ended.
+    """
+    emitted = torch.arange(output_tokens.shape[1], device=output_tokens.device)[None, :] < num_emitted[:, None]
+    hit = ((output_tokens[:, :, None] == eos[None, None, :]).any(dim=-1) & emitted).any(dim=1)
+    return alive & ~hit & (seq_len + num_emitted < limit)
+
+
 @dataclass
 class BatchState:
     """Device tensors of the active requests plus host bookkeeping; see the module docstring for invariants."""
@@ -90,6 +107,23 @@ class BatchState:
     seeds: torch.Tensor      # [B] int64 per-request seeds of the counter-based random streams
     write: int               # W
     rows: list               # original request index of each active row
+    alive: Optional[torch.Tensor] = None   # [B] bool: rows still generating, as the device sees them (step_graph)
+    limit: Optional[torch.Tensor] = None   # [B] int64: seq_len at which a row has produced max_new_tokens
+    eos: Optional[torch.Tensor] = None     # [E] int64: the EOS ids (not per row)
+
+    @classmethod
+    def prefilled(cls, ids: torch.Tensor, is_tok: torch.Tensor, capacity: int, seeds: Sequence[int],
+                  max_new_tokens: int, eos) -> "BatchState":
+        """The state after a prefill of the left-padded prompts ``ids`` [B, P+1] (``is_tok``: real tokens) at
+        slots [0, P): the last column is pending, W = P."""
+        batch, p = ids.shape[0], ids.shape[1] - 1
+        valid = torch.zeros((batch, capacity), dtype=torch.bool, device=ids.device)
+        valid[:, :p] = is_tok[:, :p]
+        seq_len = is_tok.sum(dim=1)
+        return cls(valid=valid, seq_len=seq_len, pending=ids[:, p].clone(), prev=ids[:, p - 1].clone(), write=p,
+                   rows=list(range(batch)), seeds=torch.as_tensor(seeds, dtype=torch.int64, device=ids.device),
+                   alive=torch.ones(batch, dtype=torch.bool, device=ids.device), limit=seq_len + max_new_tokens,
+                   eos=torch.tensor(sorted(eos), dtype=torch.int64, device=ids.device))
 
     @property
     def size(self) -> int:
@@ -131,5 +165,8 @@ class BatchState:
         self.pending = self.pending.index_select(0, idx)
         self.prev = self.prev.index_select(0, idx)
         self.seeds = self.seeds.index_select(0, idx)
+        if self.alive is not None:
+            self.alive = self.alive.index_select(0, idx)
+            self.limit = self.limit.index_select(0, idx)
         self.rows = [self.rows[i] for i in keep]
         return idx

@@ -12,9 +12,14 @@ Two graphs rather than one so the draft and target phases keep their own CUDA-ev
 schedule estimates the cost ratio c from them). Drafts from elsewhere (context drafters) enter graph T as
 ``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged).
 
-The write pointer W is a device scalar here (``write_dev``): the draft writes at W-1 .. W+γ-1 and the target at
-W .. W+K inside one capture. Keys: (γ or K, method, its options, sampling, the sampling flags, greedy). Shapes: B, C
-fixed per generation. The device commit matches :meth:`BatchState.commit` exactly; the host only advances W.
+The write pointer W is a device scalar here: the draft writes at W-1 .. W+γ-1 and the target at W .. W+K inside one
+capture. Keys: (γ or K, method, its options, sampling, the sampling flags, greedy). Shapes: B, C fixed per
+generation. The device commit matches :meth:`BatchState.commit` for the live rows; graph T also applies the host's
+end-of-request rule (``state.still_alive``) and advances W by the longest block among the rows live at the step
+(0 when none is), the rule the host applies one read later (:meth:`StepGraphs.advance`). Rows that ended keep their
+place (static shapes) but no context, and stop advancing (their positions stay bounded; their outputs are ignored).
+So the next step may be launched before the host read (``lagged=True``): it reads W from the previous graph T, not
+from the host, whose ``state.write`` then lags by one step (decoder.py decides when that is safe).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from tilespec.verify.types import ResolvedSampling, SamplingParams
 
 from .graphs import GraphCache
 from .metrics import PhaseTimer
-from .state import BatchState, chunk_mask, committed
+from .state import BatchState, chunk_mask, committed, still_alive
 from .step import StepOutput, sample_draft
 
 _FLAGS = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
@@ -90,6 +95,8 @@ class StepGraphs:
     ``usable(method, sampling)`` says whether a step can run here (a method whose registry record is graph-safe,
     hashable sampling);
     :meth:`step` runs one step and updates ``state`` (all but the host-side write pointer, see :meth:`advance`).
+    ``write_dev`` is the W the host sets before a step that is not lagged; ``_w`` is the device W after the last
+    step (graph T's output), which a lagged step starts from.
     """
 
     def __init__(self, target, draft=None, *, capture: bool = True):
@@ -101,6 +108,7 @@ class StepGraphs:
         self.compile_seconds = 0.0      # first-use compile + capture time of new step shapes
         self._versions: tuple = ()
         self._no_draft: dict = {}       # batch size -> an empty [B, 0] draft, made once
+        self._w: Optional[torch.Tensor] = None
 
     def usable(self, method: str, sampling: SamplingParams) -> bool:
         try:
@@ -134,7 +142,7 @@ class StepGraphs:
         draft_tokens = torch.stack(tokens, dim=1)
         return (draft_tokens, torch.stack(all_logits, dim=1)) if all_logits else (draft_tokens,)
 
-    def _target_block(self, valid, seq_len, pending, prev, seeds, w, draft_tokens, *extra, key):
+    def _target_block(self, valid, seq_len, pending, prev, seeds, w, alive, limit, eos, draft_tokens, *extra, key):
         method, options, sampling, greedy, has_logits, has_counts = key
         draft_logits = extra[0] if has_logits else None
         num_draft = extra[-1] if has_counts else None
@@ -153,26 +161,43 @@ class StepGraphs:
                          sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=seq_len,
                          check_values=False)
             num_emitted, out = res.num_emitted, res.output_tokens
-        valid, seq_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, draft_tokens, w)
-        # outputs must not alias the graph's inputs (the next replay copies the state into them first)
-        return num_emitted, out, valid, seq_len, nxt, prv if k > 0 else prv.clone()
+        new_valid, new_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, draft_tokens, w)
+        now_alive = still_alive(alive, seq_len, limit, eos, num_emitted, out)
+        new_w = w + (num_emitted * alive).amax()     # rows that had ended do not move W (0 when none is live)
+        # ended rows: no context, frozen state. torch.where also keeps the outputs from aliasing the graph's inputs
+        # (the next replay copies the state into them first)
+        new_valid = new_valid & now_alive[:, None]
+        new_len, nxt, prv = (torch.where(alive, a, b) for a, b in ((new_len, seq_len), (nxt, pending), (prv, prev)))
+        return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w
 
     # ---------------------------------------------------------------------------------------- host side
     def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
              method: str, timer: PhaseTimer, draft_tokens: Optional[torch.Tensor] = None,
-             num_draft_tokens: Optional[torch.Tensor] = None, method_options: tuple = ()) -> StepOutput:
+             num_draft_tokens: Optional[torch.Tensor] = None, method_options: tuple = (),
+             lagged: bool = False) -> StepOutput:
         """One step: γ draft-model tokens (``gamma`` > 0 with a draft runner), or the given ``draft_tokens``
         [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify (with the method's resolved
         options, ((name, value), ...), part of the graph key) + commit. Updates ``state``'s
-        device tensors; the caller reads the output once and calls :meth:`advance`."""
+        device tensors; the caller reads the output once and calls :meth:`advance`.
+
+        lagged: the previous step has not been read yet, so ``state.write`` is one step behind: W is taken from the
+        previous step's graph T instead (the host must not overwrite it with its stale value)."""
         greedy = resolved.all_greedy
         versions = tuple(r.cache_version for r in (self.target, self.draft) if r is not None)
         if versions != self._versions:          # new K/V buffers: the captured steps point at the old ones
+            if lagged:
+                raise RuntimeError("a lagged step cannot follow a change of the K/V buffers (defrag, new runners)")
             self._draft_graphs.clear()
             self._target_graphs.clear()
             self._versions = versions
-        self.write_dev.fill_(state.write)
-        base = (state.valid, state.seq_len, state.pending, state.prev, state.seeds, self.write_dev)
+        if lagged:
+            if self._w is None:
+                raise RuntimeError("a lagged step needs a previous step on these graphs")
+            w = self._w
+        else:
+            w = self.write_dev
+            w.fill_(state.write)
+        base = (state.valid, state.seq_len, state.pending, state.prev, state.seeds, w)
         draft_logits = None
         if draft_tokens is None and gamma > 0 and self.draft is not None:
             timer.start("draft")
@@ -195,18 +220,20 @@ class StepGraphs:
         key = (method, tuple(method_options), sampling, greedy, draft_logits is not None,
                num_draft_tokens is not None)
         n, t0 = len(self._target_graphs), time.perf_counter()
-        num_emitted, out, valid, seq_len, pending, prev = self._target_graphs(*base, draft_tokens, *extra, key=key)
+        num_emitted, out, valid, seq_len, pending, prev, alive, self._w = self._target_graphs(
+            *base, state.alive, state.limit, state.eos, draft_tokens, *extra, key=key)
         if len(self._target_graphs) != n:
             self.compile_seconds += time.perf_counter() - t0
         timer.stop("target")
-        state.valid, state.seq_len, state.pending, state.prev = valid, seq_len, pending, prev
+        state.valid, state.seq_len, state.pending, state.prev, state.alive = valid, seq_len, pending, prev, alive
         # graph buffers, valid until the next replay: the caller reads them once (the commit already happened)
         return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)
 
     @staticmethod
-    def advance(state: BatchState, max_accepted: int) -> None:
-        """The host half of the commit: move the write pointer past the longest accepted block."""
-        state.write += max_accepted + 1
+    def advance(state: BatchState, longest: int) -> None:
+        """The host half of the commit: move the write pointer past the longest block emitted by a row that was live
+        at the step (``longest`` = max num_emitted over those rows, 0 if none), as graph T did on the device."""
+        state.write += longest
 
 
 def step_graphs_for(target, draft=None) -> Optional[StepGraphs]:
