@@ -173,7 +173,8 @@ def test_step_overhead_makes_the_optimal_schedule_fall_back():
     assert best_gamma(0.75, 0.57, 0.0, 16)[1] > 1.0 > best_gamma(0.75, 0.57, 0.4, 16)[1]
     import random
     for with_overhead in (False, True):
-        sched = GammaSchedule("optimal", gamma=2, max_gamma=16)
+        # explore_below=0: the model alone decides here (exploring to measure target-only steps is tested below)
+        sched = GammaSchedule("optimal", gamma=2, max_gamma=16, explore_below=0.0)
         rng = random.Random(0)
         for step in range(60):
             g = sched.next()
@@ -238,3 +239,78 @@ def test_learned_costs_seed_the_next_schedule_but_not_alpha():
 def test_inherit_cost_rejects_bad_states(state):
     with pytest.raises(ValueError, match="cost state"):
         GammaSchedule("optimal", 3, 8).inherit_cost(state)
+
+
+def _spec_steps(sched, n, wall, tokens, alpha_accepted=1):
+    for _ in range(n):
+        g = sched.next()
+        if g == 0:
+            return False
+        sched.update(g, [min(alpha_accepted, g)], draft_time=g * 1e-3, target_time=2e-3, step_time=wall)
+        sched.observe_rate(g, wall, tokens)
+    return True
+
+
+def test_measured_rates_decide_the_fallback_and_carry_to_the_next_generation():
+    """The optimal schedule times whole steps: with a modest model prediction and no target-only rate yet it falls
+    back to measure one (exploring); the next generation inherits both rates and falls back before its first step
+    (and asks the decoder to skip the draft's prefill) when speculative tokens/s were lower, but speculates when
+    they were higher, whatever Theorem 3.8 predicts."""
+    from tilespec.engine.gamma import GammaSchedule
+    for spec_wall, expect_fallback in ((5e-3, True), (2.5e-3, False)):   # 2 tokens per step vs 1 per 2 ms
+        first = GammaSchedule("optimal", gamma=2, max_gamma=8)
+        first.observe_rate(2, 99.0, 2.0)            # the first step of a generation carries the prefill: ignored
+        assert not _spec_steps(first, 20, spec_wall, 2.0)   # α = 0.5, c = 0.25: predicted < 1.3 -> explore
+        assert first.fallback_after is not None and first.measured_speedup() is None
+        for _ in range(6):
+            first.observe_rate(0, 2e-3, 1.0)        # target-only steps after the fallback: 2 ms per token
+        assert abs(first.measured_speedup() - (2.0 / spec_wall) / (1 / 2e-3)) < 1e-9
+        second = GammaSchedule("optimal", gamma=2, max_gamma=8)
+        second.inherit_cost(first.cost_state())
+        assert second.falls_back_at_start == expect_fallback
+        assert (second.next() == 0) == expect_fallback
+        if not expect_fallback:
+            assert _spec_steps(second, 30, spec_wall, 2.0) and second.fallback_after is None
+
+
+def test_rates_ignore_switch_steps_and_fallback_below_zero_disables_exploring():
+    from tilespec.engine.gamma import GammaSchedule
+    sched = GammaSchedule("optimal", gamma=2, max_gamma=8, fallback_below=0.0)
+    assert _spec_steps(sched, 30, 5e-3, 2.0) and sched.fallback_after is None
+    rates = sched.cost_state()
+    assert rates["rate_spec_steps"] == 29 and rates["rate_ar_steps"] == 0   # the first step is not counted
+    sched.observe_rate(0, 1.0, 1.0)                 # a switch to target-only steps: not counted either
+    sched.observe_rate(0, 2e-3, 1.0)
+    assert sched.cost_state()["rate_ar_steps"] == 1
+    old = {k: v for k, v in rates.items() if not k.startswith("rate_")}
+    fresh = GammaSchedule("optimal", gamma=2, max_gamma=8)
+    fresh.inherit_cost(old)                          # a cost state without rates (older decoders) still loads
+    assert fresh.measured_speedup() is None and not fresh.falls_back_at_start
+
+
+def test_decoder_skips_the_draft_when_measured_rates_say_it_loses():
+    """A decoder whose earlier generation measured speculation slower than target-only decoding falls back before
+    the first step of the next one: the draft model is not even prefilled, and the output is the target's."""
+    from engine_models import tiny_lm
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.engine.gamma import GammaSchedule
+    from tilespec.verify import SamplingParams
+    target, draft = tiny_lm(0), tiny_lm(1)
+    calls = []
+    draft.register_forward_pre_hook(lambda *a, **k: calls.append(1))
+    slow = GammaSchedule("optimal", gamma=2, max_gamma=4)
+    for _ in range(9):
+        slow.observe_rate(2, 5e-3, 1.5)             # 0.3 tokens per ms speculating ...
+    for _ in range(6):                               # ... against 0.5 per ms target-only
+        slow.observe_rate(0, 2e-3, 1.0)
+    assert slow.measured_speedup() < 1.0
+    dec = SpeculativeDecoder(target, draft, gamma=2, gamma_schedule="optimal", max_gamma=4,
+                             sampling=SamplingParams(temperature=0.0), compile="native", eos_token_id=-1, pad_token_id=0)
+    dec._costs[1] = slow.cost_state()
+    prompt = [[3, 9, 4, 1, 7]]
+    out = dec.generate(prompt, max_new_tokens=12)
+    ref = SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0), compile="native",
+                             eos_token_id=-1, pad_token_id=0).generate(prompt, max_new_tokens=12)
+    assert out.sequences == ref.sequences
+    assert out.stats.fallback_at_step == 0 and out.stats.draft_calls == 0
+    assert not calls

@@ -11,9 +11,9 @@ drafter ("ngram", "suffix"; drafters/) replaces step 1 by host-side matching ove
 step's host sync: ragged per-request drafts (0 tokens where nothing matches), verified without draft logits.
 The loop is split into ``prefill`` / ``step`` / ``commit`` / ``finish`` over a per-generation
 :class:`~tilespec.engine.generation.Generation` (``stream`` drives them), so generations never share results.
-A step with γ = 0 (the budget leaves nothing to draft, or the ``optimal`` schedule fell back for good because
-speculation is predicted to be slower) is a target-only step: no draft forward, verify() with K = 0, not fed to the
-schedule. After the fallback the draft runner is never touched again in that generation (its cache is left stale).
+A step with γ = 0 (nothing left to draft, or ``optimal`` fell back for good: speculation predicted or measured
+slower) is a target-only step: no draft forward, verify() with K = 0; the schedule gets only its wall time. After the
+fallback the draft runner is never touched again in that generation (its cache is left stale).
 """
 from __future__ import annotations
 
@@ -135,7 +135,6 @@ class SpeculativeDecoder:
     def _runner(self, name: str, model, capacity: int, batch: int):
         return shared_runner(model, name, capacity, batch, self.compile)
 
-    # ----------------------------------------------------------------------------------------------- decoding
     @torch.inference_mode()
     def prefill(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
                 input_features: Optional[torch.Tensor] = None) -> Generation:
@@ -186,7 +185,8 @@ class SpeculativeDecoder:
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
-        for runner in (target, draft) if draft is not None else (target,):
+        skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
+        for runner in (target,) if skip else (target, draft):
             runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and runner.mode == "native-graphs")
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
         context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
@@ -311,6 +311,7 @@ class SpeculativeDecoder:
         stats.count_step(gamma, planned.draft_forwards, ks, emitted, context=planned.drafts is not None)
         if gamma > 0:
             gen.feed_schedule(planned, emitted, ks)
+        gen.feed_rate(gamma, emitted)
         if finished and keep and not self.compile:
             rows = state.keep_rows(keep)
             ident = torch.arange(gen.capacity, device=self.device)[None, :].expand(len(keep), gen.capacity)

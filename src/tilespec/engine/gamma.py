@@ -15,6 +15,16 @@ verify shapes stay uniform):
     to target-only decoding; by Corollary 3.9 that is α <= c) the schedule returns γ = 0 from then on, for the rest
     of the generation, and records the decision in ``fallback_after`` / ``fallback_speedup``. The caller decodes
     γ = 0 steps target-only and never calls the draft again, so the draft's cache may go stale.
+    Measured rates (``observe_rate``): Theorem 3.8 prices a step as γ draft forwards + one target forward, but on a
+    fast runtime a speculative step also pays host work and launches that a run-ahead target-only step hides, and
+    its (γ+1)-token target forward costs more than a 1-token one (on an H100 with the Qwen2.5 1.5B / 0.5B pair at
+    B = 8 the model predicted 1.21x and the run measured 0.63x). So the schedule also times whole steps (wall time
+    between two host reads) and tokens per request: once it has both a target-only rate (steps after a fallback)
+    and ``min_steps`` speculative ones, the measured ratio decides the fallback instead of the model. Without a
+    target-only rate yet, a generation whose model prediction is below ``explore_below`` falls back to measure it
+    (its remaining steps are target-only, so nothing is wasted). Rates belong to the machine and the model pair,
+    like c: they are inherited by the decoder's next generation, which then falls back before its first step
+    (``falls_back_at_start``: the decoder skips the draft's prefill too) when speculation measured slower.
 Only ``optimal`` ever returns 0.
 """
 from __future__ import annotations
@@ -189,7 +199,7 @@ class GammaSchedule:
 
     def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
                  prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2,
-                 fallback_below: float = 1.0, min_steps: int = 4):
+                 fallback_below: float = 1.0, min_steps: int = 4, explore_below: float = 1.3):
         if kind not in SCHEDULES:
             raise ValueError(f"unknown gamma schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(gamma, int) or gamma < 1:
@@ -208,18 +218,27 @@ class GammaSchedule:
                                               c0=default_c, prior_weight=prior_weight)
         self.default_c = default_c
         self.fallback_below, self.min_steps = float(fallback_below), min_steps
+        self.explore_below = float(explore_below)
+        # whole-step wall seconds and tokens per request: target-only (ar) and speculative (spec) steps
+        self._rates = {"ar_wall": 0.0, "ar_steps": 0.0, "spec_wall": 0.0, "spec_tokens": 0.0, "spec_steps": 0.0}
+        self._last_kind: Optional[str] = None
         self.steps = 0                               # update() calls: speculative steps seen
         self.fallback_after: Optional[int] = None    # speculative steps seen when γ fell back to 0, else None
         self.fallback_speedup: Optional[float] = None  # the best predicted speedup max_γ S at that moment
 
     _COST_FIELDS = ("_draft_time", "_draft_steps", "_target_time", "_target_calls", "_overhead_time",
                     "_overhead_steps")
+    _RATE_FIELDS = ("ar_wall", "ar_steps", "spec_wall", "spec_tokens", "spec_steps")
 
     def cost_state(self) -> Optional[dict]:
-        """The measured timings behind c and the overhead (not α), to seed the next generation's schedule of the
-        same decoder; None before any timed step."""
+        """The measured timings behind c, the overhead and the measured rates (not α), to seed the next
+        generation's schedule of the same decoder; None before any timed step."""
         est = self.estimator
-        return {f: getattr(est, f) for f in self._COST_FIELDS} if est.timed_steps > 0 else None
+        if est.timed_steps <= 0 and self._rates["ar_steps"] <= 0:
+            return None
+        state = {f: getattr(est, f) for f in self._COST_FIELDS}
+        state.update({f"rate_{k}": v for k, v in self._rates.items()})
+        return state
 
     def inherit_cost(self, state: Optional[dict]) -> None:
         """Start from an earlier generation's measured c and overhead (they belong to the models and the machine,
@@ -227,13 +246,46 @@ class GammaSchedule:
         could pay, and falls back at once when even that cannot, instead of probing min_steps steps again."""
         if state is None:
             return
-        if not isinstance(state, dict) or set(state) != set(self._COST_FIELDS):
-            raise ValueError(f"a cost state is a dict with exactly {self._COST_FIELDS}, got {state!r}")
-        values = {f: float(state[f]) for f in self._COST_FIELDS}
+        rate_keys = tuple(f"rate_{k}" for k in self._RATE_FIELDS)
+        if not isinstance(state, dict) or set(state) not in (set(self._COST_FIELDS),
+                                                             set(self._COST_FIELDS) | set(rate_keys)):
+            raise ValueError(f"a cost state is a dict with exactly {self._COST_FIELDS} (+ {rate_keys}), "
+                             f"got {state!r}")
+        values = {f: float(v) for f, v in state.items()}
         if not all(math.isfinite(v) and v >= 0.0 for v in values.values()):
             raise ValueError(f"cost state values must be finite and >= 0, got {state!r}")
-        for f, v in values.items():
-            setattr(self.estimator, f, v)
+        for f in self._COST_FIELDS:
+            setattr(self.estimator, f, values[f])
+        for k in self._RATE_FIELDS:
+            self._rates[k] = values.get(f"rate_{k}", 0.0)
+
+    def observe_rate(self, gamma: int, wall: float, tokens_per_request: float) -> None:
+        """One step's wall seconds since the previous host read and its mean tokens per live request (γ = 0: a
+        target-only step). The first step of a generation and the first after a switch between target-only and
+        speculative steps are not counted (they carry the prefill, a capture or the switch)."""
+        kind = "spec" if gamma > 0 else "ar"
+        first, self._last_kind = self._last_kind != kind, kind
+        if first or not (math.isfinite(wall) and wall > 0.0):
+            return
+        r = self._rates
+        r[f"{kind}_wall"] += wall
+        r[f"{kind}_steps"] += 1.0
+        if kind == "spec":
+            r["spec_tokens"] += tokens_per_request
+
+    def measured_speedup(self) -> Optional[float]:
+        """Speculative tokens per second over target-only tokens per second (per request), from whole-step wall
+        times; None until there are >= 2 target-only and ``min_steps`` speculative steps."""
+        r = self._rates
+        if r["ar_steps"] < 2 or r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or r["ar_wall"] <= 0:
+            return None
+        return (r["spec_tokens"] / r["spec_wall"]) / (r["ar_steps"] / r["ar_wall"])
+
+    @property
+    def falls_back_at_start(self) -> bool:
+        """``optimal`` with inherited rates that say speculation is slower: it returns 0 from the first step."""
+        measured = self.measured_speedup() if self.kind == "optimal" and self.steps == 0 else None
+        return measured is not None and measured < self.fallback_below
 
     @property
     def alpha(self) -> float:
@@ -247,7 +299,13 @@ class GammaSchedule:
         """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
         if self.kind == "optimal" and self.fallback_after is None:
             self._current, best = best_gamma(self.alpha, self.cost_ratio, self.estimator.overhead, self.max_gamma)
-            if self.estimator.timed_steps >= self.min_steps and best < self.fallback_below:
+            measured = self.measured_speedup()
+            if measured is not None:
+                if measured < self.fallback_below:
+                    self.fallback_after, self.fallback_speedup, self._current = self.steps, measured, 0
+            elif self.estimator.timed_steps >= self.min_steps and (
+                    best < self.fallback_below
+                    or (self.fallback_below > 0 and self._rates["ar_steps"] == 0 and best < self.explore_below)):
                 self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
         return self._current
 

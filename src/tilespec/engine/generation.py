@@ -153,6 +153,12 @@ class Generation:
             if getattr(self.schedule, "wants_step_time", False) else {}   # injected schedules may not take it
         self.schedule.update(planned.gamma, accepted, spent["draft"], spent["target"], **extra)
 
+    def feed_rate(self, gamma: int, emitted: list) -> None:
+        """Tell a schedule that measures rates (``optimal``) the wall time since the previous read and the mean
+        tokens emitted per live request, for every step: target-only ones too (γ = 0)."""
+        if hasattr(self.schedule, "observe_rate") and emitted:
+            self.schedule.observe_rate(gamma, time.perf_counter() - self.last_read, sum(emitted) / len(emitted))
+
     def context_drafts(self, live: list, cap: int) -> Optional[list]:
         """The context drafter's host-side proposals per batch position (live rows only, at most ``cap`` tokens and
         never past max_new_tokens; [] = no match), or None if no row matched."""
