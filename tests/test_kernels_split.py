@@ -81,3 +81,36 @@ def test_greedy_outputs_come_from_pass_one_and_repeat():
     ref = verify(target, tokens, sampling=SamplingParams(temperature=0.0), seed=1, method="reference")
     assert torch.equal(first.output_tokens, ref.output_tokens) and torch.equal(again.output_tokens, ref.output_tokens)
     assert first.num_accepted.tolist() == [2, 4, 2, 4, 2, 4]
+
+
+@pytest.mark.parametrize("draft", ["logits", "probs"])
+def test_pass2_tile_masses_same_bits_for_every_tiles_per_program(draft, monkeypatch):
+    # issue 15: sample_row_kernel with several tiles per program loads the next tile before the current one's
+    # arithmetic (PREFETCH2); every tile's masses (hence the tokens) must be the same bits for any tiles-per-program
+    # value, prefetch or not, and for the batch-size-dependent auto choice
+    batch, k, vocab = 8, 2, 150
+    gen = torch.Generator().manual_seed(7)
+    target = torch.randn(batch, k + 1, vocab, generator=gen) * 2
+    dlog = 0.5 * target[:, :k] + torch.randn(batch, k, vocab, generator=gen)
+    tokens = torch.distributions.Categorical(logits=dlog).sample()
+    kwargs = {"draft_logits": dlog} if draft == "logits" else {"draft_probs": torch.softmax(dlog, -1)}
+    kind = launch.DRAFT_LOGITS if draft == "logits" else launch.DRAFT_PROBS
+    sampling = SamplingParams(temperature=[0.8, 1.0, 1.3, 1.0] * 2)
+    n_tiles = -(-vocab // launch.BLOCK2)
+
+    def masses(tiles, prefetch, auto_min=16):
+        monkeypatch.setattr(launch, "SAMPLE_TILES", tiles)
+        monkeypatch.setattr(launch, "PREFETCH2", prefetch)
+        monkeypatch.setattr(launch, "TILES_AUTO_MIN_BATCH", auto_min)
+        got = _run(target, tokens, sampling=sampling, seed=3, offsets=torch.arange(batch), **kwargs)
+        plan = launch._plan(target.device, batch, k, vocab, launch.MODE_LOGITS, kind, False, True)
+        return got, plan.tiles, plan.const2["PREFETCH"], plan.tsum[:, :n_tiles].clone()
+
+    base, one, pre, tsum = masses(1, True)
+    assert (one, pre) == (1, False)
+    for tiles, prefetch, auto_min, want in ((3, True, 16, 3), (3, False, 16, 3), (4, True, 16, 4),
+                                            (0, True, 1, launch.TILES_AUTO), (0, True, 16, 1)):
+        got, used, pre, again = masses(tiles, prefetch, auto_min)
+        assert used == want and pre == (prefetch and want > 1)
+        assert torch.equal(tsum.view(torch.int32), again.view(torch.int32)), (tiles, prefetch)
+        assert torch.equal(base.output_tokens, got.output_tokens)

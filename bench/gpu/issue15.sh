@@ -8,8 +8,9 @@
 #      yardstick, then top-k 50 / top-p 0.9 (old, new, sigmoid)          -> $OUT/issue15.json, issue15-bench.log
 #   2. GPU kernel tests (tests/test_kernels_gpu.py incl. the stream pass-1 checks; the CPU-only files in the list
 #      are deselected by -m gpu)                                          -> $OUT/pytest-gpu.log
-#   3. tune_fused.py --sweeps stream --quick: the stream pass 1's launch parameters (slice / warps, register cap,
-#      chunks per program, prefetch) and the classic kernel, B=1 and 64   -> $OUT/tune-stream.json, tune-stream.log
+#   3. tune_fused.py --sweeps stream pass2 --quick: the stream pass 1's launch parameters (slice / warps, register
+#      cap, chunks per program, prefetch), the classic kernel, then pass 2's tiles per program x warps, B=1 and 64
+#                                                                         -> $OUT/tune-stream.json, tune-stream.log
 #   4. if time is left: the exactness suite for fused at 2e5 samples      -> $OUT/exactness-fused.json
 # A summary table is printed last (and written to $OUT/summary.txt).
 set -u
@@ -43,8 +44,8 @@ cat "$OUT/env.txt"
 step issue15-bench 115 python3 bench/scripts/issue15_bench.py --filters --time-budget 95 --json "$OUT/issue15.json"
 step pytest-gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
   tests/test_kernels_pass1_loop.py tests/test_kernels_stream.py
-step tune-stream 85 python3 bench/scripts/tune_fused.py --sweeps stream --quick --batch 1 64 --profiler-iters 0 \
-  --graph-iters 100 --time-budget 60 --json "$OUT/tune-stream.json"
+step tune-stream 85 python3 bench/scripts/tune_fused.py --sweeps stream pass2 --quick --batch 1 64 \
+  --profiler-iters 0 --graph-iters 100 --time-budget 60 --json "$OUT/tune-stream.json"
 step exactness-fused 60 python3 -m tilespec check exactness --method fused --device cuda --samples 200000 \
   --json "$OUT/exactness-fused.json"
 
@@ -57,20 +58,19 @@ print((out / "env.txt").read_text().strip())
 try:
     rep = json.loads((out / "issue15.json").read_text())
     sig = {(r["batch"], r["filter"]): r for r in rep["rows"] if r["method"] == "sigmoid" and not r["error"]}
-    print(f"{'B':>3} {'filter':9} {'variant':14} {'graph':>8} {'eager':>8} {'x sigm':>7} {'pass1':>7} {'pass2':>7} "
+    print(f"{'B':>3} {'filter':9} {'variant':16} {'graph':>8} {'eager':>8} {'x sigm':>7} {'pass1':>7} {'pass2':>7} "
           f"{'same':>5}")
     for r in rep["rows"]:
         if r["error"]:
-            print(f"{r['batch']:>3} {r['filter']:9} {r['variant']:14} ERROR {r['error'][:80]}")
+            print(f"{r['batch']:>3} {r['filter']:9} {r['variant']:16} ERROR {r['error'][:80]}")
             continue
         s = sig.get((r["batch"], r["filter"]))
-        k = {x["name"]: x["us_per_call"] for x in r.get("kernels", [])}
-        p1 = next((v for n, v in k.items() if "row_stats" in n), None)
-        p2 = next((v for n, v in k.items() if "sample" in n), None)
+        sp = r.get("split") or {}
+        p1, p2 = sp.get("pass1_us"), sp.get("pass2_us")
         f = lambda x, w=7: f"{x:{w}.1f}" if isinstance(x, (int, float)) else f"{'-':>{w}}"  # noqa: E731
         ratio = r["graph_us"] / s["graph_us"] if s and r["graph_us"] and s["graph_us"] else None
         name = r["variant"] if r["method"] == "fused" else "sigmoid"
-        print(f"{r['batch']:>3} {r['filter']:9} {name:14} {f(r['graph_us'], 8)} {f(r['eager_us'], 8)} "
+        print(f"{r['batch']:>3} {r['filter']:9} {name:16} {f(r['graph_us'], 8)} {f(r['eager_us'], 8)} "
               f"{f(ratio) if ratio is None else f'{ratio:7.2f}'} {f(p1)} {f(p2)} "
               f"{str(r['same_rows_as_reference'])[:5]:>5}")
 except Exception as err:  # noqa: BLE001
@@ -79,7 +79,11 @@ try:
     tune = json.loads((out / "tune-stream.json").read_text())
     for b, best in tune["best"].items():
         d = tune["default_runs"].get(b, {})
-        print(f"tune B={b}: default {d.get('graph_us')} us; best_stream", best.get("best_stream"))
+        print(f"tune B={b}: default {d.get('graph_us')} us")
+        for kind, run in best.items():
+            if run:
+                diff = {k: v for k, v in (run.get("params") or {}).items() if tune["defaults"].get(k) != v}
+                print(f"  {kind}: {run.get('graph_us')} us same={run.get('same_outputs')} vs defaults: {diff}")
 except Exception as err:  # noqa: BLE001
     print("tune-stream.json:", err)
 for name in ("pytest-gpu", "exactness-fused"):

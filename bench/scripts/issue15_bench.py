@@ -3,17 +3,18 @@
 yardstick (GPU; ``--device cpu`` with TRITON_INTERPRET=1 is a logic smoke test on a tiny vocabulary).
 
 Variants are module globals of ``tilespec.verify.kernels.launch`` (the plan cache keys on them), set in turn:
-  old          PASS1=classic, ALIGN_LOADS=False: the code before issue 15 part 2 (session 10's defaults)
-  old+aligned2 PASS1=classic, ALIGN_LOADS=True: the previous pass 1, pass 2 with 16-byte loads
-  new          the defaults (stream pass 1, 16-byte loads in both passes)
-  new-maxnreg40 new with its registers capped at 40 per thread (offline: 47 -> 40, a few spill reloads)
-  new-noprefetch new with PREFETCH1=False
+  old             PASS1=classic, ALIGN_LOADS=False, SAMPLE_TILES=1: the code before issue 15 part 2
+  new             the defaults (stream pass 1 capped at 40 registers, 16-byte loads in both passes)
+  new-maxnreg0    new without the register cap (run 1's default: 47 registers)
+  new-noprefetch  new with PREFETCH1=False (run 1, uncapped: B=64 152 vs 163 us)
+  new-tiles4 / new-tiles8   pass 2 with 4 / 8 tiles per program, the next tile prefetched (PREFETCH2)
+  new-tiles8-nopf pass 2 with 8 tiles per program, no prefetch
 For each batch size (default 1 and 64; K=5, V=151,936, bf16, T=1, "mid" inputs of ``ncu_fused.make_inputs``):
 per variant, the fraction of rows identical to ``reference`` (tokens and acceptance count), graph replay == eager,
 CUDA-graph replay time (CUDA events), eager time (median host wall time per call with a sync after it), and per-kernel
-CUDA times (torch.profiler); then ``sigmoid`` (graph / eager); with --filters, top-k 50 and top-p 0.9 for old / new
-/ sigmoid (graph). The JSON (rewritten after every row) holds the device, versions, commit and every raw number;
-a summary table is printed last. Stops starting new rows after --time-budget seconds.
+CUDA times (torch.profiler; pass 1 / pass 2 per call in ``split``); then ``sigmoid`` (graph / eager); with
+--filters, top-k 50 and top-p 0.9 for old / new / sigmoid (graph). The JSON (rewritten after every row) holds the
+device, versions, commit and every raw number; a summary table is printed last. Stops starting new rows after --time-budget seconds.
 
     python3 bench/scripts/issue15_bench.py --json issue15.json --filters
     TRITON_INTERPRET=1 python3 bench/scripts/issue15_bench.py --device cpu --vocab 4096 --batch 2 --iters 2
@@ -33,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_fused import git_commit, make_inputs, summarise, kernel_events  # noqa: E402
 
 VARIANTS = {
-    "old": dict(PASS1="classic", ALIGN_LOADS=False),
-    "old+aligned2": dict(PASS1="classic", ALIGN_LOADS=True),
+    "old": dict(PASS1="classic", ALIGN_LOADS=False, SAMPLE_TILES=1),
     "new": dict(),
-    "new-maxnreg40": dict(MAXNREG1=40),
+    "new-maxnreg0": dict(MAXNREG1=0),
     "new-noprefetch": dict(PREFETCH1=False),
+    "new-tiles4": dict(SAMPLE_TILES=4, PREFETCH2=True),
+    "new-tiles8": dict(SAMPLE_TILES=8, PREFETCH2=True),
+    "new-tiles8-nopf": dict(SAMPLE_TILES=8, PREFETCH2=False),
 }
 FILTERS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
 
@@ -132,7 +135,10 @@ class Bench:
             for _ in range(self.args.profiler_iters):
                 call()
             self.torch.cuda.synchronize()
-        return summarise(kernel_events(prof), self.args.profiler_iters)
+        rows = summarise(kernel_events(prof), self.args.profiler_iters)
+        for k in rows:   # (summarise gives totals over the profiled calls; run 1 crashed reading a missing key)
+            k["us_per_call"] = round(k["total_us"] / self.args.profiler_iters, 3)
+        return rows
 
     def row(self, batch, inputs, variant, method, filt, ref=None) -> dict:
         row = dict(batch=batch, variant=variant, method=method, filter=filt, graph_us=None, eager_us=None,
@@ -153,6 +159,7 @@ class Bench:
             row["eager_us"] = self.eager_us(call)
             if filt == "none":
                 row["kernels"] = self.kernels(call)
+                row["split"] = split(row["kernels"])
         except Exception as err:  # noqa: BLE001 - one failing row must not end the run
             row["error"] = f"{type(err).__name__}: {err}"[:1500]
             try:
@@ -225,25 +232,40 @@ def main(argv=None) -> int:
               f"{row['same_rows_as_reference']} graph==eager {row['graph_matches_eager']}"
               f"{' ERROR ' + row['error'] if row['error'] else ''}", flush=True)
         for k in row["kernels"]:
-            print(f"           kernel {k['name'][:50]:50s} {k['us_per_call']:8.2f} us/call", flush=True)
+            print(f"           kernel {k['name'][:50]:50s} {k.get('us_per_call', 0.0):8.2f} us/call "
+                  f"({k.get('launches_per_call', 0):.0f} launches/call)", flush=True)
         write()
     write()
     summary(report)
     return 0
 
 
+def split(kernels: list) -> dict:
+    """CUDA time per call of pass 1 (``row_stats*``), pass 2 (``*sample*``) and anything else (us; None if absent).
+    Profiled eagerly, one kernel at a time: graph replay adds the gap between the two launches."""
+    out = dict(pass1_us=None, pass2_us=None, other_us=None)
+    for k in kernels:
+        key = "pass1_us" if "row_stats" in k["name"] else "pass2_us" if "sample" in k["name"] else "other_us"
+        out[key] = round((out[key] or 0.0) + k.get("us_per_call", 0.0), 3)
+    return out
+
+
 def summary(report: dict) -> None:
     rows = [r for r in report["rows"] if r["error"] is None]
     sig = {(r["batch"], r["filter"]): r for r in rows if r["method"] == "sigmoid"}
     print("\nsummary (us; graph replay / eager; ratio = fused graph / sigmoid graph)")
-    print(f"{'B':>3} {'filter':9} {'variant':14} {'graph':>8} {'eager':>8} {'x sigmoid':>9} {'same-as-ref':>11}")
+    print(f"{'B':>3} {'filter':9} {'variant':16} {'graph':>8} {'eager':>8} {'x sigmoid':>9} {'pass1':>7} {'pass2':>7} "
+          f"{'same-as-ref':>11}")
+    f = lambda x, w: f"{x:{w}.1f}" if isinstance(x, (int, float)) else f"{'-':>{w}}"  # noqa: E731
     for r in rows:
         s = sig.get((r["batch"], r["filter"]))
         ratio = (f"{r['graph_us'] / s['graph_us']:9.2f}" if s and r["graph_us"] and s["graph_us"] else f"{'-':>9}")
         name = r["variant"] if r["method"] == "fused" else "sigmoid"
-        g = f"{r['graph_us']:8.1f}" if r["graph_us"] is not None else f"{'-':>8}"
-        print(f"{r['batch']:>3} {r['filter']:9} {name:14} {g} {r['eager_us']:8.1f} {ratio} "
-              f"{str(r['same_rows_as_reference']):>11}")
+        sp = r.get("split") or {}
+        print(f"{r['batch']:>3} {r['filter']:9} {name:16} {f(r['graph_us'], 8)} {f(r['eager_us'], 8)} {ratio} "
+              f"{f(sp.get('pass1_us'), 7)} {f(sp.get('pass2_us'), 7)} {str(r['same_rows_as_reference']):>11}")
+    print("(pass1 / pass2: CUDA time per call of each launch, torch.profiler over eager calls; sigmoid's single "
+          "launch is listed as pass2)")
 
 
 if __name__ == "__main__":

@@ -79,8 +79,10 @@ def configs(filters: bool, dtype: str):
                        stream.row_stats_stream_kernel,
                        dict(common, CHUNK=8192, SUB=sub, CPP=2, ALIGNED=aligned, PREFETCH=pre), warps)
     for aligned in (False, True):
-        yield (f"sample.sample_row_kernel BLOCK=1024 warps=4 ALIGNED={aligned}", sample.sample_row_kernel,
-               dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, NT2_BLOCK=256, ALIGNED=aligned), 4)
+        for pre in (False, True):
+            yield (f"sample.sample_row_kernel BLOCK=1024 warps=4 ALIGNED={aligned} PREFETCH={pre}",
+                   sample.sample_row_kernel,
+                   dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, NT2_BLOCK=256, ALIGNED=aligned, PREFETCH=pre), 4)
 
 
 def main(argv=None) -> int:

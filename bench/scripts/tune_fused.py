@@ -16,10 +16,10 @@ Sweeps (pass 1 at default while pass 2 is swept, and vice versa):
           x CHUNKS_PER_PROGRAM in {1, 2, 4, 8} (96 configs: raise --time-budget or pick --sweeps pass1)
   stream: (issue 15) the classic pass 1 (PASS1=classic, with / without ALIGN_LOADS) and the stream pass 1 over
           (SUB1_STREAM, NUM_WARPS1_STREAM) x MAXNREG1 {0, 40} (+ 32 once) x CHUNKS_PER_PROGRAM {0 (auto), 1, 2, 4}
-          x PREFETCH1
+          x PREFETCH1 (no prefetch: CHUNKS_PER_PROGRAM 0 / 1 only)
           (see stream_configs; SUB1 / NUM_WARPS1 of the pass-1 sweep apply to PASS1=classic only)
   combo : per batch, the best pass-2 config (same outputs) with the best pass-1 config, if time is left
-(--quick: SAMPLE_TILES {1, 4} x NUM_WARPS2 {4, 8} x BLOCK2 {1024, 2048}; NUM_WARPS1 {4, 8} x CHUNK1 {8192, 16384}
+(--quick: SAMPLE_TILES {1, 4, 8, 16} x NUM_WARPS2 {4, 8} x BLOCK2 {1024}; NUM_WARPS1 {4, 8} x CHUNK1 {8192, 16384}
 x SUB1 {2048} x CHUNKS_PER_PROGRAM {1, 2, 4}.)
 Pass-2 parameters and CHUNKS_PER_PROGRAM must not change results (sampling is Gumbel-max keyed by vocabulary id;
 each pass-1 chunk's arithmetic does not depend on how many chunks a program handles); CHUNK1 / SUB1 / NUM_WARPS1 may
@@ -99,7 +99,7 @@ def fail(message: str) -> "NoReturn":  # noqa: F821
 def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[tuple[str, dict]]:
     """[(sweep name, full params)]: pass-2 sweep with pass 1 at default, then pass-1 sweep with pass 2 at default."""
     if quick:
-        p2 = dict(SAMPLE_TILES=[1, 4], NUM_WARPS2=[4, 8], BLOCK2=[1024, 2048])
+        p2 = dict(SAMPLE_TILES=[1, 4, 8, 16], NUM_WARPS2=[4, 8], BLOCK2=[1024])   # (BLOCK2 1024 = the law's tile)
         p1 = dict(NUM_WARPS1=[4, 8], CHUNK1=[8192, 16384], SUB1=[2048], CHUNKS_PER_PROGRAM=[1, 2, 4])
     else:
         p2 = dict(SAMPLE_TILES=[1, 2, 4, 8], NUM_WARPS2=[2, 4, 8], BLOCK2=[512, 1024, 2048])
@@ -127,7 +127,7 @@ def stream_configs(quick: bool) -> list[dict]:
     out = [dict(PASS1="classic", ALIGN_LOADS=False), dict(PASS1="classic", ALIGN_LOADS=True)]
     shapes = [(2048, 8), (1024, 4), (4096, 16)] if not quick else [(2048, 8), (1024, 4)]
     for (sub, warps), maxnreg, cpp, prefetch in itertools.product(shapes, (0, 40), (0, 1, 2, 4), (True, False)):
-        if not prefetch and (maxnreg != 0 or cpp not in (0, 1)):
+        if not prefetch and cpp not in (0, 1):
             continue
         out.append(dict(PASS1="stream", SUB1_STREAM=sub, NUM_WARPS1_STREAM=warps, MAXNREG1=maxnreg,
                         CHUNKS_PER_PROGRAM=cpp, PREFETCH1=prefetch, ALIGN_LOADS=True))

@@ -50,7 +50,14 @@ def keyed_uniform(seed, position, purpose: tl.constexpr, token):
 def scaled(ptr, mask, scale, thr, HAS_THR: tl.constexpr):
     """Logits at ``ptr`` upcast to fp32 and divided by the temperature; -inf where ~mask and (with filters) below
     the row's keep threshold ``thr``."""
-    z = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / scale
+    return scale_loaded(tl.load(ptr, mask=mask, other=float("-inf")), mask, scale, thr, HAS_THR)
+
+
+@triton.jit
+def scale_loaded(x, mask, scale, thr, HAS_THR: tl.constexpr):
+    """:func:`scaled` on raw logits already loaded (-inf where ~mask): the same fp32 operations, hence the same bits
+    (for kernels that issue a load early and use it later)."""
+    z = x.to(tl.float32) / scale
     if HAS_THR:
         z = tl.where(z >= thr, z, float("-inf"))
     return tl.where(mask, z, float("-inf"))

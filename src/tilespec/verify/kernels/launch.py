@@ -18,11 +18,9 @@ Sizes B and K are not specialised on (``do_not_specialize``): changing them neve
 dtypes and the feature switches (draft kind, filters) select among a few compiled variants.
 
 Layout: when a row fits in one pass-1 chunk / pass-2 tile and ``ROW_ELEMS // block > 1`` (small vocabularies), the
-``batched`` kernels process BLOCK_B = ROW_ELEMS // block requests per program; otherwise the per-request kernels of
-``stats`` / ``sample`` / ``tiled`` run, one request per program (the large-vocabulary GPU layout, unchanged). On a
-GPU the choice depends on V alone, so results stay batch invariant; there the batched layout is opt-in
-(``TILESPEC_ROW_ELEMS``) until it has been run on a GPU. In Triton's CPU interpreter (one Python program per grid
-point) the batched kernels with much larger blocks make the exactness suite ~500x faster.
+``batched`` kernels process BLOCK_B = ROW_ELEMS // block requests per program; otherwise the per-request kernels run,
+one request per program (large vocabularies). The choice depends on V alone (batch invariance); on a GPU the batched
+layout is opt-in (``TILESPEC_ROW_ELEMS``); in Triton's CPU interpreter it makes the exactness suite ~500x faster.
 
 Block sizes are module globals (tests shrink them to exercise multi-chunk code on tiny vocabularies): CHUNK1
 (pass-1 chunk; fixed per V: batch invariance), BLOCK2 (pass-2 tile), TILE (tiled's n), ROW_ELEMS (see below).
@@ -78,17 +76,22 @@ CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
 # chunks and the same tail. The stream kernel's lane layout is fixed by SUB1_STREAM and NUM_WARPS1_STREAM (never
 # by B: batch invariance); PREFETCH1 (env TILESPEC_PREFETCH1) loads the next slice early (no bits change);
 # MAXNREG1 (env TILESPEC_MAXNREG1, 0 = none) caps its registers per thread (offline sm_90: 47 uncapped; 40 / 32
-# spill a little / more, see docs/kernels.md).
+# spill a little / more). Default 40: on the H100 (run 1 of bench/gpu/issue15.sh) B=64 148.0 vs 162.7 us uncapped
+# (32: 235 us), B=1 15.4 either way, same outputs (the cap moves no bits: register allocation only).
 PASS1 = os.environ.get("TILESPEC_PASS1", "stream")
 SUB1_STREAM = int(os.environ.get("TILESPEC_SUB1_STREAM", "2048"))
 NUM_WARPS1_STREAM = int(os.environ.get("TILESPEC_WARPS1_STREAM", "8"))
 PREFETCH1 = os.environ.get("TILESPEC_PREFETCH1", "1") != "0"
-MAXNREG1 = int(os.environ.get("TILESPEC_MAXNREG1", "0"))
+MAXNREG1 = int(os.environ.get("TILESPEC_MAXNREG1", "40"))
 # 16-byte loads (the ALIGNED constexpr of the stream pass 1 and fused's pass 2) for calls whose rows allow them;
 # env TILESPEC_ALIGN_LOADS=0 turns them off (the previous 2-byte loads; for comparisons)
 ALIGN_LOADS = os.environ.get("TILESPEC_ALIGN_LOADS", "1") != "0"
-SAMPLE_TILES = 1          # fused pass 2 (per-request layout): BLOCK2 tiles per program, i.e. ceil(V / BLOCK2) programs
-                          # per request stream row n in parallel (acceptance ran once per request in pass 1's tail)
+# fused pass 2 (sample_row_kernel): BLOCK2 tiles per program (env TILESPEC_SAMPLE_TILES; 0 = auto: TILES_AUTO from
+# TILES_AUTO_MIN_BATCH requests up, else 1), the next tile prefetched (PREFETCH2). Same bits for every value; default
+# 1 until the H100 has compared them (issue15_bench.py variants new-tiles4 / new-tiles8 / new-tiles-auto).
+SAMPLE_TILES = int(os.environ.get("TILESPEC_SAMPLE_TILES", "1"))
+TILES_AUTO, TILES_AUTO_MIN_BATCH = 8, 16
+PREFETCH2 = os.environ.get("TILESPEC_PREFETCH2", "1") != "0"
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B); large blocks in the interpreter (few,
 # large NumPy ops); opt-in on GPUs (e.g. TILESPEC_ROW_ELEMS=8192, see the module docstring); 1 = per-request kernels.
@@ -153,7 +156,8 @@ def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, k
           stats: bool) -> _Plan:
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
            MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT, CHUNKS_PER_PROGRAM,
-           CPP_AUTO, CPP_AUTO_MIN_BATCH, PASS1, SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1)
+           CPP_AUTO, CPP_AUTO_MIN_BATCH, PASS1, SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1, TILES_AUTO,
+           TILES_AUTO_MIN_BATCH, PREFETCH2)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -182,7 +186,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             p.kernel1 = "rows"
         else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_row_kernel
             p.split = FUSED_SPLIT
-            cpp = _chunks_per_program(p.nc1, batch)
+            cpp = _per_program("CHUNKS_PER_PROGRAM", CHUNKS_PER_PROGRAM, CPP_AUTO, CPP_AUTO_MIN_BATCH, p.nc1, batch)
             p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
             p.const1.update(NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
             if PASS1 == "stream":
@@ -218,7 +222,8 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     if p.rows2:
         p.tiles, p.nc2 = 1, 1
     elif p.split:
-        p.tiles = max(1, min(SAMPLE_TILES, tiles_total))
+        p.tiles = _per_program("SAMPLE_TILES", SAMPLE_TILES, TILES_AUTO, TILES_AUTO_MIN_BATCH, tiles_total,
+                               batch)
         p.nc2 = triton.cdiv(tiles_total, p.tiles)
     else:
         per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
@@ -233,7 +238,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.tsum = p.counters = None
     elif p.split:
         p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, NT2_BLOCK=p.const2["NT2_BLOCK"],
-                        ALIGNED=False, num_warps=NUM_WARPS2)
+                        ALIGNED=False, PREFETCH=PREFETCH2 and p.tiles > 1, num_warps=NUM_WARPS2)
         p.const2a = dict(p.const2, ALIGNED=True)
         p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)
         p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -243,14 +248,13 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     return p
 
 
-def _chunks_per_program(n_chunks: int, batch: int) -> int:
-    """Pass-1 chunks per program (per-request layout): CHUNKS_PER_PROGRAM, or with 0 CPP_AUTO from
-    CPP_AUTO_MIN_BATCH requests up (else 1), at most the row's ``n_chunks`` (no program of all-skipped chunks). The
-    choice moves no bits (same per-chunk arithmetic), so a batch-dependent choice keeps tokens batch invariant."""
-    if CHUNKS_PER_PROGRAM < 0:
-        raise ValueError(f"CHUNKS_PER_PROGRAM (TILESPEC_CHUNKS_PER_PROGRAM) must be >= 0, got {CHUNKS_PER_PROGRAM}")
-    cpp = CHUNKS_PER_PROGRAM or (CPP_AUTO if batch >= CPP_AUTO_MIN_BATCH else 1)
-    return min(cpp, n_chunks)
+def _per_program(name: str, value: int, auto: int, auto_min_batch: int, total: int, batch: int) -> int:
+    """Pass-1 chunks (CHUNKS_PER_PROGRAM) / pass-2 tiles (SAMPLE_TILES) per program: ``value``, or with 0 ``auto``
+    from ``auto_min_batch`` requests up (else 1), at most the row's ``total`` (no program of skipped work). Either
+    moves no bits (same per-chunk / per-tile arithmetic), so a batch-dependent choice keeps tokens batch invariant."""
+    if value < 0:
+        raise ValueError(f"{name} (TILESPEC_{name}) must be >= 0, got {value}")
+    return max(1, min(value or (auto if batch >= auto_min_batch else 1), total))
 
 
 def _outputs(batch: int, k_max: int, device: torch.device) -> tuple:

@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
-                     cdf_tile, keyed_uniform, log_sigmoid_hat, row_lse, scaled, stats_argmax, threshold,
-                     write_outputs)
+                     cdf_tile, keyed_uniform, log_sigmoid_hat, row_lse, scale_loaded, scaled, stats_argmax,
+                     threshold, write_outputs)
 
 
 @triton.jit
@@ -115,24 +115,53 @@ def _row_weights(row_t, row_q, idx, mask, live, rej, x_n, thr_t_ptr, thr_q_ptr, 
     """Step 2: (w_p, w_r) of row n at ids ``idx`` (block, valid where ``mask``): p_n (logits: exp(z / T - lse);
     sigmoid: p_hat; probs: p) and the residual max(0, p_n - l q_n), 0 unless ``rej`` (log space for logits, as the
     reference). Row values (pointers, slots, live, rej, x_n, ...) are scalars or [BB, 1] columns."""
-    rmask = mask & ((tl.zeros_like(idx) + rej.to(tl.int32)) != 0)
+    rmask = _rej_mask(mask, idx, rej)
     if MODE == MODE_PROBS:
         w_p = tl.load(row_t + idx, mask=mask, other=0.0).to(tl.float32)
         q = tl.load(row_q + idx, mask=rmask, other=0.0).to(tl.float32)
         return w_p, tl.where(rmask, tl.maximum(w_p - lenience * q, 0.0), 0.0)
-    z = scaled(row_t + idx, mask, scale, threshold(thr_t_ptr, t_slot, live, HAS_THR), HAS_THR)
+    xt, xq = _load_rows(row_t, row_q, idx, mask, rmask, DRAFT_KIND)
+    return _log_weights(xt, xq, idx, mask, rmask, live, rej, x_n, thr_t_ptr, thr_q_ptr, t_slot, q_slot, scale,
+                        lse_n, lse_qn, log_l, alpha, beta, MODE, DRAFT_KIND, HAS_THR)
+
+
+@triton.jit
+def _rej_mask(mask, idx, rej):
+    """``mask`` where the row was rejected (``rej``: scalar or column; as a vector, see _first_rejection)."""
+    return mask & ((tl.zeros_like(idx) + rej.to(tl.int32)) != 0)
+
+
+@triton.jit
+def _load_rows(row_t, row_q, idx, mask, rmask, DRAFT_KIND: tl.constexpr):
+    """The raw values :func:`_log_weights` needs at ids ``idx``: target logits (-inf where ~mask) and the draft's
+    (logits: -inf, probabilities: 0 where ~rmask; no draft: the target's, unused)."""
+    xt = tl.load(row_t + idx, mask=mask, other=float("-inf"))
+    xq = xt
+    if DRAFT_KIND == DRAFT_LOGITS:
+        xq = tl.load(row_q + idx, mask=rmask, other=float("-inf"))
+    elif DRAFT_KIND == DRAFT_PROBS:
+        xq = tl.load(row_q + idx, mask=rmask, other=0.0)
+    return xt, xq
+
+
+@triton.jit
+def _log_weights(xt, xq, idx, mask, rmask, live, rej, x_n, thr_t_ptr, thr_q_ptr, t_slot, q_slot, scale, lse_n,
+                 lse_qn, log_l, alpha, beta, MODE: tl.constexpr, DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr):
+    """:func:`_row_weights` for logits / sigmoid on values loaded by :func:`_load_rows` (the same operations as
+    loading them here, so the same bits whenever the load was issued)."""
+    z = scale_loaded(xt, mask, scale, threshold(thr_t_ptr, t_slot, live, HAS_THR), HAS_THR)
     if MODE == MODE_LOGITS:
         lp = z - lse_n
     else:
         lp = log_sigmoid_hat(z, alpha, beta)
     if DRAFT_KIND == DRAFT_LOGITS:
-        zq = scaled(row_q + idx, rmask, scale, threshold(thr_q_ptr, q_slot, live & rej, HAS_THR), HAS_THR)
+        zq = scale_loaded(xq, rmask, scale, threshold(thr_q_ptr, q_slot, live & rej, HAS_THR), HAS_THR)
         if MODE == MODE_LOGITS:
             lq = zq - lse_qn
         else:
             lq = log_sigmoid_hat(zq, alpha, beta)
     elif DRAFT_KIND == DRAFT_PROBS:
-        lq = tl.log(tl.load(row_q + idx, mask=rmask, other=0.0).to(tl.float32))
+        lq = tl.log(xq.to(tl.float32))
     else:
         lq = tl.where(idx == x_n, 0.0, float("-inf"))
     lq = lq + log_l
@@ -198,30 +227,53 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
         _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
                       nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols,
                       rej_v, K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE, DRAFT_KIND, HAS_THR,
-                      BLOCK, NT2_BLOCK)
+                      BLOCK, NT2_BLOCK, False, False)
 
 
 @triton.jit
 def _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
                   nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols, rej_v,
                   K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE: tl.constexpr,
-                  DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr):
+                  DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr,
+                  PREFETCH: tl.constexpr, ALIGNED: tl.constexpr):
     """Steps 2-3 for program (c, b) of the per-request layout, once n (the row to sample) and its log-sum-exps are
     known: the masses (residual, p) of tiles c * TILES .. c * TILES + TILES - 1 of row n -> tsum [B, NC2 * TILES, 2];
     the last of the NC2 programs of b (counter at cnt_ptr[b], acq_rel; reset to 0) picks the tile with the SAMPLE
-    uniform, scans that one tile and writes the outputs. ``cols`` / ``rej_v``: tiled's b_k columns (n < k_b)."""
+    uniform, scans that one tile and writes the outputs. ``cols`` / ``rej_v``: tiled's b_k columns (n < k_b).
+    PREFETCH (logits / sigmoid only): tile t + 1's values are loaded before tile t's arithmetic (never past the
+    program's last tile); each tile's sums are the same operations on the same values, so the same bits for every
+    TILES and PREFETCH. ALIGNED: V is a multiple of 8 (the prefetch bound keeps the loads 16-byte vectors)."""
     live = b >= 0   # always (one request per program): a mask the compiler folds away
     is_rej = n < k_b
     x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
     row_t = tgt_b + n * stride_tr
     row_q = drf_b + n * stride_dr
     nt2 = NC2 * TILES
+    xt = 0
+    xq = 0
+    lim = V
+    if PREFETCH:   # this program's first tile, then (in the loop) always the next one, up to lim
+        lim = tl.minimum(V, (c + 1) * TILES * BLOCK)
+        if ALIGNED:
+            lim = tl.multiple_of(lim, 8)
+        offs0 = c * TILES * BLOCK + tl.arange(0, BLOCK)
+        xt, xq = _load_rows(row_t, row_q, offs0, offs0 < lim, _rej_mask(offs0 < lim, offs0, is_rej), DRAFT_KIND)
     for t in range(TILES):
         tile = c * TILES + t
         offs = tile * BLOCK + tl.arange(0, BLOCK)
-        w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
-                                b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
-                                MODE, DRAFT_KIND, HAS_THR)
+        if PREFETCH:
+            nxt = offs + BLOCK
+            xt_next, xq_next = _load_rows(row_t, row_q, nxt, nxt < lim, _rej_mask(nxt < lim, nxt, is_rej),
+                                          DRAFT_KIND)
+            mask = offs < V   # (= offs < lim here: the tile is this program's)
+            w_p, w_r = _log_weights(xt, xq, offs, mask, _rej_mask(mask, offs, is_rej), live, is_rej, x_n,
+                                    thr_t_ptr, thr_q_ptr, b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, log_l,
+                                    alpha, beta, MODE, DRAFT_KIND, HAS_THR)
+            xt, xq = xt_next, xq_next
+        else:
+            w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
+                                    b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
+                                    MODE, DRAFT_KIND, HAS_THR)
         tl.store(tsum_ptr + (b * nt2 + tile) * 2, tl.sum(w_r, axis=0))
         tl.store(tsum_ptr + (b * nt2 + tile) * 2 + 1, tl.sum(w_p, axis=0))
     tl.debug_barrier()
@@ -247,14 +299,15 @@ def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp
                       nrow_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                       K, V, NC2, TILES, stride_tb, stride_tr, stride_db, stride_dr,
                       DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
-                      NT2_BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                      NT2_BLOCK: tl.constexpr, ALIGNED: tl.constexpr, PREFETCH: tl.constexpr):
     """``fused`` pass 2 after ``stats.row_stats_kernel`` (per-request layout), grid (NC2, B): step 1 already ran
     once per request at the end of pass 1 (row n -> nrow [B] int32, its log-sum-exps -> lse [B, 2] fp32; greedy
     requests' outputs written there), so program (c, b) of a sampling request only sums its TILES tiles of row n
     and the last one draws (:func:`_sample_tiles`): no per-program acceptance work, and NC2 (hence the number of
     programs streaming the row) is free of it. ALIGNED (see ``launch._aligned``: V and the strides are multiples
     of 8 elements, the rows 16-byte aligned): the same values rewritten as multiples of 8, so that the compiler
-    emits 16-byte loads (V and the strides are not specialised)."""
+    emits 16-byte loads (V and the strides are not specialised). PREFETCH (``launch.PREFETCH2``, with TILES > 1):
+    each program's next tile is loaded before the current one's arithmetic (same bits, see _sample_tiles)."""
     c = tl.program_id(0)
     b = tl.program_id(1)
     if ALIGNED:
@@ -271,7 +324,7 @@ def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp
                       c, n, k_b, tl.load(seed_ptr + b), tl.load(off_ptr + b), temp, tl.load(len_ptr + b),
                       tl.log(tl.load(len_ptr + b)), tl.load(lse_ptr + 2 * b), tl.load(lse_ptr + 2 * b + 1), cols,
                       (cols * 0 + n) < k_b, K, V, NC2, TILES, 1, stride_tr, stride_dr, 0.0, 1.0, MODE_LOGITS,
-                      DRAFT_KIND, HAS_THR, BLOCK, NT2_BLOCK)
+                      DRAFT_KIND, HAS_THR, BLOCK, NT2_BLOCK, PREFETCH, ALIGNED)
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",

@@ -32,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import (BIG, DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scaled, stats_argmax,
-                     threshold, write_outputs)
+from .common import (BIG, DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scale_loaded, scaled,
+                     stats_argmax, threshold, write_outputs)
 from .sample import _request_n
 
 
@@ -90,16 +90,6 @@ def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
 
 
 @triton.jit
-def _filtered(x, mask, scale, thr, HAS_THR: tl.constexpr):
-    """``common.scaled`` on values already loaded (``x``: raw logits, -inf where ~mask): the same fp32 operations in
-    the same order, hence the same bits."""
-    z = x.to(tl.float32) / scale
-    if HAS_THR:
-        z = tl.where(z >= thr, z, float("-inf"))
-    return tl.where(mask, z, float("-inf"))
-
-
-@triton.jit
 def _chunk_stats(row_ptr, x, c, V, lim, scale, thr, want_a, m_ptr, s_ptr, a_ptr, b, r, K, NC, HAS_THR: tl.constexpr,
                  CHUNK: tl.constexpr, SUB: tl.constexpr, PREFETCH: tl.constexpr):
     """Statistics of chunk c (ids c * CHUNK + [0, CHUNK), those < V) of row r of request b at ``row_ptr``, stored
@@ -119,7 +109,7 @@ def _chunk_stats(row_ptr, x, c, V, lim, scale, thr, want_a, m_ptr, s_ptr, a_ptr,
         offs = c * CHUNK + start + tl.arange(0, SUB)
         if PREFETCH:
             x_next = tl.load(row_ptr + offs + SUB, mask=offs + SUB < lim, other=float("-inf"))
-            z = _filtered(x, offs < V, scale, thr, HAS_THR)
+            z = scale_loaded(x, offs < V, scale, thr, HAS_THR)
             x = x_next
         else:
             z = scaled(row_ptr + offs, offs < V, scale, thr, HAS_THR)
