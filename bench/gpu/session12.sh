@@ -9,6 +9,8 @@
 #   3. the native-runtime / engine GPU tests.
 # Job E (started by its own call once the models are in): issue 13's e2e on the real Qwen2.5-Coder weights.
 #   session12.sh extras        # first call: carry .parts/u00, the tree WITH bench/results; set TILESPEC_COMMIT
+#   session12.sh probes        # a later machine's first call (carry .parts/u00): setup + job B (sdpa backends,
+#                              # run-ahead profiles, GPU tests, bench/gpu/issue15.sh) in the background
 #   session12.sh part NN       # one call per .parts/uNN (bench/results moved out so the tree fits in 64 MiB)
 #   session12.sh e2e STAGES    # snapshot the current tree, start job E (e2e_fast.sh STAGES) in the background
 #   session12.sh wait SECONDS [MARK]  # returns when MARK (.jobE-done) exists or after SECONDS; results in $OUT/res.tgz
@@ -43,11 +45,41 @@ job_a() {
   touch $RES/.jobA-done
 }
 
+best_sdpa() {  # the TILESPEC_SDPA setting with the fastest B=1 q=1 1.5B forward in job B ("" on error)
+  python3 - "$RES/sdpa-backends.json" <<'PY'
+import json, sys
+try:
+    fw = json.load(open(sys.argv[1]))["forwards"]
+    q1 = {k: next(r["graph_replay_ms"] for r in v["rows"] if r["batch"] == 1 and r["q"] == 1)
+          for k, v in fw.items() if "rows" in v}
+    best = min(q1, key=q1.get)
+    print("" if best == "default" else best)
+except Exception:
+    print("")
+PY
+}
+
+job_b() {  # second machine: random-init probes while the parts upload, then issue 15's script
+  env_setup
+  step sdpa-backends 330 python3 bench/scripts/sdpa_backends.py --json $RES/sdpa-backends.json --settings "" efficient
+  export TILESPEC_SDPA=$(best_sdpa)
+  ts "job B: TILESPEC_SDPA='$TILESPEC_SDPA'"
+  step engine-profile-ahead 240 python3 bench/scripts/engine_profile.py --host-profile \
+    --json $RES/engine-profile-run-ahead.json --runs target-only,draft0.5b-gamma2,draft0.5b-optimal-fallback
+  TILESPEC_RUN_AHEAD=0 step engine-profile-no-ahead 150 python3 bench/scripts/engine_profile.py \
+    --json $RES/engine-profile-no-run-ahead.json --runs draft0.5b-gamma2
+  step pytest-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py tests/test_engine_gpu.py \
+    tests/test_native_attention_kernel.py tests/test_run_ahead.py
+  mkdir -p $RES/issue15
+  OUT=$RES/issue15 step issue15 360 bash bench/gpu/issue15.sh
+  touch $RES/.jobA-done $RES/.jobB-done
+}
+
 job_e() {
   env_setup
   wait_ready
-  export TILESPEC_NATIVE_KERNELS=${S12_KERNELS-$(best_kernels)}
-  ts "job E: TILESPEC_NATIVE_KERNELS='$TILESPEC_NATIVE_KERNELS' stages: $*"
+  export TILESPEC_NATIVE_KERNELS=${S12_KERNELS-$(best_kernels)} TILESPEC_SDPA=${S12_SDPA-$(best_sdpa)}
+  ts "job E: TILESPEC_NATIVE_KERNELS='$TILESPEC_NATIVE_KERNELS' TILESPEC_SDPA='$TILESPEC_SDPA' stages: $*"
   echo "$TILESPEC_NATIVE_KERNELS" > $RES/e2e-kernels-setting.txt
   E2E_RES=$RES/e2e-fast E2E_TOTAL_S=${E2E_TOTAL_S:-540} E2E_BUDGET_S=${E2E_BUDGET_S:-250} \
     step e2e 900 bash bench/gpu/e2e_fast.sh "$@"
@@ -57,6 +89,8 @@ job_e() {
 case ${1:-} in
   extras) extras_setup; bg job-a; ts "job A started" ;;
   setup) extras_setup ;;
+  probes) extras_setup; bg job-b; ts "job B started" ;;
+  job-b) job_b ;;
   job-a) job_a ;;
   job-e) shift; job_e "$@" ;;
   e2e) shift; snapshot; rm -f $RES/.jobE-done; bg job-e "$@"; ts "job E started: $*" ;;
