@@ -314,3 +314,21 @@ def test_decoder_skips_the_draft_when_measured_rates_say_it_loses():
     assert out.sequences == ref.sequences
     assert out.stats.fallback_at_step == 0 and out.stats.draft_calls == 0
     assert not calls
+
+
+def test_rate_feed_skips_steps_that_compiled_or_captured():
+    """A step that captured a new graph shape (ragged context drafts: one per K) carries that capture's seconds in its
+    wall time; on the H100 those made n-gram / suffix + optimal measure speculation slower than it is and fall back
+    (session 12). Such steps are not fed to the schedule."""
+    import types
+    from tilespec.engine.generation import Generation
+    seen = []
+    sched = types.SimpleNamespace(observe_rate=lambda g, wall, tok: seen.append((g, tok)))
+    runner = types.SimpleNamespace(compile_seconds=0.0)
+    gen = types.SimpleNamespace(schedule=sched, target=runner, draft=None, fast=None, compiled_seen=0.0,
+                                last_read=0.0)
+    Generation.feed_rate(gen, 3, [2, 4])
+    runner.compile_seconds = 0.5                    # the next step captured a shape
+    Generation.feed_rate(gen, 2, [1])
+    Generation.feed_rate(gen, 0, [1, 1])
+    assert seen == [(3, 3.0), (0, 1.0)]

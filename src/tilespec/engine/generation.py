@@ -90,6 +90,7 @@ class Generation:
     done: set = field(default_factory=set)
     fast: Optional[object] = None       # step_graph.StepGraphs when the runners are native (whole-step graphs)
     compile_before: float = 0.0         # runners' compile seconds before this generation
+    compiled_seen: float = 0.0         # compile / capture seconds of the runners when feed_rate last looked
     last_read: float = 0.0              # perf_counter() at the end of the last commit (a step's wall time starts
                                         # there when it was launched earlier, ahead of that read)
 
@@ -156,8 +157,13 @@ class Generation:
     def feed_rate(self, gamma: int, emitted: list) -> None:
         """Tell a schedule that measures rates (``optimal``) the wall time since the previous read and the mean
         tokens emitted per live request, for every step: target-only ones too (γ = 0)."""
-        if hasattr(self.schedule, "observe_rate") and emitted:
-            self.schedule.observe_rate(gamma, time.perf_counter() - self.last_read, sum(emitted) / len(emitted))
+        if not (hasattr(self.schedule, "observe_rate") and emitted):
+            return
+        compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
+        if compiled != self.compiled_seen:   # the step captured or compiled a new shape: its wall time says nothing
+            self.compiled_seen = compiled
+            return
+        self.schedule.observe_rate(gamma, time.perf_counter() - self.last_read, sum(emitted) / len(emitted))
 
     def context_drafts(self, live: list, cap: int) -> Optional[list]:
         """The context drafter's host-side proposals per batch position (live rows only, at most ``cap`` tokens and

@@ -238,11 +238,14 @@ class NativeRunner:
         return logits.float()
 
     def _prefill_fns(self) -> dict:
-        """Compiled (dynamic-shape) functions for forwards outside a graph (prefill) on "native-graphs": ~13
-        kernels per layer instead of the eager layer's ~40 launches from Python (a 500-token Qwen2.5-1.5B prefill
-        took ~30 ms eagerly on an H100, 9 % of a 128-token generation). Empty elsewhere (eager native)."""
+        """Compiled (dynamic-shape) functions for forwards outside a graph (prefill) on "native-graphs", opt-in
+        (``TILESPEC_COMPILED_PREFILL=1``): ~13 kernels per layer instead of the eager layer's ~40 launches from
+        Python (a 500-token Qwen2.5-1.5B prefill takes ~30 ms eagerly on an H100, 9 % of a 128-token generation).
+        Off by default: on the H100 (torch 2.11) dynamo failed on SDPA with fake tensors under dynamic shapes
+        ("TypeError when making fake tensor call"), so every prefill fell back to eager after a wasted attempt.
+        Empty elsewhere (eager native)."""
         if self._prefill is None:
-            compiled = self.mode == "native-graphs" and os.environ.get("TILESPEC_COMPILED_PREFILL", "1") != "0"
+            compiled = self.mode == "native-graphs" and os.environ.get("TILESPEC_COMPILED_PREFILL", "0") == "1"
             self._prefill = compiled_parts(self.model, dynamic=True) if compiled else {}
         return self._prefill
 
