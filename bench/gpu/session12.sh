@@ -19,19 +19,24 @@ CHAIN_SCRIPT=bench/gpu/session12.sh CHAIN_WORK=${S12_WORK:-/root/ts12}
 export CHAIN_MODELS="qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct"
 source bench/gpu/chain.sh   # RES, PARTS, EXTRA, ts, env_setup, step, convert, snapshot, bg, wait_ready, ...
 
-best_kernels() {  # the setting with the fastest B=1 q=1 1.5B forward in job A ("" when none wins or on error)
-  python3 - "$RES/native-kernels.json" <<'PY'
+fastest_setting() {  # fastest_setting FILE KEY...: the setting with the fastest B=1 q=1 forward under
+                    # json[KEY][KEY2]... of FILE ("" when it is the default / "none", or on any error)
+  python3 - "$@" <<'PY'
 import json, sys
 try:
-    fw = json.load(open(sys.argv[1]))["forwards"]["qwen2.5-1.5b"]
+    section = json.load(open(sys.argv[1]))
+    for key in sys.argv[2:]:
+        section = section[key]
     q1 = {k: next(r["graph_replay_ms"] for r in v["rows"] if r["batch"] == 1 and r["q"] == 1)
-          for k, v in fw.items() if "rows" in v}
+          for k, v in section.items() if "rows" in v}
     best = min(q1, key=q1.get)
-    print("" if best == "none" else best)
+    print("" if best in ("none", "default") else best)
 except Exception:
     print("")
 PY
 }
+best_kernels() { fastest_setting "$RES/native-kernels.json" forwards qwen2.5-1.5b; }   # job A's kernels setting
+best_sdpa() { fastest_setting "$RES/sdpa-backends.json" forwards; }                    # job B's TILESPEC_SDPA
 
 job_a() {
   env_setup
@@ -43,20 +48,6 @@ job_a() {
   step pytest-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
     tests/test_native_attention_kernel.py tests/test_engine_gpu.py
   touch $RES/.jobA-done
-}
-
-best_sdpa() {  # the TILESPEC_SDPA setting with the fastest B=1 q=1 1.5B forward in job B ("" on error)
-  python3 - "$RES/sdpa-backends.json" <<'PY'
-import json, sys
-try:
-    fw = json.load(open(sys.argv[1]))["forwards"]
-    q1 = {k: next(r["graph_replay_ms"] for r in v["rows"] if r["batch"] == 1 and r["q"] == 1)
-          for k, v in fw.items() if "rows" in v}
-    best = min(q1, key=q1.get)
-    print("" if best == "default" else best)
-except Exception:
-    print("")
-PY
 }
 
 job_b() {  # second machine: random-init probes while the parts upload, then issue 15's script
