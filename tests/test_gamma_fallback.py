@@ -332,3 +332,12 @@ def test_rate_feed_skips_steps_that_compiled_or_captured():
     Generation.feed_rate(gen, 2, [1])
     Generation.feed_rate(gen, 0, [1, 1])
     assert seen == [(3, 3.0), (0, 1.0)]
+
+
+def test_explore_below_rejects_negative_and_nan():
+    import pytest
+    from tilespec.engine.gamma import GammaSchedule
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="explore_below must be >= 0"):
+            GammaSchedule("optimal", 2, 8, explore_below=bad)
+    assert GammaSchedule("optimal", 2, 8, explore_below=0.0).explore_below == 0.0

@@ -255,3 +255,12 @@ def test_whisper_encoder_graph_equals_eager_on_gpu():
         got_b = encoder_forward(model, b, graphs=True)
     assert torch.allclose(got_a, eager_a, atol=1e-5) and torch.allclose(got_b, eager_b, atol=1e-5)
     assert got_a.data_ptr() != got_b.data_ptr()
+
+
+def test_sdpa_backend_setting_parses_and_rejects_unknown_names():
+    from torch.nn.attention import SDPBackend
+    from tilespec.engine.native.llama import sdpa_backends
+    assert sdpa_backends("") == ()
+    assert sdpa_backends(" efficient, cudnn ") == (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
+    with pytest.raises(ValueError, match="unknown SDPA backend 'fast'"):
+        sdpa_backends("efficient,fast")

@@ -23,8 +23,7 @@ def main() -> None:
         model = random_model(name)
         for flex in ("0", "1"):
             os.environ["TILESPEC_FLEX"] = flex
-            torch._dynamo.reset()
-            native_runner._COMPILED_LAYERS.clear()
+            native_runner.forget_compiled()
             t0 = time.perf_counter()
             rows = forward_times(model, batches=(1, 8), qs=(1, 4))
             for r in rows:

@@ -146,8 +146,7 @@ def forwards(settings: list, quick: bool) -> dict:
         out[name] = {}
         for kernels in settings:
             os.environ["TILESPEC_NATIVE_KERNELS"] = kernels
-            torch._dynamo.reset()
-            native_runner._COMPILED_LAYERS.clear()
+            native_runner.forget_compiled()
             print(f"{name} kernels={kernels!r}", flush=True)
             try:
                 t0 = time.perf_counter()
@@ -201,8 +200,7 @@ def main() -> None:
         model = random_model("qwen2.5-1.5b")
         for kernels in dict.fromkeys(["none", best]):
             os.environ["TILESPEC_NATIVE_KERNELS"] = "" if kernels == "none" else kernels
-            torch._dynamo.reset()
-            native_runner._COMPILED_LAYERS.clear()
+            native_runner.forget_compiled()
             res["engine"][kernels] = [engine_tok_s(model, b, 128) for b in (1, 8)]
             print("engine", kernels, [(r["batch"], round(r["tok_s"], 1)) for r in res["engine"][kernels]], flush=True)
             save()

@@ -40,16 +40,14 @@ def main() -> None:
         torch.backends.cuda.enable_cudnn_sdp(not off.get("cudnn") is False)
         torch.backends.cuda.enable_mem_efficient_sdp(not off.get("efficient") is False)
         torch.backends.cuda.enable_flash_sdp(not off.get("flash") is False)
-        torch._dynamo.reset()
-        native_runner._COMPILED_LAYERS.clear()
+        native_runner.forget_compiled()
         row = {f"q{q}_ms": forward_ms(model, q) for q in (1, 4)}
         res["variants"][name] = row
         print(name, row, flush=True)
     torch.backends.cuda.enable_cudnn_sdp(True)
     torch.backends.cuda.enable_mem_efficient_sdp(True)
     torch.backends.cuda.enable_flash_sdp(True)
-    torch._dynamo.reset()
-    native_runner._COMPILED_LAYERS.clear()
+    native_runner.forget_compiled()
     dec = SpeculativeDecoder(model, None, compile=True, sampling=SamplingParams(temperature=0.0), eos_token_id=-1,
                              pad_token_id=0)
     prompts = torch.randint(0, 1000, (1, 64)).tolist()

@@ -43,7 +43,7 @@ def alone() -> list:
             def run(name=name):
                 if name == "default":
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-                with sdpa_kernel(sdpa_backends(name)):
+                with sdpa_kernel(list(sdpa_backends(name))):
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             try:
                 err = (run().float() - ref).abs().max().item()
@@ -61,8 +61,7 @@ def forwards(settings) -> dict:
     out = {}
     for setting in settings:
         os.environ["TILESPEC_SDPA"] = setting
-        torch._dynamo.reset()
-        native_runner._COMPILED_LAYERS.clear()
+        native_runner.forget_compiled()
         print(f"TILESPEC_SDPA={setting!r}", flush=True)
         try:
             entry = dict(rows=forward_times(model, batches=(1, 8), qs=(1, 6), capacity=1024))

@@ -192,7 +192,8 @@ class GammaSchedule:
     gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo
     counts of the α estimate; default_c: the cost ratio assumed until a step has been timed. ``optimal`` only:
     fallback_below: the predicted speedup under which the schedule falls back to γ = 0 for good (0 disables it);
-    min_steps: timed speculative steps needed before that decision may be taken.
+    min_steps: timed speculative steps needed before that decision may be taken; explore_below: without a measured
+    target-only rate, the predicted speedup under which it falls back to measure one (0 never explores).
     """
 
     wants_step_time = True   # update() takes step_time (the decoder checks, since injected schedules may not)
@@ -208,6 +209,8 @@ class GammaSchedule:
             raise ValueError(f"max_gamma ({max_gamma}) must be >= gamma ({gamma})")
         if not fallback_below >= 0.0:  # also rejects NaN
             raise ValueError(f"fallback_below must be >= 0, got {fallback_below!r}")
+        if not explore_below >= 0.0:  # also rejects NaN
+            raise ValueError(f"explore_below must be >= 0, got {explore_below!r}")
         if not isinstance(min_steps, int) or min_steps < 1:
             raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +33,11 @@ from .linear import fused_linear
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
-def sdpa_backends(spec: str) -> list:
-    """"efficient,cudnn" -> [SDPBackend...] ("" -> [], i.e. PyTorch's own choice). Env TILESPEC_SDPA picks the
-    attention backends of the native forwards (compiled code bakes the choice in when it is traced)."""
+@lru_cache(maxsize=16)
+def sdpa_backends(spec: str) -> tuple:
+    """"efficient,cudnn" -> (SDPBackend, ...) ("" -> (), i.e. PyTorch's own choice). Env TILESPEC_SDPA picks the
+    attention backends of the native forwards (compiled code bakes the choice in when it is traced). Cached: every
+    forward asks."""
     names = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
              "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
     out = []
@@ -42,7 +45,7 @@ def sdpa_backends(spec: str) -> list:
         if part not in names:
             raise ValueError(f"unknown SDPA backend {part!r}; choose from {sorted(names)}")
         out.append(names[part])
-    return out
+    return tuple(out)
 
 
 def unsupported_reason(model) -> str | None:
@@ -265,7 +268,7 @@ class NativeLlama:
         compiled copies of them (the runner's compiled paths)."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
         backends = sdpa_backends(os.environ.get("TILESPEC_SDPA", ""))
-        with sdpa_kernel(backends) if backends else nullcontext():
+        with sdpa_kernel(list(backends)) if backends else nullcontext():
             for w, (k_cache, v_cache) in zip(self.layers, caches):
                 h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias,
                                   w.o, w.ln2, w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads,

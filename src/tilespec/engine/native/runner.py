@@ -115,6 +115,13 @@ def compiled_parts(model, dynamic: Optional[bool] = None) -> dict:
     return entry[1]
 
 
+def forget_compiled() -> None:
+    """Drop every compiled copy and dynamo's caches: the next runner compiles again (benchmarks that switch a
+    setting baked in at trace time, e.g. TILESPEC_NATIVE_KERNELS or TILESPEC_SDPA, between runs)."""
+    torch._dynamo.reset()
+    _COMPILED_LAYERS.clear()
+
+
 def _private_compiled(fn, serial: int, dynamic: Optional[bool] = None):
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{serial}")
     copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
