@@ -128,12 +128,13 @@ def _compiled(*kernels) -> int:
 @pytest.mark.parametrize("method", ["fused", "tiled", "sigmoid"])
 def test_changing_k_does_not_recompile(method):
     # a decoding run changes K from step to step (gamma schedules, ragged finishes): K must stay a runtime argument
+    from tilespec.verify.kernels.residual import sample_wide_kernel
     from tilespec.verify.kernels.sample import accept_sample_kernel, sample_row_kernel
     from tilespec.verify.kernels.stats import row_stats_kernel
     from tilespec.verify.kernels.stream import row_stats_stream_kernel
     from tilespec.verify.kernels.tiled import tiled_partials_kernel
     kernels = (accept_sample_kernel, sample_row_kernel, row_stats_kernel, row_stats_stream_kernel,
-               tiled_partials_kernel)
+               tiled_partials_kernel, sample_wide_kernel)
     target, draft, tokens = _case(4, 3, 151936, seed=11)
     verify(target, tokens, draft_logits=draft, method=method, seed=1)
     before = _compiled(*kernels)

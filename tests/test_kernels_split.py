@@ -1,5 +1,6 @@
 """CPU tests (TRITON_INTERPRET=1) of ``fused``'s per-request layout: pass 1's last program per request runs the
-acceptance test (``stats._accept_tail``) and ``sample.sample_row_kernel`` only sums tiles of row n and draws.
+acceptance test (``stats._accept_tail``) and ``sample.sample_row_kernel`` (``launch.PASS2 = "tile"``; the default
+"wide" pass 2 has tests/test_kernels_wide.py) only sums tiles of row n and draws.
 
 It must emit exactly the tokens of the previous pass 2 (``accept_sample_kernel``, which recomputes the acceptance
 in every program; ``launch.FUSED_SPLIT = False``) - same arithmetic, bit for bit - for any number of tiles per
@@ -23,6 +24,7 @@ def per_request_layout(monkeypatch):
     monkeypatch.setattr(launch, "CHUNK1", 64)
     monkeypatch.setattr(launch, "SUB1", 32)
     monkeypatch.setattr(launch, "BLOCK2", 16)
+    monkeypatch.setattr(launch, "PASS2", "tile")      # sample_row_kernel (tests/test_kernels_wide.py: the default)
 
 
 def _run(target, tokens, **kwargs):

@@ -46,7 +46,7 @@ def stubs(monkeypatch):
     pass1, pass2 = _StubKernel(), _StubKernel()
     for name in ("row_stats_kernel", "row_stats_rows_kernel", "row_stats_stream_kernel"):
         monkeypatch.setattr(launch, name, pass1)
-    for name in ("accept_sample_kernel", "accept_sample_rows_kernel", "sample_row_kernel"):
+    for name in ("accept_sample_kernel", "accept_sample_rows_kernel", "sample_row_kernel", "sample_wide_kernel"):
         monkeypatch.setattr(launch, name, pass2)
     return pass1, pass2
 

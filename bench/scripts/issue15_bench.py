@@ -3,12 +3,12 @@
 yardstick (GPU; ``--device cpu`` with TRITON_INTERPRET=1 is a logic smoke test on a tiny vocabulary).
 
 Variants are module globals of ``tilespec.verify.kernels.launch`` (the plan cache keys on them), set in turn:
-  old             PASS1=classic, ALIGN_LOADS=False, SAMPLE_TILES=1: the code before issue 15 part 2
-  new             the defaults (stream pass 1 capped at 40 registers, 16-byte loads in both passes)
-  new-maxnreg0    new without the register cap (run 1's default: 47 registers)
-  new-noprefetch  new with PREFETCH1=False (run 1, uncapped: B=64 152 vs 163 us)
-  new-tiles4 / new-tiles8   pass 2 with 4 / 8 tiles per program, the next tile prefetched (PREFETCH2)
-  new-tiles8-nopf pass 2 with 8 tiles per program, no prefetch
+  s12             session 12's defaults: lane-wise stream pass 1, one-tile pass 2 (sample_row_kernel), no ftz exp,
+                  no programmatic dependent launch
+  new             the defaults (session 13: grouped stream pass 1, wide pass 2, ex2.approx.ftz, PDL)
+  new-group1 / new-tilepass2 / new-nofast / new-nopdl   new with one of the four changes undone
+  new-maxnreg0, new-cpp1 / new-cpp4, new-wide2 / new-wide8 / new-wide4w4 / new-wide8w4: launch-parameter ablations
+  old             the code before issue 15 part 2 (classic pass 1, 2-byte loads)
 For each batch size (default 1 and 64; K=5, V=151,936, bf16, T=1, "mid" inputs of ``ncu_fused.make_inputs``):
 per variant, the fraction of rows identical to ``reference`` (tokens and acceptance count), graph replay == eager,
 CUDA-graph replay time (CUDA events), eager time (median host wall time per call with a sync after it), and per-kernel
@@ -34,13 +34,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_fused import git_commit, make_inputs, summarise, kernel_events  # noqa: E402
 
 VARIANTS = {
-    "old": dict(PASS1="classic", ALIGN_LOADS=False, SAMPLE_TILES=1),
+    "s12": dict(GROUP1=1, PASS2="tile", FAST_EXP=False, PDL=False),   # session 12's defaults
     "new": dict(),
+    "new-group1": dict(GROUP1=1),
+    "new-tilepass2": dict(PASS2="tile"),
+    "new-nofast": dict(FAST_EXP=False),
+    "new-nopdl": dict(PDL=False),
     "new-maxnreg0": dict(MAXNREG1=0),
-    "new-noprefetch": dict(PREFETCH1=False),
-    "new-tiles4": dict(SAMPLE_TILES=4, PREFETCH2=True),
-    "new-tiles8": dict(SAMPLE_TILES=8, PREFETCH2=True),
-    "new-tiles8-nopf": dict(SAMPLE_TILES=8, PREFETCH2=False),
+    "new-cpp1": dict(CHUNKS_PER_PROGRAM=1),
+    "new-cpp4": dict(CHUNKS_PER_PROGRAM=4),
+    "new-wide2": dict(WIDE_TILES=2),
+    "new-wide8": dict(WIDE_TILES=8),
+    "new-wide4w4": dict(NUM_WARPS2_WIDE=4),
+    "new-wide8w4": dict(WIDE_TILES=8, NUM_WARPS2_WIDE=4),
+    "old": dict(PASS1="classic", ALIGN_LOADS=False, SAMPLE_TILES=1, GROUP1=1, PASS2="tile", FAST_EXP=False,
+                PDL=False),
 }
 FILTERS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
 
@@ -209,7 +217,7 @@ def main(argv=None) -> int:
     if args.filters:
         for batch in args.batch:
             for filt in FILTERS:
-                plan += [(batch, v, "fused", filt) for v in ("old", "new")] + [(batch, "new", "sigmoid", filt)]
+                plan += [(batch, v, "fused", filt) for v in ("s12", "new")] + [(batch, "new", "sigmoid", filt)]
     inputs, refs = {}, {}
     for batch, variant, method, filt in plan:
         if time.perf_counter() - t0 > args.time_budget:

@@ -47,6 +47,19 @@ def keyed_uniform(seed, position, purpose: tl.constexpr, token):
 
 
 @triton.jit
+def exp_fast(x, FAST: tl.constexpr):
+    """exp(x) for fp32 ``x``: with FAST (GPU only) ``ex2.approx.ftz.f32`` of x * log2(e), one MUFU instruction
+    (Triton's ``tl.exp`` adds ~3 instructions per element to keep subnormal results, which weights and sums
+    here never need: a result below 2^-126 flushes to 0); otherwise ``tl.exp`` (the CPU interpreter has no inline
+    assembly). -inf gives 0 either way."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def scaled(ptr, mask, scale, thr, HAS_THR: tl.constexpr):
     """Logits at ``ptr`` upcast to fp32 and divided by the temperature; -inf where ~mask and (with filters) below
     the row's keep threshold ``thr``."""

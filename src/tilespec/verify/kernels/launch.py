@@ -43,6 +43,7 @@ from ..types import VerifyInputs, VerifyResult
 from . import common
 from .keep import _top_k_thresholds, keep_thresholds  # noqa: F401  (tests import them from here)
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
+from .residual import sample_wide_kernel
 from .sample import accept_sample_kernel, accept_sample_rows_kernel, sample_row_kernel
 from .stats import row_stats_kernel, row_stats_rows_kernel
 from .stream import row_stats_stream_kernel
@@ -93,6 +94,17 @@ SAMPLE_TILES = int(os.environ.get("TILESPEC_SAMPLE_TILES", "1"))
 TILES_AUTO, TILES_AUTO_MIN_BATCH = 8, 16
 PREFETCH2 = os.environ.get("TILESPEC_PREFETCH2", "1") != "0"
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Session 13 (issue 15): GROUP1 contiguous ids per lane in the stream pass 1's sampling rows (env
+# TILESPEC_PASS1_GROUP; 1 = the lane-wise update of session 12); fused pass 2 "wide" (residual.sample_wide_kernel:
+# WIDE_TILES tiles per program in one block, linear weights; env TILESPEC_PASS2) or "tile" (sample_row_kernel);
+# FAST_EXP: ex2.approx.ftz in both (GPU only); PDL: pass 2 launched as a programmatic dependent of pass 1 (GPU with
+# compute capability >= 9 and a Triton that has launch_pdl). None of these moves a token beyond fp32 rounding.
+GROUP1 = int(os.environ.get("TILESPEC_PASS1_GROUP", "8"))
+PASS2 = os.environ.get("TILESPEC_PASS2", "wide")
+WIDE_TILES = int(os.environ.get("TILESPEC_WIDE_TILES", "4"))
+NUM_WARPS2_WIDE = int(os.environ.get("TILESPEC_WARPS2_WIDE", "8"))
+FAST_EXP = not _INTERPRET and os.environ.get("TILESPEC_FAST_EXP", "1") != "0"
+PDL = not _INTERPRET and os.environ.get("TILESPEC_PDL", "1") != "0"
 # Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B); large blocks in the interpreter (few,
 # large NumPy ops); opt-in on GPUs (e.g. TILESPEC_ROW_ELEMS=8192, see the module docstring); 1 = per-request kernels.
 ROW_ELEMS = int(os.environ.get("TILESPEC_ROW_ELEMS", 1 << 20 if _INTERPRET else 1))
@@ -123,6 +135,23 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[key]
 
 
+def _pdl(device: torch.device) -> bool:
+    """Whether pass 2 is launched as a programmatic dependent of pass 1 on ``device`` (see PDL)."""
+    return PDL and device.type == "cuda" and _pdl_capable(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device: torch.device) -> bool:
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        import triton.language.extra.cuda as tl_cuda
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and hasattr(tl_cuda, "gdc_wait")
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """[B, R, V] with unit stride along V (a copy only if the caller passed a non-contiguous last dimension)."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -149,7 +178,7 @@ class _Plan:
     __slots__ = ("kernel1", "const1a", "const2a",   # pass-1 kernel name; ALIGNED variants of const1 / const2
                  "rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
                  "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct", "split", "nrow",
-                 "lse", "cnt1")
+                 "lse", "cnt1", "wide")
 
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
@@ -157,7 +186,7 @@ def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, k
     key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
            MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT, CHUNKS_PER_PROGRAM,
            CPP_AUTO, CPP_AUTO_MIN_BATCH, PASS1, SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1, TILES_AUTO,
-           TILES_AUTO_MIN_BATCH, PREFETCH2)
+           TILES_AUTO_MIN_BATCH, PREFETCH2, GROUP1, PASS2, WIDE_TILES, NUM_WARPS2_WIDE, FAST_EXP, PDL)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -173,7 +202,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     p.direct = None          # no direct launches for plans that are not cached
     f32 = dict(dtype=torch.float32, device=device)
     p.nc1, p.n_tiles, p.m, p.s, p.a, p.tau, p.bpart = 1, 1, None, None, None, None, None
-    p.split, p.nrow, p.lse, p.cnt1 = False, None, None, None
+    p.split, p.nrow, p.lse, p.cnt1, p.wide = False, None, None, None, False
     p.kernel1, p.const1a, p.const2a = None, None, None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
@@ -192,7 +221,8 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             if PASS1 == "stream":
                 p.kernel1 = "stream"
                 p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
-                                num_warps=NUM_WARPS1_STREAM)
+                                num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP,
+                                PDL=p.split and PASS2 == "wide" and _pdl(device))
                 if MAXNREG1 > 0 and not _INTERPRET:
                     p.const1["maxnreg"] = MAXNREG1
                 p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
@@ -236,7 +266,23 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
         p.const2.update(BLOCK_B=bb2, WB=8)
         p.tsum = p.counters = None
+    elif p.split and PASS2 == "wide":
+        if WIDE_TILES < 1 or WIDE_TILES & (WIDE_TILES - 1):
+            raise ValueError(f"WIDE_TILES (TILESPEC_WIDE_TILES) must be a power of 2, got {WIDE_TILES}")
+        p.wide, p.tiles = True, min(WIDE_TILES, triton.next_power_of_2(tiles_total))
+        p.nc2 = triton.cdiv(tiles_total, p.tiles)
+        p.grid2 = (p.nc2, batch, 1)
+        p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, TILES=p.tiles,
+                        NT_BLOCK=triton.next_power_of_2(tiles_total), ALIGNED=False, FAST=FAST_EXP,
+                        PDL=_pdl(device), num_warps=NUM_WARPS2_WIDE)
+        if p.const2["PDL"]:
+            p.const2["launch_pdl"] = True
+        p.const2a = dict(p.const2, ALIGNED=True)
+        p.tsum = torch.empty(batch, tiles_total, 2, **f32)
+        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
     elif p.split:
+        if PASS2 != "tile":
+            raise ValueError(f"PASS2 (TILESPEC_PASS2) must be 'wide' or 'tile', got {PASS2!r}")
         p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, NT2_BLOCK=p.const2["NT2_BLOCK"],
                         ALIGNED=False, PREFETCH=PREFETCH2 and p.tiles > 1, num_warps=NUM_WARPS2)
         p.const2a = dict(p.const2, ALIGNED=True)
@@ -287,6 +333,12 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
         key, const2 = _direct_key(plan, device, user, strides), plan.const2
         if _aligned(tgt, drf_t, strides, tgt.shape[2]):
             key, const2 = key and (*key, "aligned"), plan.const2a
+        if plan.wide:
+            n_tiles = plan.tsum.shape[1]
+            _launcher(sample_wide_kernel)(
+                plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
+                                   plan.counters, *outs, k_max, tgt.shape[2], n_tiles, *strides), const2, key)
+            return _result(outs, method, exact)
         _launcher(sample_row_kernel)(
             plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
                                plan.counters, *outs, k_max, tgt.shape[2], plan.nc2, plan.tiles, *strides),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import BIG
+from .common import BIG, exp_fast
 from .stats import _accept_tail
 
 NEG_MAX = tl.constexpr(-3.4028234663852886e38)   # -FLT_MAX: the lanes' initial running max
@@ -44,7 +44,10 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
                             out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                             DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
                             SUB: tl.constexpr, NC_BLOCK: tl.constexpr, RB: tl.constexpr, CPP: tl.constexpr,
-                            ALIGNED: tl.constexpr, PREFETCH: tl.constexpr):
+                            ALIGNED: tl.constexpr, PREFETCH: tl.constexpr, GROUP: tl.constexpr = 1,
+                            FAST: tl.constexpr = False, PDL: tl.constexpr = False):
+    if PDL:   # let pass 2 (launched as a programmatic dependent) get resident; it waits for this grid to finish
+        tl.extra.cuda.gdc_launch_dependents()
     g = tl.program_id(0)   # chunks g * CPP .. g * CPP + CPP - 1 (those < NC) of row r of request b
     r = tl.program_id(1)
     b = tl.program_id(2)
@@ -71,6 +74,9 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
             if greedy:
                 _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
                                HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, True)
+            elif GROUP > 1:
+                _stream_chunks_grouped(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0,
+                                       HAS_THR, CHUNK, SUB, GROUP, PREFETCH, ALIGNED, FAST)
             else:
                 _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
                                HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
@@ -81,8 +87,12 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
             thr = 0.0
             if HAS_THR:
                 thr = tl.load(thr_q_ptr + b * K + row)
-            _stream_chunks(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
-                           HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
+            if GROUP > 1:
+                _stream_chunks_grouped(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0,
+                                       HAS_THR, CHUNK, SUB, GROUP, PREFETCH, ALIGNED, FAST)
+            else:
+                _stream_chunks(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
+                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
     tl.debug_barrier()
     done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
     if done == tl.num_programs(0) * tl.num_programs(1) - 1:
@@ -139,5 +149,53 @@ def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, sl
                 at = tl.full([SUB], BIG, tl.int32)
             m = tl.full([SUB], NEG_MAX, tl.float32)
             s = tl.zeros([SUB], tl.float32)
+        if PREFETCH:
+            x = x_next
+
+
+@triton.jit
+def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0, HAS_THR: tl.constexpr,
+                           CHUNK: tl.constexpr, SUB: tl.constexpr, GROUP: tl.constexpr, PREFETCH: tl.constexpr,
+                           ALIGNED: tl.constexpr, FAST: tl.constexpr):
+    """:func:`_stream_chunks` for sampling rows (no argmax) with GROUP contiguous ids per lane: each slice is a
+    [SUB / GROUP, GROUP] block (a thread's 16-byte load is one group), and lane g keeps a running (max, sum) over
+    its groups: m' = max(m, max of the group), s = s exp(m - m') + sum exp(z - m'). One exp per element plus one per
+    group, and the group max is a reduction inside a thread, so the element loop is ~7 instructions (the lane-wise
+    update, 13). Combined and stored per chunk as there; m and the stored values' meaning are the same, s is the
+    same sum in another fp32 order. FAST: ex2.approx.ftz (``common.exp_fast``)."""
+    NSUB: tl.constexpr = CHUNK // SUB
+    NG: tl.constexpr = SUB // GROUP
+    ids = tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]      # [NG, GROUP], row g = group g
+    base = c0 * CHUNK
+    lim = tl.minimum(V, (c0 + n_chunks) * CHUNK)
+    if ALIGNED:
+        lim = tl.multiple_of(lim, 8)
+    x = 0
+    if PREFETCH:
+        x = tl.load(row_ptr + base + ids, mask=base + ids < lim, other=float("-inf"))
+    m = tl.full([NG], NEG_MAX, tl.float32)
+    s = tl.zeros([NG], tl.float32)
+    for it in range(0, n_chunks * NSUB):
+        offs = base + it * SUB + ids
+        if PREFETCH:
+            x_next = tl.load(row_ptr + offs + SUB, mask=offs + SUB < lim, other=float("-inf"))
+            xv = x
+        else:
+            xv = tl.load(row_ptr + offs, mask=offs < lim, other=float("-inf"))
+        z = xv.to(tl.float32) / scale        # the same fp32 z as common.scaled (masked ids: -inf)
+        if HAS_THR:
+            z = tl.where(z >= thr, z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        # z - m_new before scaling by log2(e): m_new >= -FLT_MAX, so no inf - inf (a product could overflow)
+        s = s * exp_fast(m - m_new, FAST) + tl.sum(exp_fast(z - m_new[:, None], FAST), axis=1)
+        m = m_new
+        if it % NSUB == NSUB - 1:
+            big_m = tl.max(m, axis=0)
+            total = tl.sum(s * tl.exp(m - big_m), axis=0)
+            slot = slot0 + c0 + it // NSUB
+            tl.store(m_ptr + slot, tl.where(total > 0.0, big_m, float("-inf")))
+            tl.store(s_ptr + slot, total)
+            m = tl.full([NG], NEG_MAX, tl.float32)
+            s = tl.zeros([NG], tl.float32)
         if PREFETCH:
             x = x_next

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Session 13 (issue 15) on one H100, two calls, from the repository root; results under $OUT.
+#   bash bench/gpu/session13.sh a    # variants side by side + GPU kernel tests + ncu of the defaults (~6 min)
+#   bash bench/gpu/session13.sh b    # the issue's "done when" run: `tilespec bench verify` with transformers and
+#                                    # FlashInfer in the same process, exactness of fused + reference at 1e6 (~8 min)
+# Call b needs the FlashInfer + apache-tvm-ffi wheels in .whl/ (carry it). Every step runs under `timeout`, writes
+# its log under $OUT and continues on failure; a summary is printed last.
+set -u
+OUT=${OUT:-/tmp/s13-out}
+mkdir -p "$OUT"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export TILESPEC_COMMIT=${TILESPEC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+ts() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2; shift 2
+  ts "start $name (timeout ${limit}s)"
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  ts "end $name rc=$? : $(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | cut -c1-200)"
+}
+{
+  echo "commit $TILESPEC_COMMIT"
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader 2>&1
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
+case "${1:-a}" in
+a)
+  step issue15-bench 200 python3 bench/scripts/issue15_bench.py --filters --time-budget 170 --json "$OUT/issue15.json"
+  step pytest-gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py \
+    tests/test_kernels_wide.py tests/test_kernels_stream.py
+  for b in 64 1; do
+    step ncu-B$b 60 ncu --nvtx --nvtx-include "tilespec_fused_B$b/" $NCU_SECTIONS \
+      python3 bench/scripts/ncu_fused.py --batch $b --no-timing
+  done
+  step ncu-sigmoid-B64 45 ncu --nvtx --nvtx-include "tilespec_sigmoid_B64/" $NCU_SECTIONS \
+    python3 bench/scripts/ncu_fused.py --batch 64 --method sigmoid --no-timing
+  grep -A200 "^summary" "$OUT/issue15-bench.log" | head -60
+  ;;
+b)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
+  D=$(date -u +%Y-%m-%d)
+  step bench-verify 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --json "$OUT/verify-H100-session13-$D.json"
+  step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json "$OUT/exactness-gpu-H100-session13-fused-reference-1e6-$D.json"
+  ;;
+esac
+ts done
