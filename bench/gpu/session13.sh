@@ -39,6 +39,17 @@ a)
     python3 bench/scripts/ncu_fused.py --batch 64 --method sigmoid --no-timing
   grep -A200 "^summary" "$OUT/issue15-bench.log" | head -60
   ;;
+a2)   # after call a: the raw-logit pass 1 loop + linear reference; variants, GPU tests, exactness at 1e6
+  step issue15-bench 200 python3 bench/scripts/issue15_bench.py --time-budget 170 --json "$OUT/issue15.json"
+  step pytest-gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py
+  D=$(date -u +%Y-%m-%d)
+  step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json "$OUT/exactness-gpu-H100-session13-fused-reference-1e6-$D.json"
+  step ncu-B64 60 ncu --nvtx --nvtx-include "tilespec_fused_B64/" $NCU_SECTIONS \
+      python3 bench/scripts/ncu_fused.py --batch 64 --no-timing
+  grep -A200 "^summary" "$OUT/issue15-bench.log" | head -40
+  tail -5 "$OUT/exactness.log"
+  ;;
 b)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
   python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1

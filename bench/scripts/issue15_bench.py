@@ -7,7 +7,8 @@ Variants are module globals of ``tilespec.verify.kernels.launch`` (the plan cach
                   no programmatic dependent launch
   new             the defaults (session 13: grouped stream pass 1, wide pass 2, ex2.approx.ftz, PDL)
   new-group1 / new-tilepass2 / new-nofast / new-nopdl   new with one of the four changes undone
-  new-maxnreg0, new-cpp1 / new-cpp4, new-wide2 / new-wide8 / new-wide4w4 / new-wide8w4: launch-parameter ablations
+  new-maxnreg0, new-sub1024w4, new-g16-nocap, new-cpp1 / new-cpp4, new-wide2 / new-wide8 / new-wide4w4:
+                  launch-parameter ablations (pass-1 lane shapes change s in fp32 rounding only)
   old             the code before issue 15 part 2 (classic pass 1, 2-byte loads)
 For each batch size (default 1 and 64; K=5, V=151,936, bf16, T=1, "mid" inputs of ``ncu_fused.make_inputs``):
 per variant, the fraction of rows identical to ``reference`` (tokens and acceptance count), graph replay == eager,
@@ -41,12 +42,13 @@ VARIANTS = {
     "new-nofast": dict(FAST_EXP=False),
     "new-nopdl": dict(PDL=False),
     "new-maxnreg0": dict(MAXNREG1=0),
+    "new-sub1024w4": dict(SUB1_STREAM=1024, NUM_WARPS1_STREAM=4),
+    "new-g16-nocap": dict(GROUP1=16, SUB1_STREAM=4096, MAXNREG1=0),
     "new-cpp1": dict(CHUNKS_PER_PROGRAM=1),
     "new-cpp4": dict(CHUNKS_PER_PROGRAM=4),
     "new-wide2": dict(WIDE_TILES=2),
     "new-wide8": dict(WIDE_TILES=8),
     "new-wide4w4": dict(NUM_WARPS2_WIDE=4),
-    "new-wide8w4": dict(WIDE_TILES=8, NUM_WARPS2_WIDE=4),
     "old": dict(PASS1="classic", ALIGN_LOADS=False, SAMPLE_TILES=1, GROUP1=1, PASS2="tile", FAST_EXP=False,
                 PDL=False),
 }

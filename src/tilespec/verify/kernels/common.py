@@ -47,16 +47,21 @@ def keyed_uniform(seed, position, purpose: tl.constexpr, token):
 
 
 @triton.jit
-def exp_fast(x, FAST: tl.constexpr):
-    """exp(x) for fp32 ``x``: with FAST (GPU only) ``ex2.approx.ftz.f32`` of x * log2(e), one MUFU instruction
-    (Triton's ``tl.exp`` adds ~3 instructions per element to keep subnormal results, which weights and sums
-    here never need: a result below 2^-126 flushes to 0); otherwise ``tl.exp`` (the CPU interpreter has no inline
-    assembly). -inf gives 0 either way."""
+def exp2_scaled(d, c, FAST: tl.constexpr):
+    """exp2(d * c) for fp32 ``d``: with FAST (GPU only) one ``ex2.approx.ftz.f32`` instruction (Triton's exp adds
+    ~3 instructions per element to keep subnormal results, which the weights and sums here never need: a result
+    below 2^-126 flushes to 0); otherwise ``tl.exp2`` (the CPU interpreter has no inline assembly)."""
     if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [d * c], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
-        return tl.exp(x)
+        return tl.exp2(d * c)
+
+
+@triton.jit
+def exp_fast(x, FAST: tl.constexpr):
+    """exp(x) as :func:`exp2_scaled` (x * log2 e); -inf gives 0."""
+    return exp2_scaled(x, 1.4426950408889634, FAST)
 
 
 @triton.jit

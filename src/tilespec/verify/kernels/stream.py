@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import BIG, exp_fast
+from .common import BIG, exp2_scaled
 from .stats import _accept_tail
 
 NEG_MAX = tl.constexpr(-3.4028234663852886e38)   # -FLT_MAX: the lanes' initial running max
@@ -159,39 +159,68 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
                            ALIGNED: tl.constexpr, FAST: tl.constexpr):
     """:func:`_stream_chunks` for sampling rows (no argmax) with GROUP contiguous ids per lane: each slice is a
     [SUB / GROUP, GROUP] block (a thread's 16-byte load is one group), and lane g keeps a running (max, sum) over
-    its groups: m' = max(m, max of the group), s = s exp(m - m') + sum exp(z - m'). One exp per element plus one per
-    group, and the group max is a reduction inside a thread, so the element loop is ~7 instructions (the lane-wise
-    update, 13). Combined and stored per chunk as there; m and the stored values' meaning are the same, s is the
-    same sum in another fp32 order. FAST: ex2.approx.ftz (``common.exp_fast``)."""
+    its groups: m' = max(m, max of the group), s = s exp(m - m') + sum exp(z - m'): one exp per element plus one
+    per group, and the group max is a reduction inside a thread. Combined and stored per chunk as there.
+
+    Without filters the loop never divides: it runs on the raw logits x (max of x; exp((x - m) / T) as
+    exp2((x - m) c), c = log2(e) / T) and stores m = max(x) / T, the same fp32 value as the max of
+    ``common.scaled``'s z = x / T (division by T > 0 is monotone, so it commutes with the max); s is the same sum
+    as sum exp(z - m) up to fp32 rounding (not the same bits). The per-element division cost 3 instructions
+    (``div.full``'s range fix-ups are issued per element). bf16 rows with ALIGNED load int32 pairs and widen them
+    with one shift / mask each. With filters z = x / T is needed per element (the keep test) and used throughout.
+    FAST: ex2.approx.ftz (``common.exp_fast``)."""
     NSUB: tl.constexpr = CHUNK // SUB
     NG: tl.constexpr = SUB // GROUP
-    ids = tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]      # [NG, GROUP], row g = group g
-    base = c0 * CHUNK
+    PAIRS: tl.constexpr = ALIGNED and not HAS_THR and row_ptr.dtype.element_ty == tl.bfloat16
+    W: tl.constexpr = GROUP // 2 if PAIRS else GROUP      # loaded words per group
+    ids = tl.arange(0, NG)[:, None] * W + tl.arange(0, W)[None, :]            # [NG, W], row g = group g
+    ptr = row_ptr
+    if PAIRS:
+        ptr = row_ptr.to(tl.pointer_type(tl.int32))
+    STEP: tl.constexpr = SUB // 2 if PAIRS else SUB                             # words per slice
+    base = c0 * (CHUNK // 2 if PAIRS else CHUNK)
     lim = tl.minimum(V, (c0 + n_chunks) * CHUNK)
     if ALIGNED:
         lim = tl.multiple_of(lim, 8)
+    if PAIRS:
+        lim = lim // 2
     x = 0
     if PREFETCH:
-        x = tl.load(row_ptr + base + ids, mask=base + ids < lim, other=float("-inf"))
+        x = _load_words(ptr, base + ids, lim, PAIRS)
+    inv_l2 = 1.4426950408889634 / scale     # exp(v / T) = exp2(v * inv_l2)
+    if HAS_THR:
+        inv_l2 = 1.4426950408889634
     m = tl.full([NG], NEG_MAX, tl.float32)
     s = tl.zeros([NG], tl.float32)
     for it in range(0, n_chunks * NSUB):
-        offs = base + it * SUB + ids
+        offs = base + it * STEP + ids
         if PREFETCH:
-            x_next = tl.load(row_ptr + offs + SUB, mask=offs + SUB < lim, other=float("-inf"))
+            x_next = _load_words(ptr, offs + STEP, lim, PAIRS)
             xv = x
         else:
-            xv = tl.load(row_ptr + offs, mask=offs < lim, other=float("-inf"))
-        z = xv.to(tl.float32) / scale        # the same fp32 z as common.scaled (masked ids: -inf)
-        if HAS_THR:
-            z = tl.where(z >= thr, z, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        # z - m_new before scaling by log2(e): m_new >= -FLT_MAX, so no inf - inf (a product could overflow)
-        s = s * exp_fast(m - m_new, FAST) + tl.sum(exp_fast(z - m_new[:, None], FAST), axis=1)
+            xv = _load_words(ptr, offs, lim, PAIRS)
+        if PAIRS:
+            lo = (xv << 16).to(tl.float32, bitcast=True)          # the even id of each pair, widened exactly
+            hi = (xv & -65536).to(tl.float32, bitcast=True)       # the odd id
+            m_new = tl.maximum(m, tl.maximum(tl.max(lo, axis=1), tl.max(hi, axis=1)))
+            mc = m_new[:, None]
+            part = (tl.sum(exp2_scaled(lo - mc, inv_l2, FAST), axis=1)
+                    + tl.sum(exp2_scaled(hi - mc, inv_l2, FAST), axis=1))
+        else:
+            z = xv.to(tl.float32)
+            if HAS_THR:
+                z = z / scale                     # the same fp32 z as common.scaled (masked ids: -inf)
+                z = tl.where(z >= thr, z, float("-inf"))
+            m_new = tl.maximum(m, tl.max(z, axis=1))
+            part = tl.sum(exp2_scaled(z - m_new[:, None], inv_l2, FAST), axis=1)
+        # differences before scaling: m_new >= -FLT_MAX, so no inf - inf (a product could overflow first)
+        s = s * exp2_scaled(m - m_new, inv_l2, FAST) + part
         m = m_new
         if it % NSUB == NSUB - 1:
             big_m = tl.max(m, axis=0)
-            total = tl.sum(s * tl.exp(m - big_m), axis=0)
+            total = tl.sum(s * exp2_scaled(m - big_m, inv_l2, False), axis=0)
+            if not HAS_THR:
+                big_m = big_m / scale
             slot = slot0 + c0 + it // NSUB
             tl.store(m_ptr + slot, tl.where(total > 0.0, big_m, float("-inf")))
             tl.store(s_ptr + slot, total)
@@ -199,3 +228,12 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
             s = tl.zeros([NG], tl.float32)
         if PREFETCH:
             x = x_next
+
+
+@triton.jit
+def _load_words(ptr, offs, lim, PAIRS: tl.constexpr):
+    """Raw values at ``offs`` < lim: bf16 pairs as int32 words (-inf, -inf where masked) or single values (-inf)."""
+    if PAIRS:
+        return tl.load(ptr + offs, mask=offs < lim, other=-8323200)     # 0xff80ff80: two bf16 -inf
+    else:
+        return tl.load(ptr + offs, mask=offs < lim, other=float("-inf"))
