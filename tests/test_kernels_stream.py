@@ -91,7 +91,7 @@ def test_chunk_statistics_match_torch(top_k):
         assert bool(torch.isneginf(m[:, :K + 1]).any()) and bool((s[torch.isneginf(m)] == 0).all())
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("prefetch", [True, False, 2])
 def test_same_bits_for_every_cpp_and_prefetch_and_batch(prefetch, monkeypatch):
     monkeypatch.setattr(launch, "PREFETCH1", prefetch)
     target, dlog, tokens = _case(seed=1)

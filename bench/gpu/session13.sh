@@ -51,13 +51,18 @@ a2)   # after call a: the raw-logit pass 1 loop + linear reference; variants, GP
   tail -5 "$OUT/exactness.log"
   ;;
 b)
+  step issue15-bench 150 python3 bench/scripts/issue15_bench.py --filters --time-budget 120 --json "$OUT/issue15.json"
+  grep -A40 "^summary" "$OUT/issue15-bench.log" | head -40
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
   python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -1
   D=$(date -u +%Y-%m-%d)
   step bench-verify 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
     --filters --check --json "$OUT/verify-H100-session13-$D.json"
-  step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json "$OUT/exactness-gpu-H100-session13-fused-reference-1e6-$D.json"
+  step exactness 120 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+    --samples 1000000 --json "$OUT/exactness-gpu-H100-session13-final-fused-reference-1e6-$D.json"
+  step ncu-B64 60 ncu --nvtx --nvtx-include "tilespec_fused_B64/" $NCU_SECTIONS \
+      python3 bench/scripts/ncu_fused.py --batch 64 --no-timing
+  tail -3 "$OUT/exactness.log"; grep -v "^\s*$" "$OUT/bench-verify.log" | tail -30
   ;;
 esac
 ts done

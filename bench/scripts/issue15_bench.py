@@ -6,9 +6,8 @@ Variants are module globals of ``tilespec.verify.kernels.launch`` (the plan cach
   s12             session 12's defaults: lane-wise stream pass 1, one-tile pass 2 (sample_row_kernel), no ftz exp,
                   no programmatic dependent launch
   new             the defaults (session 13: grouped stream pass 1, wide pass 2, ex2.approx.ftz, PDL)
-  new-group1 / new-tilepass2 / new-nofast / new-nopdl   new with one of the four changes undone
-  new-maxnreg0, new-sub1024w4, new-g16-nocap, new-cpp1 / new-cpp4, new-wide2 / new-wide8 / new-wide4w4:
-                  launch-parameter ablations (pass-1 lane shapes change s in fp32 rounding only)
+  new-group1 / new-tilepass2 / new-nopdl / new-pf1   new with one of the changes undone
+  new-cap48 / new-cap0, new-cpp4, new-wide4w4 / new-wide8: launch-parameter ablations
   old             the code before issue 15 part 2 (classic pass 1, 2-byte loads)
 For each batch size (default 1 and 64; K=5, V=151,936, bf16, T=1, "mid" inputs of ``ncu_fused.make_inputs``):
 per variant, the fraction of rows identical to ``reference`` (tokens and acceptance count), graph replay == eager,
@@ -35,22 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_fused import git_commit, make_inputs, summarise, kernel_events  # noqa: E402
 
 VARIANTS = {
-    "s12": dict(GROUP1=1, PASS2="tile", FAST_EXP=False, PDL=False),   # session 12's defaults
+    "s12": dict(GROUP1=1, PASS2="tile", FAST_EXP=False, PDL=False, PREFETCH1=1),   # session 12's defaults
     "new": dict(),
     "new-group1": dict(GROUP1=1),
     "new-tilepass2": dict(PASS2="tile"),
-    "new-nofast": dict(FAST_EXP=False),
     "new-nopdl": dict(PDL=False),
-    "new-maxnreg0": dict(MAXNREG1=0),
-    "new-sub1024w4": dict(SUB1_STREAM=1024, NUM_WARPS1_STREAM=4),
-    "new-g16-nocap": dict(GROUP1=16, SUB1_STREAM=4096, MAXNREG1=0),
-    "new-cpp1": dict(CHUNKS_PER_PROGRAM=1),
+    "new-pf1": dict(PREFETCH1=1),
+    "new-cap48": dict(MAXNREG1=48),
+    "new-cap0": dict(MAXNREG1=0),
     "new-cpp4": dict(CHUNKS_PER_PROGRAM=4),
-    "new-wide2": dict(WIDE_TILES=2),
-    "new-wide8": dict(WIDE_TILES=8),
     "new-wide4w4": dict(NUM_WARPS2_WIDE=4),
+    "new-wide8": dict(WIDE_TILES=8),
     "old": dict(PASS1="classic", ALIGN_LOADS=False, SAMPLE_TILES=1, GROUP1=1, PASS2="tile", FAST_EXP=False,
-                PDL=False),
+                PDL=False, PREFETCH1=1),
 }
 FILTERS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
 

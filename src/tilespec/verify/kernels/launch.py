@@ -82,7 +82,7 @@ CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
 PASS1 = os.environ.get("TILESPEC_PASS1", "stream")
 SUB1_STREAM = int(os.environ.get("TILESPEC_SUB1_STREAM", "2048"))
 NUM_WARPS1_STREAM = int(os.environ.get("TILESPEC_WARPS1_STREAM", "8"))
-PREFETCH1 = os.environ.get("TILESPEC_PREFETCH1", "1") != "0"
+PREFETCH1 = int(os.environ.get("TILESPEC_PREFETCH1", "2"))   # slices loaded ahead (2: grouped loop only; lane-wise: 1)
 MAXNREG1 = int(os.environ.get("TILESPEC_MAXNREG1", "40"))
 # 16-byte loads (the ALIGNED constexpr of the stream pass 1 and fused's pass 2) for calls whose rows allow them;
 # env TILESPEC_ALIGN_LOADS=0 turns them off (the previous 2-byte loads; for comparisons)

@@ -185,8 +185,11 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
     if PAIRS:
         lim = lim // 2
     x = 0
-    if PREFETCH:
+    x1 = 0
+    if PREFETCH:   # PREFETCH = 2: two slices in flight ahead of the arithmetic (no bits change)
         x = _load_words(ptr, base + ids, lim, PAIRS)
+    if PREFETCH >= 2:
+        x1 = _load_words(ptr, base + STEP + ids, lim, PAIRS)
     inv_l2 = 1.4426950408889634 / scale     # exp(v / T) = exp2(v * inv_l2)
     if HAS_THR:
         inv_l2 = 1.4426950408889634
@@ -194,7 +197,10 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
     s = tl.zeros([NG], tl.float32)
     for it in range(0, n_chunks * NSUB):
         offs = base + it * STEP + ids
-        if PREFETCH:
+        if PREFETCH >= 2:
+            x_next = _load_words(ptr, offs + 2 * STEP, lim, PAIRS)
+            xv = x
+        elif PREFETCH:
             x_next = _load_words(ptr, offs + STEP, lim, PAIRS)
             xv = x
         else:
@@ -226,7 +232,10 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
             tl.store(s_ptr + slot, total)
             m = tl.full([NG], NEG_MAX, tl.float32)
             s = tl.zeros([NG], tl.float32)
-        if PREFETCH:
+        if PREFETCH >= 2:
+            x = x1
+            x1 = x_next
+        elif PREFETCH:
             x = x_next
 
 
