@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0, help="top-k filter (default 0: none)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="top-p filter (default 1.0: none)")
     ap.add_argument("--draft", choices=("logits", "none"), default="logits")
     ap.add_argument("--method", default="fused")
     ap.add_argument("--warmup", type=int, default=10)
@@ -154,12 +156,12 @@ def main(argv=None) -> int:
         from tilespec import SamplingParams, verify
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    sampling = SamplingParams(temperature=args.temperature)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     report = {"script": "bench/scripts/ncu_fused.py", "argv": sys.argv, "commit": git_commit(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "config": {"k": args.k, "vocab": args.vocab, "dtype": args.dtype, "temperature": args.temperature,
-                         "draft": args.draft, "method": args.method}, "runs": []}
+                         "top_k": args.top_k, "top_p": args.top_p, "draft": args.draft, "method": args.method}, "runs": []}
 
     for batch in args.batches:
         target, draft, tokens = make_inputs(torch, batch, args.k, args.vocab, dtype, args.draft, args.seed)

@@ -2,8 +2,9 @@
 
 ``fused`` on large vocabularies (per-request layout): ``stream.row_stats_stream_kernel`` (default; PASS1 =
 "classic": ``stats.row_stats_kernel``; statistics + acceptance test in its last program per request) then
-``sample.sample_row_kernel`` (row n's tile masses, ceil(V / (BLOCK2 * SAMPLE_TILES)) programs per request, and the
-draw); direct launches: ``direct``.
+``residual.sample_wide_kernel`` (default, PASS2 = "wide": WIDE_TILES tiles of row n per program, launched as a
+programmatic dependent of pass 1 where PDL holds) or ``sample.sample_row_kernel`` (PASS2 = "tile"), each ending with
+the draw in the last program per request; direct launches: ``direct``.
 
 No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
 ~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
