@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, PURPOSE_SAMPLE, cdf_pick, cdf_tile, exp_fast, keyed_uniform,
                      write_outputs)
+from .sample import _load_rows
 
 
 @triton.jit
@@ -57,19 +58,6 @@ def _scaled_rcp(x, mask, inv, thr, HAS_THR: tl.constexpr):
     if HAS_THR:
         z = tl.where(z >= thr, z, float("-inf"))
     return tl.where(mask, z, float("-inf"))
-
-
-@triton.jit
-def _load_pair(row_t, row_q, idx, mask, rmask, DRAFT_KIND: tl.constexpr):
-    """Raw target logits (-inf where ~mask) and draft values (logits -inf / probabilities 0 where ~rmask; without
-    a draft distribution the target's, unused) at ``idx``."""
-    xt = tl.load(row_t + idx, mask=mask, other=float("-inf"))
-    xq = xt
-    if DRAFT_KIND == DRAFT_LOGITS:
-        xq = tl.load(row_q + idx, mask=rmask, other=float("-inf"))
-    elif DRAFT_KIND == DRAFT_PROBS:
-        xq = tl.load(row_q + idx, mask=rmask, other=0.0)
-    return xt, xq
 
 
 @triton.jit(do_not_specialize=["K", "V", "NT", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
@@ -110,7 +98,7 @@ def sample_wide_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, tem
         idx = tiles[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]                # [TILES, BLOCK]
         mask = idx < V
         rmask = mask & ((tl.zeros_like(idx) + is_rej.to(tl.int32)) != 0)
-        xt, xq = _load_pair(row_t, row_q, idx, mask, rmask, DRAFT_KIND)
+        xt, xq = _load_rows(row_t, row_q, idx, mask, rmask, DRAFT_KIND)
         w_p, w_r = lin_weights(xt, xq, idx, mask, rmask, x_n, inv_t, thr_t, thr_q, lse_n, lse_ql, lenience,
                                DRAFT_KIND, HAS_THR, FAST)
         slots = (b * NT + tiles) * 2
@@ -130,7 +118,7 @@ def sample_wide_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, tem
             offs = tile * BLOCK + tl.arange(0, BLOCK)
             omask = offs < V
             ormask = omask & ((tl.zeros_like(offs) + is_rej.to(tl.int32)) != 0)
-            yt, yq = _load_pair(row_t, row_q, offs, omask, ormask, DRAFT_KIND)
+            yt, yq = _load_rows(row_t, row_q, offs, omask, ormask, DRAFT_KIND)
             v_p, v_r = lin_weights(yt, yq, offs, omask, ormask, x_n, inv_t, thr_t, thr_q, lse_n, lse_ql,
                                    lenience, DRAFT_KIND, HAS_THR, FAST)
             token = cdf_pick(tl.where(use_res, v_r, v_p), offs, rest, tile * BLOCK)
