@@ -121,9 +121,10 @@ def test_tile_masses_do_not_depend_on_tiles_per_program(monkeypatch):
         assert torch.allclose(masses, runs[0][1], rtol=1e-6, atol=1e-12)
 
 
-@pytest.mark.parametrize("name, value", [("PASS2", "bogus"), ("WIDE_TILES", 3), ("WIDE_TILES", 0)])
+@pytest.mark.parametrize("name, value", [("PASS2", "bogus"), ("WIDE_TILES", 3), ("WIDE_TILES", 0), ("GROUP1", 3),
+                                         ("PREFETCH1", 3)])
 def test_bad_settings_are_clear_errors(name, value, monkeypatch):
     monkeypatch.setattr(launch, name, value)
     target, dlog, tokens = _case(4, batch=2)
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=name.replace("GROUP1", "GROUP")):
         verify(target, tokens, draft_logits=dlog, method="fused", seed=1)

@@ -220,6 +220,9 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
             p.const1.update(NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
             if PASS1 == "stream":
+                if GROUP1 < 1 or GROUP1 & (GROUP1 - 1) or PREFETCH1 not in (0, 1, 2):
+                    raise ValueError(f"TILESPEC_PASS1_GROUP must be a power of 2 and TILESPEC_PREFETCH1 0, 1 or 2, "
+                                     f"got GROUP1={GROUP1}, PREFETCH1={PREFETCH1}")
                 p.kernel1 = "stream"
                 p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
                                 num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP,
