@@ -232,3 +232,67 @@ def test_pass2_tiles_per_program_same_bits(monkeypatch):
     base2, tsum2 = run(SAMPLE_TILES=1, ALIGN_LOADS=False)
     got, again = run(SAMPLE_TILES=8, PREFETCH2=True, ALIGN_LOADS=False)
     assert _max_ulps(tsum2, again) <= 16 and _same_rows(base2, got) >= 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_topk16_thresholds_equal_torch_topk(dtype):
+    # the two-histogram top-k kernel at the real vocabulary: torch.topk's thresholds bit for bit
+    from tilespec.verify.kernels.keep import _top_k_thresholds
+    from tilespec.verify.kernels.topk16 import top_k_thresholds16
+    target, _, _ = _case(64, 5, 151936, dtype=dtype, seed=6)
+    top_k = torch.tensor([1, 20, 50, 1000] * 16, device="cuda")
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3] * 16, device="cuda")
+    got = top_k_thresholds16(target, top_k, temperature)
+    assert torch.equal(got, _top_k_thresholds(target, top_k, temperature, 1000))
+
+
+def _rounded_down_by_triton_division(temperature: float) -> float:
+    """A bf16 logit x > 0 whose x / T through Triton's fp32 ``/`` (div.full) is below torch's quotient."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def div(x_ptr, y_ptr, t, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) / t, mask=i < n)
+
+    x = torch.arange(0x3F80, 0x4200, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16).float()
+    y = torch.empty_like(x)
+    div[(triton.cdiv(x.numel(), 256),)](x, y, temperature, x.numel(), BLOCK=256)
+    below = (y < x / torch.tensor(temperature, device="cuda")).nonzero()
+    return float(x[below[0, 0]]) if below.numel() else float("nan")
+
+
+def test_filtered_kernels_keep_the_threshold_token():
+    # the k-th token's z is the threshold itself: the kernels must compute it with the threshold's correctly
+    # rounded division, or a 1-ulp-low quotient drops it from the support (it would never be accepted)
+    probes = [(t, _rounded_down_by_triton_division(t)) for t in (0.7, 0.6, 0.9, 1.3, 0.3)]
+    found = [(t, x) for t, x in probes if x == x]
+    if not found:
+        pytest.skip("Triton's division is correctly rounded on every probed value")
+    temperature, x = found[0]
+    batch, vocab = 256, 151936
+    target = torch.full((batch, 2, vocab), -30.0, device="cuda")
+    target[:, :, 0] = x + 0.5                  # the largest logit
+    target[:, :, 1] = x                        # the 2nd largest: the top-2 threshold
+    target = target.to(torch.bfloat16)
+    assert float(target[0, 0, 1]) == x
+    tokens = torch.ones(batch, 1, dtype=torch.int64, device="cuda")
+    draft_probs = torch.zeros(batch, 1, vocab, device="cuda")
+    draft_probs[..., 1] = 1.0                  # q(1) = 1: accepted with probability p(1) ~ 0.33, never if dropped
+    sampling = SamplingParams(temperature=temperature, top_k=2)
+    for method in ("fused", "reference"):
+        got = verify(target, tokens, draft_probs=draft_probs, sampling=sampling, method=method,
+                     seed=torch.arange(batch, device="cuda"))
+        assert 0.08 < got.accepted.float().mean().item() < 0.6, method
+
+
+def test_topk16_top_p_thresholds_keep_the_sorted_set():
+    from tilespec.verify.filters import keep_threshold
+    from tilespec.verify.kernels.topk16 import top_k_thresholds16
+    from tilespec.verify.validation import resolve_sampling
+    target, _, _ = _case(64, 5, 151936, seed=7)
+    s = resolve_sampling(SamplingParams(top_k=[20, 50, 1000, 1] * 16, top_p=[0.8, 0.9, 0.95, 0.5] * 16,
+                                        temperature=[0.7, 1.0, 1.3, 0.0] * 16), 64, target.device)
+    got = top_k_thresholds16(target, s.top_k, s.temperature, s.top_p, k_max=1000)
+    assert torch.equal(got, keep_threshold(target, s, method="sort"))

@@ -72,10 +72,22 @@ def scaled(ptr, mask, scale, thr, HAS_THR: tl.constexpr):
 
 
 @triton.jit
+def div_t(x, scale, EXACT: tl.constexpr):
+    """x / T. EXACT: the correctly rounded quotient (div.rn), the z that torch and the keep-threshold kernels
+    compute, so an id whose z is its row's threshold compares equal to it and stays kept. Otherwise Triton's ``/``
+    (div.full, within 2 ulp; fewer instructions), enough where z only feeds exp and max."""
+    if EXACT:
+        return tl.div_rn(x, scale)
+    else:
+        return x / scale
+
+
+@triton.jit
 def scale_loaded(x, mask, scale, thr, HAS_THR: tl.constexpr):
     """:func:`scaled` on raw logits already loaded (-inf where ~mask): the same fp32 operations, hence the same bits
-    (for kernels that issue a load early and use it later)."""
-    z = x.to(tl.float32) / scale
+    (for kernels that issue a load early and use it later). With filters the division is correctly rounded
+    (:func:`div_t`)."""
+    z = div_t(x.to(tl.float32), scale, HAS_THR)
     if HAS_THR:
         z = tl.where(z >= thr, z, float("-inf"))
     return tl.where(mask, z, float("-inf"))

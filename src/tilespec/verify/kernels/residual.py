@@ -28,20 +28,20 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, PURPOSE_SAMPLE, cdf_pick, cdf_tile, exp_fast, keyed_uniform,
-                     write_outputs)
+                     scale_loaded, write_outputs)
 from .sample import _load_rows
 
 
 @triton.jit
-def lin_weights(xt, xq, idx, mask, rmask, x_n, scale, thr_t, thr_q, lse_n, lse_ql, lenience,
+def lin_weights(xt, xq, idx, mask, rmask, x_n, temp, inv_t, thr_t, thr_q, lse_n, lse_ql, lenience,
                 DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, FAST: tl.constexpr):
     """(w_p, w_r) at ids ``idx`` from raw logits ``xt`` (-inf where ~mask) and the draft's ``xq`` (logits: -inf,
-    probabilities: 0 where ~rmask), ``scale`` = 1 / T: p_n = exp(z / T - lse_n) and the residual max(0, p_n - l q_n), 0 where ~rmask
+    probabilities: 0 where ~rmask), ``inv_t`` = 1 / T: p_n = exp(z / T - lse_n) and the residual max(0, p_n - l q_n), 0 where ~rmask
     (no rejection). ``lse_ql`` = lse of the draft row - log l. Without a draft distribution q is one-hot at x_n."""
-    z = _scaled_rcp(xt, mask, scale, thr_t, HAS_THR)
+    z = _scaled_rcp(xt, mask, temp, inv_t, thr_t, HAS_THR)
     w_p = exp_fast(z - lse_n, FAST)
     if DRAFT_KIND == DRAFT_LOGITS:
-        lq = exp_fast(_scaled_rcp(xq, rmask, scale, thr_q, HAS_THR) - lse_ql, FAST)
+        lq = exp_fast(_scaled_rcp(xq, rmask, temp, inv_t, thr_q, HAS_THR) - lse_ql, FAST)
     elif DRAFT_KIND == DRAFT_PROBS:
         lq = lenience * xq.to(tl.float32)
     else:
@@ -50,13 +50,16 @@ def lin_weights(xt, xq, idx, mask, rmask, x_n, scale, thr_t, thr_q, lse_n, lse_q
 
 
 @triton.jit
-def _scaled_rcp(x, mask, inv, thr, HAS_THR: tl.constexpr):
-    """``common.scale_loaded`` with the reciprocal ``inv`` = 1 / T passed in: x * inv is the value the compiled
-    x / T (div.full: x times the approximate reciprocal) gives for T in fp32's normal range, without the division's
-    per-element range fix-ups (3 instructions per id)."""
-    z = x.to(tl.float32) * inv
+def _scaled_rcp(x, mask, temp, inv_t, thr, HAS_THR: tl.constexpr):
+    """z = x / T (-inf where ~mask or below the keep threshold). Without filters it is x * ``inv_t``, the value the
+    compiled x / T (div.full: x times the approximate reciprocal) gives for T in fp32's normal range, without the
+    division's per-element range fix-ups (3 instructions per id). With filters it is the division itself,
+    ``common.scale_loaded``: ``z >= thr`` must see the bits the threshold pass saw, or a kept id that sits on the
+    threshold can fall 1 ulp below it and drop out of the support (the CPU interpreter divides exactly, so the two
+    differ there on most rows)."""
     if HAS_THR:
-        z = tl.where(z >= thr, z, float("-inf"))
+        return scale_loaded(x, mask, temp, thr, HAS_THR)
+    z = x.to(tl.float32) * inv_t
     return tl.where(mask, z, float("-inf"))
 
 
@@ -99,7 +102,7 @@ def sample_wide_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, tem
         mask = idx < V
         rmask = mask & ((tl.zeros_like(idx) + is_rej.to(tl.int32)) != 0)
         xt, xq = _load_rows(row_t, row_q, idx, mask, rmask, DRAFT_KIND)
-        w_p, w_r = lin_weights(xt, xq, idx, mask, rmask, x_n, inv_t, thr_t, thr_q, lse_n, lse_ql, lenience,
+        w_p, w_r = lin_weights(xt, xq, idx, mask, rmask, x_n, temp, inv_t, thr_t, thr_q, lse_n, lse_ql, lenience,
                                DRAFT_KIND, HAS_THR, FAST)
         slots = (b * NT + tiles) * 2
         tl.store(tsum_ptr + slots, tl.sum(w_r, axis=1), mask=tiles < NT)
@@ -119,7 +122,7 @@ def sample_wide_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, tem
             omask = offs < V
             ormask = omask & ((tl.zeros_like(offs) + is_rej.to(tl.int32)) != 0)
             yt, yq = _load_rows(row_t, row_q, offs, omask, ormask, DRAFT_KIND)
-            v_p, v_r = lin_weights(yt, yq, offs, omask, ormask, x_n, inv_t, thr_t, thr_q, lse_n, lse_ql,
+            v_p, v_r = lin_weights(yt, yq, offs, omask, ormask, x_n, temp, inv_t, thr_t, thr_q, lse_n, lse_ql,
                                    lenience, DRAFT_KIND, HAS_THR, FAST)
             token = cdf_pick(tl.where(use_res, v_r, v_p), offs, rest, tile * BLOCK)
             write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, b >= 0, n, token, K, 32)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import BIG, exp2_scaled
+from .common import BIG, div_t, exp2_scaled
 from .stats import _accept_tail
 
 NEG_MAX = tl.constexpr(-3.4028234663852886e38)   # -FLT_MAX: the lanes' initial running max
@@ -128,7 +128,7 @@ def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, sl
             xv = x
         else:
             xv = tl.load(row_ptr + offs, mask=offs < lim, other=float("-inf"))
-        z = xv.to(tl.float32) / scale        # masked ids: -inf / scale = -inf (scale > 0), as common.scaled
+        z = div_t(xv.to(tl.float32), scale, HAS_THR)   # masked ids: -inf / T = -inf, as common.scaled
         if HAS_THR:
             z = tl.where(z >= thr, z, float("-inf"))
         up = z > m
@@ -215,7 +215,7 @@ def _stream_chunks_grouped(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, s
         else:
             z = xv.to(tl.float32)
             if HAS_THR:
-                z = z / scale                     # the same fp32 z as common.scaled (masked ids: -inf)
+                z = div_t(z, scale, True)         # the same fp32 z as common.scaled (masked ids: -inf)
                 z = tl.where(z >= thr, z, float("-inf"))
             m_new = tl.maximum(m, tl.max(z, axis=1))
             part = tl.sum(exp2_scaled(z - m_new[:, None], inv_l2, FAST), axis=1)

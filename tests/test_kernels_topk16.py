@@ -1,0 +1,103 @@
+"""The two-histogram top-k kernel for 16-bit logits (kernels/topk16.py) gives torch.topk's thresholds bit for bit."""
+import pytest
+import torch
+
+from tilespec.verify import verify
+from tilespec.verify.kernels import keep, topk16
+from tilespec.verify.kernels.keep import _top_k_thresholds
+from tilespec.verify.types import SamplingParams
+
+
+def _logits(batch, rows, vocab, dtype, seed, coarse=False):
+    gen = torch.Generator().manual_seed(seed)
+    if coarse:   # few distinct values: ties at the k-th position in most rows
+        x = torch.randint(-6, 6, (batch, rows, vocab), generator=gen).float() / 2
+    else:        # the spread of real logits, both signs, values near 0
+        x = torch.randn(batch, rows, vocab, generator=gen) * 4
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab,coarse", [(9001, False), (8200, True), (37, False)])
+def test_thresholds_equal_torch_topk(dtype, vocab, coarse):
+    # 9001 and 8200 ids span 3 chunks of topk16.CHUNK; 9001 and 37 are not multiples of 8 (no 16-byte loads)
+    logits = _logits(4, 3, vocab, dtype, seed=vocab, coarse=coarse)
+    logits[0, 1, : vocab // 2] = float("-inf")          # -inf at and below the k-th position in some rows
+    logits[2, 0, :] = 0.0
+    logits[2, 0, ::2] = -0.0                             # -0.0 and +0.0 tied: different keys, one value
+    top_k = torch.tensor([1, min(37, vocab - 1), vocab - 1, vocab // 2 + 1])
+    temperature = torch.tensor([1.0, 0.0, 1.3, 0.37])
+    got = topk16.top_k_thresholds16(logits, top_k, temperature)
+    want = _top_k_thresholds(logits, top_k, temperature, int(top_k.max()))
+    assert got.dtype == torch.float32 and got.shape == (4, 3)
+    assert torch.equal(got, want)
+
+
+def test_rows_without_top_k_and_strided_rows():
+    base = _logits(3, 5, 4096 + 16, torch.bfloat16, seed=5)
+    logits = base[:, 1:4, 8:4096 + 8]                      # batch and row strides of the parent, offset start
+    top_k = torch.tensor([0, 4096, 20])                    # off, k = V (keeps all), on
+    temperature = torch.tensor([1.0, 1.0, 0.8])
+    got = topk16.top_k_thresholds16(logits, top_k, temperature)
+    assert torch.isneginf(got[:2]).all()
+    want = _top_k_thresholds(logits[2:], top_k[2:], temperature[2:], 20)
+    assert torch.equal(got[2:], want)
+
+
+def test_rejects_other_dtypes_and_layouts():
+    assert not topk16.supports(torch.zeros(1, 1, 8))
+    assert not topk16.supports(torch.zeros(1, 2, 16, dtype=torch.bfloat16)[..., ::2])
+    with pytest.raises(ValueError, match="bf16 / fp16"):
+        topk16.top_k_thresholds16(torch.zeros(1, 1, 8), torch.tensor([1]), torch.tensor([1.0]))
+
+
+def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
+    calls = []
+    real = topk16.top_k_thresholds16
+    monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a: calls.append(1) or real(*a))
+    logits = _logits(2, 3, 300, torch.bfloat16, seed=2)
+    draft = _logits(2, 2, 300, torch.bfloat16, seed=3)
+    tokens = torch.randint(0, 300, (2, 2), generator=torch.Generator().manual_seed(0))
+    sampling = SamplingParams(top_k=[5, 40], temperature=[0.9, 1.2])
+    ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=3)
+    got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
+    assert len(calls) == 2                                 # target rows and draft rows
+    assert torch.equal(got.output_tokens, ref.output_tokens)
+    monkeypatch.setattr(keep, "TOPK16", False)
+    calls.clear()
+    verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
+    assert not calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("coarse", [False, True])
+def test_top_k_then_top_p_equal_the_sort(dtype, coarse):
+    # top-p over the top-k-kept set: the collected values, sorted, give filters' sort-based thresholds (coarse
+    # values: ties at t_k and among the kept values; k = 1; top_p = 1 leaves t_k)
+    from tilespec.verify.filters import keep_threshold
+    from tilespec.verify.validation import resolve_sampling
+    logits = _logits(4, 3, 9001, dtype, seed=7, coarse=coarse)
+    logits[0, 1, :50] = float("-inf")
+    s = resolve_sampling(SamplingParams(top_k=[1, 20, 50, 300], top_p=[0.9, 0.8, 0.5, 1.0],
+                                        temperature=[1.0, 0.7, 0.0, 1.3]), 4, logits.device)
+    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=300)
+    assert torch.equal(got, keep_threshold(logits, s, method="sort"))
+
+
+def test_top_p_needs_a_small_k_max():
+    logits = _logits(1, 1, 64, torch.bfloat16, seed=1)
+    with pytest.raises(ValueError, match="k_max"):
+        topk16.top_k_thresholds16(logits, torch.tensor([5]), torch.tensor([1.0]), torch.tensor([0.9]), k_max=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(top_k=20, top_p=0.8, temperature=0.7),
+                                      SamplingParams(top_k=[3, 0], top_p=0.9)], ids=["qwen", "k0-row"])
+def test_fused_with_top_k_and_top_p_matches_reference(sampling):
+    # the first goes through topk16's top-p step, the second (a row without top-k) through the radix search
+    logits = _logits(2, 4, 500, torch.bfloat16, seed=8)
+    draft = _logits(2, 3, 500, torch.bfloat16, seed=9)
+    tokens = torch.randint(0, 500, (2, 3), generator=torch.Generator().manual_seed(1))
+    for seed in range(4):
+        ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=seed)
+        got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=seed)
+        assert torch.equal(got.output_tokens, ref.output_tokens)
