@@ -101,3 +101,14 @@ def test_fused_with_top_k_and_top_p_matches_reference(sampling):
         ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=seed)
         got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=seed)
         assert torch.equal(got.output_tokens, ref.output_tokens)
+
+
+@pytest.mark.parametrize("digits", [(8, 8), (4, 4, 4, 4), (1, 7, 8), (6, 5, 5)])
+def test_any_digit_split_gives_the_same_thresholds(digits):
+    logits = _logits(2, 3, 5000, torch.bfloat16, seed=11, coarse=True)
+    top_k = torch.tensor([7, 300])
+    temperature = torch.tensor([0.6, 1.0])
+    want = _top_k_thresholds(logits, top_k, temperature, 300)
+    assert torch.equal(topk16.top_k_thresholds16(logits, top_k, temperature, digits=digits, chunk=1024), want)
+    with pytest.raises(ValueError, match="digits"):
+        topk16.top_k_thresholds16(logits, top_k, temperature, digits=(8, 7))
