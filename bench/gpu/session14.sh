@@ -27,7 +27,7 @@ D=$(date -u +%Y-%m-%d)
 case "${1:-a}" in
 a)
   step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py
-  step filters16 240 python3 bench/scripts/filters16_bench.py --json "$OUT/filters16-H100-session14-$D.json"
+  step filters16 240 python3 bench/scripts/filters16_bench.py --json "$OUT/filters16-H100-session14-${RUN:-run}-$D.json"
   tail -4 "$OUT/pytest-gpu.log"
   cat "$OUT/filters16.log"
   ;;
