@@ -1,4 +1,5 @@
-"""The two-histogram top-k kernel for 16-bit logits (kernels/topk16.py) gives torch.topk's thresholds bit for bit."""
+"""The top-k / top-p threshold kernels for 16-bit logits (kernels/topk16.py: the pivot path and the digit-counting
+fallback) give torch.topk's thresholds and the sort's top-p thresholds bit for bit."""
 import pytest
 import torch
 
@@ -17,9 +18,10 @@ def _logits(batch, rows, vocab, dtype, seed, coarse=False):
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("pivot", [True, False], ids=["pivot", "fallback"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab,coarse", [(9001, False), (8200, True), (37, False)])
-def test_thresholds_equal_torch_topk(dtype, vocab, coarse):
+def test_thresholds_equal_torch_topk(dtype, vocab, coarse, pivot):
     # 9001 and 8200 ids span 3 chunks of topk16.CHUNK; 9001 and 37 are not multiples of 8 (no 16-byte loads)
     logits = _logits(4, 3, vocab, dtype, seed=vocab, coarse=coarse)
     logits[0, 1, : vocab // 2] = float("-inf")          # -inf at and below the k-th position in some rows
@@ -27,7 +29,7 @@ def test_thresholds_equal_torch_topk(dtype, vocab, coarse):
     logits[2, 0, ::2] = -0.0                             # -0.0 and +0.0 tied: different keys, one value
     top_k = torch.tensor([1, min(37, vocab - 1), vocab - 1, vocab // 2 + 1])
     temperature = torch.tensor([1.0, 0.0, 1.3, 0.37])
-    got = topk16.top_k_thresholds16(logits, top_k, temperature)
+    got = topk16.top_k_thresholds16(logits, top_k, temperature, pivot=pivot)
     want = _top_k_thresholds(logits, top_k, temperature, int(top_k.max()))
     assert got.dtype == torch.float32 and got.shape == (4, 3)
     assert torch.equal(got, want)
@@ -69,9 +71,10 @@ def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
     assert not calls
 
 
+@pytest.mark.parametrize("pivot", [True, False], ids=["pivot", "fallback"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("coarse", [False, True])
-def test_top_k_then_top_p_equal_the_sort(dtype, coarse):
+def test_top_k_then_top_p_equal_the_sort(dtype, coarse, pivot):
     # top-p over the top-k-kept set: the collected values, sorted, give filters' sort-based thresholds (coarse
     # values: ties at t_k and among the kept values; k = 1; top_p = 1 leaves t_k)
     from tilespec.verify.filters import keep_threshold
@@ -80,7 +83,7 @@ def test_top_k_then_top_p_equal_the_sort(dtype, coarse):
     logits[0, 1, :50] = float("-inf")
     s = resolve_sampling(SamplingParams(top_k=[1, 20, 50, 300], top_p=[0.9, 0.8, 0.5, 1.0],
                                         temperature=[1.0, 0.7, 0.0, 1.3]), 4, logits.device)
-    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=300)
+    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=300, pivot=pivot)
     assert torch.equal(got, keep_threshold(logits, s, method="sort"))
 
 
@@ -109,6 +112,24 @@ def test_any_digit_split_gives_the_same_thresholds(digits):
     top_k = torch.tensor([7, 300])
     temperature = torch.tensor([0.6, 1.0])
     want = _top_k_thresholds(logits, top_k, temperature, 300)
-    assert torch.equal(topk16.top_k_thresholds16(logits, top_k, temperature, digits=digits, chunk=1024), want)
+    got = topk16.top_k_thresholds16(logits, top_k, temperature, digits=digits, chunk=1024, pivot=False)
+    assert torch.equal(got, want)
     with pytest.raises(ValueError, match="digits"):
         topk16.top_k_thresholds16(logits, top_k, temperature, digits=(8, 7))
+
+
+def test_rows_that_overflow_the_pivot_pass_take_the_fallback():
+    # row 0: all ids tied (every key >= the pivot: V > CAP collected); row 1: k above the number of segments;
+    # rows 2-3: the pivot path. One call, every row exact, with and without top-p.
+    from tilespec.verify.filters import keep_threshold
+    from tilespec.verify.validation import resolve_sampling
+    vocab = 3000
+    logits = _logits(4, 1, vocab, torch.bfloat16, seed=12)
+    logits[0] = 1.5
+    s = resolve_sampling(SamplingParams(top_k=[5, 120, 7, 1], top_p=[0.6, 0.9, 0.8, 0.5]), 4, logits.device)
+    n_seg = -(-vocab // topk16.CHUNK) * (topk16.CHUNK // topk16.SEG)
+    assert n_seg < 120 and vocab > topk16.CAP_INTERPRETER
+    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature)
+    assert torch.equal(got, _top_k_thresholds(logits, s.top_k, s.temperature, 120))
+    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=120)
+    assert torch.equal(got, keep_threshold(logits, s, method="sort"))

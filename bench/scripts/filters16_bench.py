@@ -4,7 +4,8 @@ Usage: python3 bench/scripts/filters16_bench.py --json OUT.json
 For B in (1, 64), K = 5, V = 151,936, bf16 target and draft logits (randn * 3, T = 1 unless said):
 * keep thresholds alone for top-k 50 on the B x 6 target rows: ``topk16`` against ``torch.topk``
   (``keep._top_k_thresholds``, the previous path) and the radix kernel; eager and CUDA-graph medians, equality;
-  topk16's digit splits, chunk sizes and warps side by side (graph);
+  topk16's pivot path at several chunk sizes and warps, and its digit-counting fallback forced for every row at
+  several digit splits, side by side (graph);
 * ``verify(method="fused")`` end to end (graph replay): no filter, top-k 50 with topk16 and with torch.topk
   (``keep.TOPK16`` switched in-process), top-p 0.9, top-k 50 + top-p 0.9, and T 0.7 / top-k 20 / top-p 0.8
   (Qwen2.5's generation config);
@@ -79,15 +80,15 @@ def main() -> None:
             row[f"{name}_equal_torch_topk"] = bool(torch.equal(fn(), ref))
             row[f"{name}_eager_ms"] = median_ms(fn)
             row[f"{name}_graph_ms"] = graph_ms(fn)
-        for digits in ((8, 8), (6, 5, 5), (6, 6, 4), (5, 5, 6), (4, 4, 4, 4)):
-            for chunk in (4096, 8192):
-                for warps in (4, 8):
-                    def variant():
-                        return top_k_thresholds16(target, s.top_k, s.temperature, digits=digits, chunk=chunk,
-                                                  num_warps=warps)
-                    tag = f"topk16_d{'-'.join(map(str, digits))}_c{chunk}_w{warps}"
-                    row[f"{tag}_equal"] = bool(torch.equal(variant(), ref))
-                    row[f"{tag}_graph_ms"] = graph_ms(variant)
+        variants = [dict(pivot=True, chunk=c, num_warps=w) for c in (2048, 4096, 8192) for w in (4, 8)]
+        variants += [dict(pivot=False, digits=d) for d in ((8, 8), (6, 5, 5), (4, 4, 4, 4))]
+        for v in variants:
+            def variant():
+                return top_k_thresholds16(target, s.top_k, s.temperature, **v)
+            tag = "topk16_" + "_".join(f"{key}{'-'.join(map(str, val)) if isinstance(val, tuple) else val}"
+                                       for key, val in v.items())
+            row[f"{tag}_equal"] = bool(torch.equal(variant(), ref))
+            row[f"{tag}_graph_ms"] = graph_ms(variant)
         print(json.dumps(row), flush=True)
         record["thresholds"].append(row)
 
