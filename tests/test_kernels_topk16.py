@@ -56,7 +56,7 @@ def test_rejects_other_dtypes_and_layouts():
 def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
     calls = []
     real = topk16.top_k_thresholds16
-    monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     logits = _logits(2, 3, 300, torch.bfloat16, seed=2)
     draft = _logits(2, 2, 300, torch.bfloat16, seed=3)
     tokens = torch.randint(0, 300, (2, 2), generator=torch.Generator().manual_seed(0))

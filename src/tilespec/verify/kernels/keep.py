@@ -38,7 +38,7 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     bounds = s.top_k_range
     if s.has_top_k and not s.has_min_p and TOPK16 and _topk16_ok(logits):
         if not s.has_top_p:
-            return top_k_thresholds16(logits, s.top_k, s.temperature)
+            return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)
         if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:
             return top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, bounds[1])
     if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None

@@ -31,11 +31,11 @@ import triton
 import triton.language as tl
 
 from . import digits16, pivot16
-from .keys16 import ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, key_to_z, top_on
+from .keys16 import ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, top_on
 
 CHUNK = int(os.environ.get("TILESPEC_TOPK16_CHUNK", 4096))    # ids per program of the passes over the logits
-SEG = 256            # ids per segment of the pivot pass
-CAP = 2048           # keys collected per row on a GPU (more: the row takes the fallback)
+SEG = 512            # ids per segment of the pivot pass (k above the number of segments: the fallback)
+CAP_MIN, CAP_MAX = 256, 2048   # ids collected per row: 4 k_max within these bounds (more: the row takes the fallback)
 CAP_INTERPRETER = 128   # under TRITON_INTERPRET (CPU tests): its sort and scans are Python loops over CAP keys
 NUM_WARPS = int(os.environ.get("TILESPEC_TOPK16_WARPS", 4))
 TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must fit in CAP)
@@ -52,8 +52,9 @@ def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CA
         fallback = tl.load(area + W_PIVOT_N) > CAP
         count = tl.where(fallback, tl.load(area + W_ABOVE_N), tl.load(area + W_PIVOT_N))
         i = tl.arange(0, CAP)
-        keys = tl.sort(tl.load(vals_ptr + n.to(tl.int64) * CAP + i, mask=(i < count) & (HAS_P | ~fallback),
-                               other=-1), descending=True)
+        valid = (i < count) & (HAS_P | ~fallback)
+        keys = tl.where(valid, bits_to_key(tl.load(vals_ptr + n.to(tl.int64) * CAP + i, mask=valid, other=0)), -1)
+        keys = tl.sort(keys, descending=True)
         u_star = tl.where(fallback, tl.load(area + W_USTAR), tl.sum(tl.where(i == k - 1, keys, 0), axis=0))
         at = tl.where(fallback, tl.load(area + W_AT), tl.sum((keys == u_star).to(tl.int32), axis=0))
         t = tl.load(temp_ptr + n // R)
@@ -84,16 +85,19 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     k = 0 or k >= V.
 
     ``logits`` [B, R, V] bf16 / fp16 with unit stride over V; ``top_k`` [B] int64, ``temperature`` and ``top_p``
-    [B] float32, on the logits' device. With ``top_p`` every k must be at most ``k_max`` <= :data:`TOP_P_K_MAX`.
+    [B] float32, on the logits' device. ``k_max``: a bound on every k when the caller knows one (0: unknown); it
+    sizes the buffer of collected ids, and with ``top_p`` it is required, at most :data:`TOP_P_K_MAX`.
     ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` / :data:`NUM_WARPS` when not
-    given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Launches: a memset, three for the
-    pivot path, one per digit plus one (two with top-p) for the fallback, the finish. No host sync."""
+    given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Six launches (a memset, three for
+    the pivot path, the fallback, the finish). No host sync."""
     if not supports(logits):
         raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                          f"{logits.dtype} with strides {tuple(logits.stride())}")
     if top_p is not None and not 1 <= k_max <= TOP_P_K_MAX:
         raise ValueError(f"top-p after top-k needs 1 <= k_max <= {TOP_P_K_MAX}, got {k_max}")
     digits, chunk, num_warps = tuple(digits or digits16.DIGITS), chunk or CHUNK, num_warps or NUM_WARPS
+    if chunk % SEG or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of 2 and a multiple of {SEG}, got {chunk}")
     if sum(digits) != 16 or not 1 <= len(digits) <= 4 or not all(1 <= d <= 8 for d in digits):
         raise ValueError(f"digits must be 1 to 4 widths in [1, 8] summing to 16, got {digits}")
     batch, rows, vocab = logits.shape
@@ -101,7 +105,8 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     bits = logits.view(torch.int16)
     device = logits.device
     hist = torch.zeros((n_rows, ROW_WORDS_INT), device=device, dtype=torch.int32)   # per-row work areas
-    cap = CAP if logits.is_cuda else CAP_INTERPRETER
+    cap = (min(max(triton.next_power_of_2(4 * k_max), CAP_MIN), CAP_MAX) if k_max > 0 else CAP_MAX) \
+        if logits.is_cuda else CAP_INTERPRETER
     if top_p is not None:
         cap = max(cap, triton.next_power_of_2(k_max))   # the keys above u* (< k of them) must fit
     vals = torch.empty((n_rows, cap), device=device, dtype=torch.int32)
@@ -109,25 +114,22 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     strides = (bits.stride(0), bits.stride(1))
     aligned = bits.data_ptr() % 16 == 0 and vocab % 8 == 0 and all(s % 8 == 0 for s in strides)
     grid = (n_rows, n_chunks)
+    fp16 = logits.dtype == torch.float16
     rows_args = (top_k, rows, vocab, *strides)
     common = dict(CHUNK=chunk, ALIGNED=aligned, num_warps=num_warps)
     if pivot:
         n_seg = n_chunks * (chunk // SEG)
         seg = torch.empty((n_rows, n_seg), device=device, dtype=torch.int32)
-        pivot16.segment_max_kernel[grid](bits, seg, *rows_args, n_seg, SEG=SEG, **common)
+        pivot16.segment_max_kernel[grid](bits, seg, *rows_args, n_seg, SEG=SEG, FP16=fp16, **common)
         pivot16.pivot_kernel[(n_rows,)](seg, hist, top_k, rows, vocab, n_seg,
                                         SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4)
-        pivot16.collect_pivot_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, **common)
+        pivot16.collect_pivot_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, FP16=fp16, **common)
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
-    widths = dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))
-    for level, width in enumerate(digits):
-        digits16.count_kernel[grid](bits, hist, *rows_args, CAP=cap, LEVEL=level,
-                                    SHIFT=16 - sum(digits[:level + 1]), BITS=width, **widths, **common)
-    digits16.select_kernel[(n_rows,)](hist, top_k, rows, vocab, CAP=cap, LEVELS=len(digits), num_warps=1, **widths)
-    if top_p is not None:
-        digits16.collect_above_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, **common)
+    digits16.fallback_kernel[(n_rows,)](bits, hist, vals, *rows_args, CHUNK=chunk, CAP=cap, ALIGNED=aligned,
+                                        COLLECT=top_p is not None, num_warps=num_warps,
+                                        **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0))))
     _finish_kernel[(n_rows,)](vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr, rows,
-                              vocab, CAP=cap, HAS_P=top_p is not None, FP16=logits.dtype == torch.float16,
+                              vocab, CAP=cap, HAS_P=top_p is not None, FP16=fp16,
                               num_warps=4)
     return thr
