@@ -28,6 +28,11 @@ case "${1:-a}" in
 a)
   step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_gpu.py
   step filters16 240 python3 bench/scripts/filters16_bench.py --json "$OUT/filters16-H100-session14-${RUN:-run}-$D.json"
+  for b in 64 1; do
+    step ncu-topk16-B$b 60 ncu --nvtx --nvtx-include "topk16/" --section SpeedOfLight --section LaunchStats \
+      python3 bench/scripts/ncu_topk16.py --batch $b
+    grep -E "^  [_a-zA-Z]|Duration|DRAM Throughput|Compute \(SM\) Throughput" "$OUT/ncu-topk16-B$b.log" | cut -c1-100
+  done
   tail -4 "$OUT/pytest-gpu.log"
   cat "$OUT/filters16.log"
   ;;

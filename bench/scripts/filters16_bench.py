@@ -71,7 +71,7 @@ def main() -> None:
                  ).to(torch.bfloat16)
         tokens = torch.multinomial(torch.softmax(draft.float().view(-1, V), -1), 1, generator=gen).view(batch, K)
         s = resolve_sampling(SamplingParams(top_k=50), batch, torch.device("cuda"))
-        runs = {"topk16": lambda: top_k_thresholds16(target, s.top_k, s.temperature),
+        runs = {"topk16": lambda: top_k_thresholds16(target, s.top_k, s.temperature, k_max=50),
                 "torch_topk": lambda: keep._top_k_thresholds(target, s.top_k, s.temperature, 50),
                 "radix": lambda: keep_threshold(target, s, method="triton")}
         ref = runs["torch_topk"]()
@@ -84,7 +84,7 @@ def main() -> None:
         variants += [dict(pivot=False, digits=d) for d in ((8, 8), (6, 5, 5), (4, 4, 4, 4))]
         for v in variants:
             def variant():
-                return top_k_thresholds16(target, s.top_k, s.temperature, **v)
+                return top_k_thresholds16(target, s.top_k, s.temperature, k_max=50, **v)
             tag = "topk16_" + "_".join(f"{key}{'-'.join(map(str, val)) if isinstance(val, tuple) else val}"
                                        for key, val in v.items())
             row[f"{tag}_equal"] = bool(torch.equal(variant(), ref))

@@ -22,10 +22,10 @@ def main() -> None:
     logits = (torch.randn(args.batch, 6, 151936, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     top_k = torch.full((args.batch,), 50, device="cuda")
     temperature = torch.ones(args.batch, device="cuda")
-    top_k_thresholds16(logits, top_k, temperature, digits=digits)
+    top_k_thresholds16(logits, top_k, temperature, k_max=50, digits=digits)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("topk16")
-    top_k_thresholds16(logits, top_k, temperature, digits=digits)
+    top_k_thresholds16(logits, top_k, temperature, k_max=50, digits=digits)
     torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
 
