@@ -80,7 +80,8 @@ def main() -> None:
             row[f"{name}_equal_torch_topk"] = bool(torch.equal(fn(), ref))
             row[f"{name}_eager_ms"] = median_ms(fn)
             row[f"{name}_graph_ms"] = graph_ms(fn)
-        variants = [dict(pivot=True, chunk=c, num_warps=w) for c in (2048, 4096, 8192) for w in (4, 8)]
+        variants = [dict(pivot=True, chunk=c, num_warps=w, scan=scan) for c in (1024, 2048, 4096) for w in (4, 8)
+                    for scan in (True, False)]
         variants += [dict(pivot=False, digits=d) for d in ((8, 8), (6, 5, 5), (4, 4, 4, 4))]
         for v in variants:
             def variant():
