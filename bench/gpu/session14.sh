@@ -2,27 +2,9 @@
 # Session 14 (issue 15 follow-up) on one H100, from the repository root; results under $OUT.
 #   bash bench/gpu/session14.sh a   # GPU kernel tests + the 16-bit top-k / filtered-fused bench (~5 min)
 #   bash bench/gpu/session14.sh b   # exactness of fused + reference at 1e6, then `tilespec bench verify --filters`
-#                                   # with FlashInfer and transformers in the same process (~9 min; carry .whl)
-set -u
+#                                   # (fused, sigmoid, transformers, FlashInfer in one process; ~2.5 min; carry .whl)
 OUT=${OUT:-/tmp/s14-out}
-mkdir -p "$OUT"
-START=$(date +%s)
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-export TILESPEC_COMMIT=${TILESPEC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-ts() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2; shift 2
-  ts "start $name (timeout ${limit}s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  ts "end $name rc=$? : $(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | cut -c1-200)"
-}
-{
-  echo "commit $TILESPEC_COMMIT"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader 2>&1
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+source "$(dirname "$0")/steps.sh"
 D=$(date -u +%Y-%m-%d)
 case "${1:-a}" in
 a)
@@ -37,12 +19,12 @@ a)
   cat "$OUT/filters16.log"
   ;;
 b)
-  step exactness 260 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+  step exactness 110 python3 -m tilespec check exactness --method fused --method reference --device cuda \
     --samples 1000000 --json "$OUT/exactness-gpu-H100-session14-fused-reference-1e6-$D.json"
   tail -5 "$OUT/exactness.log"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-  step bench-verify 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
-    --filters --check --json "$OUT/verify-H100-session14-$D.json"
+  step bench-verify 150 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --check --contenders fused sigmoid hf flashinfer --time-budget 100 --json "$OUT/verify-H100-session14-$D.json"
   grep -v '^\s*$' "$OUT/bench-verify.log" | tail -40
   ;;
 esac
