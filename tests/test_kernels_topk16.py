@@ -142,3 +142,15 @@ def test_both_ways_of_placing_collected_ids(scan):
     temperature = torch.tensor([1.0, 0.9])
     got = topk16.top_k_thresholds16(logits, top_k, temperature, k_max=40, chunk=1024, scan=scan)
     assert torch.equal(got, _top_k_thresholds(logits, top_k, temperature, 40))
+
+
+def test_top_p_on_rows_with_fewer_than_k_finite_logits():
+    # a row of -inf only keeps -inf (no NaN threshold); a row with 3 finite logits and k = 5 applies top-p to them
+    from tilespec.verify.filters import keep_threshold
+    from tilespec.verify.validation import resolve_sampling
+    logits = _logits(2, 2, 700, torch.bfloat16, seed=14)
+    logits[0, 0, :] = float("-inf")
+    logits[0, 1, 3:] = float("-inf")
+    s = resolve_sampling(SamplingParams(top_k=5, top_p=0.7), 2, logits.device)
+    got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=5)
+    assert torch.equal(got, keep_threshold(logits, s, method="sort"))

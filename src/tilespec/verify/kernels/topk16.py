@@ -47,6 +47,8 @@ TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must 
 @triton.jit(do_not_specialize=["R", "V"])
 def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CAP: tl.constexpr,
                    HAS_P: tl.constexpr, FP16: tl.constexpr):
+    """thr[n] = t_k, or with top-p max(t_k, t_p), from row n's collected ids (pivot rows: every id >= the pivot,
+    so every id >= u*; fallback rows: the ids above u*, with u* and its count from the work area)."""
     n = tl.program_id(0)
     k, on = top_on(k_ptr, n, R, V)
     thr = float("-inf")
@@ -72,7 +74,8 @@ def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CA
             total = mass_above + at.to(tl.float32) * tl.exp(thr - top)
             kept = ((tl.cumsum(w, axis=0) - w) / total < p) & above
             t_p = tl.min(tl.where(kept, z, float("inf")), axis=0)
-            thr = tl.where((p < 1.0) & ~(mass_above / total < p), t_p, thr)
+            # the boundary value t_k stays kept iff the mass above it is < top_p (a row of -inf only: nothing to do)
+            thr = tl.where((p < 1.0) & (top > float("-inf")) & ~(mass_above / total < p), t_p, thr)
     tl.store(thr_ptr + n, thr)
 
 
