@@ -54,6 +54,7 @@ def test_rejects_other_dtypes_and_layouts():
 
 
 def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
+    monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)    # on a GPU this is the default route
     calls = []
     real = topk16.top_k_thresholds16
     monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -95,7 +96,8 @@ def test_top_p_needs_a_small_k_max():
 
 @pytest.mark.parametrize("sampling", [SamplingParams(top_k=20, top_p=0.8, temperature=0.7),
                                       SamplingParams(top_k=[3, 0], top_p=0.9)], ids=["qwen", "k0-row"])
-def test_fused_with_top_k_and_top_p_matches_reference(sampling):
+def test_fused_with_top_k_and_top_p_matches_reference(sampling, monkeypatch):
+    monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)
     # the first goes through topk16's top-p step, the second (a row without top-k) through the radix search
     logits = _logits(2, 4, 500, torch.bfloat16, seed=8)
     draft = _logits(2, 3, 500, torch.bfloat16, seed=9)
@@ -154,3 +156,11 @@ def test_top_p_on_rows_with_fewer_than_k_finite_logits():
     s = resolve_sampling(SamplingParams(top_k=5, top_p=0.7), 2, logits.device)
     got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=5)
     assert torch.equal(got, keep_threshold(logits, s, method="sort"))
+
+
+def test_cpu_calls_keep_torch_topk_by_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a, **kw: calls.append(1))
+    logits = _logits(1, 2, 64, torch.bfloat16, seed=15)
+    verify(logits, torch.tensor([[3]]), method="fused", sampling=SamplingParams(top_k=5), seed=0)
+    assert not calls

@@ -69,6 +69,12 @@ def default_cases(seed: int = 0) -> list[Case]:
                       single_request=True))
     cases.append(Case("top-p 0.8 temperature 0.7", base_t[:4], draft_logits=base_d[:3],
                       sampling=SamplingParams(temperature=0.7, top_p=0.8), single_request=True))
+    # bf16 rows take the 16-bit keep-threshold kernels (kernels/topk16.py) and, at T != 1, the correctly rounded z
+    cases.append(Case("bf16 top-k 4 temperature 0.7", base_t[:4].bfloat16(), draft_logits=base_d[:3].bfloat16(),
+                      sampling=SamplingParams(temperature=0.7, top_k=4), single_request=True))
+    cases.append(Case("bf16 top-k 6 top-p 0.8 temperature 1.3", base_t[:4].bfloat16(),
+                      draft_logits=base_d[:3].bfloat16(),
+                      sampling=SamplingParams(temperature=1.3, top_k=6, top_p=0.8), single_request=True))
     cases.append(Case("min-p 0.1", base_t[:4], draft_logits=base_d[:3], sampling=SamplingParams(min_p=0.1),
                       single_request=True))
     extreme_t = _logits(g, 4, v, scale=1e4)

@@ -14,29 +14,32 @@ from ..filters import keep_threshold
 from ..types import VerifyInputs
 from .topk16 import TOP_P_K_MAX, supports as _topk16_ok, top_k_thresholds16
 
-# top-k (and top-k then top-p) on bf16 / fp16 rows: the two-histogram kernels of topk16; env TILESPEC_TOPK16=0
-# takes the previous paths (torch.topk for top-k alone, the radix search with top-p)
+# top-k (and top-k then top-p) on bf16 / fp16 rows on a GPU: the kernels of topk16; env TILESPEC_TOPK16=0 takes
+# the previous paths (torch.topk for top-k alone, the radix search with top-p). Not on CPU: under the Triton
+# interpreter every (row, chunk) program is a Python call, and the exactness suite's batches have ~10^6 rows, where
+# torch.topk's vectorised CPU kernel gives the same thresholds (tests set TOPK16_ON_CPU to route CPU calls here).
 TOPK16 = os.environ.get("TILESPEC_TOPK16", "1") != "0"
+TOPK16_ON_CPU = False
 
 
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    Top-k alone on bf16 / fp16 rows: :func:`.topk16.top_k_thresholds16` (two 256-bin histogram passes over the
-    16-bit keys); top-k then top-p there too when every k is known on the host and in [1, min(V, 1025)) (the kept
-    values are collected and one program per row sorts them). Top-k alone otherwise, with every k known on the
-    host and in [1, V): :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Top-k / top-p
-    without min-p: :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU the radix / row kernels, which
-    scale the raw logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is by definition the set
-    ``filtered_logits`` keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the reference semantics
-    on a full fp32 copy of every row). In every case the kernels' mask ``z / T >= thr`` keeps
+    Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
+    compacting pass, an exact digit-counting fallback); top-k then top-p there too when every k is known on the
+    host and in [1, min(V, 1025)). Top-k alone otherwise, with every k known on the host and in [1, V):
+    :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Top-k / top-p without min-p:
+    :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU the radix / row kernels, which scale the raw
+    logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is by definition the set ``filtered_logits``
+    keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the reference semantics on a full fp32 copy
+    of every row). In every case the kernels' mask ``z / T >= thr`` keeps
     exactly the reference's set (for top-p, tokens tied with the last kept one are also kept). Returns float32
     [B, R]; a row with no filter on gets -inf (keep all) or, with min-p, its smallest finite z: the same set but
     for -inf tokens, which have no mass either way.
     """
     s = inputs.sampling
     bounds = s.top_k_range
-    if s.has_top_k and not s.has_min_p and TOPK16 and _topk16_ok(logits):
+    if s.has_top_k and not s.has_min_p and TOPK16 and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
         if not s.has_top_p:
             return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)
         if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:
