@@ -36,8 +36,9 @@ from .sample import _load_rows
 def lin_weights(xt, xq, idx, mask, rmask, x_n, temp, inv_t, thr_t, thr_q, lse_n, lse_ql, lenience,
                 DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, FAST: tl.constexpr):
     """(w_p, w_r) at ids ``idx`` from raw logits ``xt`` (-inf where ~mask) and the draft's ``xq`` (logits: -inf,
-    probabilities: 0 where ~rmask), ``inv_t`` = 1 / T: p_n = exp(z / T - lse_n) and the residual max(0, p_n - l q_n), 0 where ~rmask
-    (no rejection). ``lse_ql`` = lse of the draft row - log l. Without a draft distribution q is one-hot at x_n."""
+    probabilities: 0 where ~rmask), ``inv_t`` = 1 / T: p_n = exp(z / T - lse_n) and the residual
+    max(0, p_n - l q_n), 0 where ~rmask (no rejection). ``lse_ql`` = lse of the draft row - log l. Without a draft
+    distribution q is one-hot at x_n."""
     z = _scaled_rcp(xt, mask, temp, inv_t, thr_t, HAS_THR)
     w_p = exp_fast(z - lse_n, FAST)
     if DRAFT_KIND == DRAFT_LOGITS:
