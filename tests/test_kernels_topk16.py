@@ -51,6 +51,13 @@ def test_rejects_other_dtypes_and_layouts():
     assert not topk16.supports(torch.zeros(1, 2, 16, dtype=torch.bfloat16)[..., ::2])
     with pytest.raises(ValueError, match="bf16 / fp16"):
         topk16.top_k_thresholds16(torch.zeros(1, 1, 8), torch.tensor([1]), torch.tensor([1.0]))
+    logits = torch.zeros(2, 1, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="top_k must have shape"):
+        topk16.top_k_thresholds16(logits, torch.tensor([1]), torch.tensor([1.0, 1.0]))
+    with pytest.raises(ValueError, match="temperature must have shape"):
+        topk16.top_k_thresholds16(logits, torch.tensor([1, 2]), torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="chunk"):
+        topk16.top_k_thresholds16(logits, torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), chunk=1000)
 
 
 def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):

@@ -72,6 +72,13 @@ def scaled(ptr, mask, scale, thr, HAS_THR: tl.constexpr):
 
 
 @triton.jit
+def multiples_of_8(V, stride_tb, stride_tr, stride_db, stride_dr):
+    """V and the four strides rewritten as multiples of 8 (the same values when ``launch._aligned`` holds), so the
+    compiler can prove 16-byte alignment and emit vector loads (V and the strides are not specialised)."""
+    return V // 8 * 8, stride_tb // 8 * 8, stride_tr // 8 * 8, stride_db // 8 * 8, stride_dr // 8 * 8
+
+
+@triton.jit
 def div_t(x, scale, EXACT: tl.constexpr):
     """x / T. EXACT: the correctly rounded quotient (div.rn), the z that torch and the keep-threshold kernels
     compute, so an id whose z is its row's threshold compares equal to it and stays kept. Otherwise Triton's ``/``

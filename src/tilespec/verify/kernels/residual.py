@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, PURPOSE_SAMPLE, cdf_pick, cdf_tile, exp_fast, keyed_uniform,
-                     scale_loaded, write_outputs)
+                     multiples_of_8, scale_loaded, write_outputs)
 from .sample import _load_rows
 
 
@@ -73,9 +73,7 @@ def sample_wide_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, tem
     c = tl.program_id(0)
     b = tl.program_id(1)
     if ALIGNED:
-        V = V // 8 * 8
-        stride_tb, stride_tr = stride_tb // 8 * 8, stride_tr // 8 * 8
-        stride_db, stride_dr = stride_db // 8 * 8, stride_dr // 8 * 8
+        V, stride_tb, stride_tr, stride_db, stride_dr = multiples_of_8(V, stride_tb, stride_tr, stride_db, stride_dr)
     temp = tl.load(temp_ptr + b)         # user inputs (pass 1 never writes them): read before the wait
     k_b = tl.load(nd_ptr + b)
     lenience = tl.load(len_ptr + b)

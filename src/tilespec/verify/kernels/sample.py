@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
-                     cdf_tile, keyed_uniform, log_sigmoid_hat, row_lse, scale_loaded, scaled, stats_argmax,
-                     threshold, write_outputs)
+                     cdf_tile, keyed_uniform, log_sigmoid_hat, multiples_of_8, row_lse, scale_loaded, scaled,
+                     stats_argmax, threshold, write_outputs)
 
 
 @triton.jit
@@ -311,9 +311,7 @@ def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp
     c = tl.program_id(0)
     b = tl.program_id(1)
     if ALIGNED:
-        V = V // 8 * 8
-        stride_tb, stride_tr = stride_tb // 8 * 8, stride_tr // 8 * 8
-        stride_db, stride_dr = stride_db // 8 * 8, stride_dr // 8 * 8
+        V, stride_tb, stride_tr, stride_db, stride_dr = multiples_of_8(V, stride_tb, stride_tr, stride_db, stride_dr)
     temp = tl.load(temp_ptr + b)
     if temp != 0.0:
         k_b = tl.load(nd_ptr + b)

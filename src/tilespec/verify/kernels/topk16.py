@@ -100,6 +100,10 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     if not supports(logits):
         raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                          f"{logits.dtype} with strides {tuple(logits.stride())}")
+    for name, t in (("top_k", top_k), ("temperature", temperature), ("top_p", top_p)):
+        if t is not None and (t.shape != logits.shape[:1] or t.device != logits.device):
+            raise ValueError(f"{name} must have shape [B] = [{logits.shape[0]}] on {logits.device}, got "
+                             f"{tuple(t.shape)} on {t.device}")
     if top_p is not None and not 1 <= k_max <= TOP_P_K_MAX:
         raise ValueError(f"top-p after top-k needs 1 <= k_max <= {TOP_P_K_MAX}, got {k_max}")
     digits, chunk, num_warps = tuple(digits or digits16.DIGITS), chunk or CHUNK, num_warps or NUM_WARPS
