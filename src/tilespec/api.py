@@ -47,6 +47,7 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
     if log:
         log(f"loading target {target_name} ({dtype}, {device}) ...")
     target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
+    target.tilespec_name = str(target_name)   # a trained head is found by its target's name (engine/drafters/head.py)
     draft = None
     if draft_name:
         if log:
@@ -60,8 +61,8 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
 def _models(target, draft, tokenizer, device, dtype):
     """Resolve names to loaded models (cached per name, device, dtype); loaded models and context drafters
     ("ngram", "suffix": no model) pass through."""
-    from .engine.drafters import CONTEXT_DRAFTERS
-    context = isinstance(draft, str) and draft in CONTEXT_DRAFTERS
+    from .engine.drafters import CONTEXT_DRAFTERS, head_spec
+    context = isinstance(draft, str) and (draft in CONTEXT_DRAFTERS or head_spec(draft) is not None)
     if not isinstance(target, str):
         if isinstance(draft, str) and not context:
             raise TypeError("with a loaded target model, pass the draft as a loaded model too (or both as names)")

@@ -191,7 +191,8 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="speculative text generation with a target and a draft model")
     p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
     p.add_argument("--draft", default=None, help="draft: a model (e.g. NAME:layers=8), ngram, suffix (context drafting, "
-                                                 "no model) or MODEL+ngram (omit for target-only)")
+                                                 "no model), MODEL+ngram, head / head+ngram (the target's trained head; "
+                                                 "`tilespec draft train`), a head folder (omit for target-only)")
     p.add_argument("--prompt", default=None, help="prompt text")
     p.add_argument("--batch-file", type=Path, default=None, help="prompts, one per line (or JSON lines)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")

@@ -91,6 +91,8 @@ class SpeculativeDecoder:
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
+        if hasattr(drafter, "attach"):     # drafters that belong to one target (a trained head) load / check here
+            drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if schedule is not None and not callable(schedule):
@@ -176,6 +178,9 @@ class SpeculativeDecoder:
         timer.start("prefill")
         target = self._runner("target", self.target, capacity, batch)
         draft = self._runner("draft", self.draft, capacity, batch) if self.draft is not None else None
+        features = tuple(getattr(self.drafter, "features", ())) if spec else ()
+        if features:     # a drafter fed by the target's hidden states (a head): its per-generation device state
+            draft = self.drafter.runner(batch, capacity, target.mode)
         if encdec:
             enc = target.encode(input_features)
             if draft is not None:
@@ -186,9 +191,16 @@ class SpeculativeDecoder:
         pmask = prefill_mask(pad_valid, capacity)
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
-        for runner in (target,) if skip else (target, draft):
-            runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and runner.mode == "native-graphs")
+        hidden = None
+        if features and not skip:
+            _, feats = target.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=features)
+            hidden = draft.prefill(feats, ids[:, 1:p + 1], positions, pmask)
+        else:
+            for runner in (target,) if skip else (target, draft):
+                runner.forward(ids[:, :p], positions, pmask, 0, keep=1,
+                               compiled=short and runner.mode == "native-graphs")
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
+        state.hidden = hidden
         context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
@@ -240,18 +252,19 @@ class SpeculativeDecoder:
                 runner.select(rows, slot_index)
             stats.defrags += 1
         context = gen.draft_tensors(drafts, gamma, self.pad_id) if drafts is not None else None
-        draft_runner = gen.draft if use_model and (gamma > 0 or context is not None) else None
+        observes = getattr(gen.draft, "observes_target", False)   # a head: fed by every verify forward
+        draft_runner = gen.draft if use_model and (gamma > 0 or context is not None or observes) else None
         committed = (gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
-                     and (context is None or draft_runner is None))
+                     and (context is None or draft_runner is None or observes))
         if committed:   # the whole step in captured graphs, commit included (step_graph.py)
             out = gen.fast.step(state, gamma if draft_runner is not None else 0, gen.sampling, gen.resolved,
                                 self.method, timer, *(context or ()), method_options=self.method_options,
-                                lagged=lagged)
+                                lagged=lagged, observe=use_model)
         else:
             out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
                                    method_options=self.method_options)
-        forwards = 0 if draft_runner is None else (1 if context is not None else gamma)
+        forwards = 0 if draft_runner is None else (int(not observes) if context is not None else gamma)
         # target-only (no drafter, or the optimal schedule's fallback, for good): W moves by one slot, known now
         advanced = committed and (not spec or fallback) and gamma == 0 and drafts is None
         if advanced:
@@ -299,6 +312,8 @@ class SpeculativeDecoder:
             gen.fast.advance(state, max((emitted_all[i] for i in live), default=0))
         else:
             state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
+            if out.hidden is not None:
+                state.hidden = out.hidden
         if gen.done and not planned.committed:    # zombie rows keep no context (graph T clears them itself)
             state.valid[[i for i, r in enumerate(state.rows) if r in gen.done]] = False
         if not live:  # a run-ahead step after every request ended: nothing to record but its forwards

@@ -208,16 +208,32 @@ class ModelRunner:
     def _graph_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, key=None):
         return self._forward(tokens, positions, mask).float()
 
+    def _features(self, tokens, positions, mask, capture: tuple):
+        """The eager forward with transformers' ``output_hidden_states``: (logits, features [B, q, n d])."""
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
+        additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive,
+                         past_key_values=self.past, use_cache=True, output_hidden_states=True)
+        return out.logits, torch.cat([out.hidden_states[i] for i in capture], dim=-1)
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
-                keep: Optional[int] = None, compiled: bool = True) -> torch.Tensor:
-        """tokens/positions [B, q] int64, mask [B, 1, q, C] -> float logits [B, q or keep, V] (a fresh tensor)."""
+                keep: Optional[int] = None, compiled: bool = True, capture: tuple = ()):
+        """tokens/positions [B, q] int64, mask [B, 1, q, C] -> float logits [B, q or keep, V] (a fresh tensor).
+        ``capture``: hidden-state indices (transformers' ``hidden_states``) -> (logits, features [B, q, n d]);
+        eager runners of decoder-only models only."""
         if write_slot < 0 or write_slot + tokens.shape[1] > self.capacity:
             raise RuntimeError(f"cache overflow: writing {tokens.shape[1]} slots at {write_slot} "
                                f"into a capacity of {self.capacity}")
         if self.encdec and self.encoder_out is None:
             raise RuntimeError("call encode() before decoding an encoder-decoder model")
         self.cache.seek(write_slot)
+        if capture:
+            if self.encdec or self.mode != "eager":
+                raise ValueError(f"hidden-state capture (a draft head) needs an eager runner of a decoder-only model "
+                                 f"or the native runtime (compile=True / 'native'), not mode {self.mode!r}")
+            logits, feats = self._features(tokens, positions, mask, tuple(capture))
+            return (logits[:, -keep:] if keep is not None else logits).float(), feats
         step = self._step if compiled else self._forward
         logits = step(tokens, positions, mask)
         if keep is not None:

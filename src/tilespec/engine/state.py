@@ -110,6 +110,7 @@ class BatchState:
     alive: Optional[torch.Tensor] = None   # [B] bool: rows still generating, as the device sees them (step_graph)
     limit: Optional[torch.Tensor] = None   # [B] int64: seq_len at which a row has produced max_new_tokens
     eos: Optional[torch.Tensor] = None     # [E] int64: the EOS ids (not per row)
+    hidden: Optional[torch.Tensor] = None  # [B, d]: a draft head's output at the last committed entry (head.py)
 
     @classmethod
     def prefilled(cls, ids: torch.Tensor, is_tok: torch.Tensor, capacity: int, seeds: Sequence[int],
@@ -168,5 +169,7 @@ class BatchState:
         if self.alive is not None:
             self.alive = self.alive.index_select(0, idx)
             self.limit = self.limit.index_select(0, idx)
+        if self.hidden is not None:
+            self.hidden = self.hidden.index_select(0, idx)
         self.rows = [self.rows[i] for i in keep]
         return idx

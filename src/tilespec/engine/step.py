@@ -28,11 +28,13 @@ from .state import BatchState, chunk_mask
 
 @dataclass
 class StepOutput:
-    """draft_tokens [B, γ]; num_emitted [B]; output_tokens [B, γ+1] (-1 padded)."""
+    """draft_tokens [B, γ]; num_emitted [B]; output_tokens [B, γ+1] (-1 padded); hidden [B, d]: a draft head's new
+    state (drafters/head.py), applied at the commit, or None."""
 
     draft_tokens: torch.Tensor
     num_emitted: torch.Tensor
     output_tokens: torch.Tensor
+    hidden: Optional[torch.Tensor] = None
 
 
 def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.Tensor, positions: torch.Tensor,
@@ -145,12 +147,15 @@ def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: Res
     return draft_tokens, (torch.stack(all_logits, dim=1) if all_logits else None)
 
 
-def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Tensor) -> torch.Tensor:
-    """Score [pending, d_1 .. d_γ] at slots [W, W+γ] in one target forward -> logits [B, γ+1, V]."""
+def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Tensor, capture: tuple = ()):
+    """Score [pending, d_1 .. d_γ] at slots [W, W+γ] in one target forward -> logits [B, γ+1, V] (with ``capture``:
+    (logits, features [B, γ+1, n d]) for a draft head)."""
     k = draft_tokens.shape[1]
     tokens_in = torch.cat([state.pending[:, None], draft_tokens], dim=1)
     positions = (state.seq_len - 1)[:, None] + torch.arange(k + 1, device=tokens_in.device)[None, :]
     mask = chunk_mask(state.valid, state.write, state.write, k + 1)
+    if capture:
+        return target.forward(tokens_in, positions, mask, state.write, capture=capture)
     return target.forward(tokens_in, positions, mask, state.write)
 
 
@@ -163,29 +168,39 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
 
     context: (draft_tokens [B, K], num_draft_tokens [B]) proposed on the host by a context drafter (deterministic,
     ragged); then ``draft`` (a fallback model's runner, or None) only scores the same chunk as the target, so its
-    cache stays complete for later model-drafted steps. verify_fn: replaces :func:`run_verify` (same signature).
-    method_options: the method's resolved options, ((name, value), ...).
+    cache stays complete for later model-drafted steps. A draft head's runner (``observes_target``) drafts with its
+    ``propose`` and is fed the target's features after verification (``observe``; StepOutput.hidden).
+    verify_fn: replaces :func:`run_verify` (same signature). method_options: the method's resolved options,
+    ((name, value), ...).
     """
     verify_fn = verify_fn or run_verify
     greedy = resolved.all_greedy
     b = state.size
     counts = None
+    head = draft if getattr(draft, "observes_target", False) else None
     if context is not None:
         draft_tokens, counts = context
         draft_logits = None
-        if draft is not None:
+        if draft is not None and head is None:
             timer.start("draft")
             target_block(draft, state, draft_tokens)
             timer.stop("draft")
     elif draft is not None and gamma > 0:
         timer.start("draft")
-        draft_tokens, draft_logits = draft_block(draft, state, gamma, resolved, greedy)
+        if head is not None:
+            draft_tokens, draft_logits = head.propose(state.hidden, state.valid, state.seq_len, state.seeds,
+                                                      state.write, resolved, gamma, greedy, _sampler(head.mode))
+        else:
+            draft_tokens, draft_logits = draft_block(draft, state, gamma, resolved, greedy)
         timer.stop("draft")
     else:
         draft_tokens = torch.zeros((b, 0), dtype=torch.int64, device=state.pending.device)
         draft_logits = None
     timer.start("target")
-    target_logits = target_block(target, state, draft_tokens)
+    if head is not None:
+        target_logits, feats = target_block(target, state, draft_tokens, capture=head.features)
+    else:
+        target_logits = target_block(target, state, draft_tokens)
     timer.stop("target")
     timer.start("verify")
     if greedy and draft_tokens.shape[1] == 0:
@@ -198,4 +213,9 @@ def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: B
         num_emitted, out = verify_fn(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
                                      state.seq_len, graphs=graphs, options=method_options, **extra)
     timer.stop("verify")
-    return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)
+    hidden = None
+    if head is not None:
+        timer.start("draft")
+        hidden = head.observe(feats, out, num_emitted, state.valid, state.seq_len, state.write)
+        timer.stop("draft")
+    return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out, hidden=hidden)

@@ -101,6 +101,8 @@ class StepGraphs:
 
     def __init__(self, target, draft=None, *, capture: bool = True):
         self.target, self.draft = target, draft
+        # a draft head (drafters/head.py) drafts from its own state and is fed the target's features in graph T
+        self.head = draft if getattr(draft, "observes_target", False) else None
         self.write_dev = torch.zeros((), dtype=torch.int64, device=target.device)
         wrap = GraphCache if capture else _Direct
         self._draft_graphs = wrap(self._draft_block)
@@ -120,6 +122,12 @@ class StepGraphs:
     # ---------------------------------------------------------------------------------------- captured bodies
     def _draft_block(self, valid, seq_len, pending, prev, seeds, w, *sampling_tensors, key):
         gamma, flags, greedy = key
+        if self.head is not None:
+            hidden, *sampling_tensors = sampling_tensors
+            resolved = _resolved(sampling_tensors, flags)
+            tokens, logits = self.head.propose(hidden, valid, seq_len, seeds, w, resolved, gamma, greedy,
+                                               sample_draft)
+            return (tokens,) if logits is None else (tokens, logits)
         resolved = _resolved(sampling_tensors, flags)
         runner = self.draft
         pos0 = seq_len - 1
@@ -143,7 +151,9 @@ class StepGraphs:
         return (draft_tokens, torch.stack(all_logits, dim=1)) if all_logits else (draft_tokens,)
 
     def _target_block(self, valid, seq_len, pending, prev, seeds, w, alive, limit, eos, draft_tokens, *extra, key):
-        method, options, sampling, greedy, has_logits, has_counts = key
+        method, options, sampling, greedy, has_logits, has_counts, observe = key
+        if observe:                      # the head's state rides last
+            hidden, extra = extra[-1], extra[:-1]
         draft_logits = extra[0] if has_logits else None
         num_draft = extra[-1] if has_counts else None
         k = draft_tokens.shape[1]
@@ -152,7 +162,11 @@ class StepGraphs:
         positions = pos0[:, None] + torch.arange(k + 1, device=valid.device)[None, :]
         # logits stay in the model dtype: verify() reads bf16 / fp16 and computes in fp32 (an fp32 copy of
         # [B, K+1, V] would cost a write and a read of twice the bytes)
-        logits = self.target.raw_forward(tokens_in, positions, chunk_mask(valid, w, w, k + 1), w)
+        mask = chunk_mask(valid, w, w, k + 1)
+        if observe:
+            logits, feats = self.target.raw_forward(tokens_in, positions, mask, w, capture=self.head.features)
+        else:
+            logits = self.target.raw_forward(tokens_in, positions, mask, w)
         if greedy and k == 0:
             out = greedy_tokens(logits[:, 0])[:, None]
             num_emitted = torch.ones_like(seq_len)
@@ -168,21 +182,27 @@ class StepGraphs:
         # (the next replay copies the state into them first)
         new_valid = new_valid & now_alive[:, None]
         new_len, nxt, prv = (torch.where(alive, a, b) for a, b in ((new_len, seq_len), (nxt, pending), (prv, prev)))
-        return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w
+        if not observe:
+            return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w
+        new_hidden = self.head.observe(feats, out, num_emitted, valid, seq_len, w)
+        new_hidden = torch.where(alive[:, None], new_hidden.to(hidden.dtype), hidden)
+        return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w, new_hidden
 
     # ---------------------------------------------------------------------------------------- host side
     def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
              method: str, timer: PhaseTimer, draft_tokens: Optional[torch.Tensor] = None,
              num_draft_tokens: Optional[torch.Tensor] = None, method_options: tuple = (),
-             lagged: bool = False) -> StepOutput:
+             lagged: bool = False, observe: bool = True) -> StepOutput:
         """One step: γ draft-model tokens (``gamma`` > 0 with a draft runner), or the given ``draft_tokens``
         [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify (with the method's resolved
         options, ((name, value), ...), part of the graph key) + commit. Updates ``state``'s
         device tensors; the caller reads the output once and calls :meth:`advance`.
 
         lagged: the previous step has not been read yet, so ``state.write`` is one step behind: W is taken from the
-        previous step's graph T instead (the host must not overwrite it with its stale value)."""
+        previous step's graph T instead (the host must not overwrite it with its stale value).
+        observe: with a draft head, feed it the target's features in graph T (False once it is no longer used)."""
         greedy = resolved.all_greedy
+        observe = observe and self.head is not None
         versions = tuple(r.cache_version for r in (self.target, self.draft) if r is not None)
         if versions != self._versions:          # new K/V buffers: the captured steps point at the old ones
             if lagged:
@@ -204,7 +224,8 @@ class StepGraphs:
             flags = tuple(getattr(resolved, f) for f in _FLAGS)
             tensors = (resolved.temperature, resolved.top_k, resolved.top_p, resolved.min_p, resolved.lenience)
             n, t0 = len(self._draft_graphs), time.perf_counter()
-            outs = self._draft_graphs(*base, *tensors, key=(gamma, flags, greedy))
+            hid = (state.hidden,) if self.head is not None else ()
+            outs = self._draft_graphs(*base, *hid, *tensors, key=(gamma, flags, greedy))
             if len(self._draft_graphs) != n:
                 self.compile_seconds += time.perf_counter() - t0
             draft_tokens = outs[0]
@@ -216,12 +237,15 @@ class StepGraphs:
                 draft_tokens = self._no_draft[state.size] = state.valid.new_zeros((state.size, 0), dtype=torch.int64)
         timer.start("target")
         extra = ((draft_logits,) if draft_logits is not None else ()) + \
-                ((num_draft_tokens,) if num_draft_tokens is not None else ())
+                ((num_draft_tokens,) if num_draft_tokens is not None else ()) + \
+                ((state.hidden,) if observe else ())
         key = (method, tuple(method_options), sampling, greedy, draft_logits is not None,
-               num_draft_tokens is not None)
+               num_draft_tokens is not None, observe)
         n, t0 = len(self._target_graphs), time.perf_counter()
-        num_emitted, out, valid, seq_len, pending, prev, alive, self._w = self._target_graphs(
+        num_emitted, out, valid, seq_len, pending, prev, alive, self._w, *hidden = self._target_graphs(
             *base, state.alive, state.limit, state.eos, draft_tokens, *extra, key=key)
+        if hidden:
+            state.hidden = hidden[0]
         if len(self._target_graphs) != n:
             self.compile_seconds += time.perf_counter() - t0
         timer.stop("target")

@@ -1,23 +1,47 @@
-"""Drafters: a draft model, context drafting (``ngram``, ``suffix``), or context drafting with a model fallback.
+"""Drafters: a draft model, context drafting (``ngram``, ``suffix``), context drafting with a model fallback, or a
+trained draft head (``head``, ``head+ngram``; drafters/head.py).
 
 ``resolve_drafter(draft)`` turns the ``draft=`` argument of :class:`~tilespec.engine.SpeculativeDecoder` into a
 :class:`Drafter` (or None for target-only decoding):
   None -> None;  a Hugging Face model -> ModelDrafter;  "ngram" / "suffix" -> that context drafter;
   a Drafter instance -> itself;  [model, "ngram"] (either order; also a ContextDrafter instance) -> the context
-  drafter with the model as its fallback for requests without a match.
-Draft *names* (the CLI's ``--draft``): "ngram", "suffix", "MODEL+ngram", "MODEL+suffix", or a model name;
+  drafter with the model as its fallback for requests without a match;  "head" / "head+ngram" -> the target's
+  trained head (found in ``$TILESPEC_HOME/heads/<target>/`` when the decoder attaches it), a head folder (one with
+  a manifest.json, optionally "+ngram") -> that head.
+Draft *names* (the CLI's ``--draft``): "ngram", "suffix", "MODEL+ngram", "MODEL+suffix", "head", "head+ngram",
+a head folder, or a model name;
 :func:`split_draft_name` parses them, :func:`draft_spec` builds the ``draft=`` argument once the model is loaded.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .base import ContextDrafter, ContextState, Drafter, ModelDrafter
+from .head import HeadDrafter
 from .ngram import NgramDrafter
 from .suffix import SuffixDrafter
 
 CONTEXT_DRAFTERS = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
+HEAD_NAME = "head"
+
+
+def head_spec(name) -> "HeadDrafter | None":
+    """The HeadDrafter for a draft name "head", "head+ngram", "PATH" or "PATH+ngram" (PATH: a folder holding a
+    head's manifest.json); None for any other name."""
+    if not isinstance(name, (str, Path)):
+        return None
+    text = str(name).strip()
+    base, plus, context = text.rpartition("+")
+    if not (plus and context in CONTEXT_DRAFTERS):
+        base, context = text, None
+    if base == HEAD_NAME:
+        return HeadDrafter(context=context)
+    if base and (Path(base) / "manifest.json").is_file():
+        return HeadDrafter(base, context=context)
+    return None
 
 __all__ = ["Drafter", "ModelDrafter", "ContextDrafter", "ContextState", "NgramDrafter", "SuffixDrafter",
-           "CONTEXT_DRAFTERS", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
+           "HeadDrafter", "CONTEXT_DRAFTERS", "head_spec", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
 
 
 def split_draft_name(name: str | None) -> tuple:
@@ -26,6 +50,8 @@ def split_draft_name(name: str | None) -> tuple:
     if name is None or str(name).strip().lower() in ("", "none"):
         return None, None
     name = str(name).strip()
+    if head_spec(name) is not None:     # a head: no model to load (the decoder finds the head for its target)
+        return None, name
     if name in CONTEXT_DRAFTERS:
         return None, name
     model, plus, context = name.rpartition("+")
@@ -81,7 +107,8 @@ def resolve_drafter(draft):
             raise ValueError("this ContextDrafter already has a fallback model; pass it alone")
         context.model = models[0]
         return context
-    if isinstance(draft, str):
-        return _context(draft)
+    if isinstance(draft, (str, Path)):
+        head = head_spec(draft)
+        return head if head is not None else _context(draft)
     raise TypeError(f"draft must be a Hugging Face model, None, 'ngram', 'suffix', a Drafter or [model, 'ngram'], "
                     f"got {type(draft).__name__}")

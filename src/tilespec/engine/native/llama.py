@@ -262,18 +262,26 @@ class NativeLlama:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
                 caches: list, keep: int | None = None, layer_fn=decoder_layer, prologue_fn=prologue, head_fn=head,
-                **layer_kw) -> torch.Tensor:
+                capture: tuple = (), **layer_kw):
         """tokens/positions [B, q], bool mask [B, 1, q, C] -> logits [B, q or keep, V] (model dtype).
         ``layer_fn`` / ``prologue_fn`` / ``head_fn``: :func:`decoder_layer`, :func:`prologue`, :func:`head` or
-        compiled copies of them (the runner's compiled paths)."""
+        compiled copies of them (the runner's compiled paths). ``capture``: hidden-state indices (transformers'
+        ``hidden_states`` numbering: i = output of layer i - 1, 1 <= i < L) -> returns (logits, features
+        [B, q, len(capture) * d]) with every position's features, for a draft head."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
+        feats = {}
         backends = sdpa_backends(os.environ.get("TILESPEC_SDPA", ""))
         with sdpa_kernel(list(backends)) if backends else nullcontext():
-            for w, (k_cache, v_cache) in zip(self.layers, caches):
+            for i, (w, (k_cache, v_cache)) in enumerate(zip(self.layers, caches)):
                 h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias,
                                   w.o, w.ln2, w.gate_up, w.down, heads=self.heads, kv_heads=self.kv_heads,
                                   head_dim=self.head_dim, eps=self.eps, **layer_kw)
-        return head_fn(h, res, self.norm, self.lm_head, self.eps, keep)
+                if i + 1 in capture:
+                    feats[i + 1] = h + res
+        logits = head_fn(h, res, self.norm, self.lm_head, self.eps, keep)
+        if not capture:
+            return logits
+        return logits, torch.cat([feats[i] for i in capture], dim=-1)
 
 
 NativeLlama.layer = staticmethod(decoder_layer)

@@ -58,6 +58,11 @@ def encoder_forward(model, feats: torch.Tensor, graphs: bool) -> torch.Tensor:
     return encoder(feats).last_hidden_state
 
 
+def _cap(capture) -> dict:
+    """The ``capture`` keyword for the native forward, only when asked (the Whisper decoder has none)."""
+    return {"capture": tuple(capture)} if capture else {}
+
+
 def _native_class(model):
     return NativeWhisperDecoder if type(model).__name__ == "WhisperForConditionalGeneration" else NativeLlama
 
@@ -205,12 +210,15 @@ class NativeRunner:
 
     def _graph_forward(self, tokens, positions, mask, key=None):
         return self.native.forward(tokens, positions, mask, self.write_pos, self.caches, **self._fns,
-                                   **self._layer_kw)
+                                   **_cap(key), **self._layer_kw)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_slot: int,
-                keep: Optional[int] = None, compiled: bool = True) -> torch.Tensor:
-        """tokens/positions [B, q] int64, bool mask [B, 1, q, C] -> float32 logits [B, q or keep, V] (fresh)."""
+                keep: Optional[int] = None, compiled: bool = True, capture: tuple = ()):
+        """tokens/positions [B, q] int64, bool mask [B, 1, q, C] -> float32 logits [B, q or keep, V] (fresh).
+        ``capture`` (hidden-state indices): returns (logits, features [B, q, n d]) instead (llama.NativeLlama)."""
+        if capture and self.encdec:
+            raise ValueError("hidden-state capture is for decoder-only models")
         b, q = tokens.shape
         if write_slot < 0 or write_slot + q > self.capacity:
             raise RuntimeError(f"cache overflow: writing {q} slots at {write_slot} into a capacity of {self.capacity}")
@@ -221,28 +229,33 @@ class NativeRunner:
         if compiled and self._graphs is not None:
             t0 = time.perf_counter()
             n = len(self._graphs)
-            logits = self._graphs(tokens, positions, mask)
+            logits = self._graphs(tokens, positions, mask, key=tuple(capture) or None)
             if len(self._graphs) != n:         # a new shape: compile (maybe) + warm-up + capture happened
                 self.compile_seconds += time.perf_counter() - t0
+            feats = None
+            if capture:
+                logits, feats = logits[0], logits[1].clone()
             if keep is not None:
                 logits = logits[:, -keep:]
-            return logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            return logits if feats is None else (logits, feats)
         first = self._prefill is None
         fns = self._prefill_fns()
         if fns:
             try:
                 t0 = time.perf_counter()
-                logits = self.native.forward(tokens, positions, mask, self.write_pos, self.caches, keep=keep, **fns,
-                                             **self._layer_kw).float()
+                out = self.native.forward(tokens, positions, mask, self.write_pos, self.caches, keep=keep, **fns,
+                                          **_cap(capture), **self._layer_kw)
                 if first:                      # compile (or a load from inductor's caches) + one run
                     self.compile_seconds += time.perf_counter() - t0
-                return logits
+                return (out[0].float(), out[1]) if capture else out.float()
             except Exception as err:   # stay correct where a compile fails: eager from now on
                 warnings.warn(f"compiled prefill failed ({type(err).__name__}: {err}); running it eagerly")
                 self._prefill = {}
         eager_kw = {"kernels": self._layer_kw["kernels"]} if "kernels" in self._layer_kw else {}
-        logits = self.native.forward(tokens, positions, mask, self.write_pos, self.caches, keep=keep, **eager_kw)
-        return logits.float()
+        out = self.native.forward(tokens, positions, mask, self.write_pos, self.caches, keep=keep,
+                                  **_cap(capture), **eager_kw)
+        return (out[0].float(), out[1]) if capture else out.float()
 
     def _prefill_fns(self) -> dict:
         """Compiled (dynamic-shape) functions for forwards outside a graph (prefill) on "native-graphs", opt-in
@@ -257,11 +270,12 @@ class NativeRunner:
         return self._prefill
 
     def raw_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
-                    keep: Optional[int] = None) -> torch.Tensor:
+                    keep: Optional[int] = None, capture: tuple = ()):
         """The forward without a graph of its own, for capture inside a larger one (engine/step_graph.py):
-        ``write_pos`` a 0-d int64 device tensor; returns logits in the model dtype (a graph-owned buffer)."""
+        ``write_pos`` a 0-d int64 device tensor; returns logits in the model dtype (a graph-owned buffer), or
+        (logits, features) with ``capture``."""
         return self.native.forward(tokens, positions, mask, write_pos, self.caches, keep=keep, **self._fns,
-                                   **self._layer_kw)
+                                   **_cap(capture), **self._layer_kw)
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         """Keep batch rows ``rows`` [B'] and move slots by ``slot_index`` [B', C] (as cache.gather_slots); the

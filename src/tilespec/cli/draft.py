@@ -1,0 +1,51 @@
+"""``tilespec draft train``: train a draft head for a target by self-distillation (tilespec.heads.train)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def run_train(args) -> int:
+    from tilespec import models
+    from tilespec.heads.train import train_head
+
+    from tilespec.env import pick_device, pick_dtype
+
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    log(f"loading target {args.target} ({dtype}, {device}) ...")
+    target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
+    _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes,
+                           out=args.out, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                           gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps,
+                           batch=args.batch, lr=args.lr, max_steps=args.max_steps, resume=not args.fresh,
+                           compile=device.type == "cuda", log=log)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"target": args.target, "device": str(device), "dtype": str(dtype),
+                                         **report}, indent=1, default=str))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("draft", help="draft heads: train one for a target")
+    dsub = p.add_subparsers(dest="draft_command", required=True)
+    t = dsub.add_parser("train", help="train an EAGLE-style draft head on the target's own responses")
+    t.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
+    t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, data generation included")
+    t.add_argument("--out", type=Path, default=None, help="head folder (default $TILESPEC_HOME/heads/<target>)")
+    t.add_argument("--prompts", type=int, default=512, help="prompts from the offline training sources")
+    t.add_argument("--max-new-tokens", type=int, default=256, help="response length per prompt")
+    t.add_argument("--gen-batch", type=int, default=64, help="batch size of the response generation")
+    t.add_argument("--draft-vocab", type=int, default=32000, help="reduced draft vocabulary (0 = the full vocabulary)")
+    t.add_argument("--ttt-steps", type=int, default=4, help="training-time-test steps (draft depth trained)")
+    t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps even with time left")
+    t.add_argument("--fresh", action="store_true", help="ignore a saved training state in the folder")
+    t.add_argument("--device", default="auto")
+    t.add_argument("--dtype", default="auto")
+    t.add_argument("--json", type=Path, default=None, help="write the training report here")
+    t.set_defaults(func=run_train)

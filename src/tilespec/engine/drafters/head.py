@@ -1,0 +1,179 @@
+"""``head``: drafts from a trained EAGLE-style head (tilespec.heads) that reads the target's own hidden states.
+
+Per generation the drafter builds a :class:`HeadRunner`: the head's one-layer K/V cache (same slot layout and
+``valid`` mask as the target's) plus two functions of device tensors, run inside the engine's step (eagerly, or
+captured in the whole-step CUDA graphs, step_graph.py):
+  * :meth:`HeadRunner.propose` -- γ draft tokens autoregressively from ``state.hidden`` [B, d] (the head's output at
+    the last committed entry), with their draft logits over the full vocabulary when sampling (-inf outside a
+    reduced draft vocabulary: q is zero there, which verify() handles exactly); γ - 1 head forwards;
+  * :meth:`HeadRunner.observe` -- after verification, the head's entries for the verified chunk from the features the
+    target's verify forward returned (no extra target forward): slots [W, W + K], fed (target features at each
+    position, the token emitted after it); returns the new ``hidden`` (the entry of the last accepted position).
+Draft entries written by ``propose`` at slots >= W are overwritten by ``observe``'s real entries, so the cache
+holds only entries built from the target's features at committed positions (holes as in the target's cache).
+
+``head+ngram``: context drafts (``ngram``) where the context matches, the head elsewhere; the head observes every
+verify forward either way, so it stays current.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ..cache import gather_buffer
+from ..state import chunk_mask
+from .base import ContextDrafter, ContextState, Drafter
+
+
+def target_name(model) -> str:
+    """The registry name the models layer gave ``model`` (``tilespec_name``), else its config's name/path."""
+    name = getattr(model, "tilespec_name", None) or getattr(model.config, "_name_or_path", "") or ""
+    return str(name) or type(model).__name__
+
+
+class HeadRunner:
+    """A head's per-generation device state (see the module docstring); quacks like a runner for the decoder
+    (``select`` on defrag / dropped rows, ``memory_bytes``, ``mode``, ``cache_version``, ``compile_seconds``)."""
+
+    observes_target = True     # fed by the target's verify forward, never scores a chunk itself
+
+    def __init__(self, head, batch: int, capacity: int, mode: str):
+        self.head = head
+        self.features = tuple(head.cfg.feature_layers)
+        self.mode = mode
+        self.capacity = capacity
+        dtype = head.fc.weight.dtype
+        self.device = head.fc.weight.device
+        self.k, self.v = head.new_cache(batch, capacity, self.device, dtype)
+        self.cache_version = 0
+        self.compile_seconds = 0.0
+        self._entries = head.entries
+        if mode == "native-graphs" and os.environ.get("TILESPEC_HEAD_COMPILE", "1") != "0":
+            self._entries = _compiled_entries(head)
+
+    def entries(self, feat, tokens, positions, mask, write_pos):
+        return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
+
+    def prefill(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """The prompt's entries at slots [0, P): feats [B, P, n d] (target features of the prefill), next_tokens
+        [B, P] (the token after each position), positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
+        write = torch.zeros((), dtype=torch.int64, device=feats.device)
+        h = self.entries(self.head.fuse(feats), next_tokens, positions, mask, write)
+        return h[:, -1].clone()
+
+    def propose(self, hidden, valid, seq_len, seeds, write, resolved, gamma: int, greedy: bool, sample):
+        """γ draft tokens -> (tokens [B, γ], logits [B, γ, V] fp32 or None when greedy). ``sample(logits [B, V],
+        resolved, seeds, positions, greedy)`` is the engine's draft sampler (token i at position seq_len - 1 + i)."""
+        head = self.head
+        pos0 = seq_len - 1
+        tokens, all_logits = [], []
+        h = hidden
+        for i in range(1, gamma + 1):
+            small = head.logits(h)
+            if greedy:
+                tok = head.vocab_ids[small.argmax(dim=-1)]
+            else:
+                full = head.full_logits(small)
+                tok = sample(full, resolved, seeds, pos0 + i, False)
+                all_logits.append(full)
+            tokens.append(tok)
+            if i < gamma:     # the entry at position pos0 + i - 1 (slot W + i - 1): (own output, token i)
+                slot = write + (i - 1)
+                h = self.entries(h[:, None], tok[:, None], (pos0 + i - 1)[:, None],
+                                 chunk_mask(valid, write, slot, 1), slot)[:, 0]
+        draft = torch.stack(tokens, dim=1)
+        return draft, (torch.stack(all_logits, dim=1) if all_logits else None)
+
+    def observe(self, feats, out_tokens, num_emitted, valid, seq_len, write) -> torch.Tensor:
+        """Entries for the verified chunk [pending, d_1 .. d_K] at slots [W, W + K] (``valid`` / ``seq_len`` as
+        before the commit): feats [B, K+1, n d], out_tokens [B, K+1] (-1 padded), num_emitted [B] -> new hidden
+        [B, d] (the entry of the last accepted position; later entries lie in slots the commit leaves invalid)."""
+        q = out_tokens.shape[1]
+        positions = (seq_len - 1)[:, None] + torch.arange(q, device=seq_len.device)[None, :]
+        h = self.entries(self.head.fuse(feats), out_tokens.clamp(min=0), positions, chunk_mask(valid, write, write, q),
+                         write)
+        idx = (num_emitted - 1).clamp(min=0)[:, None, None].expand(-1, 1, h.shape[-1])
+        return h.gather(1, idx)[:, 0]
+
+    def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
+        for name in ("k", "v"):
+            buf = getattr(self, name)
+            new = gather_buffer(buf, rows, slot_index)
+            if new.shape == buf.shape:
+                buf.copy_(new)
+            else:
+                setattr(self, name, new)
+                self.cache_version += 1
+
+    def memory_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+_COMPILED: dict = {}
+
+
+def _compiled_entries(head):
+    fn = _COMPILED.get(id(head))
+    if fn is None or fn[0] is not head:
+        fn = _COMPILED[id(head)] = (head, torch.compile(head.entries, fullgraph=True, dynamic=False))
+    return fn[1]
+
+
+class HeadDrafter(Drafter):
+    """A trained draft head; ``head``: a DraftHead, a folder, or None (the default folder of the target, found when
+    the decoder attaches it); ``context``: "ngram" / "suffix" / a ContextDrafter for ``head+ngram``."""
+
+    kind = "head"
+
+    def __init__(self, head=None, *, context=None):
+        self.head = head if not isinstance(head, (str, Path)) else None
+        self.folder = Path(head) if isinstance(head, (str, Path)) else None
+        if isinstance(context, str):
+            from . import CONTEXT_DRAFTERS
+            if context not in CONTEXT_DRAFTERS:
+                raise ValueError(f"unknown context drafter {context!r}; use one of {sorted(CONTEXT_DRAFTERS)}")
+            context = CONTEXT_DRAFTERS[context]()
+        if context is not None and not isinstance(context, ContextDrafter):
+            raise TypeError(f"context must be 'ngram', 'suffix' or a ContextDrafter, got {type(context).__name__}")
+        self.context = context
+
+    @property
+    def name(self) -> str:
+        return "head" if self.context is None else f"head+{self.context.kind}"
+
+    @property
+    def has_context(self) -> bool:
+        return self.context is not None
+
+    @property
+    def features(self) -> tuple:
+        return tuple(self.head.cfg.feature_layers) if self.head is not None else ()
+
+    def attach(self, target) -> None:
+        """Load (if needed) and check the head against ``target``: the wrong target is an error, a missing head
+        says how to train one."""
+        from tilespec.heads.store import head_dir, load_head, target_identity, HeadMismatch
+
+        if self.head is None:
+            name = target_name(target)
+            folder = self.folder or head_dir(name)
+            self.head = load_head(folder, target, target_name=name)
+            return
+        manifest = getattr(self.head, "manifest", None)
+        if manifest is not None and manifest.get("target_id") != target_identity(target):
+            raise HeadMismatch(f"this head was trained for target {manifest.get('target')!r}, not for this model")
+        p = next(target.parameters())
+        if self.head.fc.weight.device != p.device:
+            raise ValueError(f"the head is on {self.head.fc.weight.device} but the target on {p.device}")
+        if self.head.embed is None:
+            self.head.bind(target)
+
+    def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
+        return self.context.start(prompts) if self.context is not None else None
+
+    def runner(self, batch: int, capacity: int, mode: str) -> HeadRunner:
+        return HeadRunner(self.head, batch, capacity, mode)
