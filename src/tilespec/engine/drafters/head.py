@@ -176,4 +176,17 @@ class HeadDrafter(Drafter):
         return self.context.start(prompts) if self.context is not None else None
 
     def runner(self, batch: int, capacity: int, mode: str) -> HeadRunner:
-        return HeadRunner(self.head, batch, capacity, mode)
+        """The head's runner for one generation; on the compiled paths shared per (head, batch, capacity) like the
+        models' runners (engine/leases.py), so captured steps are reused across generations."""
+        from ..leases import _COMPILED_RUNNERS, in_use
+
+        if mode == "eager":
+            return HeadRunner(self.head, batch, capacity, mode)
+        key = (id(self.head), "head", capacity, batch, mode)
+        cached = _COMPILED_RUNNERS.get(key)
+        if cached is not None and cached.head is self.head and not in_use(cached):
+            return cached
+        runner = HeadRunner(self.head, batch, capacity, mode)
+        if cached is None or not in_use(cached):
+            _COMPILED_RUNNERS[key] = runner
+        return runner
