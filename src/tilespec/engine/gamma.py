@@ -67,6 +67,23 @@ def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple
     return best, overhead_improvement(alpha, best, c, overhead)
 
 
+def chain_gamma(alphas: list, c: float, overhead: float = 0.0) -> tuple[int, float]:
+    """γ for a drafter whose acceptance depends on the draft position (a trained head: alphas[k] = P(draft k+1
+    accepted | the first k accepted), measured on held-out text): argmax over γ in [1, len(alphas)] of
+    (1 + Σ_{k<=γ} Π_{j<=k} alphas[j]) / (1 + γ c + o), ties -> smaller γ; returns (γ, that improvement)."""
+    if not alphas:
+        raise ValueError("chain_gamma needs at least one acceptance rate")
+    c, overhead = _check_cost("c", c), _check_cost("overhead", overhead)
+    best, best_value, tau, run = 1, -1.0, 1.0, 1.0
+    for g, a in enumerate(alphas, start=1):
+        run *= _check_alpha(a)
+        tau += run
+        value = tau / (1.0 + g * c + overhead)
+        if value > best_value + 1e-12:
+            best, best_value = g, value
+    return best, best_value
+
+
 def _host_array(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()

@@ -5,7 +5,19 @@ A drafter is one of
   * a :class:`ContextDrafter` -- proposals copied from the request's own context (prompt + output so far), found on
     the host by matching; no forward pass, so the cost ratio c is ~0. Proposals are deterministic: ``verify()``
     gets no draft logits (q is one-hot at the drafted token), which is exact at every temperature;
-  * a context drafter with a ``fallback`` model: context drafts where a request has a match, the model otherwise.
+  * a context drafter with a ``fallback`` model: context drafts where a request has a match, the model otherwise;
+  * :class:`~tilespec.engine.drafters.head.HeadDrafter` -- a trained draft head fed by the target's own hidden states
+    (optionally with a context drafter: ``head+ngram``).
+
+What a drafter may declare (the decoder asks through these attributes, never by type):
+  * ``model``: a draft model the engine runs with its own slot cache (draft forwards, step.py), or None;
+  * ``has_context`` / ``start(prompts)``: a per-generation :class:`ContextState` proposing host-side drafts;
+  * ``attach(target)``: called once by the decoder (a head checks it belongs to this target and binds to it);
+  * ``features`` (hidden-state indices) and ``runner(batch, capacity, mode)``: a device-side drafter whose runner
+    (``observes_target``) drafts with ``propose(...)`` -> (tokens [B, γ], draft logits [B, γ, V] or None) and is fed
+    the features of every verify forward by ``observe(...)`` -> its new per-row state ``BatchState.hidden``; the
+    target's forward returns those features (no extra forward). The same two calls run in the host-commit step
+    (step.py) and in the captured whole step (step_graph.py).
 
 Per generation a context drafter hands out a :class:`ContextState` (``start(prompts)``): the engine appends the
 tokens each request emits (``extend``, host lists it already read in the step's one host sync) and asks for up to

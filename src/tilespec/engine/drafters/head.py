@@ -62,7 +62,8 @@ class HeadRunner:
         """The prompt's entries at slots [0, P): feats [B, P, n d] (target features of the prefill), next_tokens
         [B, P] (the token after each position), positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
         write = torch.zeros((), dtype=torch.int64, device=feats.device)
-        h = self.entries(self.head.fuse(feats), next_tokens, positions, mask, write)
+        # eager: prompt lengths vary, a compiled copy would recompile per length
+        h = self.head.entries(self.head.fuse(feats), next_tokens, positions, mask, write, self.k, self.v)
         return h[:, -1].clone()
 
     def propose(self, hidden, valid, seq_len, seeds, write, resolved, gamma: int, greedy: bool, sample):
