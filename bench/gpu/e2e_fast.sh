@@ -57,7 +57,7 @@ for stage in $STAGES; do
       ts "$stage: budget ${HEADS_MINUTES:-5} min"
       timeout $(( ${HEADS_MINUTES:-5} * 60 + 120 )) python3 -m tilespec draft train --target qwen2.5-coder-1.5b-instruct \
         --minutes "${HEADS_MINUTES:-5}" ${HEADS_PROMPTS_FILE:+--prompts-file "$HEADS_PROMPTS_FILE"} \
-        --prompts "${HEADS_PROMPTS:-768}" --gen-batch "${HEADS_GEN_BATCH:-128}" ${HEADS_ARGS:-} \
+        --prompts "${HEADS_PROMPTS:-2000}" --gen-batch "${HEADS_GEN_BATCH:-256}" ${HEADS_ARGS:-} \
         --json "$RES/heads-train.json" > "$RES/heads-train.log" 2>&1
       ts "$stage: exit $?"; tr '\r' '\n' < "$RES/heads-train.log" | grep -v '^\s*$' | tail -n 12
       [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .

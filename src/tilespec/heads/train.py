@@ -2,7 +2,8 @@
 
 Budget split (``minutes``): responses ~30 % (data.generate_responses, the compiled runtime at a large batch), the
 target's features (one teacher-forced pass, kept on the device), then training until the budget ends.
-Loss per training-time-test step k (weights 0.8^(k-1)): cross-entropy of the head's draft-vocabulary distribution
+Loss per training-time-test step k (weights 0.8^(k-1); response positions, prompt positions weighted
+``prompt_weight``): cross-entropy of the head's draft-vocabulary distribution
 against the target's next-token distribution restricted (renormalised) to the draft vocabulary -- the best q on
 that support for acceptance sum_v min(p, q) -- plus ``reg_weight`` × smooth-L1 between the head's normalised output
 and the target's final normalised hidden state (EAGLE's feature regression). AdamW over fp32 weights with bf16
@@ -33,7 +34,7 @@ HEAD_COST = 0.05
 
 
 def _loss(head: DraftHead, data: dict, idx: torch.Tensor, steps: int, lm_rows: torch.Tensor, reg_weight: float,
-          stats: Optional[dict] = None) -> torch.Tensor:
+          prompt_weight: float = 0.0) -> torch.Tensor:
     feats, normed, toks = data["feats"][idx], data["normed"][idx], data["tokens"][idx]
     t = toks.shape[1]
     pos = torch.arange(t, device=toks.device)[None]
@@ -42,19 +43,17 @@ def _loss(head: DraftHead, data: dict, idx: torch.Tensor, steps: int, lm_rows: t
     # teacher for entry e: the target's distribution at position e + 1 (of token e + 2), on the draft vocabulary
     teach_h = torch.cat([normed[:, 1:], normed[:, -1:]], dim=1)
     teach = torch.log_softmax(F.linear(teach_h.to(lm_rows.dtype), lm_rows).float(), dim=-1)
-    base = (pos + 2 < data["lengths"][idx, None]) & (pos + 2 >= data["loss_from"][idx, None])
+    inside = pos + 2 < data["lengths"][idx, None]
+    response = pos + 2 >= data["loss_from"][idx, None]
+    weight = (inside & response).float() + prompt_weight * (inside & ~response).float()
     total = 0.0
     for k, h in enumerate(outs, start=1):
-        m = (base & (pos >= k - 1)).float()
+        m = weight * (pos >= k - 1).float()
         denom = m.sum().clamp(min=1.0)
         logq = torch.log_softmax(head.logits(h).float(), dim=-1)
         ce = -(teach.exp() * logq).sum(-1)
         reg = F.smooth_l1_loss(head.normed(h).float(), teach_h.float(), reduction="none").mean(-1)
         total = total + 0.8 ** (k - 1) * (((ce + reg_weight * reg) * m).sum() / denom)
-        if stats is not None:
-            agree = (logq.argmax(-1) == teach.argmax(-1)).float()
-            stats.setdefault("agree", [0.0] * steps)[k - 1] += float((agree * m).sum())
-            stats.setdefault("count", [0.0] * steps)[k - 1] += float(m.sum())
     return total
 
 
@@ -102,11 +101,12 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
                draft_vocab: Optional[int] = 32000, ttt_steps: int = 4, batch: int = 8, lr: float = 3e-4,
                warmup: int = 50, reg_weight: float = 0.1, max_steps: Optional[int] = None, data_share: float = 0.3,
                eval_every: int = 100, resume: bool = True, compile=True, seed: int = 0, log=print,
-               progress: bool = True, source: Optional[dict] = None) -> tuple[DraftHead, dict]:
+               progress: bool = True, source: Optional[dict] = None, prompt_weight: float = 0.0) -> tuple[DraftHead, dict]:
     """Train a head for ``target`` and save it (``out``, default ``$TILESPEC_HOME/heads/<target_name>/``).
 
     prompts: token-id lists, or user messages (str, with ``tokenizer``), or None (``data.offline_prompts``);
-    source: what the given prompts are (recorded in the manifest).
+    source: what the given prompts are (recorded in the manifest). prompt_weight: loss weight of prompt positions
+    (the target's distribution there is a valid signal too; response positions weigh 1).
     max_steps: stop after that many optimiser steps even with budget left (tests). Returns (head, report): the
     report holds the data description, steps, tokens/s, held-out acceptance and the timings; also the manifest's.
     """
@@ -190,7 +190,7 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
         for g in opt.param_groups:
             g["lr"] = lr * lr_at(step)
         with _autocast(dev):
-            loss = _loss(head, data, idx, ttt_steps, lm_rows, reg_weight)
+            loss = _loss(head, data, idx, ttt_steps, lm_rows, reg_weight, prompt_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -223,6 +223,7 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
     report_eval.update(suggested_gamma=gamma, predicted_speedup=round(gain, 3), assumed_cost_ratio=HEAD_COST)
     tid = target_identity(target)
     info = {"data": source, "steps": step, "ttt_steps": ttt_steps, "batch": batch, "seq_len": seq_len, "lr": lr,
+            "prompt_weight": prompt_weight,
             "train_tokens": tokens_seen, "train_seconds": round(train_s, 1),
             "train_tokens_per_second": round(tokens_seen / max(train_s, 1e-9)),
             "feature_seconds": round(feat_s, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
