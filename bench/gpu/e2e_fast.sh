@@ -19,7 +19,7 @@
 #     hf-static (and the 0.5B draft model when HEADS_DRAFT_MODEL is set);
 #   heads-ngram: code-edit, B=1, T=0: ours target-only, head+ngram, ngram;
 #   heads-t1: XSum, CNN/DM, B=1, T=1: target-only and the head;  heads-b8: XSum, B=8, T=0 and 1: target-only and
-#     the head (constant gamma and optimal).
+#     the head (HEADS_B8_SCHEDULES, default constant; e.g. constant,optimal).
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
 # Environment: E2E_TOTAL_S (default 450: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
 #   default 120), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
@@ -73,7 +73,7 @@ for stage in $STAGES; do
             --gamma-schedule constant --systems ar,tilespec) ;;
     heads-b8)
       args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "${HEADS_GAMMA:-4}"
-            --gamma-schedule constant,optimal --systems ar,tilespec) ;;
+            --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
     *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 heads-train heads-t0 heads-ngram" \
             "heads-t1 heads-b8)" >&2; exit 2 ;;
   esac

@@ -149,6 +149,10 @@ def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: 
             el = time.perf_counter() - t0
             log(f"data: {len(out.tokens)} responses, {out.new_tokens} tokens, {out.new_tokens / el:.0f} tok/s")
     out.seconds = time.perf_counter() - t0
+    from tilespec.engine.leases import release_compiled
+    release_compiled()                    # the large-batch runners' K/V caches: training needs the memory
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return out
 
 

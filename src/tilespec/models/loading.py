@@ -121,7 +121,8 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
          device: str | torch.device = "cpu", target=None, download: bool = False, save_converted: bool = True):
     """Return ``(model, tokenizer_or_processor)`` for a registry name, local path, GGUF file or hub id.
 
-    ``role`` ("target" / "draft" / "asr") is only recorded as ``model.tilespec_role``. ``NAME:layers=N`` returns a
+    ``role`` ("target" / "draft" / "asr") is only recorded as ``model.tilespec_role``, the name as
+    ``model.tilespec_name``. ``NAME:layers=N`` returns a
     layer-skip draft of the first N decoder layers, built on ``target`` (a loaded model, shared, not copied) when
     given, else on a freshly loaded NAME. ``download=True`` fetches a missing registry model first.
     """
@@ -180,6 +181,7 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
             model, tok = _load_hf(spec_name, dtype)
     model = model.to(device=device, dtype=dtype).eval()
     model.tilespec_role = role
+    model.tilespec_name = spec_name     # the name a trained draft head is stored under (tilespec.heads.store)
     return model, tok
 
 
