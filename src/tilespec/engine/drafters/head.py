@@ -18,6 +18,7 @@ verify forward either way, so it stays current.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -55,7 +56,13 @@ class HeadRunner:
             self._entries = _compiled_entries(head)
 
     def entries(self, feat, tokens, positions, mask, write_pos):
-        return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
+        if self._entries is not self.head.entries:
+            try:
+                return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
+            except Exception as err:     # stay correct where inductor fails: the eager layer from now on
+                warnings.warn(f"compiling the draft head failed ({type(err).__name__}: {err}); running it eagerly")
+                self._entries = self.head.entries
+        return self.head.entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
 
     def prefill(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
