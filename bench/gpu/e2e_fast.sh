@@ -15,8 +15,9 @@
 #   heads-train: `tilespec draft train` for the target (HEADS_MINUTES, default 5, data generation included; prompts
 #     from HEADS_PROMPTS_FILE when set, written on a CPU machine by `tilespec draft prompts`), report
 #     $E2E_RES/heads-train.json; the head stays under $TILESPEC_HOME/heads/ for the stages below;
-#   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default 4), ngram,
-#     hf-static (and the 0.5B draft model when HEADS_DRAFT_MODEL is set);
+#   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default 4), ngram
+#     (HEADS_T0_SYSTEMS; hf-static compiles for ~1 min, so by default it has a stage of its own: heads-hf, XSum,
+#     B=1, T=0, ours target-only and hf-static);
 #   heads-ngram: code-edit, B=1, T=0: ours target-only, head+ngram, ngram;
 #   heads-t1: XSum, CNN/DM, B=1, T=1: target-only and the head;  heads-b8: XSum, B=8, T=0 and 1: target-only and
 #     the head (HEADS_B8_SCHEDULES, default constant; e.g. constant,optimal).
@@ -64,7 +65,9 @@ for stage in $STAGES; do
       continue ;;
     heads-t0)
       args=(--task xsum,cnndm --batch 1 --temperature 0 --draft head --gamma "${HEADS_GAMMA:-4}"
-            --gamma-schedule constant --systems ar,tilespec,ngram,hf-static) ;;
+            --gamma-schedule constant --systems "${HEADS_T0_SYSTEMS:-ar,tilespec,ngram}") ;;
+    heads-hf)
+      args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
     heads-ngram)
       args=(--task code-edit --batch 1 --temperature 0 --draft head+ngram --gamma "${HEADS_GAMMA:-4}"
             --gamma-schedule constant --systems ar,tilespec,ngram) ;;
@@ -75,7 +78,7 @@ for stage in $STAGES; do
       args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "${HEADS_GAMMA:-4}"
             --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
     *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 heads-train heads-t0 heads-ngram" \
-            "heads-t1 heads-b8)" >&2; exit 2 ;;
+            "heads-t1 heads-b8 heads-hf)" >&2; exit 2 ;;
   esac
   ts "$stage: budget ${budget}s"
   timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \

@@ -25,7 +25,7 @@ def run_train(args) -> int:
                            out=args.out, num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
                            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps,
                            batch=args.batch, lr=args.lr, seq_len=args.seq_len, prompt_weight=args.prompt_weight, max_steps=args.max_steps, resume=not args.fresh,
-                           compile=device.type == "cuda", log=log)
+                           compile="native" if device.type == "cuda" else False, log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"target": args.target, "device": str(device), "dtype": str(dtype),

@@ -124,11 +124,12 @@ class Sequences:
     seconds: float = 0.0
 
 
-def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: int, compile=True,
+def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: int, compile="native",
                        budget_s: float = 0.0, seed: int = 0, log=None) -> Sequences:
     """Responses of the target alone to ``prompt_ids`` (token lists), ``batch`` requests at a time, alternating
     greedy and T = 1 batches; stops starting batches after ``budget_s`` seconds (0 = no limit). EOS ends a response
-    (kept)."""
+    (kept). ``compile``: the decoder's step mode; "native" (the native runtime without torch.compile or graphs) needs
+    no compile time, and at a large batch the forwards are bound by the weights and K/V reads, not by launches."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify.types import SamplingParams
 

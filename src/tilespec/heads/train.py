@@ -1,6 +1,6 @@
 """Self-distillation of a draft head (model.py) on the target's own responses: :func:`train_head`.
 
-Budget split (``minutes``): responses ~30 % (data.generate_responses, the compiled runtime at a large batch), the
+Budget split (``minutes``): responses ~30 % (data.generate_responses, the native runtime at a large batch), the
 target's features (one teacher-forced pass, kept on the device), then training until the budget ends.
 Loss per training-time-test step k (weights 0.8^(k-1); response positions, prompt positions weighted
 ``prompt_weight``): cross-entropy of the head's draft-vocabulary distribution
@@ -100,7 +100,7 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
                num_prompts: int = 512, max_new_tokens: int = 256, gen_batch: int = 64, seq_len: int = 640,
                draft_vocab: Optional[int] = 32000, ttt_steps: int = 4, batch: int = 8, lr: float = 3e-4,
                warmup: int = 50, reg_weight: float = 0.1, max_steps: Optional[int] = None, data_share: float = 0.3,
-               eval_every: int = 100, resume: bool = True, compile=True, seed: int = 0, log=print,
+               eval_every: int = 100, resume: bool = True, compile="native", seed: int = 0, log=print,
                progress: bool = True, source: Optional[dict] = None, prompt_weight: float = 0.0) -> tuple[DraftHead, dict]:
     """Train a head for ``target`` and save it (``out``, default ``$TILESPEC_HOME/heads/<target_name>/``).
 
