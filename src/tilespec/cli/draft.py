@@ -24,7 +24,7 @@ def run_train(args) -> int:
     _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes,
                            out=args.out, num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
                            gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps,
-                           batch=args.batch, lr=args.lr, seq_len=args.seq_len, prompt_weight=args.prompt_weight, max_steps=args.max_steps, resume=not args.fresh,
+                           batch=args.batch, lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight, max_steps=args.max_steps, resume=not args.fresh,
                            compile="native" if device.type == "cuda" else False, log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +62,8 @@ def register(sub) -> None:
     t.add_argument("--seq-len", type=int, default=640, help="training sequence length (prompt cut on the left)")
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (responses: 1)")
+    t.add_argument("--eval-every", type=int, default=250,
+                   help="held-out acceptance and a resumable checkpoint every this many steps (0: at the end only)")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps even with time left")
     t.add_argument("--fresh", action="store_true", help="ignore a saved training state in the folder")
     t.add_argument("--device", default="auto")

@@ -193,7 +193,7 @@ class SpeculativeDecoder:
         skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
         hidden = None
         if features and not skip:
-            _, feats = target.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=features)
+            _, feats = target.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=features, compiled=False)
             hidden = draft.prefill(feats, ids[:, 1:p + 1], positions, pmask)
         else:
             for runner in (target,) if skip else (target, draft):

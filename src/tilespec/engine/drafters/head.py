@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -122,6 +123,7 @@ class HeadRunner:
 
 
 _COMPILED: dict = {}
+_LOADED: dict = {}       # (head folder, id(target)) -> (weakref to the target, its loaded head)
 
 
 def _compiled_entries(head):
@@ -168,8 +170,13 @@ class HeadDrafter(Drafter):
 
         if self.head is None:
             name = target_name(target)
-            folder = self.folder or head_dir(name)
-            self.head = load_head(folder, target, target_name=name)
+            folder = Path(self.folder or head_dir(name)).resolve()
+            key = (str(folder), id(target))
+            cached = _LOADED.get(key)
+            if cached is None or cached[0]() is not target:    # one loaded head per (folder, target) and process:
+                head = load_head(folder, target, target_name=name)   # decoders share its compiled steps
+                _LOADED[key] = cached = (weakref.ref(target), head)
+            self.head = cached[1]
             return
         manifest = getattr(self.head, "manifest", None)
         if manifest is not None and manifest.get("target_id") != target_identity(target):
