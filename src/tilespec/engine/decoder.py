@@ -34,7 +34,7 @@ from .generation import (GenerationOutput, Generation, PlannedStep, StepEvent, e
 from .inputs import check_request
 from .leases import lease, release_compiled, shared_runner  # noqa: F401  (release_compiled: public)
 from .metrics import PhaseTimer, RunStats, peak_memory
-from .prompts import prompt_lists
+from .prompts import prompt_lists, warmup_inputs
 from .runner import is_encoder_decoder, shares_encoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import speculative_step
@@ -402,14 +402,5 @@ class SpeculativeDecoder:
     def warmup(self, prompt_len: int = 16, max_new_tokens: int = 8, batch: int = 1) -> RunStats:
         """One uncounted generation on a synthetic prompt (token ids 1..prompt_len, repeated so context drafters
         match): lazy initialisations, and on the compiled paths the graphs of those shapes. Returns its stats."""
-        if not (isinstance(prompt_len, int) and prompt_len >= 1 and isinstance(batch, int) and batch >= 1):
-            raise ValueError(f"warmup needs prompt_len >= 1 and batch >= 1, got {prompt_len!r}, {batch!r}")
-        vocab = self.target.get_output_embeddings().weight.shape[0]
-        ids = [[1 + (j % 7) % (vocab - 1) for j in range(prompt_len)] for _ in range(batch)]
-        features = None
-        if is_encoder_decoder(self.target):
-            cfg = self.target.config
-            frames = 2 * getattr(cfg, "max_source_positions", 1500)
-            features = torch.zeros(batch, cfg.num_mel_bins, frames, device=self.device,
-                                   dtype=next(self.target.parameters()).dtype)
+        ids, features = warmup_inputs(self.target, prompt_len, batch, self.device)
         return self.generate(ids, max_new_tokens=max_new_tokens, input_features=features).stats

@@ -49,3 +49,19 @@ def prompt_lists(tok, input_ids=None, prompts=None, chat: bool = True) -> list[l
     if lists and isinstance(lists[0], int):
         lists = [lists]
     return [list(map(int, p)) for p in lists]
+
+
+def warmup_inputs(target, prompt_len: int, batch: int, device) -> tuple:
+    """A synthetic warm-up request: ``batch`` prompts of token ids 1..7 repeated to ``prompt_len`` (so context
+    drafters match), and for encoder-decoder targets zero input features of the full frame count (else None)."""
+    if not (isinstance(prompt_len, int) and prompt_len >= 1 and isinstance(batch, int) and batch >= 1):
+        raise ValueError(f"warmup needs prompt_len >= 1 and batch >= 1, got {prompt_len!r}, {batch!r}")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    ids = [[1 + (j % 7) % (vocab - 1) for j in range(prompt_len)] for _ in range(batch)]
+    if not getattr(target.config, "is_encoder_decoder", False):
+        return ids, None
+    import torch
+
+    cfg = target.config
+    frames = 2 * getattr(cfg, "max_source_positions", 1500)
+    return ids, torch.zeros(batch, cfg.num_mel_bins, frames, device=device, dtype=next(target.parameters()).dtype)
