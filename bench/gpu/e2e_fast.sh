@@ -15,10 +15,12 @@
 #   heads-train: `tilespec draft train` for the target (HEADS_MINUTES, default 5, data generation included; prompts
 #     from HEADS_PROMPTS_FILE when set, written on a CPU machine by `tilespec draft prompts`), report
 #     $E2E_RES/heads-train.json; the head stays under $TILESPEC_HOME/heads/ for the stages below;
-#   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default 4), ngram
+#   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default the
+#     suggested_gamma of heads-train.json, else 4), ngram
 #     (HEADS_T0_SYSTEMS; hf-static compiles for ~1 min, so by default it has a stage of its own: heads-hf, XSum,
 #     B=1, T=0, ours target-only and hf-static);
-#   heads-ngram: code-edit, B=1, T=0: ours target-only, head+ngram, ngram;
+#   heads-ngram: code-edit, B=1, T=0: ours target-only, head+ngram, ngram (γ HEADS_NGRAM_GAMMA, default 5: the
+#     context drafts' cap);
 #   heads-t1: XSum, CNN/DM, B=1, T=1: target-only and the head;  heads-b8: XSum, B=8, T=0 and 1: target-only and
 #     the head (HEADS_B8_SCHEDULES, default constant; e.g. constant,optimal).
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
@@ -46,6 +48,9 @@ for stage in $STAGES; do
   (( budget > left - 40 )) && budget=$(( left - 40 ))
   if (( budget < 30 )); then ts "skip $stage: $left s left of E2E_TOTAL_S=$TOTAL (rerun it in another call)"; continue; fi
   temp=${stage##*-t}
+  # the head's γ: HEADS_GAMMA, else the one its training suggests (held-out acceptance per depth, c ~ 0.05), else 4
+  hg=${HEADS_GAMMA:-$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['held_out']['suggested_gamma'])" \
+       "$RES/heads-train.json" 2>/dev/null || echo 4)}
   case $stage in
     runtime-t0|runtime-t1)
       args=(--task xsum --batch 1,8 --temperature "$temp" --systems ar,hf-static,tilespec,hf-assisted,hf
@@ -64,18 +69,18 @@ for stage in $STAGES; do
       [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .
       continue ;;
     heads-t0)
-      args=(--task xsum,cnndm --batch 1 --temperature 0 --draft head --gamma "${HEADS_GAMMA:-4}"
+      args=(--task xsum,cnndm --batch 1 --temperature 0 --draft head --gamma "$hg"
             --gamma-schedule constant --systems "${HEADS_T0_SYSTEMS:-ar,tilespec,ngram}") ;;
     heads-hf)
       args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
     heads-ngram)
-      args=(--task code-edit --batch 1 --temperature 0 --draft head+ngram --gamma "${HEADS_GAMMA:-4}"
+      args=(--task code-edit --batch 1 --temperature 0 --draft head+ngram --gamma "${HEADS_NGRAM_GAMMA:-5}"
             --gamma-schedule constant --systems ar,tilespec,ngram) ;;
     heads-t1)
-      args=(--task xsum,cnndm --batch 1 --temperature 1 --draft head --gamma "${HEADS_GAMMA:-4}"
+      args=(--task xsum,cnndm --batch 1 --temperature 1 --draft head --gamma "$hg"
             --gamma-schedule constant --systems ar,tilespec) ;;
     heads-b8)
-      args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "${HEADS_GAMMA:-4}"
+      args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "$hg"
             --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
     *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 heads-train heads-t0 heads-ngram" \
             "heads-t1 heads-b8 heads-hf)" >&2; exit 2 ;;
