@@ -61,7 +61,7 @@ for stage in $STAGES; do
             --gamma "${E2E_CTX_GAMMA:-5}" --gamma-schedule constant,optimal) ;;
     heads-train)
       ts "$stage: budget ${HEADS_MINUTES:-5} min"
-      timeout $(( ${HEADS_MINUTES:-5} * 60 + 120 )) python3 -m tilespec draft train --target qwen2.5-coder-1.5b-instruct \
+      timeout "$(awk "BEGIN {print int(${HEADS_MINUTES:-5} * 60 + 120)}")" python3 -m tilespec draft train --target qwen2.5-coder-1.5b-instruct \
         --minutes "${HEADS_MINUTES:-5}" ${HEADS_PROMPTS_FILE:+--prompts-file "$HEADS_PROMPTS_FILE"} \
         --prompts "${HEADS_PROMPTS:-2000}" --gen-batch "${HEADS_GEN_BATCH:-256}" ${HEADS_ARGS:-} \
         --json "$RES/heads-train.json" > "$RES/heads-train.log" 2>&1

@@ -28,8 +28,9 @@ def run_train(args) -> int:
                            compile="native" if device.type == "cuda" else False, log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"target": args.target, "device": str(device), "dtype": str(dtype),
-                                         **report}, indent=1, default=str))
+        from tilespec.env import run_record
+        args.json.write_text(json.dumps({"environment": run_record(device), "target": args.target,
+                                         "dtype": str(dtype), **report}, indent=1, default=str))
     return 0
 
 
