@@ -139,3 +139,34 @@ def test_native_features_match_transformers_hidden_states():
     _, feats = runner.forward(ids, pos, prefill_mask(torch.ones_like(ids, dtype=torch.bool), 16), 0,
                               capture=(1, 3))
     torch.testing.assert_close(feats, torch.cat([ref[1], ref[3]], dim=-1), atol=1e-4, rtol=1e-4)
+
+
+def test_training_time_test_sees_what_drafting_sees():
+    """ttt_forward's step-k output at position e equals the head drafting k - 1 tokens past a committed prefix
+    (its own outputs as features, its cache holding the prefix's real entries and the earlier drafted ones)."""
+    from tilespec.engine.state import chunk_mask, prefill_mask
+
+    target = tiny_lm(3, "qwen2", vocab=VOCAB, layers=4)
+    head = DraftHead(config_for(target), vocab_ids=None).bind(target).eval().requires_grad_(False)
+    torch.manual_seed(0)
+    t, c = 12, 7                                       # committed entries 0..c-1, then drafted entries c, c+1
+    feats = torch.randn(1, t, len(head.cfg.feature_layers) * head.cfg.hidden)
+    toks = torch.randint(0, VOCAB, (1, t))
+    nxt = torch.cat([toks[:, 1:], toks[:, -1:]], dim=1)
+    with torch.no_grad():
+        outs = head.ttt_forward(head.fuse(feats), nxt, 3)
+        k, v = head.new_cache(1, 16, "cpu", torch.float32)
+        valid = torch.zeros(1, 16, dtype=torch.bool)
+        pos = torch.arange(c)[None]
+        h = head.entries(head.fuse(feats[:, :c]), nxt[:, :c], pos, prefill_mask(torch.ones(1, c, dtype=torch.bool),
+                                                                                 16), torch.tensor(0), k, v)
+        valid[:, :c] = True
+        torch.testing.assert_close(h[:, -1], outs[0][:, c - 1], atol=1e-4, rtol=1e-4)
+        hid = h[:, -1]
+        w = torch.tensor(c)
+        for step in (2, 3):                            # the draft entry at position c + step - 2
+            e = c + step - 2
+            slot = w + (step - 2)
+            hid = head.entries(hid[:, None], nxt[:, e:e + 1], torch.tensor([[e]]), chunk_mask(valid, w, slot, 1),
+                               slot, k, v)[:, 0]
+            torch.testing.assert_close(hid, outs[step - 1][:, e], atol=1e-4, rtol=1e-4)
