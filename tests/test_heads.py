@@ -67,6 +67,19 @@ def test_greedy_head_drafts_equal_target_only(trained, compile, draft):
     assert out.stats.drafted > 0 and out.stats.accepted > 0 and out.stats.drafter == draft
 
 
+def test_greedy_head_drafts_with_requests_ending_early(trained):
+    """An EOS ends one request mid-batch: the eager path drops its row (the head's cache and state too)."""
+    target, head, _, _ = trained
+    prompts = _prompts(3, 8, length=5)
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY).generate(prompts, max_new_tokens=20)
+    eos = ref.sequences[1][6]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, eos_token_id=eos).generate(prompts, max_new_tokens=20)
+    out = SpeculativeDecoder(target, HeadDrafter(head), gamma=3, sampling=GREEDY,
+                             eos_token_id=eos).generate(prompts, max_new_tokens=20)
+    assert out.sequences == ref.sequences and out.finish_reasons == ref.finish_reasons
+    assert "eos" in out.finish_reasons
+
+
 LAW_VOCAB, LENGTH, N = 6, 3, 6000
 LAW_PROMPT = [1, 4, 2, 1, 4, 3, 5, 1, 4]
 
