@@ -14,7 +14,8 @@
 #     gamma E2E_CTX_GAMMA and optimal), ours target-only.
 #   heads-train: `tilespec draft train` for the target (HEADS_MINUTES, default 5, data generation included; prompts
 #     from HEADS_PROMPTS_FILE when set, written on a CPU machine by `tilespec draft prompts`), report
-#     $E2E_RES/heads-train.json; the head stays under $TILESPEC_HOME/heads/ for the stages below;
+#     $E2E_RES/heads-train.json; the head stays under $TILESPEC_HOME/heads/ for the stages below (responses run
+#     past EOS, --ignore-eos, as the timed stages decode with E2E_ARGS="--ignore-eos");
 #   heads-t0: XSum, CNN/DM, B=1, T=0: ours target-only, the head (constant gamma HEADS_GAMMA, default the
 #     suggested_gamma of heads-train.json, else 4), ngram
 #     (HEADS_T0_SYSTEMS; hf-static compiles for ~1 min, so by default it has a stage of its own: heads-hf, XSum,
@@ -63,7 +64,7 @@ for stage in $STAGES; do
       ts "$stage: budget ${HEADS_MINUTES:-5} min"
       timeout "$(awk "BEGIN {print int(${HEADS_MINUTES:-5} * 60 + 120)}")" python3 -m tilespec draft train --target qwen2.5-coder-1.5b-instruct \
         --minutes "${HEADS_MINUTES:-5}" ${HEADS_PROMPTS_FILE:+--prompts-file "$HEADS_PROMPTS_FILE"} \
-        --prompts "${HEADS_PROMPTS:-2000}" --gen-batch "${HEADS_GEN_BATCH:-256}" ${HEADS_ARGS:-} \
+        --prompts "${HEADS_PROMPTS:-2000}" --gen-batch "${HEADS_GEN_BATCH:-256}" --ignore-eos ${HEADS_ARGS:-} \
         --json "$RES/heads-train.json" > "$RES/heads-train.log" 2>&1
       ts "$stage: exit $?"; tr '\r' '\n' < "$RES/heads-train.log" | grep -v '^\s*$' | tail -n 12
       [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .

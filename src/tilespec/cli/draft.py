@@ -21,11 +21,13 @@ def run_train(args) -> int:
         prompts, source = saved["prompts"][:args.prompts], saved.get("source")
     log(f"loading target {args.target} ({dtype}, {device}) ...")
     target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
-    _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes,
-                           out=args.out, num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
-                           gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps,
-                           batch=args.batch, lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight, max_steps=args.max_steps, resume=not args.fresh,
-                           compile="native" if device.type == "cuda" else False, log=log)
+    _, report = train_head(
+        target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes, out=args.out,
+        num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
+        gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch,
+        lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight,
+        ignore_eos=args.ignore_eos, max_steps=args.max_steps, resume=not args.fresh,
+        compile="native" if device.type == "cuda" else False, log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         from tilespec.env import run_record
@@ -66,6 +68,8 @@ def register(sub) -> None:
     t.add_argument("--eval-every", type=int, default=250,
                    help="held-out acceptance and a resumable checkpoint every this many steps (0: at the end only)")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps even with time left")
+    t.add_argument("--ignore-eos", action="store_true",
+                   help="responses continue past the EOS to --max-new-tokens (for benchmarks that ignore EOS)")
     t.add_argument("--fresh", action="store_true", help="ignore a saved training state in the folder")
     t.add_argument("--device", default="auto")
     t.add_argument("--dtype", default="auto")

@@ -125,15 +125,18 @@ class Sequences:
 
 
 def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: int, compile="native",
-                       budget_s: float = 0.0, seed: int = 0, log=None) -> Sequences:
+                       budget_s: float = 0.0, seed: int = 0, log=None, ignore_eos: bool = False) -> Sequences:
     """Responses of the target alone to ``prompt_ids`` (token lists), ``batch`` requests at a time, alternating
     greedy and T = 1 batches; stops starting batches after ``budget_s`` seconds (0 = no limit). EOS ends a response
-    (kept). ``compile``: the decoder's step mode; "native" (the native runtime without torch.compile or graphs) needs
-    no compile time, and at a large batch the forwards are bound by the weights and K/V reads, not by launches."""
+    (kept), unless ``ignore_eos`` (every response has max_new_tokens: the target's own continuation past its EOS,
+    as benchmarks that ignore EOS decode it). ``compile``: the decoder's step mode; "native" (the native runtime
+    without torch.compile or graphs) needs no compile time, and at a large batch the forwards are bound by the
+    weights and K/V reads, not by launches."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify.types import SamplingParams
 
-    decs = [SpeculativeDecoder(target, None, compile=compile, sampling=SamplingParams(temperature=t))
+    eos = {"eos_token_id": []} if ignore_eos else {}
+    decs = [SpeculativeDecoder(target, None, compile=compile, sampling=SamplingParams(temperature=t), **eos)
             for t in (0.0, 1.0)]
     out = Sequences([], [])
     t0 = time.perf_counter()

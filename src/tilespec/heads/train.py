@@ -101,12 +101,14 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
                draft_vocab: Optional[int] = 32000, ttt_steps: int = 4, batch: int = 8, lr: float = 3e-4,
                warmup: int = 50, reg_weight: float = 0.1, max_steps: Optional[int] = None, data_share: float = 0.3,
                eval_every: int = 100, resume: bool = True, compile="native", seed: int = 0, log=print,
-               progress: bool = True, source: Optional[dict] = None, prompt_weight: float = 0.0) -> tuple[DraftHead, dict]:
+               progress: bool = True, source: Optional[dict] = None, prompt_weight: float = 0.0,
+               ignore_eos: bool = False) -> tuple[DraftHead, dict]:
     """Train a head for ``target`` and save it (``out``, default ``$TILESPEC_HOME/heads/<target_name>/``).
 
     prompts: token-id lists, or user messages (str, with ``tokenizer``), or None (``data.offline_prompts``);
     source: what the given prompts are (recorded in the manifest). prompt_weight: loss weight of prompt positions
-    (the target's distribution there is a valid signal too; response positions weigh 1).
+    (the target's distribution there is a valid signal too; response positions weigh 1). ignore_eos: responses run
+    to max_new_tokens past the EOS (data.generate_responses).
     max_steps: stop after that many optimiser steps even with budget left (tests). Returns (head, report): the
     report holds the data description, steps, tokens/s, held-out acceptance and the timings; also the manifest's.
     """
@@ -133,9 +135,10 @@ def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.
             from tilespec.engine.prompts import encode_prompts
             prompts = encode_prompts(tokenizer, prompts, chat=True)
         seqs = generate_responses(target, prompts, max_new_tokens=max_new_tokens, batch=gen_batch, compile=compile,
-                                  budget_s=data_share * budget, seed=seed, log=log)
-        source.update(prompts=len(seqs.tokens), response_tokens=seqs.new_tokens, max_new_tokens=max_new_tokens,
-                      generation_seconds=round(seqs.seconds, 1), sampling="alternate batches T=0 / T=1")
+                                  budget_s=data_share * budget, seed=seed, log=log, ignore_eos=ignore_eos)
+        source.update(ignore_eos=ignore_eos, prompts=len(seqs.tokens), response_tokens=seqs.new_tokens,
+                      max_new_tokens=max_new_tokens, generation_seconds=round(seqs.seconds, 1),
+                      sampling="alternate batches T=0 / T=1")
     vocab = target.get_output_embeddings().weight.shape[0]
     n_vocab = min(draft_vocab or vocab, vocab)
     if saved is not None:
