@@ -25,6 +25,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from tilespec.verify import rng
+from tilespec.verify.distributions import log_probs
+
 from ..cache import gather_buffer
 from ..state import chunk_mask
 from .base import ContextDrafter, ContextState, Drafter
@@ -34,6 +37,19 @@ def target_name(model) -> str:
     """The registry name the models layer gave ``model`` (``tilespec_name``), else its config's name/path."""
     name = getattr(model, "tilespec_name", None) or getattr(model.config, "_name_or_path", "") or ""
     return str(name) or type(model).__name__
+
+
+def _sample_draft_vocab(small: torch.Tensor, vocab_ids: torch.Tensor, resolved, seeds: torch.Tensor,
+                        positions: torch.Tensor) -> torch.Tensor:
+    """One token per row from the processed head distribution, sampled on the draft vocabulary only: small [B, N]
+    fp32 logits of the target ids ``vocab_ids`` [N] -> target ids [B]. The full-vocabulary logits verify() gets
+    are -inf outside the draft vocabulary, so temperature, top-k, top-p and min-p keep the same tokens with the
+    same probabilities here, and the Gumbel noise is keyed by the target id (as engine.step.sample_draft keys it):
+    the law is the full vector's, at N / V of the sampling cost (the Philox noise over V dominated the head's
+    draft time at T > 0 on an H100)."""
+    logp = log_probs(small[:, None, :], resolved)[:, 0]
+    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab_ids[None, :])
+    return vocab_ids[torch.argmax(logp + noise, dim=-1)]
 
 
 class HeadRunner:
@@ -74,9 +90,10 @@ class HeadRunner:
         h = self.head.entries(self.head.fuse(feats), next_tokens, positions, mask, write, self.k, self.v)
         return h[:, -1].clone()
 
-    def propose(self, hidden, valid, seq_len, seeds, write, resolved, gamma: int, greedy: bool, sample):
-        """γ draft tokens -> (tokens [B, γ], logits [B, γ, V] fp32 or None when greedy). ``sample(logits [B, V],
-        resolved, seeds, positions, greedy)`` is the engine's draft sampler (token i at position seq_len - 1 + i)."""
+    def propose(self, hidden, valid, seq_len, seeds, write, resolved, gamma: int, greedy: bool, sample=None):
+        """γ draft tokens -> (tokens [B, γ], logits [B, γ, V] fp32 or None when greedy); token i is sampled at
+        position seq_len - 1 + i on the draft vocabulary (:func:`_sample_draft_vocab`). ``sample`` (the engine's
+        full-vocabulary sampler) is accepted for the drafter contract and unused."""
         head = self.head
         pos0 = seq_len - 1
         tokens, all_logits = [], []
@@ -86,9 +103,8 @@ class HeadRunner:
             if greedy:
                 tok = head.vocab_ids[small.argmax(dim=-1)]
             else:
-                full = head.full_logits(small)
-                tok = sample(full, resolved, seeds, pos0 + i, False)
-                all_logits.append(full)
+                tok = _sample_draft_vocab(small.float(), head.vocab_ids, resolved, seeds, pos0 + i)
+                all_logits.append(head.full_logits(small))
             tokens.append(tok)
             if i < gamma:     # the entry at position pos0 + i - 1 (slot W + i - 1): (own output, token i)
                 slot = write + (i - 1)
