@@ -106,10 +106,12 @@ def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int
         return dec.generate(ids, max_new_tokens=max_new_tokens, seed=seed)
 
 
-def transcribe(audio, *, target="whisper-base", draft="whisper-base:layers=2", processor=None, language: str = "en",
+def transcribe(audio, *, target="whisper-base", draft=None, processor=None, language: str = "en",
                max_new_tokens: int = 200, seed=0, device="auto", dtype="auto", **options):
-    """Transcribe audio files (paths) or 16 kHz sample arrays with a Whisper target and draft ->
-    :class:`~tilespec.engine.GenerationOutput` (texts, sequences, stats). The encoder runs once per call."""
+    """Transcribe audio files (paths) or 16 kHz sample arrays with a Whisper target and optional draft ->
+    :class:`~tilespec.engine.GenerationOutput` (texts, sequences, stats). The encoder runs once per call.
+    Defaults never lose to target-only decoding: no draft; with one, the ``optimal`` γ schedule (it stops drafting
+    where the measured acceptance and costs do not pay) unless ``gamma_schedule`` is given."""
     import torch
 
     from .models.whisper import decoder_prompt, features, load_audio
@@ -119,7 +121,10 @@ def transcribe(audio, *, target="whisper-base", draft="whisper-base:layers=2", p
     if proc is None:
         raise ValueError("transcription needs the Whisper processor: pass processor=... with loaded models")
     param = next(t.parameters())
-    dec = _decoder(t, d, proc, dict(options))
+    options = dict(options)
+    if d is not None:
+        options.setdefault("gamma_schedule", "optimal")
+    dec = _decoder(t, d, proc, options)
     prefix = decoder_prompt(t, proc, language)
     with torch.inference_mode():
         return dec.generate([list(prefix) for _ in samples], max_new_tokens=max_new_tokens, seed=seed,
