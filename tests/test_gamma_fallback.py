@@ -41,7 +41,10 @@ def test_optimal_falls_back_after_min_steps_and_stays():
     assert all(g >= 1 for g in gammas[:4]) and gammas[4:] == [0] * 26
     assert s.fallback_after == 4 and s.steps == 4
     assert s.fallback_speedup < 1.0
-    assert s.fallback_speedup == pytest.approx(max(expected_speedup(s.alpha, g, s.cost_ratio) for g in range(1, 13)))
+    # Theorem 3.8 at the estimates, less the price of the wider verify forward (the schedule's prior slope until it
+    # has measured two widths): never above Theorem 3.8 itself
+    theorem = max(expected_speedup(s.alpha, g, s.cost_ratio) for g in range(1, 13))
+    assert theorem * 0.9 < s.fallback_speedup <= theorem
     custom = GammaSchedule("optimal", 3, max_gamma=12, min_steps=7)
     gammas = drive(custom, alpha=0.3, c=0.9, steps=10)
     assert min(gammas[:7]) >= 1 and gammas[7:] == [0, 0, 0] and custom.fallback_after == 7

@@ -105,11 +105,9 @@ def test_per_request_cut_at_batch_eight():
     good = {0, 1, 2, 3, 4, 5}
     kept = drive_context(sched, rows, 40, matches=lambda s, r: 4 if (s % 2 == 0) == (r in good) else 0,
                          width_slope=0.25, accept=lambda r, k: k if r in good else 0)
-    # (the first drafting steps are followed by an exploring fallback that measures target-only steps; it resumes
-    # after 16 of them)
-    assert sched.fallbacks == 1 and sched.resumes == 1 and sched.measured_speedup() > 1.0
-    odd_steps = [k for s, k in enumerate(kept) if s >= 24 and s % 2 == 1]    # only the two bad rows offer drafts
-    even_steps = [k for s, k in enumerate(kept) if s >= 24 and s % 2 == 0]   # the six good rows offer drafts
+    assert kept[0] == [1] * 6 + [0, 0]              # nothing timed yet: the first step probes with one token
+    odd_steps = [k for s, k in enumerate(kept) if s >= 4 and s % 2 == 1]    # only the two bad rows offer drafts
+    even_steps = [k for s, k in enumerate(kept) if s >= 4 and s % 2 == 0]   # the six good rows offer drafts
     assert all(k is None for k in odd_steps)
     assert all(k is not None and sum(k[r] for r in good) > 0 for k in even_steps)
     # one good row alone does not pay a batch-wide width of 5 at B = 8 ...

@@ -12,6 +12,12 @@
 #     ours target-only, ours with the 0.5B draft at constant gamma 2, 3 and the optimal schedule;
 #   drafters-t0 / drafters-t1: code-edit, CNN/DM, XSum, B=1, T=0 / T=1: hf-prompt-lookup, ngram, suffix (constant
 #     gamma E2E_CTX_GAMMA and optimal), ours target-only.
+#   schedules-t0 / schedules-t1: the optimal schedule never loses (every row's speedup_vs_ar >= 0.97): CNN/DM and
+#     code-edit, B=1, 8 and 16, T=0 / T=1, ours target-only vs ngram, suffix and the 0.5B draft, all with the
+#     optimal schedule (initial gamma 5);
+#   schedules-asr: whisper-base fp16, the 32 LJSpeech clips x 96 tokens, B=1, 8 and 16, T=0 and T=1: target-only
+#     (what `tilespec transcribe` does by default) vs the 2-layer self-draft (alpha 0) with the optimal schedule.
+#   After a schedules-* stage every optimal row below 0.97x of target-only is listed as "LOSS".
 # Results: $E2E_RES/e2e-<stage>.json (+ .png, .log); after every stage $E2E_RES is tarred to $OUT/e2e-fast.tgz.
 # Environment: E2E_TOTAL_S (default 450: no stage starts later, budgets shrink to fit), E2E_BUDGET_S (per stage,
 #   default 120), E2E_MAX_S (per system and configuration, default 20: the slow HF baselines measure a prefix of the
@@ -45,13 +51,31 @@ for stage in $STAGES; do
       args=(--task code-edit,cnndm,xsum --batch 1 --temperature "$temp" --draft ""
             --systems "${E2E_DRAFTER_SYSTEMS:-ar,ngram,suffix,hf-prompt-lookup}"
             --gamma "${E2E_CTX_GAMMA:-5}" --gamma-schedule constant,optimal) ;;
-    *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1)" >&2; exit 2 ;;
+    schedules-t0|schedules-t1)
+      args=(--task cnndm,code-edit --batch 1,8,16 --temperature "$temp" --systems ar,ngram,suffix,tilespec
+            --draft qwen2.5-coder-0.5b-instruct --gamma 5 --gamma-schedule optimal) ;;
+    schedules-asr)
+      args=(--whisper --target whisper-base --draft whisper-base:layers=2 --dtype float16 --prompts 32
+            --max-new-tokens 96 --batch 1,8,16 --temperature 0,1 --systems ar,tilespec --gamma 5
+            --gamma-schedule optimal) ;;
+    *) echo "unknown stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 schedules-t0 schedules-t1" \
+            "schedules-asr)" >&2; exit 2 ;;
   esac
   ts "$stage: budget ${budget}s"
-  timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
+  timeout $(( budget + 150 )) ${E2E_PYTHON:-python3} -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
     "${args[@]}" --budget-s "$budget" ${E2E_ARGS:-} --json "$RES/e2e-$stage.json" > "$RES/e2e-$stage.log" 2>&1
   ts "$stage: exit $? ($(grep -c '^\[e2e\].*tok/s' "$RES/e2e-$stage.log") configurations measured this call)"
   grep -E "tok/s|failed|budget|error" "$RES/e2e-$stage.log" | tail -n 40
+  case $stage in schedules-*) python3 - "$RES/e2e-$stage.json" <<'PY' ;; esac
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("gamma_schedule") == "optimal"]
+for r in rows:
+    s = r.get("speedup_vs_ar")
+    flag = "LOSS" if s is not None and s < 0.97 else "ok"
+    print(f"{flag} {r['task']} T={r['temperature']} B={r['batch_size']} {r['system']}: "
+          + (f"{s:.3f}x target-only" if s is not None else "no target-only row yet"))
+print(f"schedules: {len(rows)} optimal rows, {sum(1 for r in rows if (r.get('speedup_vs_ar') or 1) < 0.97)} below 0.97x")
+PY
   [ -n "${OUT:-}" ] && tar -czf "$OUT/e2e-fast.tgz" -C "$RES" .
 done
 ts "done in $(( $(date +%s) - start ))s"

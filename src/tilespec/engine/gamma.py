@@ -225,6 +225,8 @@ class GammaSchedule:
         """(γ, predicted speedup or None when the estimates may not decide yet)."""
         spec_cost, idle_cost, ar_cost = self._costs()
         g, model = best_cap(self._alphas(self._live), None, self.max_gamma, spec_cost, None, ar_cost)
+        if not self.width.known:   # nothing timed yet: a one-token probe, whatever the prior α promises
+            g = min(g, 1)
         if self.context:   # drafting throughput as measured (matches come and go) against the modelled target-only
             r = self._rates
             if r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or not self.width.known:

@@ -156,6 +156,9 @@ class Generation:
         ahead, from the previous read. Schedules with ``wants_step_time`` get every live row with its request id
         and draft length (per-request α); others the accepted counts of the rows that drafted."""
         spent = self.timer.between(planned.before, planned.after)
+        compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
+        if compiled != self.compiled_seen:   # the step captured or compiled a shape: its times say nothing of costs
+            spent = {"draft": 0.0, "target": 0.0}   # (feed_rate, called next, notes the new total)
         if getattr(self.schedule, "wants_step_time", False):   # injected schedules may not take these
             extra = {"step_time": time.perf_counter() - max(planned.started, self.last_read)}
             if requests is not None:
