@@ -39,12 +39,17 @@ def agreement(target, tok, audios, layers: list, dtype, new_tokens: int) -> dict
             step = target(encoder_outputs=(enc,), decoder_input_ids=ids).logits[:, -1]
             ids = torch.cat([ids, step.argmax(-1, keepdim=True)], 1)
         full = target(encoder_outputs=(enc,), decoder_input_ids=ids).logits.argmax(-1)[:, len(prefix) - 1:]
+        eos = target.generation_config.eos_token_id
+        # positions up to and including the target's first EOS (after it both just repeat end-of-text)
+        ended = (full == eos).long().cumsum(1)
+        scored = (ended == 0) | ((ended == 1) & (full == eos))
         decode = getattr(tok, "tokenizer", tok).decode
         for n in layers:
             pred = layer_skip_draft(target, n)(encoder_outputs=(enc,), decoder_input_ids=ids).logits.argmax(-1)
-            pred = pred[:, len(prefix) - 1:]
-            common = collections.Counter(pred.flatten().tolist()).most_common(3)
-            out[str(n)] = {"agreement": round((pred == full).float().mean().item(), 4),
+            pred = pred[:, len(prefix) - 1:][scored]
+            common = collections.Counter(pred.tolist()).most_common(3)
+            out[str(n)] = {"agreement": round((pred == full[scored]).float().mean().item(), 4),
+                           "positions": int(scored.sum()),
                            "most_common_draft_tokens": [[decode([t]), c] for t, c in common]}
     return out
 
