@@ -53,7 +53,8 @@ def test_distilled_draft_learns_the_targets_transcripts():
     assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
     assert a1 > 0.8 and a1 > a0 + 0.3, (a0, a1)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())   # the target is untouched
-    assert all(not p.requires_grad for p in trainable(draft)) and grads == [p.requires_grad for p in target.parameters()]
+    assert all(not p.requires_grad for p in trainable(draft))
+    assert grads == [p.requires_grad for p in target.parameters()]
 
 
 def test_student_rejects_bad_targets_and_layers():
