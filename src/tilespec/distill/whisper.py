@@ -141,7 +141,7 @@ def distill(target, draft, states: torch.Tensor, sequences: list, *, prefix_len:
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             schedule.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if log is not None:
                 log(step, losses[-1])
     finally:
