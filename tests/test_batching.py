@@ -62,7 +62,7 @@ def test_seeded_request_alone_equals_amid_traffic_and_defrags(target, draft):
     amid them in caches so small that they defragment: the same tokens."""
     def run(others: int, capacity=None):
         engine = BatchEngine(target, _draft(target, draft), max_batch=4, gamma=3, max_len=48, capacity=capacity,
-                             prefill_chunk=5)
+                             prefill_chunk=3)
         rng = random.Random(1)
         reqs = [BatchRequest(prompt=[rng.randrange(3, 120) for _ in range(rng.randrange(1, 20))],
                              max_tokens=rng.randrange(1, 25), temperature=rng.choice([0.0, 0.7, 1.0]), seed=i)

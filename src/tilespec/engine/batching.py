@@ -53,7 +53,7 @@ _SAMPLING = ("temperature", "top_k", "top_p", "min_p")
 @dataclass
 class BatchRequest:
     """One request: ``prompt`` token ids (>= 1), at most ``max_tokens`` new tokens, its sampling parameters and seed;
-    ``gamma``: cap on its draft tokens per step (0: never speculate; None: the engine's default).
+    ``gamma``: cap on its draft tokens per step (0: never speculate; None or above the engine's gamma: the engine's).
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 
@@ -181,8 +181,7 @@ class BatchEngine:
         """Queue a request (checked first); returns its id."""
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
-        cap = self.gamma if req.gamma is None else min(req.gamma, 32)
-        req.cap = cap if self.drafter is not None else 0
+        req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)   # the caches hold gamma
         self.waiting.append(req)
         return req.rid
 
@@ -216,6 +215,8 @@ class BatchEngine:
         one decode step of the live rows. Returns the :class:`BatchEvent` of every request that got tokens or ended."""
         self._admit()
         self._prefill(self.prefill_chunk)
+        if self.state.write + self.gamma + 1 > self.capacity:   # before choosing the live rows: it may finish prefills
+            self._defrag()
         live = [b for b, r in enumerate(self.rows) if r is not None and r.live]
         return self._decode(live) if live else []
 
@@ -308,8 +309,6 @@ class BatchEngine:
         else:
             k = max(caps.values()) if self.draft is not None else 0
             counts = [caps.get(b, 0) for b in range(self.max_batch)]
-        if s.write + k + 1 > self.capacity:
-            self._defrag()
         sampling = self._sampling(live)
         resolved = resolve_sampling(sampling, self.max_batch, self.device)
         counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if k > 0 else None
