@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.batch_step import row_count
 from tilespec.engine.batching import BatchEngine, BatchRequest
 from tilespec.verify.types import SamplingParams
 
@@ -78,6 +79,10 @@ def test_seeded_request_alone_equals_amid_traffic_and_defrags(target, draft):
     tight, defrags = run(9, capacity=60)
     assert alone == crowd == tight and len(alone) == 20
     assert defrags >= 1
+
+
+def test_steps_run_over_the_smallest_power_of_two_rows_holding_the_live_ones():
+    assert [row_count([0], 8), row_count([0, 2], 8), row_count([4], 8), row_count([9], 12)] == [1, 4, 8, 12]
 
 
 def test_cancel_frees_the_row_and_bad_requests_fail_clearly(target):

@@ -40,11 +40,10 @@ from tilespec.verify.validation import resolve_sampling
 from .drafters import resolve_drafter
 from .generation import eos_ids
 from .inputs import context_limit, vocab_limit
-from .metrics import PhaseTimer
 from .runner import make_runner
+from .batch_step import row_count, step_rows
 from .slots import ensure_caches, region_mask, row_forward
 from .state import BatchState
-from .step import StepOutput, draft_block, run_verify, speculative_step, target_block
 from .step_graph import step_graphs_for
 
 _SAMPLING = ("temperature", "top_k", "top_p", "min_p")
@@ -285,69 +284,38 @@ class BatchEngine:
             return 0
         return max(0, min(req.cap, req.max_tokens - len(req.tokens) - 1))
 
-    def _sampling(self, live: list) -> SamplingParams:
-        """Scalars when every live request samples alike (so the whole-step graphs apply), else per-row lists (free
-        rows take the first live request's values)."""
+    def _sampling(self, live: list, rows: int) -> SamplingParams:
+        """Scalars when every live request samples alike (so the whole-step graphs apply), else per-row lists over
+        the step's ``rows`` rows (rows not live take the first live request's values)."""
         values = [self.rows[b].sampling for b in live]
         if all(v == values[0] for v in values):
             return SamplingParams(*values[0])
-        per_row = [self.rows[b].sampling if self.rows[b] is not None else values[0] for b in range(self.max_batch)]
+        per_row = [self.rows[b].sampling if self.rows[b] is not None else values[0] for b in range(rows)]
         return SamplingParams(*[list(col) for col in zip(*per_row)])
 
     def _decode(self, live: list) -> list:
-        s = self.state
+        rows = row_count(live, self.max_batch)
         caps = {b: self._gamma(self.rows[b], len(live)) for b in live}
-        drafts = None
+        counts = [caps.get(b, 0) for b in range(rows)]
+        context, gamma = None, 0
         if self.drafter is not None and self.drafter.has_context:
-            drafts = [[] for _ in range(self.max_batch)]
-            for b in live:
-                if caps[b] > 0:
-                    drafts[b] = self.rows[b].context.propose(0, caps[b])
-            k = max(len(d) for d in drafts)
+            drafts = [self.rows[b].context.propose(0, caps[b]) if caps.get(b, 0) > 0 else [] for b in range(rows)]
             counts = [len(d) for d in drafts]
-            drafts = drafts if k > 0 else None
-        else:
-            k = max(caps.values()) if self.draft is not None else 0
-            counts = [caps.get(b, 0) for b in range(self.max_batch)]
-        sampling = self._sampling(live)
-        resolved = resolve_sampling(sampling, self.max_batch, self.device)
-        counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if k > 0 else None
-        timer = PhaseTimer(self.device)
-        graphs = self._graph_ok(sampling)
-        if graphs:
-            ctx = None
-            if drafts is not None:
-                ctx = torch.tensor([d + [self.pad] * (k - len(d)) for d in drafts], dtype=torch.int64,
-                                   device=self.device)
-            out = self.fast.step(s, k if drafts is None else 0, sampling, resolved, self.method, timer,
-                                 draft_tokens=ctx, num_draft_tokens=counts_t, method_options=self.method_options)
-        elif drafts is not None:
-            ctx = torch.tensor([d + [self.pad] * (k - len(d)) for d in drafts], dtype=torch.int64, device=self.device)
-            out = speculative_step(self.target, None, s, k, sampling, resolved, self.method, timer,
-                                   graph_verify=False, context=(ctx, counts_t), method_options=self.method_options)
-        elif k > 0:
-            tokens, logits = draft_block(self.draft, s, k, resolved, resolved.all_greedy)
-            target_logits = target_block(self.target, s, tokens)
-            n, o = run_verify(target_logits, tokens, logits, sampling, self.method, s.seeds, s.seq_len, graphs=False,
-                              num_draft_tokens=counts_t, options=self.method_options)
-            out = StepOutput(draft_tokens=tokens, num_emitted=n, output_tokens=o)
-        else:
-            out = speculative_step(self.target, None, s, 0, sampling, resolved, self.method, timer,
-                                   graph_verify=False, method_options=self.method_options)
-        host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the step's one host read
-        emitted = host[:, 0].tolist()
-        if graphs:
-            self.fast.advance(s, max(emitted[b] for b in live))
-        else:
-            s.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted) - 1)
-            dead = ~s.alive                       # free / prefilling rows: no context, frozen
-            s.valid = s.valid & s.alive[:, None]
-            s.seq_len = torch.where(dead, torch.ones_like(s.seq_len), s.seq_len)
-            s.pending = torch.where(dead, torch.full_like(s.pending, self.pad), s.pending)
-            s.prev = torch.where(dead, torch.full_like(s.prev, self.pad), s.prev)
+            k = max(counts)
+            if k > 0:
+                context = torch.tensor([d + [self.pad] * (k - len(d)) for d in drafts], dtype=torch.int64,
+                                       device=self.device)
+        elif self.draft is not None:
+            gamma = max(counts)
+        drafted = context is not None or gamma > 0
+        sampling = self._sampling(live, rows)
+        resolved = resolve_sampling(sampling, rows, self.device)
+        counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if drafted else None
+        host = step_rows(self.target, self.draft, self.fast, self.state, rows, gamma, context, counts_t, sampling,
+                         resolved, self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
         self.counters["steps"] += 1
-        self.counters["spec_steps"] += int(k > 0)
-        return self._take(live, host, emitted, counts)
+        self.counters["spec_steps"] += int(drafted)
+        return self._take(live, host, host[:, 0].tolist(), counts)
 
     def _graph_ok(self, sampling: SamplingParams) -> bool:
         """The whole-step graphs take scalar sampling baked into their key: allow a handful of distinct settings

@@ -6,8 +6,12 @@ caches that are views ``buf[b:b+1]`` of the batch buffers, so the K/V land direc
 [write_slot, write_slot + q): no copy, no new buffer (captured step graphs keep their addresses), and the other rows
 are neither read nor written. Works for :class:`~tilespec.engine.runner.ModelRunner` (transformers modules, eager)
 and :class:`~tilespec.engine.native.NativeRunner` (the native decoder, eager layer). Decoder-only models.
+``first_rows`` narrows the runners' buffers to their first rows the same way, so a step runs over the smallest row
+count that holds every live request (a lightly loaded server does not pay for its empty rows).
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -65,3 +69,26 @@ def region_mask(capacity: int, start: int, done: int, q: int, device) -> torch.T
     slots = torch.arange(capacity, device=device)
     ends = start + done + torch.arange(q, device=device)
     return ((slots[None, :] >= start) & (slots[None, :] <= ends[:, None]))[None, None]
+
+
+@contextmanager
+def first_rows(runners, rows: int):
+    """Within the block, every runner's K/V buffers are the views ``buf[:rows]`` of its batch buffers (no copy):
+    a step over the first ``rows`` rows only, with its own captured graphs per row count (the views start at the
+    same address, so a graph captured for a row count stays valid)."""
+    saved = []
+    for runner in runners:
+        if runner is None:
+            continue
+        if isinstance(runner, NativeRunner):
+            saved.append((runner, "caches", runner.caches))
+            runner.caches = [tuple(buf[:rows] for buf in entry) for entry in runner.caches]
+        else:
+            for layer in runner.cache.layers:
+                saved += [(layer, "keys", layer.keys), (layer, "values", layer.values)]
+                layer.keys, layer.values = layer.keys[:rows], layer.values[:rows]
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
