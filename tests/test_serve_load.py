@@ -47,3 +47,10 @@ def test_load_levels_write_the_json(tmp_path):
         assert row["completion_tokens"] == 16 * 8 and row["finish"]["length"] == 16
         assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and row["itl_p50_s"] > 0 and row["throughput_tok_s"] > 0
     assert rows["4"]["changed"] == 0            # greedy texts under 4 clients equal the one-client texts
+
+
+def test_system_settings_split_into_flags_and_environment():
+    load = _script()
+    assert load.split_system("tilespec:ngram|--spec-max-batch 16|TILESPEC_NATIVE_KERNELS=attn") == (
+        "tilespec:ngram", ["--spec-max-batch", "16"], {"TILESPEC_NATIVE_KERNELS": "attn"})
+    assert load.split_system("tilespec:qwen:layers=8") == ("tilespec:qwen:layers=8", [], {})

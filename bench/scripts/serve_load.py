@@ -6,6 +6,8 @@ Each system is a server this script starts (and stops) in turn:
     a draft model name; extra server flags with --tilespec-args);
   * ``hf``              -> ``transformers serve --continuous-batching HF_MODEL`` (a local model folder or hub id);
   * ``url:NAME=URL``    -> an already running server at URL (nothing started), model id from its /v1/models.
+A system may carry its own settings after ``|``: server flags and ``NAME=VALUE`` environment variables, e.g.
+``"tilespec:ngram|--spec-max-batch 16|TILESPEC_NATIVE_KERNELS=attn"`` (results are keyed by the whole string).
 For every level of concurrent clients (--clients 1,4,16,64) it sends N = max(16, requests-per-client x clients)
 streamed chat requests with the OpenAI client: arrivals form a Poisson process of rate --rate requests/s (0: closed
 loop, each client sends its next request when its previous one ends), at most ``clients`` in flight. Per request it
@@ -125,8 +127,23 @@ def summarize(records: list) -> dict:
             "error_samples": sorted({r["error"] for r in records if "error" in r})[:3]}
 
 
+def split_system(system: str) -> tuple:
+    """"NAME|flags|KEY=VALUE ..." -> (NAME, [flags], {KEY: VALUE})."""
+    name, *extra = system.split("|")
+    flags, env = [], {}
+    for part in extra:
+        for token in part.split():
+            key, eq, value = token.partition("=")
+            if eq and key.isupper() and not key.startswith("-"):
+                env[key] = value
+            else:
+                flags.append(token)
+    return name, flags, env
+
+
 def start_server(system: str, args, port: int, log: Path):
     """(process or None, base url, model id) for a system name."""
+    system, flags, extra_env = split_system(system)
     if system.startswith("url:"):
         name, _, url = system[4:].partition("=")
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -135,17 +152,17 @@ def start_server(system: str, args, port: int, log: Path):
         draft = system.split(":", 1)[1]
         cmd = [sys.executable, "-m", "tilespec", "serve", "--target", args.target, "--draft", draft, "--port",
                str(port), "--max-batch", str(args.max_batch), "--served-model-name", "bench",
-               "--log-level", "warning", *args.tilespec_args.split()]
+               "--log-level", "warning", *args.tilespec_args.split(), *flags]
         model = "bench"
     elif system == "hf":
         if not args.hf_model:
             raise SystemExit("system hf needs --hf-model (a local model folder or hub id of the same weights)")
         cmd = ["transformers", "serve", "--continuous-batching", "--port", str(port), "--host", "127.0.0.1",
-               *args.hf_args.split(), args.hf_model]
+               *args.hf_args.split(), *flags, args.hf_model]
         model = args.hf_model
     else:
         raise SystemExit(f"unknown system {system!r}: tilespec:DRAFT, hf or url:NAME=URL")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, **extra_env, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     end = time.time() + args.start_timeout
@@ -228,7 +245,7 @@ def main(argv=None) -> int:
 
     systems = args.systems.split(",")
     for i, system in enumerate(systems):
-        log = args.log_dir / f"{system.replace(':', '-').replace('/', '_').split('=')[0]}.log"
+        log = args.log_dir / f"{i}-{''.join(c if c.isalnum() else '-' for c in system)[:80]}.log"
         proc, url, model = start_server(system, args, args.port + i, log)
         try:
             if args.warmup:
