@@ -19,9 +19,11 @@ step_graph.py's whole-step graphs for native runners); this module only decides,
 
 Exactness under batching: a request's random numbers are keyed by its own seed and absolute positions (Philox, as in
 the engine), its rows of every forward depend only on its own tokens, and its draft lengths are decided from its own
-history only (:meth:`BatchEngine._gamma`), so its tokens do not depend on what else is in the batch. The one
-exception is opt-in: ``spec_max_batch`` switches drafting off while more rows are live; greedy requests are unchanged
-by it, sampled ones keep the target's exact law but may get other tokens than alone.
+history only (:meth:`BatchEngine._gamma`), so its tokens do not depend on what else is in the batch. With the
+default ``coupled`` verification (verify/methods/coupled.py) and a context drafter (or none), a request's tokens are
+even those of target-only decoding, whatever is drafted: ``spec_max_batch`` (drafting off while more rows are live)
+changes no token then. With a sampled draft model ``coupled`` is ``reference``: the load switch keeps greedy tokens
+and the target's exact law, but a sampled request may then get other tokens than alone.
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ class BatchEngine:
     """
 
     def __init__(self, target, draft=None, *, max_batch: int = 8, gamma: int = 4, max_len: Optional[int] = None,
-                 capacity: Optional[int] = None, method: str = "reference", compile: bool | str = False,
+                 capacity: Optional[int] = None, method: str = "coupled", compile: bool | str = False,
                  prefill_chunk: int = 512, spec_max_batch: Optional[int] = None, min_alpha: float = 0.1,
                  eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
