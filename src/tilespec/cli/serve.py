@@ -21,7 +21,8 @@ def run(args) -> int:
                        max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
                        chat=not args.no_chat, method=args.method, compile=compile_mode,
-                       prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch)
+                       prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
+                       adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec])
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout))
     return 0
@@ -45,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
     p.add_argument("--spec-max-batch", type=positive_int, default=None,
                    help="draft nothing while more requests than this are decoding (default: always draft)")
+    p.add_argument("--adaptive-spec", choices=("auto", "on", "off"), default="auto",
+                   help="draft per step row count only where it measures faster than target-only steps (auto: on "
+                        "for ngram / suffix with --method coupled, where it changes no token)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "

@@ -45,6 +45,7 @@ from .inputs import context_limit, vocab_limit
 from .runner import make_runner
 from .batch_step import row_count, step_rows
 from .slots import ensure_caches, region_mask, row_forward
+from .spec_switch import SpecSwitch
 from .state import BatchState
 from .step_graph import step_graphs_for
 
@@ -103,7 +104,9 @@ class BatchEngine:
     target: a decoder-only transformers model; draft: None, a draft model, "ngram" / "suffix" or a Drafter (one
     drafter: context drafters with a fallback model are not served). gamma: default draft cap per request and step;
     max_len: the longest prompt + max_tokens accepted (default: the model's context, at most 2048); capacity: slots
-    per row (default 2 max_len + gamma + 2, so defragmentation is rare). compile: as SpeculativeDecoder's
+    per row (default 2 max_len + gamma + 2, so defragmentation is rare). adaptive: drafting on / off per step row
+    count as measured (:class:`~tilespec.engine.spec_switch.SpecSwitch`; default on for context drafters verified
+    with ``coupled``, where it changes no token). compile: as SpeculativeDecoder's
     (True on CUDA: native runners with whole-step CUDA graphs). Not thread-safe: one thread calls :meth:`submit`,
     :meth:`cancel` and :meth:`step` (the server's engine thread).
     """
@@ -111,6 +114,7 @@ class BatchEngine:
     def __init__(self, target, draft=None, *, max_batch: int = 8, gamma: int = 4, max_len: Optional[int] = None,
                  capacity: Optional[int] = None, method: str = "coupled", compile: bool | str = False,
                  prefill_chunk: int = 512, spec_max_batch: Optional[int] = None, min_alpha: float = 0.1,
+                 adaptive: Optional[bool] = None,
                  eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -125,6 +129,9 @@ class BatchEngine:
         self.method_options = tuple(get_method(method).resolve_options(None))
         self.method, self.gamma, self.max_batch = method, gamma if drafter is not None else 0, max_batch
         self.prefill_chunk, self.spec_max_batch, self.min_alpha = prefill_chunk, spec_max_batch, min_alpha
+        if adaptive is None:        # on where switching changes no token: coupled verification of context drafts
+            adaptive = drafter is not None and drafter.has_context and method == "coupled"
+        self.switch = SpecSwitch() if adaptive and drafter is not None else None
         limit = context_limit(target) or 4096
         self.max_len = min(max_len or min(limit, 2048), limit)
         cap = capacity or 2 * self.max_len + self.gamma + 2
@@ -296,8 +303,11 @@ class BatchEngine:
         return SamplingParams(*[list(col) for col in zip(*per_row)])
 
     def _decode(self, live: list) -> list:
+        started = time.perf_counter()
         rows = row_count(live, self.max_batch)
-        caps = {b: self._gamma(self.rows[b], len(live)) for b in live}
+        allow = self.switch is None or self.switch.draft(rows)
+        caps = {b: self._gamma(self.rows[b], len(live)) if allow else 0 for b in live}
+        compiled = self._compile_seconds()
         counts = [caps.get(b, 0) for b in range(rows)]
         context, gamma = None, 0
         if self.drafter is not None and self.drafter.has_context:
@@ -315,9 +325,16 @@ class BatchEngine:
         counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if drafted else None
         host = step_rows(self.target, self.draft, self.fast, self.state, rows, gamma, context, counts_t, sampling,
                          resolved, self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+        if self.switch is not None:
+            emitted = host[:, 0].tolist()
+            self.switch.observe(rows, drafted, time.perf_counter() - started, sum(emitted[b] for b in live) / len(live),
+                                valid=self._compile_seconds() == compiled)
         self.counters["steps"] += 1
         self.counters["spec_steps"] += int(drafted)
         return self._take(live, host, host[:, 0].tolist(), counts)
+
+    def _compile_seconds(self) -> float:
+        return sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r is not None)
 
     def _graph_ok(self, sampling: SamplingParams) -> bool:
         """The whole-step graphs take scalar sampling baked into their key: allow a handful of distinct settings

@@ -73,6 +73,8 @@ def build_app(worker: EngineWorker, model_name: str, tokenizer, *, default_max_t
         lines += [f"tilespec_{name}_total {value}" for name, value in eng.counters.items()]
         drafted = eng.counters["drafted"]
         lines.append(f"tilespec_draft_acceptance_rate {eng.counters['accepted'] / drafted if drafted else 0.0}")
+        for rows, entry in (eng.switch.state().items() if eng.switch is not None else ()):
+            lines.append(f'tilespec_drafting{{rows="{rows}"}} {int(entry["drafting"])}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     def encode(body: SamplingFields, prompt_ids: list) -> BatchRequest:
