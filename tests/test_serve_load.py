@@ -34,12 +34,15 @@ def test_load_levels_write_the_json(tmp_path):
     srv = Server(make_app(max_batch=4, max_len=200, prefill_chunk=256))
     try:
         out = tmp_path / "serve-load.json"
-        assert load.main(["--systems", f"url:tiny={srv.url}", "--clients", "1,4", "--requests-per-client", "2",
-                          "--task", "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--warmup", "2",
-                          "--rate", "50", "--log-dir", str(tmp_path), "--out", str(out)]) == 0
+        argv = ["--systems", f"url:tiny={srv.url}", "--clients", "1,4", "--requests-per-client", "2", "--task",
+                "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--warmup", "2", "--rate", "50",
+                "--log-dir", str(tmp_path), "--out", str(out)]
+        assert load.main(argv) == 0
     finally:
         srv.stop()
     result = json.loads(out.read_text())
+    assert load.main(argv) == 0                  # a rerun resumes: every level is done, no server is contacted
+    assert json.loads(out.read_text())["levels"] == result["levels"]
     rows = result["levels"][f"url:tiny={srv.url}"]
     assert set(rows) == {"1", "4"} and result["environment"]["torch"]
     for c, row in rows.items():

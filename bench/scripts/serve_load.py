@@ -220,7 +220,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=8, help="requests at the largest level before timing (shapes)")
+    p.add_argument("--warmup", type=int, default=-1,
+                   help="requests at the largest level before timing, so every batch shape is captured first "
+                        "(default: the largest number of clients)")
     p.add_argument("--soak-seconds", type=float, default=0.0)
     p.add_argument("--tilespec-args", default="", help="extra flags for tilespec serve, e.g. '--spec-max-batch 16'")
     p.add_argument("--hf-args", default="", help="extra flags for transformers serve, e.g. '--cb-use-cuda-graph'")
@@ -234,8 +236,16 @@ def main(argv=None) -> int:
     clients = [int(c) for c in args.clients.split(",")]
     prompts = load_prompts(args.task, args.num_prompts, 0)
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    result = {"environment": run_record(None, "fastapi", "uvicorn", "openai"), "settings": {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "levels": {}, "soak": None}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {"environment": run_record(None, "fastapi", "uvicorn", "openai"), "settings": settings, "levels": {},
+              "soak": None}
+    if args.out.is_file():              # resume: keep the finished (system, level) rows of a run with these settings
+        old = json.loads(args.out.read_text())
+        same = {k: v for k, v in old.get("settings", {}).items() if k not in ("systems", "clients", "soak_seconds")}
+        if same == {k: v for k, v in settings.items() if k not in ("systems", "clients", "soak_seconds")}:
+            result["levels"] = old.get("levels", {})
+            print(f"resuming {args.out}: {sum(len(v) for v in result['levels'].values())} levels done", flush=True)
+    warmup = args.warmup if args.warmup >= 0 else max(clients)
 
     def save():
         result["ratios"] = ratios({s: {str(c): {k: v for k, v in row.items() if k != "records"}
@@ -245,14 +255,19 @@ def main(argv=None) -> int:
 
     systems = args.systems.split(",")
     for i, system in enumerate(systems):
+        done = result["levels"].get(system, {})
+        if all(str(c) in done for c in clients) and not (args.soak_seconds > 0 and i == len(systems) - 1):
+            continue
         log = args.log_dir / f"{i}-{''.join(c if c.isalnum() else '-' for c in system)[:80]}.log"
         proc, url, model = start_server(system, args, args.port + i, log)
         try:
-            if args.warmup:
-                asyncio.run(run_level(url, model, prompts, max(clients), args.warmup, 0.0, args.max_tokens,
+            if warmup:
+                asyncio.run(run_level(url, model, prompts, max(clients), warmup, 0.0, args.max_tokens,
                                       args.temperature, seed=10**6))
             rows = result["levels"].setdefault(system, {})
             for c in clients:
+                if str(c) in rows:
+                    continue
                 n = max(16, args.requests_per_client * c)
                 row = asyncio.run(run_level(url, model, prompts, c, n, args.rate, args.max_tokens, args.temperature))
                 if args.temperature == 0 and str(min(clients)) in rows:
