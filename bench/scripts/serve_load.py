@@ -259,7 +259,13 @@ def main(argv=None) -> int:
         if all(str(c) in done for c in clients) and not (args.soak_seconds > 0 and i == len(systems) - 1):
             continue
         log = args.log_dir / f"{i}-{''.join(c if c.isalnum() else '-' for c in system)[:80]}.log"
-        proc, url, model = start_server(system, args, args.port + i, log)
+        try:
+            proc, url, model = start_server(system, args, args.port + i, log)
+        except (RuntimeError, OSError) as err:      # a system that cannot start is recorded, the others still run
+            result.setdefault("failed_systems", {})[system] = str(err)
+            print(f"{system}: {err}", flush=True)
+            save()
+            continue
         try:
             if warmup:
                 asyncio.run(run_level(url, model, prompts, max(clients), warmup, 0.0, args.max_tokens,
