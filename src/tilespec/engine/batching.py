@@ -132,7 +132,8 @@ class BatchEngine:
         if adaptive is None:        # on where switching changes no token: coupled verification of context drafts
             adaptive = drafter is not None and drafter.has_context and method == "coupled"
         self.switch = SpecSwitch() if adaptive and drafter is not None else None
-        limit = context_limit(target) or 4096
+        model = drafter.model if drafter is not None else None
+        limit = min(context_limit(m) or 4096 for m in (target, model) if m is not None)   # the draft sees them too
         self.max_len = min(max_len or min(limit, 2048), limit)
         cap = capacity or 2 * self.max_len + self.gamma + 2
         if compile:
@@ -144,7 +145,6 @@ class BatchEngine:
         self.eos = eos_ids(target, tokenizer, eos_token_id)
         self.pad = int(pad_token_id)
         self.target = make_runner(target, cap, compile=compile)
-        model = drafter.model if drafter is not None else None
         self.draft = make_runner(model, cap, compile=compile) if model is not None else None
         for runner in (self.target, self.draft):
             if runner is not None:
