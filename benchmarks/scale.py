@@ -1,8 +1,8 @@
-"""``tilespec eval scale STAGE...``: the paper-scale evaluation (issue 16) in stages that fit one GPU's minutes.
+"""``python -m benchmarks.scale STAGE...``: the paper-scale evaluation in stages that fit one GPU's minutes.
 
 One process runs the requested stages in order, loading each model pair once and keeping its compiled runners
 (CUDA graphs are keyed by (batch, q, capacity) and shared by every run of the process). Each stage is one or more
-``tilespec eval`` runs (:func:`.run.evaluate`) written to ``RES/eval-<stage>.json`` after every chunk of examples;
+``tilespec eval`` runs (:func:`tilespec.bench.quality.evaluate`) written to ``RES/eval-<stage>.json`` after every chunk of examples;
 running the same command again resumes every unfinished run where it stopped (finished runs are skipped), so a
 cut-off command loses at most one chunk. After every stage ``RES`` is tarred to ``--tar`` when given.
 
@@ -25,6 +25,7 @@ Budgets: each stage has a default number of seconds (:data:`BUDGETS`, sized for 
 wrapper sizes ``--total-s`` from them). The process splits ``--total-s`` over its stages in those proportions,
 redone before each stage, so what a stage leaves unused goes to the stages after it; inside a stage the runs share
 the budget by weight. ``--tiny`` swaps in random tiny models (.scale_tiny) for a CPU dry run of the whole path.
+``RES`` (``--res``) defaults to ``$EVAL_RES``, else ``eval-scale`` in the working directory.
 """
 from __future__ import annotations
 
@@ -119,15 +120,17 @@ class Models:
             from .scale_tiny import tiny_text_pair, tiny_whisper_pair
             make = tiny_whisper_pair if cfg.task == "asr" else tiny_text_pair
             return (*make(self.device, dtype), model_name)
-        from .run import load_models
+        from tilespec.bench.quality import load_models
         target, draft, proc = load_models(cfg)
         return target, draft, proc, model_name   # cfg.draft is a model name here, so draft is that model
 
 
 def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict:
     """Run (or resume) every run of ``stage`` inside ``deadline`` (time.time()); returns {run: status}."""
-    from .config import EvalConfig
-    from .run import evaluate, find_run, write_results
+    from tilespec.bench.config import EvalConfig
+    from tilespec.bench.quality import evaluate, find_run, write_results
+
+    from .studies import STUDIES
 
     path = Path(a.res) / f"eval-{stage}.json"
     runs = runs_of(stage, a)
@@ -167,7 +170,8 @@ def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict
             continue
         log(f"[scale] {name}: {share:.0f} s, batch {cfg.batch_size}, {cfg.dtype}, compile={cfg.compile}")
         rec = evaluate(cfg, models=models.get(cfg), data_path=Path(data) if data else None, log=log,
-                       on_update=lambda r: write_results(path, dict(r, run_name=name)), previous=previous)
+                       on_update=lambda r: write_results(path, dict(r, run_name=name)), previous=previous,
+                       studies=STUDIES)
         rec["run_name"] = name
         write_results(path, rec)
         status[name] = f"{rec['n']}/{rec['n_requested']} examples, stages {rec.get('stages_done')}"
@@ -187,8 +191,8 @@ def tar_results(res: Path, out: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("stages", nargs="*", default=list(STAGES), help=f"stages (default all: {' '.join(STAGES)})")
-    p.add_argument("--res", type=Path, default=Path(os.environ.get("EVAL_RES", "/root/res/eval-scale")),
-                   help="results folder (eval-<stage>.json); default $EVAL_RES or /root/res/eval-scale")
+    p.add_argument("--res", type=Path, default=Path(os.environ.get("EVAL_RES", "eval-scale")),
+                   help="results folder (eval-<stage>.json); default $EVAL_RES, else ./eval-scale")
     p.add_argument("--tar", type=Path, default=None, help="tar RES to this .tgz after every stage")
     p.add_argument("--total-s", type=float, default=480.0, help="seconds for this process, all stages together")
     p.add_argument("--batch-size", type=int, default=16, help="examples per generation in the main comparisons")
@@ -245,3 +249,14 @@ def run(a) -> int:
         print(f"[scale] {stage}: {summary[stage]} (+{time.time() - start:.0f} s)", flush=True)
     print(f"[scale] done in {time.time() - start:.0f} s: {summary}")
     return 1 if any(str(v).startswith("failed") for v in summary.values()) else 0
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n")[0].strip("`"),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

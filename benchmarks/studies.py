@@ -7,16 +7,21 @@
 * alphabeta (Tables 2, 7): sigmoid with (α, β) = (-s, s) for s in ``scales``, accuracy and Δ% profiling vs the
   ``hf`` baseline on the same subset; beside each row the acceptance inflation measured in the run itself
   (α_sigmoid - α_baseline) and, when ``tilespec.exactness.distortion`` is available, its TV distance.
+
+``python -m benchmarks.studies summarization|asr [tilespec eval options] --studies main,acceptance,gamma,alphabeta``
+runs ``tilespec eval`` with these studies after its main comparison (same record, same resume and time budget).
 """
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from dataclasses import replace
 
-from .aggregate import summarize
-from .config import BASELINE, EvalConfig
-from .harness import decode_all
-from .metrics import delta_pct
+from tilespec.bench.aggregate import summarize
+from tilespec.bench.config import BASELINE, EvalConfig
+from tilespec.bench.harness import decode_all
+from tilespec.bench.metrics import delta_pct
 
 
 def _prepared(task, examples, target):
@@ -142,3 +147,71 @@ def alphabeta_study(target, draft, task, examples, cfg: EvalConfig, log=print, d
         log(f"  [{time.strftime('%H:%M:%S')}] alphabeta ±{s:g}: {task.metric}={row[task.metric]:.4f} "
             f"Δprof={rows[-1]['delta_profiling_pct']:.1f}% α_infl={rows[-1]['alpha_inflation']:+.3f}")
     return {"rows": rows, "examples": len(examples)}
+
+
+# study name -> (key of its result in the eval record, function)
+STUDIES = {"acceptance": ("acceptance", acceptance_study), "gamma": ("gamma_sweep", gamma_study),
+           "alphabeta": ("alphabeta", alphabeta_study)}
+
+
+def _int_list(text: str) -> list[int]:
+    """"1-20" or "3,5,10" -> list of ints."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    if not out:
+        raise argparse.ArgumentTypeError(f"empty integer list {text!r}")
+    return out
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"bad number list {text!r}") from err
+
+
+def add_study_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--studies", default="main,acceptance,gamma,alphabeta",
+                   help="comma-separated of main, " + ", ".join(STUDIES) + " or 'all' (default all)")
+    p.add_argument("--sweep-limit", type=int, default=4, help="examples used by the side studies (default 4)")
+    p.add_argument("--sweep-gammas", type=_int_list, default=list(range(1, 21)), help="constant γ values (1-20)")
+    p.add_argument("--accept-gammas", type=_int_list, default=[3, 5, 10, 15], help="initial γ values (3,5,10,15)")
+    p.add_argument("--scales", type=_float_list, default=[10.0, 1e3, 1e4, 1e5], help="sigmoid scales s")
+    p.add_argument("--sweep-max-new-tokens", type=int, default=40)
+    p.add_argument("--sweep-schedule", default="constant", choices=("constant", "heuristic"),
+                   help="γ sweep (Fig. 3-5): constant γ (default) or the heuristic started at γ (the paper's)")
+    p.add_argument("--main-share", type=float, default=0.6, help="share of --time-budget for the main comparison")
+
+
+def study_settings(args) -> dict:
+    """The EvalConfig side-study fields from parsed arguments."""
+    names = ("main", *STUDIES) if args.studies == "all" else \
+        tuple(s.strip() for s in args.studies.split(",") if s.strip())
+    return dict(studies=names, sweep_limit=args.sweep_limit, sweep_gammas=tuple(args.sweep_gammas),
+                accept_gammas=tuple(args.accept_gammas), scales=tuple(args.scales),
+                sweep_max_new_tokens=args.sweep_max_new_tokens, sweep_schedule=args.sweep_schedule,
+                main_share=args.main_share)
+
+
+def main(argv: list | None = None) -> int:
+    from tilespec.cli.eval import add_eval_arguments, run
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies",
+                                description="tilespec eval plus the seed paper's side studies")
+    sub = p.add_subparsers(dest="eval_task", metavar="TASK", required=True)
+    for task in ("summarization", "asr"):
+        t = sub.add_parser(task)
+        add_eval_arguments(t, task)
+        add_study_arguments(t)
+    args = p.parse_args(argv)
+    return run(args, studies=STUDIES, **study_settings(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

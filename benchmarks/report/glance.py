@@ -9,10 +9,10 @@ the verification-time Δ%, speculation vs target-only decoding at the eval's bat
 """
 from __future__ import annotations
 
-from .metrics import paired_bootstrap
-from .report_summary_data import (SPEC_KINDS, _dev, _f, best_drafters, e2e_groups, e2e_models, exactness_files,
+from tilespec.bench.metrics import paired_bootstrap
+from .summary_data import (SPEC_KINDS, _dev, _f, best_drafters, e2e_groups, e2e_models, exactness_files,
                                   file_date, is_gpu_device, newest_e2e, verify_headline)
-from .report_tables import _batch, identical_count, tokens_per_s
+from .tables import _batch, identical_count, tokens_per_s
 
 EXACT = ("tiled", "fused")
 

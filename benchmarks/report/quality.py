@@ -3,8 +3,8 @@ every method of every ``eval-scale-*`` run, each with a 95 % bootstrap interval 
 render time from the committed outputs (``methods[m].texts``) and references — no stored number is trusted here."""
 from __future__ import annotations
 
-from .metrics import ROUGE_TYPES, _per_example, bootstrap_ci, rouge_per_example
-from .report_tables import _label, _pair
+from tilespec.bench.metrics import ROUGE_TYPES, _per_example, bootstrap_ci, rouge_per_example
+from .tables import _label, _pair
 
 
 def _cell(v: tuple) -> str:

@@ -8,7 +8,7 @@ render time; each summary line names its source file and the section further dow
   ``kind`` / ``task`` and ``hf-static`` / ``hf-prompt-lookup`` / ``ngram:…`` / ``suffix:…``), with speedups over the
   best target-only row and over ``hf-static`` of the same (task, T, B); plus a bar chart (``e2e_figure``);
 - (b) native forward ms vs the HBM floor (``native-forward-*.json``, random-init timing files; (b)-(d) are built in
-  :mod:`.report_summary_kernels`);
+  :mod:`.summary_kernels`);
 - (c) the verify-kernel headline at B = 1 and B = 64 (``verify-*.json``, experiments excluded);
 - (d) the exactness suites (``exactness-*.json``); (e) eval sample sizes, with a warning below ``SMALL_N``.
 A missing, unreadable or partial file is skipped with a note; nothing here raises on bad data.
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report_glance import glance_lines
-from .report_tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
-from .report_summary_data import (CONTEXT_KINDS, HF_KINDS, SMALL_N, SPEC_KINDS, _dev, _f, _x, best_drafters,
+from .glance import glance_lines
+from .tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
+from .summary_data import (CONTEXT_KINDS, HF_KINDS, SMALL_N, SPEC_KINDS, _dev, _f, _x, best_drafters,
                                   e2e_groups, e2e_models, exactness_files, file_date, file_time, is_gpu_device,
                                   newest_e2e, verify_headline)
-from .report_summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table,  # noqa: F401
+from .summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table,  # noqa: F401
                                      filter_cells, native_lines, native_table, verify_lines, verify_table)
 
 TITLE = "## Summary"

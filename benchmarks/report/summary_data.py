@@ -1,4 +1,4 @@
-"""Which committed result files and rows the REPORT.md summary quotes (see ``report_summary.py``).
+"""Which committed result files and rows the REPORT.md summary quotes (see ``summary.py``).
 
 Inputs are ``(path, parsed JSON or error string)`` pairs from ``load_results``. Files are ranked by their date
 (``environment.date`` / ``date`` / a ``YYYY-MM-DD`` in the name), then by how many systems they hold, then by name,
@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .e2e_systems import CONTEXT_KINDS, HF_KINDS  # noqa: F401  (the system kinds of bench e2e, re-exported)
+from tilespec.bench.e2e_systems import CONTEXT_KINDS, HF_KINDS  # noqa: F401  (the system kinds of bench e2e, re-exported)
 
-SMALL_N = 100  # sample sizes below this get a warning (the issue asks for hundreds of examples per dataset)
+SMALL_N = 100  # sample sizes below this get a warning (quality claims need hundreds of examples per dataset)
 # system kind -> summary label, in display order
 E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers static cache",
              "hf-assisted": "transformers assisted (draft model)", "hf-prompt-lookup": "transformers prompt lookup",

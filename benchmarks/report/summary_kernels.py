@@ -1,12 +1,12 @@
 """REPORT.md summary parts about the kernels and the runtime's forwards: (b) native forward ms vs the HBM floor,
 (c) the verify-kernel headline and its filter rows, (d) the exactness suites; each as summary lines and a backing
-table. Split from :mod:`.report_summary` (which assembles the summary); nothing here raises on bad data.
+table. Split from :mod:`.summary` (which assembles the summary); nothing here raises on bad data.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .report_summary_data import (_dev, _f, _x, exactness_files, native_files, newest, verify_filter_rows,
+from .summary_data import (_dev, _f, _x, exactness_files, native_files, newest, verify_filter_rows,
                                   verify_headline)
 
 

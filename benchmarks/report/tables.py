@@ -2,8 +2,8 @@
 Table 5 (wall clock), Table 6 (verify ms per step), Table 8 (acceptance vs initial γ), Tables 2/7 (sigmoid scaling
 sweep with its distortion) and Table 3 (realized bandwidth, plus the kernel-only ``verify-*`` benchmark table).
 
-Inputs: eval run records as loaded by :func:`tilespec.eval.report.load_results` (and, for Table 3, its list of
-other result files). The small formatting helpers at the top are shared with ``report.py``, which imports them from
+Inputs: eval run records as loaded by :func:`benchmarks.report.build.load_results` (and, for Table 3, its list of
+other result files). The small formatting helpers at the top are shared with ``build.py``, which imports them from
 here (this module never imports ``report``).
 """
 from __future__ import annotations
@@ -185,7 +185,7 @@ def table1(runs: list) -> list[str]:
 
 def noise_table(runs: list) -> list[str]:
     """Sampled runs (T > 0): is each exact method's metric within sampling noise of the baseline's?"""
-    from .metrics import paired_bootstrap
+    from tilespec.bench.metrics import paired_bootstrap
     lines = []
     for r in runs:
         rows, refs, metric = r.get("methods") or {}, r.get("references"), r.get("metric")
@@ -358,7 +358,7 @@ def table3(runs: list, others: list) -> list[str]:
 
 def verify_kernel_table(path: Path, doc: dict) -> list[str]:
     """GPU kernel-level view of Tables 3/6 from a ``verify-*`` benchmark file (B = 1, temperature 1, eager)."""
-    from .metrics import delta_pct
+    from tilespec.bench.metrics import delta_pct
 
     rows = [r for r in doc.get("rows", []) if isinstance(r, dict) and r.get("B") == 1
             and r.get("temperature") == 1.0 and r.get("regime") == "mid" and not r.get("top_k")

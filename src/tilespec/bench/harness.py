@@ -23,26 +23,12 @@ not done yet and appends.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .aggregate import add_deltas, summarize
-from .chunks import chunk_record, common_examples, restore_run
+from .chunks import MethodRun, chunk_record, common_examples, restore_run
 from .config import EvalConfig, engine_compile, method_options
-from .warmup import (VerifyCall, batch_inputs, capacity_bucket, draft_kinds, forced_gammas,  # noqa: F401 (re-exports)
-                     harness_schedule, harness_verify, plan_forced, reachable_ks, record_verify_calls, shape_groups,
-                     warm_models, warm_target_shapes, warm_up, warm_verify)
-
-
-@dataclass
-class MethodRun:
-    """Raw per-example results of decoding a list of inputs with one method and one γ setting."""
-
-    method: str
-    sequences: list = field(default_factory=list)
-    texts: list = field(default_factory=list)
-    stats: list = field(default_factory=list)
-    warmup: dict = field(default_factory=dict)
+from .warmup import batch_inputs, harness_schedule, harness_verify, warm_up
 
 
 def make_decoder(target, draft, method: str, cfg: EvalConfig, *, gamma: Optional[int] = None,

@@ -1,4 +1,10 @@
-"""``evaluate(cfg)``: load data and models, run the requested studies, return one JSON-able record.
+"""``evaluate(cfg)`` (``tilespec eval``): load data and models, decode the same examples with every method, and
+return one JSON-able record of measured quality (ROUGE / WER) beside speed (time inside ``verify()``, wall clock,
+acceptance, peak memory) per method.
+
+Side studies (γ sweeps, acceptance vs initial γ, sigmoid scales) are not part of the library: a caller passes them
+as ``studies`` (the repository's ``benchmarks.studies`` does), and ``evaluate`` runs them after the main comparison
+under the same time budget, resume and record rules.
 
 Results files (``bench/results/eval-*.json``) hold ``{"kind": "eval", "runs": [record, ...]}``; writing a record
 replaces the run with the same (task, dataset, target, draft, device) key and keeps the others, so several
@@ -20,7 +26,6 @@ from .data import load_dataset
 from .aggregate import clean
 from .config import EvalConfig
 from .harness import run_main
-from .studies import acceptance_study, alphabeta_study, gamma_study
 from .tasks import make_task
 
 
@@ -69,8 +74,13 @@ def resumable(previous: Optional[dict], cfg: EvalConfig, ids: list) -> Optional[
 
 
 def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional[list] = None,
-             data_path: Optional[Path] = None, log=print, on_update=None, previous: Optional[dict] = None) -> dict:
+             data_path: Optional[Path] = None, log=print, on_update=None, previous: Optional[dict] = None,
+             studies: Optional[dict] = None) -> dict:
     """Run ``cfg.studies`` and return the record (see the module docstring for where it goes).
+
+    ``studies``: {study name: (record key, fn(target, draft, task, examples, cfg, log, deadline=...) -> JSON)} of the
+    side studies ``cfg.studies`` may name besides ``main``; a name without an entry raises ValueError before any
+    model is loaded.
 
     ``on_update(record)`` is called with the (JSON-safe) record after each chunk of the main comparison and after
     each study, so a run that is killed later still leaves what it finished on disk (at most one chunk is lost).
@@ -82,6 +92,11 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
     from tilespec.verify.registry import get_method
 
     t0 = time.time()
+    studies = dict(studies or {})
+    unknown = [s for s in cfg.studies if s != "main" and s not in studies]
+    if unknown:
+        raise ValueError(f"unknown stud{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}: the library runs "
+                         "the main comparison; side studies come from the caller (python -m benchmarks.studies)")
     if any(get_method(m).needs_triton for m in cfg.methods):
         # import the kernels package before the models: without CUDA it selects Triton's interpreter, which must
         # happen before anything else imports triton (interpreted kernels fail otherwise)
@@ -114,14 +129,14 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
                                    "protocol; Δ% compares methods at the same batch size")
     if previous:
         record["resumed"] = previous.get("resumed", 0) + 1
-        for key in ("acceptance", "alphabeta", "gamma_sweep", "sweep_n"):
+        for key in [k for k, _ in studies.values()] + ["sweep_n"]:
             if key in previous:
                 record[key] = previous[key]
         record["stages_done"] = [s for s in previous.get("stages_done", []) if s != "main"]
     if cfg.dataset == "synthetic":
         from .data import synthetic_dir
-        from .synth import CAVEAT
-        record["note"] = f"{CAVEAT} (XSum summaries spoken by espeak-ng; exact transcripts)"
+        from .data import SYNTHETIC_CAVEAT
+        record["note"] = f"{SYNTHETIC_CAVEAT} (XSum summaries spoken by espeak-ng; exact transcripts)"
         folder = synthetic_dir(data_path)
         meta = folder / "meta.json" if folder is not None else None
         if meta is not None and meta.is_file():
@@ -152,9 +167,8 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
         else:
             record.pop("budget_note", None)
 
-    side = [s for s in ("acceptance", "alphabeta", "gamma") if s in cfg.studies]
-    keys = dict(acceptance="acceptance", alphabeta="alphabeta", gamma="gamma_sweep")
-    side_todo = [s for s in side if keys[s] not in record]
+    side = [s for s in cfg.studies if s != "main"]
+    side_todo = [s for s in side if studies[s][0] not in record]
     if "main" in cfg.studies:
         deadline = None
         if deadline_total is not None:
@@ -182,9 +196,8 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
             record["stages_done"] = [s for s in record.get("stages_done", []) if s != "main-partial"]
         save("main" if done == record["n_requested"] else "main-partial")
     sub = examples[:cfg.sweep_limit]
-    record["sweep_n"] = len(sub)
-    studies = dict(acceptance=("acceptance", acceptance_study), alphabeta=("alphabeta", alphabeta_study),
-                   gamma=("gamma_sweep", gamma_study))
+    if side:
+        record["sweep_n"] = len(sub)
     for i, name in enumerate(side_todo):
         key, fn = studies[name]
         deadline = None

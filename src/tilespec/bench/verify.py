@@ -41,8 +41,8 @@ def _not_exact(name: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", default=None, help="write results here (default bench/results/verify-<device>-"
-                                                      "<date>.json)")
+    parser.add_argument("--json", default=None, help="write results here (default bench/results/verify-<device>"
+                                                      ".json)")
     parser.add_argument("--plot", default=None, help="also write a PNG of time per call vs K")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--draft", type=int, nargs="+", default=[1, 5, 10, 20], help="K values")
@@ -268,7 +268,7 @@ def run(args) -> int:
     t_start = time.time()
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    path = args.json or f"bench/results/verify-{device.replace(' ', '_')}-{date}.json"
+    path = args.json or f"bench/results/verify-{device.replace(' ', '_')}.json"
     doc = {"device": device, "date": date, "versions": _versions(torch), "note": "; ".join(f"{n} is NOT EXACT" for n in contenders() if _not_exact(n)),
            "timing": {"eager": "median host wall time per call, synchronised after each call",
                       "graph": "CUDA events over replays of captured single calls, rotating input copies"},
@@ -289,7 +289,7 @@ def run(args) -> int:
     if args.check:
         doc["checks"] = _gpu_checks(torch)
         print("checks:", json.dumps(doc["checks"]), flush=True)
-    # the key points first (bf16, V=151936), then the sampling sweep, then the rest of the grid
+    # the headline points first (bf16, V=151936), then the sampling sweep, then the rest of the grid
     grid = [(b, k, v, dt, (1.0, 0, 1.0), "mid") for dt in args.dtype for v in args.vocab for b in args.batch
             for k in args.draft]
     key = [p for p in grid if p[2] == 151936 and p[3] == "bf16"]
