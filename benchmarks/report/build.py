@@ -21,10 +21,9 @@ from .e2e import e2e_section
 from .quality import quality_table
 from .multidraft import multidraft_section, multidraft_summary, repeatability_lines
 from .summary import backing_sections, e2e_figure, summary_section
-from .tables import (  # noqa: F401  (re-exported: the helpers and tables used to live here)
-    DATASET_NAMES, METHOD_ORDER, _batch, _dataset, _device, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair,
-    _pct, _suffix, _temp, n_cell,
-    noise_table, sigmoid_table, table1, table3, table5, table6, table7, table8, verify_kernel_table)
+from .studies import table7, table8
+from .tables import (BASELINE, _batch, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct, _suffix,
+                     approximate_table, noise_table, table1, table3, table5, table6)
 
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
                   "engine-", "compile-", "repeatability-")
@@ -130,7 +129,7 @@ def per_run_details(runs: list) -> list[str]:
         for m in _methods(rows):
             x = rows[m]
             ph = x.get("phase_times_s") or {}
-            out.append(f"| {m}{' (baseline)' if m == 'hf' else ''} | {'yes' if _exact(m) else 'no'} | "
+            out.append(f"| {m}{' (baseline)' if m == BASELINE else ''} | {'yes' if _exact(m) else 'no'} | "
                        f"{x.get('steps')} | {x.get('new_tokens')} | {_f(x.get('alpha'))} | "
                        f"{_f(x.get('mean_gamma'), '{:.2f}')} | {_f(x.get('verify_time_s'))} | "
                        f"{_f(x.get('wall_time_s'), '{:.2f}')} | {_f(ph.get('draft'), '{:.2f}')} / "
@@ -197,7 +196,7 @@ def comparison_note(runs: list) -> list[str]:
            "sigmoid (A100, fp16, Whisper and 1.3-13B LLMs). Ours (profiling = total time inside `verify()`):", ""]
     for r in runs:
         rows = r.get("methods") or {}
-        cells = [f"{m} {_pct(rows[m].get('delta_profiling_pct'))}" for m in _methods(rows) if m != "hf"]
+        cells = [f"{m} {_pct(rows[m].get('delta_profiling_pct'))}" for m in _methods(rows) if m != BASELINE]
         if cells:
             out.append(f"- {_label(r)} — {_pair(r)} (n = {r.get('n')}){_ours_note(r)}: " + ", ".join(cells))
     legacy = [r for r in runs if r.get("methods") and _is_gpu(r) and "first-call" in _warmup_kind(r)]
@@ -291,7 +290,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
     if any(r.get("dataset") == "synthetic" for r in runs):
         lines += [f"**Note: the ASR runs on the synthetic set use {SYNTH_CAVEAT}.**", ""]
     if runs:
-        lines += table1(runs) + noise_table(runs) + quality_table(runs) + sigmoid_table(runs)
+        lines += table1(runs) + noise_table(runs) + quality_table(runs) + approximate_table(runs)
         lines += table5(runs) + table6(runs) + table8(runs) + table7(runs)
     else:
         lines += table7(runs)

@@ -9,12 +9,16 @@ the verification-time Δ%, speculation vs target-only decoding at the eval's bat
 """
 from __future__ import annotations
 
+from tilespec.bench.config import BASELINE
 from tilespec.bench.metrics import paired_bootstrap
-from .summary_data import (SPEC_KINDS, _dev, _f, best_drafters, e2e_groups, e2e_models, exactness_files,
+from tilespec.verify.registry import all_methods
+
+from .summary_data import (is_drafter_kind, spec_label, _dev, _f, best_drafters, e2e_groups, e2e_models, exactness_files,
                                   file_date, is_gpu_device, newest_e2e, verify_headline)
 from .tables import _batch, identical_count, tokens_per_s
 
-EXACT = ("tiled", "fused")
+# the exact methods whose outputs the glance table counts against the baseline: the registry's evaluated exact ones
+EXACT = tuple(m.name for m in all_methods() if m.exact and m.evaluate and m.name != BASELINE)
 
 
 def _temp(r: dict):
@@ -55,7 +59,7 @@ def _e2e_rows(others: list) -> list:
         if best is not None and best.get("vs_ar"):
             st, env = doc.get("settings") or {}, doc.get("environment") or {}
             rows.append((f"{task}: best speculative configuration vs our target-only",
-                         f"{SPEC_KINDS[best['kind']]} **{best['vs_ar']:.2f}×** ({_f(best['tps'])} tok/s, "
+                         f"{spec_label(best['kind'])} **{best['vs_ar']:.2f}×** ({_f(best['tps'])} tok/s, "
                          f"`{best['system']}`)", f"{st.get('num_prompts', '?')} prompts, B=1, T=0",
                          _dev(env.get("gpu") or env.get("device")),
                          path.name))

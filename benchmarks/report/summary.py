@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .glance import glance_lines
+from .glance import EXACT, glance_lines
 from .tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
-from .summary_data import (CONTEXT_KINDS, HF_KINDS, SMALL_N, SPEC_KINDS, _dev, _f, _x, best_drafters,
+from .summary_data import (is_context_kind, is_drafter_kind, spec_label, HF_KINDS, SMALL_N, _dev, _f, _x, best_drafters,
                                   e2e_groups, e2e_models, exactness_files, file_date, file_time, is_gpu_device,
                                   newest_e2e, verify_headline)
 from .summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table,  # noqa: F401
@@ -49,7 +49,7 @@ def e2e_lines(others: list) -> tuple[list[str], list[str]]:
             continue
         n = st.get("num_prompts")
         target, draft, corrected = e2e_models(st)
-        spec = any(r["kind"] in SPEC_KINDS for _, rows in groups for r in rows)
+        spec = any(is_drafter_kind(r["kind"]) for _, rows in groups for r in rows)
         warn = f" ⚠ n = {n} prompts: timing only, too few for quality claims" if not n or n < SMALL_N else ""
         out += [f"**(a) End-to-end decoding, {target}"
                 + (f" / draft {draft}" if draft and spec else "")
@@ -65,7 +65,7 @@ def e2e_lines(others: list) -> tuple[list[str], list[str]]:
                 "|---|---|---|---|---|---|---|---|"]
         for (task, temp, b), rows in groups:
             for r in rows:
-                context = r["kind"] in CONTEXT_KINDS   # drafter / match share mean something for these only
+                context = is_context_kind(r["kind"])   # drafter / match share mean something for these only
                 extra = [f"{k} {r[k]}" for k in ("runtime", "drafter") if r.get(k) and (context or k == "runtime")]
                 if context and r.get("match_share") is not None:
                     extra.append(f"match {r['match_share'] * 100:.0f} %")
@@ -106,8 +106,8 @@ def _headline(groups: list) -> str:
         if best_hf is not None and top["kind"] not in HF_KINDS and best_hf["tps"]:
             margins.append(f"{_x(top['tps'] / best_hf['tps'])} the fastest transformers system, {best_hf['label']}")
         s += f" ({', '.join(margins)})" if margins else ""
-        spec = [r for r in rows if r["kind"] in SPEC_KINDS]
-        if spec and top["kind"] not in SPEC_KINDS:
+        spec = [r for r in rows if is_drafter_kind(r["kind"])]
+        if spec and not is_drafter_kind(top["kind"]):
             sp = max(spec, key=lambda r: r["tps"])
             s += (f"; best speculative: {sp['label']} `{sp['system']}` at {_f(sp['tps'])} tok/s = "
                   f"{_x(sp['vs_ar'])} target-only")
@@ -123,19 +123,19 @@ def drafter_lines(picked: list) -> list[str]:
         return []
     cells = []
     for task, best, path, doc, seen, missing in rows:
-        miss = f"; {', '.join(SPEC_KINDS[k] for k in missing)}: not measured" if missing else ""
+        miss = f"; {', '.join(spec_label(k) for k in missing)}: not measured" if missing else ""
         if best is None:
             cells.append(f"{task}: not measured (no speculative row)")
             continue
         env = (doc or {}).get("environment") or {}
-        cells.append(f"{task}: {SPEC_KINDS[best['kind']]} (`{best['system']}`, {_f(best['tps'])} tok/s, "
+        cells.append(f"{task}: {spec_label(best['kind'])} (`{best['system']}`, {_f(best['tps'])} tok/s, "
                      f"{_x(best['vs_ar'])} target-only; `{path.name}`, commit "
                      f"{str(env.get('commit') or '?').split(' ')[0]}){miss}")
     def commit(doc):
         return str((doc.get("environment") or {}).get("commit") or "?").split(" ")[0]
     latest = max((doc for _, doc in picked), key=file_time, default=None)
     tail = ""
-    if latest is not None and not any(r["kind"] in CONTEXT_KINDS for _, d in picked if commit(d) == commit(latest)
+    if latest is not None and not any(is_context_kind(r["kind"]) for _, d in picked if commit(d) == commit(latest)
                                       for _, rs in e2e_groups(d) for r in rs):
         tail = (f" The newest e2e files (commit {commit(latest)}, {file_time(latest)[:10]}) hold no n-gram / suffix "
                 "drafter rows: the drafter comparison was not measured with that code.")
@@ -176,7 +176,7 @@ def scale_runs(runs: list) -> list:
 def _scale_cells(r: dict) -> dict:
     rows = r.get("methods") or {}
     metric = r.get("metric") or "metric"
-    same = {m: identical_count(r, m) for m in ("tiled", "fused") if m in rows}
+    same = {m: identical_count(r, m) for m in EXACT if m in rows}
     sig, hf = rows.get("sigmoid"), rows.get("hf") or {}
     return dict(rows=rows, metric=metric, same=same, sig=sig, hf=hf)
 
@@ -195,8 +195,8 @@ def scale_lines(runs: list) -> list[str]:
               "methods at the same batch size" if max(batches) > 1 else "") + "). "
            + ("**Partial**: " if any(is_partial(r) for r in sel) else "") + "n per run below; target = the sampled "
            "set (`n_requested`). Backing tables: *Table 1*, *Table 5*, *Sigmoid (NOT exact)*.", "",
-           "| run | n (of target) | B | methods | outputs identical to hf (tiled / fused) | "
-           f"metric hf / tiled / fused | sigmoid (NOT exact): metric, tok/s vs hf | file |",
+           f"| run | n (of target) | B | methods | outputs identical to hf ({' / '.join(EXACT)}) | "
+           f"metric {' / '.join(('hf',) + EXACT)} | sigmoid (NOT exact): metric, tok/s vs hf | file |",
            "|---|---|---|---|---|---|---|---|"]
     for r in sel:
         c = _scale_cells(r)
@@ -204,7 +204,7 @@ def scale_lines(runs: list) -> list[str]:
         temp = (r.get("config") or {}).get("temperature")
         same = " / ".join(f"{x[0]}/{x[1]}" if x else "–" for x in c["same"].values()) if temp == 0 else \
             "– (T>0: hf draws other random numbers)"
-        vals = " / ".join(_f((rows.get(m) or {}).get(metric), "{:.3f}") for m in ("hf", "tiled", "fused"))
+        vals = " / ".join(_f((rows.get(m) or {}).get(metric), "{:.3f}") for m in ("hf",) + EXACT)
         sig_cell = "–"
         if isinstance(sig, dict):
             ms, mh = sig.get(metric), hf.get(metric)
@@ -236,7 +236,7 @@ def key_lines(runs: list, others: list) -> list[str]:
             if ar and hf:
                 cells.append(f"B={b}: {_f(ar['tps'])} vs {_f(hf['tps'])} tok/s ({hf['label']}), "
                              f"{ar['tps'] / hf['tps']:.2f}×")
-            spec = [r for r in rows if r["kind"] in SPEC_KINDS]
+            spec = [r for r in rows if is_drafter_kind(r["kind"])]
             if ar and spec:
                 sp = max(spec, key=lambda r: r["tps"])
                 spec_cells.append(f"{task} B={b}: {sp['label']} `{sp['system']}` {_f(sp['tps'])} tok/s = "
@@ -322,8 +322,8 @@ def key_lines(runs: list, others: list) -> list[str]:
             if best is None:
                 cells.append(f"{task}: not measured")
             else:
-                cells.append(f"{task}: {SPEC_KINDS[best['kind']]} {_x(best['vs_ar'])} target-only (`{path.name}`)"
-                             + (f", {'/'.join(SPEC_KINDS[k] for k in missing)} not measured" if missing else ""))
+                cells.append(f"{task}: {spec_label(best['kind'])} {_x(best['vs_ar'])} target-only (`{path.name}`)"
+                             + (f", {'/'.join(spec_label(k) for k in missing)} not measured" if missing else ""))
         out.append("- **Best drafter per task** (B = 1, T = 0): " + "; ".join(cells) + ".")
     if not out:
         return []

@@ -9,15 +9,40 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tilespec.bench.e2e_systems import CONTEXT_KINDS, HF_KINDS  # noqa: F401  (the system kinds of bench e2e, re-exported)
+from tilespec.bench.e2e_systems import HF_KINDS, engine_draft_name
 
 SMALL_N = 100  # sample sizes below this get a warning (quality claims need hundreds of examples per dataset)
-# system kind -> summary label, in display order
+# system kind -> summary label, in display order; a drafter kind not named here (any name the engine resolves, and
+# tilespec+NAME) is labelled and ordered by :func:`label` / :func:`kind_rank`
 E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers static cache",
              "hf-assisted": "transformers assisted (draft model)", "hf-prompt-lookup": "transformers prompt lookup",
              "ar": "tilespec target-only", "tilespec": "tilespec + draft model", "ngram": "tilespec n-gram",
              "suffix": "tilespec suffix", "tilespec+ngram": "tilespec draft model + n-gram",
              "tilespec+suffix": "tilespec draft model + suffix"}
+
+
+def is_drafter_kind(kind: str) -> bool:
+    """A speculative system of our engine: ``tilespec``, a drafter name, or ``tilespec+NAME``."""
+    parsed = engine_draft_name(kind)
+    return parsed is not None and kind != "ar"
+
+
+def is_context_kind(kind: str) -> bool:
+    """A system drafting with a named drafter (alone or backed by the draft model), not the --draft model alone."""
+    parsed = engine_draft_name(kind)
+    return parsed is not None and parsed[1] is not None
+
+
+def label(kind: str) -> str:
+    if kind in E2E_ORDER:
+        return E2E_ORDER[kind]
+    with_model, name = engine_draft_name(kind)
+    return f"tilespec draft model + {name}" if with_model else f"tilespec {name}"
+
+
+def kind_rank(kind: str) -> tuple:
+    order = list(E2E_ORDER)
+    return (order.index(kind), "") if kind in E2E_ORDER else (order.index("tilespec+suffix") + 1, kind)
 VERIFY_BATCHES = (1, 64)
 VERIFY_GAMMA = 5
 
@@ -58,7 +83,7 @@ def newest(files: list):
 def kind(row: dict) -> str | None:
     """System kind of an e2e row: ``kind`` where recorded, else the system name before ``:`` / ``@``."""
     k = row.get("kind") or re.split(r"[:@]", str(row.get("system") or ""))[0]
-    return k if k in E2E_ORDER else None
+    return k if k in E2E_ORDER or engine_draft_name(k) is not None else None
 
 
 def _rows(doc: dict) -> list:
@@ -117,12 +142,12 @@ def e2e_groups(doc: dict) -> list:
             continue
         g = groups.setdefault((str(r.get("task") or task0), _num(r.get("temperature")), int(b)), {})
         if k not in g or tps > g[k]["tps"]:
-            g[k] = dict(kind=k, label=E2E_ORDER[k], system=str(r.get("system")), tps=tps, spread=_spread(r),
+            g[k] = dict(kind=k, label=label(k), system=str(r.get("system")), tps=tps, spread=_spread(r),
                         runtime=r.get("runtime"), drafter=r.get("drafter"), match_share=_num(r.get("match_share")))
     out = []
     for (task, temp, b), g in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
         ar, static = g.get("ar"), g.get("hf-static")
-        rows = [g[k] for k in E2E_ORDER if k in g]
+        rows = [g[k] for k in sorted(g, key=kind_rank)]
         for r in rows:
             r["vs_ar"] = r["tps"] / ar["tps"] if ar and ar["tps"] else None
             r["vs_static"] = r["tps"] / static["tps"] if static and static["tps"] else None
@@ -130,8 +155,9 @@ def e2e_groups(doc: dict) -> list:
     return out
 
 
-SPEC_KINDS = {"tilespec": "draft model", "ngram": "n-gram", "suffix": "suffix", "tilespec+ngram":
-              "draft model + n-gram", "tilespec+suffix": "draft model + suffix"}
+def spec_label(kind: str) -> str:
+    """Short name of a speculative system kind: "draft model", "n-gram", "draft model + suffix", ..."""
+    return label(kind).removeprefix("tilespec ").removeprefix("+ ")
 DRAFTERS = ("tilespec", "ngram", "suffix")   # the drafters a per-task comparison should cover
 
 
@@ -147,14 +173,14 @@ def best_drafters(picked: list) -> list:
                 tasks.setdefault(t.strip(), [])
         for (task, temp, b), rows in e2e_groups(doc):
             if b == 1 and temp == 0:
-                tasks.setdefault(task, []).extend((r, path, doc) for r in rows if r["kind"] in SPEC_KINDS)
+                tasks.setdefault(task, []).extend((r, path, doc) for r in rows if is_drafter_kind(r["kind"]))
     out = []
     for task in sorted(tasks):
         cands = tasks[task]
         best = max(cands, key=lambda c: c[0]["tps"]) if cands else None
         seen = {c[0]["kind"] for c in cands}
         out.append((task, best[0] if best else None, best[1] if best else None, best[2] if best else None,
-                    sorted(seen, key=list(SPEC_KINDS).index), [k for k in DRAFTERS if k not in seen]))
+                    sorted(seen, key=kind_rank), [k for k in DRAFTERS if k not in seen]))
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilespec.verify.registry import all_methods
+
 from .summary_data import (_dev, _f, _x, exactness_files, native_files, newest, verify_filter_rows,
                                   verify_headline)
 
@@ -143,11 +145,14 @@ def verify_table(others: list) -> list[str]:
     if head is None or not head[2]:
         return []
     path, doc, rows = head
-    methods = ["fused", "tiled", "sigmoid", "reference", "hf", "flashinfer"]
+    names = {m for r in rows for m in r["results"]}
+    registered = [m.name for m in all_methods()]
+    methods = [m for m in registered if m in names] + sorted(names - set(registered))   # then outside contenders
+    approx = ", ".join(f"`{m.name}`" for m in all_methods() if not m.exact and m.name in names)
     out = ["## Verification kernel at B = 1 and B = 64", "",
            f"`{path.name}`, {_dev(doc.get('device'))}, V={rows[0]['V']}, bf16, T=1, mid regime; µs per call, graph "
            "(CUDA events over replays) / eager (host wall time per synchronised call); – = not capturable or not "
-           "run. `sigmoid` is NOT exact. Filter rows: each timed call includes the top-k / top-p filtering of the "
+           f"run.{f' {approx} NOT exact.' if approx else ''} Filter rows: each timed call includes the top-k / top-p filtering of the "
            "target and draft logits (ours: the default sort-free path).", "",
            "| B | γ | filter | " + " | ".join(methods) + " |", "|---|---|---|" + "---|" * len(methods)]
     for r in rows + verify_filter_rows(doc):

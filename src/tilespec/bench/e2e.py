@@ -2,9 +2,9 @@
 
 One run times, per (task, temperature, batch size), every system of ``--systems`` (see e2e_systems.py): HF
 ``generate`` (dynamic cache), ``hf-static`` (static cache; compile excluded and reported), HF assisted generation
-and prompt lookup, our target-only (``ar``), our speculative decoding with the draft model (each verify method ×
-each γ / schedule), with the context drafters ``ngram`` / ``suffix``, and with both (``tilespec+ngram``,
-``tilespec+suffix``: not in the default list).
+and prompt lookup, our target-only (``ar``), our speculative decoding with ``--draft`` (``tilespec``; each verify
+method × each γ / schedule), with any drafter the engine resolves by name (``ngram``, ``suffix``, ...), and with such a
+drafter backed by the draft model (``tilespec+ngram``, ``tilespec+NAME``: not in the default list).
 
 Row fields (missing when they do not apply): task, temperature, batch_size, system, kind, method, engine, gamma,
 gamma_schedule, requests (sample size), new_tokens, wall_time, tokens_per_second(_per_request), warmup_seconds,
@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from .e2e_systems import (BATCH1_ONLY, ENGINE_KINDS, HF_KINDS, KINDS, MODEL_KINDS, Config, output_hash, run_engine,
-                          run_hf)
+from .e2e_systems import (BATCH1_ONLY, DRAFT_MODEL, HF_KINDS, Config, engine_draft_name, is_engine_kind,
+                          needs_draft_model, output_hash, run_engine, run_hf)
 
 # Qwen2.5 1.5B / 0.5B shapes for --random-init (same configs, random weights); "tiny" for CPU smoke tests.
 SHAPES = {
@@ -50,9 +50,17 @@ SHAPES = {
 # a resumed run must have been made with the same values of these settings
 SAME_SETTINGS = ("target", "draft", "num_prompts", "max_new_tokens", "dtype", "tiny", "random_init", "whisper",
                  "document_chars", "lookup_tokens", "prompts_file", "warmup", "ignore_eos")
-ORDER = ("ar", "hf-static", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec+suffix", "hf-prompt-lookup",
-         "hf-assisted", "hf")
-DEFAULT_SYSTEMS = [k for k in ORDER if "+" not in k]
+DEFAULT_SYSTEMS = ["ar", "hf-static", "tilespec", "ngram", "suffix", "hf-prompt-lookup", "hf-assisted", "hf"]
+SYSTEMS_HELP = (f"comma list of {', '.join(HF_KINDS)}, ar (target-only), tilespec (--draft), a drafter name the engine "
+                "resolves (ngram, suffix, ...) or tilespec+NAME (that drafter with the --draft model as fallback)")
+
+
+def system_rank(kind: str) -> int:
+    """Timing order: ``ar`` first (the others compare to it), then hf-static, ours, then the HF systems."""
+    fixed = {"ar": 0, "hf-static": 1, DRAFT_MODEL: 2, "hf-prompt-lookup": 5, "hf-assisted": 6, "hf": 7}
+    if kind in fixed:
+        return fixed[kind]
+    return 4 if engine_draft_name(kind)[0] else 3
 
 
 def _csv(kind):
@@ -84,7 +92,7 @@ def add_arguments(p) -> None:
                    help="comma list of constant, heuristic, optimal")
     p.add_argument("--methods", type=_csv(str), default=["reference", "fused"], help="verify methods for ours")
     p.add_argument("--systems", "--modes", dest="systems", type=_csv(str), default=DEFAULT_SYSTEMS,
-                   help=f"comma list of {', '.join(KINDS)}")
+                   help=SYSTEMS_HELP)
     p.add_argument("--ignore-eos", action="store_true",
                    help="every system generates exactly --max-new-tokens per request (EOS does not stop it; HF gets "
                         "min_new_tokens): a decode-speed measurement that short answers cannot turn into a prefill one")
@@ -112,9 +120,9 @@ def add_arguments(p) -> None:
 
 def check_args(args) -> None:
     """One-line errors for bad option values (before any model is loaded)."""
-    bad = [s for s in args.systems if s not in KINDS]
+    bad = [s for s in args.systems if s not in HF_KINDS and not is_engine_kind(s)]
     if bad:
-        raise ValueError(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(KINDS)}")
+        raise ValueError(f"unknown system(s) {', '.join(bad)}; {SYSTEMS_HELP}")
     from .data import TASKS
     tasks = [t for t in str(args.task).split(",") if t]
     if not args.whisper and (not tasks or any(t not in TASKS for t in tasks)):
@@ -141,9 +149,9 @@ def configs(args, tasks: list) -> list:
     for task in tasks:
         for t in args.temperatures:
             for b in args.batch_sizes:
-                for kind in sorted(set(args.systems), key=ORDER.index):
-                    if (kind in BATCH1_ONLY and b > 1) or (kind in MODEL_KINDS and not model) \
-                            or (kind == "tilespec" and not args.draft):
+                for kind in sorted(dict.fromkeys(args.systems), key=system_rank):
+                    if (kind in BATCH1_ONLY and b > 1) or (needs_draft_model(kind) and not model) \
+                            or (kind == DRAFT_MODEL and not args.draft):
                         continue
                     if kind in HF_KINDS:
                         out.append(Config(task, t, b, kind, gamma=args.gamma[0], schedule=args.gamma_schedule[0]))
@@ -311,7 +319,7 @@ def _measure(cfg: Config, target, draft, batches, args, device, tok, feats) -> d
              output_tokens=[list(map(int, s)) for s in seqs] if cfg.temperature == 0 else None,
              tokens_per_second=r["new_tokens"] / r["wall_time"] if r["wall_time"] > 0 else 0.0)
     r["tokens_per_second_per_request"] = r["tokens_per_second"] / cfg.batch_size
-    if cfg.kind in ENGINE_KINDS:
+    if is_engine_kind(cfg.kind):
         r.update(engine=cfg.engine, method=cfg.method, gamma=cfg.gamma, gamma_schedule=cfg.schedule)
     elif cfg.kind == "hf-assisted":
         r.update(gamma=cfg.gamma, gamma_schedule=cfg.schedule)
@@ -349,7 +357,7 @@ def run(args) -> int:
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: batch 1 only in transformers, not run at B > 1", file=sys.stderr)
     from tilespec.engine.drafters import split_draft_name
-    skipped = sorted({k for k in args.systems if k in MODEL_KINDS} if not split_draft_name(args.draft)[0] else set())
+    skipped = sorted({k for k in args.systems if needs_draft_model(k)} if not split_draft_name(args.draft)[0] else set())
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft {args.draft!r})", file=sys.stderr)
 
@@ -357,7 +365,7 @@ def run(args) -> int:
         add_comparisons(results)
         out.write_text(json.dumps({"environment": environment(device), "settings": settings, "results": results},
                                   indent=1))
-    missing = {}  # context drafters this engine lacks: said once, recorded per configuration (retried on resume)
+    missing = {}  # drafters this engine lacks: said once, recorded per configuration (retried on resume)
     for n, cfg in enumerate(todo):
         if args.budget_s and time.perf_counter() - t_start > args.budget_s:
             print(f"[e2e] budget of {args.budget_s:g} s reached with {len(todo) - n} configurations left; run the "
@@ -376,7 +384,7 @@ def run(args) -> int:
             except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking the rest
                 err = e
                 print(f"[e2e]   failed: {err}", file=sys.stderr)
-                if "no context drafter" in str(err):
+                if "this engine has no drafter" in str(err):
                     missing[cfg.kind] = err
         if err is not None:
             results.append({"key": cfg.key, "task": cfg.task, "system": cfg.system, "kind": cfg.kind,

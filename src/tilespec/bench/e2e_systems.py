@@ -5,10 +5,13 @@ Systems (``Config.kind``):
   * ``hf-static``: ``generate(cache_implementation="static")``; on CUDA transformers compiles the decode forward;
   * ``hf-assisted``: transformers assisted generation with the draft model (batch 1 only in transformers);
   * ``hf-prompt-lookup``: transformers prompt lookup decoding (``prompt_lookup_num_tokens``; batch 1 only);
-  * ``ar``: our engine, target-only; ``tilespec``: our engine with ``--draft`` (a model, ``ngram`` / ``suffix`` or
-    ``MODEL+ngram``: the engine's ``draft=`` argument), per verify method;
-  * ``ngram`` / ``suffix``: our engine with a context drafter (``SpeculativeDecoder(target, "ngram")``);
-  * ``tilespec+ngram`` / ``tilespec+suffix``: context drafts where the context matches, the draft model elsewhere.
+  * ``ar``: our engine, target-only; ``tilespec``: our engine with ``--draft`` (any draft name the engine takes: a
+    model, ``ngram`` / ``suffix``, ``MODEL+ngram``, ...), per verify method;
+  * NAME: our engine with the drafter the engine's drafter names resolve for NAME (``ngram``, ``suffix``, or any
+    drafter registered later): ``SpeculativeDecoder(target, NAME)``;
+  * ``tilespec+NAME``: that drafter with the ``--draft`` model as its fallback (``[model, NAME]``).
+The names pass through :func:`tilespec.engine.drafters.split_draft_name` / ``draft_spec``, so a drafter the engine
+learns to resolve is a system here without a change to this file.
 
 Warm-up (never timed): systems that compile or capture (``hf-static``, ours) run every batch ``warmup`` times right
 before its timed run, with the same seeds and lengths, so the timed run replays what the warm-up compiled; the
@@ -24,12 +27,40 @@ import time
 from dataclasses import dataclass
 
 HF_KINDS = ("hf", "hf-static", "hf-assisted", "hf-prompt-lookup")
-ENGINE_KINDS = ("ar", "tilespec", "ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
-KINDS = HF_KINDS + ENGINE_KINDS
 BATCH1_ONLY = ("hf-assisted", "hf-prompt-lookup")
-CONTEXT_KINDS = ("ngram", "suffix", "tilespec+ngram", "tilespec+suffix")
-MODEL_KINDS = ("tilespec+ngram", "tilespec+suffix", "hf-assisted")   # need a draft model
+DRAFT_MODEL = "tilespec"     # the --draft of the run; "tilespec+NAME" = drafter NAME with the --draft model as fallback
 LIGHT_WARMUP_TOKENS = 8
+
+
+def engine_draft_name(kind: str) -> tuple | None:
+    """(uses the --draft model, drafter name or None) of one of our engine's system kinds, None for other kinds:
+    ``ar`` -> (False, None), ``tilespec`` -> (True, None), NAME -> (False, NAME), ``tilespec+NAME`` -> (True, NAME),
+    where NAME is a drafter name the engine resolves (``split_draft_name``)."""
+    from tilespec.engine.drafters import split_draft_name
+
+    if kind == "ar":
+        return False, None
+    if kind == DRAFT_MODEL:
+        return True, None
+    if kind in HF_KINDS:
+        return None
+    try:
+        model, name = split_draft_name(kind)
+    except ValueError:
+        return None
+    if name is None or model not in (None, DRAFT_MODEL):
+        return None
+    return model is not None, name
+
+
+def is_engine_kind(kind: str) -> bool:
+    return engine_draft_name(kind) is not None
+
+
+def needs_draft_model(kind: str) -> bool:
+    """Systems that cannot run without a --draft model: HF assisted generation and ``tilespec+NAME``."""
+    parsed = engine_draft_name(kind)
+    return kind == "hf-assisted" or (parsed is not None and parsed[0] and parsed[1] is not None)
 
 
 @dataclass(frozen=True)
@@ -170,14 +201,13 @@ def make_decoder(cfg: Config, target, draft, args):
     """Our decoder for ``cfg``; RuntimeError naming the gap when this engine lacks a context drafter."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
-    from tilespec.engine.drafters import draft_model
-    the_draft = {"ar": None, "tilespec": draft, "ngram": "ngram", "suffix": "suffix"}.get(cfg.kind)
-    if cfg.kind == "tilespec" and draft is None:
-        raise RuntimeError("the tilespec system needs --draft (a model, ngram, suffix or MODEL+ngram)")
-    if cfg.kind in MODEL_KINDS:
-        if draft_model(draft) is None:
-            raise RuntimeError(f"the {cfg.kind} system needs a draft model (--draft NAME)")
-        the_draft = [draft_model(draft), cfg.kind.split("+")[1]]
+    from tilespec.engine.drafters import draft_model, draft_spec
+    with_model, name = engine_draft_name(cfg.kind)
+    if cfg.kind == DRAFT_MODEL and draft is None:
+        raise RuntimeError("the tilespec system needs --draft (a model, or any draft name the engine takes)")
+    if with_model and name is not None and draft_model(draft) is None:
+        raise RuntimeError(f"the {cfg.kind} system needs a draft model (--draft NAME)")
+    the_draft = draft if cfg.kind == DRAFT_MODEL else draft_spec(draft_model(draft) if with_model else None, name)
     kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
               sampling=SamplingParams(temperature=cfg.temperature),
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
@@ -186,9 +216,9 @@ def make_decoder(cfg: Config, target, draft, args):
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
     except (TypeError, ValueError) as err:
-        if cfg.kind in CONTEXT_KINDS:
-            raise RuntimeError(f"this engine has no context drafter {cfg.kind!r} yet (SpeculativeDecoder(draft="
-                               f"{the_draft!r}) says: {err})") from err
+        if name is not None:
+            raise RuntimeError(f"this engine has no drafter {name!r} (SpeculativeDecoder(draft={the_draft!r}) says: "
+                               f"{err})") from err
         raise
 
 
@@ -229,15 +259,16 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
         res["target_q"] = 1
         return res
     rs = tot.request_steps
+    context = tot.context_steps > 0    # the engine drafted from the context on some steps
     c = tot.cost_ratio
-    if c is None and cfg.kind in CONTEXT_KINDS:  # no draft forward: the lookup is host work inside the step
+    if c is None and context:  # no draft forward: the lookup is host work inside the step
         c = 0.0
     alpha_t = tot.alpha_tested if tot.tested else None
     # Thm 3.8 assumes γ drafted every step; context drafters draft only where the context matches, so they use the
     # tokens drafted per request-step (rounded), like adaptive schedules use their mean γ
-    g = (max(1, round(tot.drafted / rs)) if cfg.kind in CONTEXT_KINDS and rs else
+    g = (max(1, round(tot.drafted / rs)) if context and rs else
          cfg.gamma if cfg.schedule == "constant" else max(1, round(tot.mean_gamma)))
-    if cfg.kind in CONTEXT_KINDS:
+    if context:
         res["match_share"] = tot.match_share if rs else None
     res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
                block_efficiency=tot.block_efficiency if rs else None, mean_gamma=tot.mean_gamma,
