@@ -4,7 +4,7 @@ import argparse
 import pytest
 import torch
 
-from tilespec.eval import bench_multidraft
+from benchmarks import multidraft as bench_multidraft
 from tilespec.multidraft.decoding import Round
 from tilespec.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
 from tilespec.verify.types import SamplingParams

@@ -1,13 +1,7 @@
-"""bench/scripts/repeatability.py's comparison: which (method, repeat) outputs differ, and at which token."""
-import importlib.util
-
+"""benchmarks.repeatability's comparison: which (method, repeat) outputs differ, and at which token."""
 import pytest
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "repeatability.py"
-spec = importlib.util.spec_from_file_location("repeatability", SCRIPT)
-rep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rep)
+from benchmarks import repeatability as rep
 
 
 def test_first_divergence():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild ``src/tilespec/eval/assets/code_edit.jsonl``: code-editing prompts over CPython's own standard library.
+"""Rebuild ``src/tilespec/bench/assets/code_edit.jsonl``: code-editing prompts over CPython's own standard library.
 
 Each row is one module-level function of a fixed list of pure-Python stdlib modules, its source as
 ``inspect.getsource`` returns it, and one editing instruction of five kinds (add type hints, add a docstring,
@@ -11,8 +11,8 @@ lines, at most ``PER_MODULE`` per module; each function gets the applicable kind
 ``KINDS`` order), and rename targets are the function's first local name in source order. Run with the interpreter
 whose stdlib you want (the committed file says which one it was):
 
-    python3 bench/scripts/make_code_edit.py            # writes the package file
-    python3 bench/scripts/make_code_edit.py --check    # exit 1 if the committed file differs from a rebuild
+    python3 -m benchmarks.make_code_edit            # writes the package file
+    python3 -m benchmarks.make_code_edit --check    # exit 1 if the committed file differs from a rebuild
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "src" / "tilespec" / "eval" / "assets" / "code_edit.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "src" / "tilespec" / "bench" / "assets" / "code_edit.jsonl"
 MODULES = ("textwrap", "string", "shlex", "fnmatch", "glob", "posixpath", "ntpath", "genericpath", "colorsys",
            "calendar", "statistics", "heapq", "bisect", "base64", "quopri", "html", "json", "json.encoder",
            "csv", "difflib", "filecmp", "fractions", "gettext", "ipaddress", "keyword", "locale", "mimetypes",
