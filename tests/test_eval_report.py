@@ -1,4 +1,4 @@
-"""Tests of `tilespec report` on the committed results and on fake results of every kind (written to tmp only)."""
+"""Tests of `python -m benchmarks.report` on the committed results and on fake results of every kind (written to tmp only)."""
 from __future__ import annotations
 
 import json

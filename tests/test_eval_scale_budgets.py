@@ -1,4 +1,4 @@
-"""`tilespec eval scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
+"""`python -m benchmarks.scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
 import argparse
 import time
 

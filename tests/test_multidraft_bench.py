@@ -1,4 +1,4 @@
-"""Experiment helpers of ``tilespec bench multidraft`` on synthetic logits (no real models needed)."""
+"""Experiment helpers of ``python -m benchmarks.multidraft`` on synthetic logits (no real models needed)."""
 import argparse
 
 import pytest

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.report``: turn the committed results under ``bench/results/`` into ``REPORT.md`` plus PNG figures.
+"""``python -m benchmarks.report``: turn the committed results under ``bench/results/`` into ``REPORT.md`` plus PNG
+figures.
 
 Reads ``eval-*.json`` (``tilespec eval``'s records: any mix of tasks, datasets, temperatures, devices and partial runs
 cut by a time budget) in detail, the ``verify-*`` kernel benchmarks for the bandwidth table, and lists ``e2e-*``,

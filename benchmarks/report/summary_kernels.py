@@ -152,7 +152,8 @@ def verify_table(others: list) -> list[str]:
     out = ["## Verification kernel at B = 1 and B = 64", "",
            f"`{path.name}`, {_dev(doc.get('device'))}, V={rows[0]['V']}, bf16, T=1, mid regime; µs per call, graph "
            "(CUDA events over replays) / eager (host wall time per synchronised call); – = not capturable or not "
-           f"run.{f' {approx} NOT exact.' if approx else ''} Filter rows: each timed call includes the top-k / top-p filtering of the "
+           f"run.{f' {approx} NOT exact.' if approx else ''} Filter rows: each timed call includes the top-k / top-p "
+           "filtering of the "
            "target and draft logits (ours: the default sort-free path).", "",
            "| B | γ | filter | " + " | ".join(methods) + " |", "|---|---|---|" + "---|" * len(methods)]
     for r in rows + verify_filter_rows(doc):

@@ -1,4 +1,5 @@
-"""Per-method results (:class:`MethodRun`) and raw per-chunk records of the main comparison: what a resumed run reads back and what a report can re-check.
+"""Per-method results (:class:`MethodRun`) and raw per-chunk records of the main comparison: what a resumed run
+reads back and what a report can re-check.
 
 A chunk record (JSON-safe) is one batched generation of one method::
 

@@ -7,7 +7,8 @@ Where the data comes from:
   * CNN/DM: ``cnndm/test.jsonl`` of the shared data folder (199 articles, fields ``id``, ``document``,
     ``summaries``).
   * code-edit: ``assets/code_edit.jsonl`` in this package (190 functions of CPython's standard library, each with one
-    editing instruction; rebuilt by the repository's ``python -m benchmarks.make_code_edit``, which records the CPython version).
+    editing instruction; rebuilt by the repository's ``python -m benchmarks.make_code_edit``, which records the
+    CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
   * synthetic: a set folder of English sentences spoken by ``espeak-ng`` (``clips/``, ``manifest.jsonl`` with the
     exact ``transcript`` of each clip, ``meta.json``), read from ``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``. The

@@ -3,8 +3,8 @@
 One run times, per (task, temperature, batch size), every system of ``--systems`` (see e2e_systems.py): HF
 ``generate`` (dynamic cache), ``hf-static`` (static cache; compile excluded and reported), HF assisted generation
 and prompt lookup, our target-only (``ar``), our speculative decoding with ``--draft`` (``tilespec``; each verify
-method × each γ / schedule), with any drafter the engine resolves by name (``ngram``, ``suffix``, ...), and with such a
-drafter backed by the draft model (``tilespec+ngram``, ``tilespec+NAME``: not in the default list).
+method × each γ / schedule), with any drafter the engine resolves by name (``ngram``, ``suffix``, ...), and with
+such a drafter backed by the draft model (``tilespec+ngram``, ``tilespec+NAME``: not in the default list).
 
 Row fields (missing when they do not apply): task, temperature, batch_size, system, kind, method, engine, gamma,
 gamma_schedule, requests (sample size), new_tokens, wall_time, tokens_per_second(_per_request), warmup_seconds,
@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from .e2e_systems import (BATCH1_ONLY, DRAFT_MODEL, HF_KINDS, Config, engine_draft_name, is_engine_kind,
-                          needs_draft_model, output_hash, run_engine, run_hf)
+from .e2e_systems import (BATCH1_ONLY, DEFAULT_SYSTEMS, DRAFT_MODEL, HF_KINDS, SYSTEMS_HELP, Config, is_engine_kind,
+                          needs_draft_model, output_hash, run_engine, run_hf, system_rank)
 
 # Qwen2.5 1.5B / 0.5B shapes for --random-init (same configs, random weights); "tiny" for CPU smoke tests.
 SHAPES = {
@@ -50,19 +50,6 @@ SHAPES = {
 # a resumed run must have been made with the same values of these settings
 SAME_SETTINGS = ("target", "draft", "num_prompts", "max_new_tokens", "dtype", "tiny", "random_init", "whisper",
                  "document_chars", "lookup_tokens", "prompts_file", "warmup", "ignore_eos")
-DEFAULT_SYSTEMS = ["ar", "hf-static", "tilespec", "ngram", "suffix", "hf-prompt-lookup", "hf-assisted", "hf"]
-SYSTEMS_HELP = (f"comma list of {', '.join(HF_KINDS)}, ar (target-only), tilespec (--draft), a drafter name the engine "
-                "resolves (ngram, suffix, ...) or tilespec+NAME (that drafter with the --draft model as fallback)")
-
-
-def system_rank(kind: str) -> int:
-    """Timing order: ``ar`` first (the others compare to it), then hf-static, ours, then the HF systems."""
-    fixed = {"ar": 0, "hf-static": 1, DRAFT_MODEL: 2, "hf-prompt-lookup": 5, "hf-assisted": 6, "hf": 7}
-    if kind in fixed:
-        return fixed[kind]
-    return 4 if engine_draft_name(kind)[0] else 3
-
-
 def _csv(kind):
     def parse(text: str) -> list:
         try:
@@ -357,7 +344,8 @@ def run(args) -> int:
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: batch 1 only in transformers, not run at B > 1", file=sys.stderr)
     from tilespec.engine.drafters import split_draft_name
-    skipped = sorted({k for k in args.systems if needs_draft_model(k)} if not split_draft_name(args.draft)[0] else set())
+    no_model = not split_draft_name(args.draft)[0]
+    skipped = sorted({k for k in args.systems if needs_draft_model(k)} if no_model else set())
     if skipped:
         print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft {args.draft!r})", file=sys.stderr)
 

@@ -53,6 +53,19 @@ def engine_draft_name(kind: str) -> tuple | None:
     return model is not None, name
 
 
+DEFAULT_SYSTEMS = ["ar", "hf-static", "tilespec", "ngram", "suffix", "hf-prompt-lookup", "hf-assisted", "hf"]
+SYSTEMS_HELP = (f"comma list of {', '.join(HF_KINDS)}, ar (target-only), tilespec (--draft), a drafter name the engine "
+                "resolves (ngram, suffix, ...) or tilespec+NAME (that drafter with the --draft model as fallback)")
+
+
+def system_rank(kind: str) -> int:
+    """Timing order: ``ar`` first (the others compare to it), then hf-static, ours, then the HF systems."""
+    fixed = {"ar": 0, "hf-static": 1, DRAFT_MODEL: 2, "hf-prompt-lookup": 5, "hf-assisted": 6, "hf": 7}
+    if kind in fixed:
+        return fixed[kind]
+    return 4 if engine_draft_name(kind)[0] else 3
+
+
 def is_engine_kind(kind: str) -> bool:
     return engine_draft_name(kind) is not None
 

@@ -61,7 +61,7 @@ def add_eval_arguments(p, task: str) -> None:
 
 
 def register(sub) -> None:
-    ev = sub.add_parser("eval", help="quality (ROUGE / WER) beside speed per verification method on summarization / ASR")
+    ev = sub.add_parser("eval", help="quality (ROUGE / WER) beside speed per verification method, summarization / ASR")
     ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
     add_eval_arguments(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     add_eval_arguments(ev_sub.add_parser("asr", help="LJSpeech / a synthetic espeak-ng set, WER"), "asr")
