@@ -4,9 +4,9 @@ import argparse
 import pytest
 import torch
 
-from benchmarks import multidraft as bench_multidraft
+from benchmarks.multidraft import study as bench_multidraft
 from tilespec.multidraft.decoding import Round
-from tilespec.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
+from benchmarks.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
 from tilespec.verify.types import SamplingParams
 
 

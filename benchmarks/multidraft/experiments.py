@@ -1,9 +1,10 @@
-"""Measurement helpers for ``tilespec bench multidraft`` (paper settings: Fig. 3, Fig. 4, Tables 1-3).
+"""Measurement helpers of the multi-draft study (``python -m benchmarks.multidraft``; paper settings: Fig. 3, Fig. 4,
+Tables 1-3).
 
 * Token-level acceptance (Table 3): at a context on a target-generated trajectory, with target law p and draft
   law q (temperature / top-p applied), the exact acceptance of Optimal (alpha*_K, sorted scan), IS (truncated
   LP, chain), SpecTr and SpecInfer for K i.i.d. drafts. No sampling involved.
-* Block efficiency (Figs. 3/4, Tables 1/2): one drafted round (a :class:`~.decoding.Round` with several draft
+* Block efficiency (Figs. 3/4, Tables 1/2): one drafted round (a :class:`tilespec.multidraft.decoding.Round` with several draft
   groups) is verified by every configuration R times with independent keyed randomness; the mean number of
   emitted tokens per target call is recorded. All configurations see the same drafts (paired comparison).
   Distributions are restricted to the union of their supports first (exact: tokens outside have probability 0
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..verify.types import SamplingParams
-from .chain import _probs, verify_multidraft
-from .optimum import optimal_acceptance
-from .schemes import accept_probability
+from tilespec.multidraft.chain import sampling_probs, verify_multidraft
+from tilespec.multidraft.optimum import optimal_acceptance
+from tilespec.multidraft.schemes import accept_probability
+from tilespec.verify.types import SamplingParams
 
 TABLE3_SCHEMES = ("optimal", "is", "spectr", "specinfer")
 
@@ -39,11 +40,11 @@ def token_acceptance(target_logits: torch.Tensor, draft_logits: torch.Tensor, sa
     Returns {T_d: {K: {scheme: [N] list}}} for schemes Optimal / IS (s, m; key 'is') / SpecTr / SpecInfer and the
     IS variants named in ``extra_is`` (truncation study); the draft uses ``sampling`` with temperature T_d.
     """
-    p = _probs(target_logits[None], sampling)[0]
+    p = sampling_probs(target_logits[None], sampling)[0]
     out = {}
     for temp in draft_temps:
         ds = SamplingParams(temperature=temp, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
-        q = _probs(draft_logits[None], ds)[0]
+        q = sampling_probs(draft_logits[None], ds)[0]
         res = {}
         for k in ks:
             vals = {name: [] for name in ("optimal", "is", "spectr", "specinfer") + tuple(extra_is)}
@@ -98,7 +99,7 @@ def paper_configs(groups: dict, fig3_temps, table1_ks, fig4_temps, table2_temp) 
 
 def round_block_efficiency(rnd, configs: list[Config], sampling: SamplingParams, reps: int, seed: int) -> dict:
     """Mean tokens per target call of each configuration on one drafted round (B = 1 request)."""
-    p_full = _probs(rnd.target_logits[0], sampling)                             # [K, L+1, V] float64
+    p_full = sampling_probs(rnd.target_logits[0], sampling)                      # [K, L+1, V] float64
     q_full = rnd.draft_probs[0]
     out, cache = {}, {}
     for c in configs:

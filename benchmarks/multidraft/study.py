@@ -6,7 +6,7 @@ other draft temperature, top-p 0.95), scores all of them with ONE target forward
 rows), and then:
 
 * block efficiency: every configuration of the paper's Fig. 3 / Table 1 / Fig. 4 / Table 2 settings verifies the
-  same drafts ``--reps`` times (tilespec.multidraft.experiments.round_block_efficiency);
+  same drafts ``--reps`` times (benchmarks.multidraft.experiments.round_block_efficiency);
 * token-level acceptance (Table 3): exact acceptance of Optimal / IS / SpecTr / SpecInfer for K = 2, 4, 8 at every
   position of the target-generated trajectory (target T = 1, top-p 0.95; drafts at ``--table3-temps``);
 * the context continues with the tokens emitted by IS (K = 2, T = 1.2), which are exact target samples.
@@ -89,7 +89,7 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
     from transformers import DynamicCache
 
     from tilespec.multidraft.decoding import commit, draft_and_score
-    from tilespec.multidraft.experiments import round_block_efficiency, token_acceptance
+    from benchmarks.multidraft.experiments import round_block_efficiency, token_acceptance
 
     dev = args.device
     prompt_ids = prompt_ids.to(dev)
@@ -171,7 +171,7 @@ def run(args) -> int:
     import torch
 
     from tilespec import models
-    from tilespec.multidraft.experiments import paper_configs
+    from benchmarks.multidraft.experiments import paper_configs
     from tilespec.verify.types import SamplingParams
 
     temps = [float(t) for t in args.temps.split(",")]
@@ -236,7 +236,7 @@ def run(args) -> int:
     out = write_result(rec, args, groups, table2_temp, timing, seconds_before + time.perf_counter() - started,
                        final=not cut)
     if args.plot:
-        from tilespec.multidraft.plots import plot_results
+        from benchmarks.multidraft.plots import plot_results
 
         print(f"wrote {plot_results(json.loads(out.read_text()), out.with_suffix('.png'))}")
     return 0
@@ -310,6 +310,3 @@ def main(argv: list | None = None) -> int:
     add_arguments(p)
     return run(p.parse_args(argv))
 
-
-if __name__ == "__main__":
-    sys.exit(main())
