@@ -4,8 +4,8 @@ Tables 1-3).
 * Token-level acceptance (Table 3): at a context on a target-generated trajectory, with target law p and draft
   law q (temperature / top-p applied), the exact acceptance of Optimal (alpha*_K, sorted scan), IS (truncated
   LP, chain), SpecTr and SpecInfer for K i.i.d. drafts. No sampling involved.
-* Block efficiency (Figs. 3/4, Tables 1/2): one drafted round (a :class:`tilespec.multidraft.decoding.Round` with several draft
-  groups) is verified by every configuration R times with independent keyed randomness; the mean number of
+* Block efficiency (Figs. 3/4, Tables 1/2): one drafted round (a :class:`tilespec.multidraft.decoding.Round` with
+  several draft groups) is verified by every configuration R times with independent keyed randomness; the mean number of
   emitted tokens per target call is recorded. All configurations see the same drafts (paired comparison).
   Distributions are restricted to the union of their supports first (exact: tokens outside have probability 0
   under every law of the round).
