@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilespec.bench.config import default_methods
+
 from ._moved import add_moved
 
 DEFAULTS = {
@@ -29,7 +31,8 @@ def add_eval_arguments(p, task: str) -> None:
     p.add_argument("--limit", type=int, default=None, help="examples, subsampled with --seed (default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling and decoding seed (default 0)")
     p.add_argument("--methods", default=None, help="comma-separated (hf = the paper's baseline; default: every "
-                                                   "registered method marked evaluate: hf, tiled, fused, sigmoid)")
+                                                   "registered method marked evaluate: " + ", ".join(default_methods())
+                                                   + ")")
     p.add_argument("--target", default=d["target"])
     p.add_argument("--draft", default=d["draft"], help="registry name, NAME:layers=N, ngram, suffix or "
                                                           "MODEL+ngram; 'none' for target-only")
