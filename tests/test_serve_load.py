@@ -50,6 +50,8 @@ def test_load_levels_write_the_json(tmp_path):
         assert row["completion_tokens"] == 16 * 8 and row["finish"]["length"] == 16
         assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and row["itl_p50_s"] > 0 and row["throughput_tok_s"] > 0
     assert rows["4"]["changed"] == 0            # greedy texts under 4 clients equal the one-client texts
+    assert rows["1"]["server"]["tilespec_generated_tokens_total"] == 16 * 8
+    assert rows["4"]["server"]["tilespec_steps_total"] > 0
 
 
 def test_system_settings_split_into_flags_and_environment():

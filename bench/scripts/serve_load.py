@@ -13,7 +13,8 @@ streamed chat requests with the OpenAI client: arrivals form a Poisson process o
 loop, each client sends its next request when its previous one ends), at most ``clients`` in flight. Per request it
 records time to first token (TTFT), inter-token latency (ITL = (end - first token) / (tokens - 1)), the gaps between
 streamed chunks, completion tokens (usage), finish reason and a hash of the text. Per level: throughput (completion
-tokens / wall time), p50 / p99 of TTFT, ITL and chunk gaps, errors, and - at temperature 0 - how many texts differ
+tokens / wall time), p50 / p99 of TTFT, ITL and chunk gaps, errors, the server's /metrics counters over the level
+(tilespec: steps, drafted / accepted tokens, which row counts draft), and - at temperature 0 - how many texts differ
 from the same system's one-client texts ("changed": batching must not corrupt responses; bf16 forwards of other
 batch shapes may legitimately flip a near-tie). Ratios against tilespec:none and hf at the same level close the file.
 --soak-seconds S then keeps the largest level's load on the last system for S seconds and counts failed / truncated
@@ -111,6 +112,24 @@ async def run_level(url: str, model: str, prompts: list, clients: int, n: int, r
     return {"clients": clients, "requests": n, "rate": rate, **summarize(records), "records": records}
 
 
+def server_metrics(url: str) -> dict:
+    """The server's /metrics (Prometheus text) as {name: value}; {} where there is none (e.g. transformers serve)."""
+    try:
+        resp = httpx.get(f"{url}/metrics", timeout=10)
+    except httpx.HTTPError:
+        return {}
+    if resp.status_code != 200:
+        return {}
+    out = {}
+    for line in resp.text.splitlines():
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
 def summarize(records: list) -> dict:
     ok = [r for r in records if r["ok"]]
     wall = max((r["end"] for r in records), default=0.0) - min((r["sent"] for r in records), default=0.0)
@@ -203,7 +222,8 @@ def ratios(levels: dict) -> dict:
                 entry = out.setdefault(f"{system} vs {base}", {})
                 th, rth = row.get("throughput_tok_s"), ref.get("throughput_tok_s")
                 itl, ritl = row.get("itl_p50_s"), ref.get("itl_p50_s")
-                entry[c] = {"throughput": th / rth if th and rth else None, "itl_p50": itl / ritl if itl and ritl else None}
+                entry[c] = {"throughput": th / rth if th and rth else None,
+                            "itl_p50": itl / ritl if itl and ritl else None}
     return out
 
 
@@ -275,7 +295,10 @@ def main(argv=None) -> int:
                 if str(c) in rows:
                     continue
                 n = max(16, args.requests_per_client * c)
+                before = server_metrics(url)
                 row = asyncio.run(run_level(url, model, prompts, c, n, args.rate, args.max_tokens, args.temperature))
+                after = server_metrics(url)      # counters: this level's increase; gauges (drafting per rows): now
+                row["server"] = {k: v - before.get(k, 0.0) if k.endswith("_total") else v for k, v in after.items()}
                 if args.temperature == 0 and str(min(clients)) in rows:
                     solo = {r["prompt"]: r.get("text_hash") for r in rows[str(min(clients))]["records"]}
                     row["changed"] = sum(r.get("text_hash") != solo.get(r["prompt"], r.get("text_hash"))

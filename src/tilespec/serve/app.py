@@ -68,7 +68,8 @@ def build_app(worker: EngineWorker, model_name: str, tokenizer, *, default_max_t
     @app.get("/metrics")
     async def metrics():
         eng = worker.engine
-        lines = [f"tilespec_requests_running {eng.running}", f"tilespec_requests_waiting {len(eng.waiting) + worker.queued}",
+        lines = [f"tilespec_requests_running {eng.running}",
+                 f"tilespec_requests_waiting {len(eng.waiting) + worker.queued}",
                  f"tilespec_batch_slots {eng.max_batch}"]
         lines += [f"tilespec_{name}_total {value}" for name, value in eng.counters.items()]
         drafted = eng.counters["drafted"]
