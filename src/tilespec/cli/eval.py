@@ -125,7 +125,7 @@ def register(sub) -> None:
     _add_common(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     _add_common(ev_sub.add_parser("asr", help="LJSpeech / synthetic espeak-ng speech, WER"), "asr")
     sc = ev_sub.add_parser("scale", help="the paper-scale evaluation in resumable, time-budgeted stages "
-                                         "(tilespec.eval.scale; bench/gpu/eval_scale.sh)")
+                                         "(tilespec.eval.scale; bench/gpu/run.sh eval)")
     from tilespec.eval.scale import add_arguments as scale_arguments
     scale_arguments(sc)
     sc.add_argument("--debug", action="store_true", help="show tracebacks")
