@@ -1,5 +1,5 @@
 """Are greedy (T = 0) outputs bitwise repeatable on this device, and where do the methods part? The paper-scale eval
-of session 7 found 4-5 of 815 examples where `tiled` / `fused` differ from `hf` at T = 0 (and one where `tiled`
+found 4-5 of 815 examples where `tiled` / `fused` differ from `hf` at T = 0 (and one where `tiled`
 differs from `fused`), although the methods share every code path but `verify()` (docs/eval.md).
 
 This decodes the same chunk of the eval (the same examples: the eval's ``random.Random(0)`` subsample of
