@@ -172,7 +172,7 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
 }
 
 stage_eval() {  # eval [STAGE ...]: tilespec eval scale (docs/eval.md), one process per model family, resumable.
-                # EVAL_TOTAL_S (480) bounds the call; EVAL_BATCH (16); EVAL_ARGS appended; multidraft: EVAL_MD_*
+                # EVAL_TOTAL_S (480) bounds the call; EVAL_BATCH (16); EVAL_ARGS / EVAL_MD_ARGS appended
   UNPACK=1 env_setup
   local stages=${*:-xsum-t0 xsum-t1 cnndm-t0 cnndm-t1 drafters studies-text asr-t0 asr-t1 studies-asr multidraft}
   local total=${EVAL_TOTAL_S:-480} grace=${EVAL_GRACE_S:-45} res=$RES/eval-scale s text=() asr=() md=0 xs=() xm=()
@@ -208,7 +208,7 @@ stage_eval() {  # eval [STAGE ...]: tilespec eval scale (docs/eval.md), one proc
       timeout -k 5 "$l" python3 -m tilespec bench multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
         --prompts "${EVAL_MD_PROMPTS:-50}" --datasets xsum,cnndm "${xm[@]}" --budget-s "$mb" --timing \
         --timing-prompts 4 --timing-ks 2,3,4 --timing-temps 1.2 --timing-tokens 64 --out "$res/multidraft.json" \
-        --plot > "$res/multidraft.log" 2>&1
+        --plot ${EVAL_MD_ARGS:-} > "$res/multidraft.log" 2>&1
       ts "multidraft: exit $?"; tarball eval
     fi
   fi
