@@ -128,6 +128,9 @@ def run(args) -> int:
             "stats": [s.to_dict() for s in spec_stats]}, indent=2))
     verdict = ("yes" if same else "NO") if greedy else "n/a (sampling: same law, not the same tokens)"
     print(f"speedup {speedup:.2f}× over target-only decoding (same run, same model); outputs identical: {verdict}")
+    if speedup < 1 and device.type == "cpu" and torch.get_num_threads() > 1:
+        console.print("[yellow]speculation lost here: on a CPU whose cores are busy with other work, threads wait for "
+                      "each other in the wider verify forwards; compare with --threads 1[/yellow]")
     if greedy and not same:
         console.print("[bold red]✗ outputs differ[/bold red] (with bf16/fp16 on GPU, batched and single-token "
                       "forwards may round differently; fp32 on CPU must match exactly)")
