@@ -37,13 +37,14 @@ def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_token
     sampling list has the wrong length, or a model's weights are on the meta device.
     Returns the per-request seeds (an int seed gives request i seed + i)."""
     for role, model in (("target", target), ("draft", draft)):
-        if model is not None and any(p.is_meta for p in model.parameters()):
+        if hasattr(model, "parameters") and any(p.is_meta for p in model.parameters()):
             raise ValueError(f"the {role} has weights on the meta device (created without data, e.g. under "
                              f"init_empty_weights or device_map='meta'): load its weights before decoding")
     seeds = _seed_list(seed, len(prompts))
     _check_sampling_lengths(sampling, len(prompts))
     if sampling is not None:   # bad values (temperature < 0, top_p 0, ...) fail here, before the prefill forward
-        resolve_sampling(sampling, len(prompts), next(target.parameters()).device)
+        resolve_sampling(sampling, len(prompts), next(target.parameters()).device if hasattr(target, "parameters")
+                         else "cpu")
     vocab = vocab_limit(target)
     if vocab is not None:
         for i, prompt in enumerate(prompts):
