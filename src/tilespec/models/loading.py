@@ -94,7 +94,7 @@ def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool, log=_std
 
     saved = cache / f"hf-{_dtype_name(dtype)}"
     if saved.is_dir():
-        problem = converted_problem(saved)
+        problem = converted_problem(saved, adopt=True)
         if problem is None:
             return _load_hf(str(saved), dtype)
         log(f"the converted copy {saved} is damaged ({problem}); converting {gguf.name} again")

@@ -6,12 +6,11 @@ that hand over trusted inputs in a hot loop pass ``check_values=False``.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Optional, Sequence
 
 import torch
 
-from .rng import seeds_from
+from .rng import normalize_seed, seeds_from  # noqa: F401  (normalize_seed: verify() imports it here)
 from .types import PerRequest, ResolvedSampling, SamplingParams, VerifyInputs
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -91,35 +90,6 @@ def _check_int64(name: str, value, spread: int) -> None:
         raise ValueError(f"{name} = {bad[0]} does not fit a signed 64-bit integer"
                          f"{f' (request b uses {name} + b, up to + {spread})' if spread else ''}: "
                          f"use values in [-2**63, 2**63 - {1 + spread}], e.g. {name} % 2**62")
-
-
-def normalize_seed(seed):
-    """``seed`` as verify() documents it: None, a Python int (numpy and 0-d torch integer scalars become that int),
-    or per-request integers (a sequence or an integer tensor [B]). Bools and other types raise TypeError, since
-    ``True`` silently meaning 1 hides a bug."""
-    if seed is None:
-        return None
-    if isinstance(seed, torch.Tensor):
-        if seed.is_meta:
-            raise ValueError("seed is on the meta device (it holds no values): pass an int or a real tensor")
-        if seed.dtype == torch.bool or seed.is_floating_point() or seed.is_complex():
-            raise TypeError(f"seed must be an int or integers (one per request), got a {seed.dtype} tensor: "
-                            f"pass int(seed) or an integer tensor")
-        return int(seed) if seed.ndim == 0 else seed
-    if type(seed).__name__ in ("bool", "bool_") or (
-            isinstance(seed, (numbers.Number, str, bytes)) and not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40} "
-                        f"({type(seed).__name__}){': pass int(seed)' if isinstance(seed, float) else ''}")
-    if isinstance(seed, numbers.Integral):
-        return int(seed)
-    if isinstance(seed, (list, tuple)) or hasattr(seed, "__array__"):
-        values = list(seed.tolist() if hasattr(seed, "tolist") else seed)
-        odd = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
-        if odd:
-            raise TypeError(f"seed must be an int or integers (one per request), got {odd[0]!r} "
-                            f"({type(odd[0]).__name__}) in the per-request seeds")
-        return [int(v) for v in values]
-    raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40} ({type(seed).__name__})")
 
 
 def check_shared_stream_seed(method: str, seed, check_values: bool) -> None:
