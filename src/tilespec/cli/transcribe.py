@@ -2,7 +2,7 @@
 
 Defaults never lose to target-only decoding: no draft (no trained Whisper draft ships, and whisper-base's layer-skip
 self-drafts accept almost nothing -- the 2-layer one's greedy tokens agree with the full decoder's at 0 % of positions,
-in fp32 as in half precision), and with a ``--draft`` the ``optimal`` γ schedule, which stops drafting where the
+in fp32 as in bf16), and with a ``--draft`` the ``optimal`` γ schedule, which stops drafting where the
 measured acceptance and costs do not pay. The encoder runs once per batch; a layer-skip draft
 (``whisper-base:layers=N``) reuses the target's encoder output.
 No logits processors are applied (HF ``generate`` suppresses some special tokens); the decoder prompt forces
