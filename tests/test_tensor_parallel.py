@@ -1,0 +1,107 @@
+"""Tensor parallelism on CPU: processes over gloo, a tiny Qwen2 (q/k/v biases), fp32; the sharded target's tokens
+equal the unsharded native runtime's (TP=1) token for token, greedy and sampled (T=1, seeded), with a draft model
+and with a context drafter, at world sizes 2 and 4; and the clear errors for bad launches and degrees."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.native.tensor_parallel import check_divisible, check_launch
+from tilespec.verify import SamplingParams
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 4, 9, 3, 4, 9, 3]]
+# (draft, temperature): a draft model and the ngram context drafter, greedy and T=1
+CASES = [("model", 0.0), ("model", 1.0), ("ngram", 0.0), ("ngram", 1.0), (None, 1.0)]
+
+
+def tiny_qwen(seed: int, layers: int = 2, vocab: int = 130) -> Qwen2ForCausalLM:
+    """8 query / 4 K/V heads, MLP width 128 (divisible by 2 and 4); vocab 130 (not: the LM head pads)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                      attn_implementation="sdpa", tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)       # peaked laws: drafts get accepted and rejected
+    return model
+
+
+def decode_all(target, draft_model, compile) -> list:
+    out = []
+    for drafter, temperature in CASES:
+        draft = draft_model if drafter == "model" else drafter
+        dec = SpeculativeDecoder(target, draft, gamma=3, compile=compile, eos_token_id=[],
+                                 sampling=SamplingParams(temperature=temperature))
+        res = dec.generate(PROMPTS, max_new_tokens=10, seed=[11, 12])
+        out.append(res.sequences)
+    return out
+
+
+def _worker(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from tilespec.engine.native.tensor_parallel import check_consistent, init_tensor_parallel, shard
+    tp = init_tensor_parallel(world)
+    target, draft = tiny_qwen(3), tiny_qwen(4, layers=1)
+    reference = decode_all(copy.deepcopy(target), draft, "native") if rank == 0 else None
+    shard(target, tp, check=True)
+    assert target.model.layers[0].self_attn.q_proj.weight.is_meta        # the transformers path cannot run by accident
+    sharded = decode_all(target, draft, False)
+    for seqs in sharded:
+        check_consistent(target, seqs)
+    if rank == 0:
+        Path(folder, "out.json").write_text(json.dumps({"reference": reference, "sharded": sharded}))
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_tokens_equal_unsharded(world, tmp_path):
+    # fork: the workers inherit the imported modules (a spawned worker re-imports transformers, ~10 s per process
+    # on a loaded CI machine); each sets one thread before any torch work
+    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True,
+                       start_method="fork")
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert len(out["sharded"]) == len(CASES)
+    for case, ref, got in zip(CASES, out["reference"], out["sharded"]):
+        assert all(len(s) == 10 for s in got), case
+        assert got == ref, case
+
+
+def test_degree_must_divide_heads_and_mlp():
+    cfg = tiny_qwen(0, layers=1).config
+    check_divisible(cfg, 4)
+    with pytest.raises(ValueError, match="does not divide .*key/value heads 4"):
+        check_divisible(cfg, 8)
+    with pytest.raises(ValueError, match="attention heads 8"):
+        check_divisible(cfg, 3)
+
+
+def test_launch_errors(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert check_launch(1) == (0, 1, 0)
+    with pytest.raises(RuntimeError, match="torchrun --nproc-per-node 2"):
+        check_launch(2)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="launcher started 4 processes"):
+        check_launch(2)
+    with pytest.raises(ValueError, match=">= 1"):
+        check_launch(0)
