@@ -120,40 +120,41 @@ def nccl_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
     return funcol.all_reduce(x, "sum", group)
 
 
-_SYMM: dict = {}   # group name -> [two symmetric buffers, next index]
+_SYMM: dict = {}   # (group name, numel, dtype, device) -> [two symmetric buffers, index of the next one]
 
 
-def prepare_symm(group: str, elements: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Allocate and rendezvous two symmetric-memory buffers of ``elements`` for :func:`symm_all_reduce` (collective:
-    every rank calls it, outside any graph capture). Two, used in turn: a rank may start filling the next buffer
-    while a peer still reads the previous one; the one-shot kernel's entry barrier keeps them one sum apart."""
-    import torch.distributed._symmetric_memory as symm_mem
-    if os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
-        raise RuntimeError("set TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (and NCCL_NVLS_ENABLE=0) before using the "
-                           "symmetric-memory all-reduce: NVLink multicast must stay off")
-    bufs = []
-    for _ in range(2):
-        buf = symm_mem.empty(elements, dtype=dtype, device=device)
-        symm_mem.rendezvous(buf, group)
-        bufs.append(buf)
-    _SYMM[group] = [bufs, 0]
+def _symm_buffers(group: str, x: torch.Tensor) -> list:
+    """Two symmetric-memory buffers shaped like ``x`` for this group, made on first use (collective: every rank
+    makes them at the same call, which the first, uncaptured run of each shape is: prefill or a graph's warm-up).
+    Two, used in turn: a rank may fill the next buffer while a peer still reads the previous one; the one-shot
+    kernel's entry barrier keeps the ranks within one sum of each other."""
+    key = (group, x.numel(), x.dtype, x.device)
+    entry = _SYMM.get(key)
+    if entry is None:
+        import torch.distributed._symmetric_memory as symm_mem
+        if os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
+            raise RuntimeError("set TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (and NCCL_NVLS_ENABLE=0) before using the "
+                               "symmetric-memory all-reduce: NVLink multicast must stay off")
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("symmetric buffers must exist before a graph capture (run the shape once first)")
+        bufs = []
+        for _ in range(2):
+            buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+            symm_mem.rendezvous(buf, group)
+            bufs.append(buf)
+        entry = _SYMM[key] = [bufs, 0]
+    return entry
 
 
 @torch.library.custom_op("tilespec::symm_all_reduce", mutates_args=())
 def symm_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
-    """Sum over the group by PyTorch's one-shot symmetric-memory all-reduce (P2P loads of every peer's buffer; no
-    multicast); inputs larger than the buffers (prefill) take NCCL. Opaque to inductor."""
-    entry = _SYMM.get(group)
-    n = x.numel()
-    if entry is None or n > entry[0][0].numel() or x.dtype != entry[0][0].dtype:
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=dist.distributed_c10d._resolve_process_group(group))
-        return out
+    """Sum over the group by PyTorch's one-shot symmetric-memory all-reduce (every rank loads every peer's buffer
+    over NVLink; no multicast). CUDA only. Opaque to inductor."""
+    entry = _symm_buffers(group, x)
     bufs, i = entry
     entry[1] = 1 - i
-    buf = bufs[i][:n]
-    buf.copy_(x.reshape(-1))
-    return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group).view(x.shape)
+    bufs[i].copy_(x.reshape(-1))
+    return torch.ops.symm_mem.one_shot_all_reduce(bufs[i], "sum", group).view(x.shape)
 
 
 @symm_all_reduce.register_fake
@@ -199,7 +200,7 @@ class _Placer:
             if ones:
                 return torch.ones(w.shape, dtype=w.dtype, device=self.tp.device)
             return self._random(list(w.shape), w.dtype, std, 0)
-        return w.to(self.tp.device)
+        return w.detach().to(self.tp.device)
 
     def _random(self, shape, dtype, std, rank) -> torch.Tensor:
         gen = torch.Generator(self.tp.device).manual_seed(self.seed * 1_000_003 + self.count * 1009 + rank)
@@ -250,11 +251,6 @@ class TensorParallelLlama(NativeLlama):
         """A replicated parameter of the transformers model on this rank's device (random if on meta; 1-D: ones)."""
         return self._place.replicate(p, ones=p.dim() == 1)
 
-    def prepare(self, max_tokens: int) -> None:
-        """Collective set-up before the first capture: the symmetric buffers for up to ``max_tokens`` rows."""
-        if self.allreduce == "symm":
-            prepare_symm(self.tp.group_name, max_tokens * self.embed.shape[1], self.dtype, self.tp.device)
-
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write_pos: torch.Tensor,
                 caches: list, keep: Optional[int] = None, **kw) -> torch.Tensor:
         """As :meth:`NativeLlama.forward`, with the two sums per layer and the vocab-parallel head gathered:
@@ -286,15 +282,17 @@ class TensorParallelLlama(NativeLlama):
                                f"positions on rank {self.tp.rank} than on another rank")
 
 
-def shard(model, tp: TensorParallel, *, allreduce: str = "nccl", check: Optional[bool] = None, seed: int = 0,
-          max_tokens: int = 1024):
+def shard(model, tp: TensorParallel, *, allreduce: str = "nccl", check: Optional[bool] = None, seed: int = 0):
     """Shard a loaded (CPU, meta or GPU) transformers Llama-family model over ``tp`` in place and return it.
 
     Afterwards the engine runs it through :class:`TensorParallelLlama` on ``tp.device`` (``native`` or
     ``native-graphs`` mode): the sharded module weights are replaced by meta tensors of their full shapes (the
     transformers forward cannot run any more, and fails loudly if called), replicated parameters move to the device.
-    ``check``: compare every forward's inputs across ranks (default: env ``TILESPEC_TP_CHECK=1``). ``max_tokens``:
-    rows of the symmetric buffers (``allreduce="symm"``). Meta-device models get random weights (see _Placer)."""
+    ``check``: compare every forward's inputs across ranks (default: env ``TILESPEC_TP_CHECK=1``). ``allreduce``:
+    "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU) or "symm" (CUDA: symmetric memory).
+    Meta-device models get random weights (see _Placer)."""
+    if allreduce == "symm" and tp.device.type != "cuda":
+        raise ValueError("the symmetric-memory all-reduce needs CUDA devices; use allreduce='nccl'")
     from .runner import native_reason
     reason = native_reason(model)
     if reason is not None:
@@ -325,7 +323,6 @@ def shard(model, tp: TensorParallel, *, allreduce: str = "nccl", check: Optional
             for name, b in list(module.named_buffers(recurse=False)):
                 if not b.is_meta:
                     module._buffers[name] = b.to(tp.device)
-    native.prepare(max_tokens)
     model._tilespec_native = native
     model._tilespec_tp = tp
     return model
