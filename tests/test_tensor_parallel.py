@@ -61,7 +61,38 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         check_consistent(target, seqs)
     if rank == 0:
         Path(folder, "out.json").write_text(json.dumps({"reference": reference, "sharded": sharded}))
-    torch.distributed.destroy_process_group()
+    if world == 2:
+        _generate_cli(rank, folder)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+class _Chars:
+    """A character tokenizer (ids 3..122) for the CLI."""
+
+    chat_template, eos_token_id, pad_token_id = None, 2, 0
+
+    def __call__(self, text, add_special_tokens=True):
+        return type("Enc", (), {"input_ids": [1] + [3 + (ord(c) % 120) for c in text]})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
+
+
+def _generate_cli(rank: int, folder: str) -> None:
+    """``tilespec generate --tp 2 --tp-check`` on this rank (model loading replaced: tiny model, sharded by
+    load_pair's tensor-parallel path); rank 0 alone writes the JSON."""
+    import tilespec.api as api
+    import tilespec.cli.generate as gen
+    from tilespec import models
+    from tilespec.cli import main
+
+    models.load = lambda name, **kw: (tiny_qwen(3), _Chars())
+    gen.load_pair = api.load_pair
+    out = Path(folder, f"cli-{rank}.json")
+    assert main(["generate", "--target", "t", "--draft", "ngram", "--prompt", "abcabcabc", "--tp", "2", "--tp-check",
+                 "--max-new-tokens", "8", "--no-chat", "--json", str(out)]) == 0
+    assert out.exists() == (rank == 0)
 
 
 def _free_port() -> int:
@@ -81,6 +112,9 @@ def test_sharded_tokens_equal_unsharded(world, tmp_path):
     for case, ref, got in zip(CASES, out["reference"], out["sharded"]):
         assert all(len(s) == 10 for s in got), case
         assert got == ref, case
+    if world == 2:
+        cli = json.loads((tmp_path / "cli-0.json").read_text())
+        assert len(cli["tokens"][0]) == 8 and cli["stats"]["drafter"] == "ngram"
 
 
 def test_degree_must_divide_heads_and_mlp():

@@ -36,7 +36,7 @@ SHAPES = {   # Qwen2.5 configs (hidden, MLP width, layers, heads, K/V heads); vo
     "7b": (3584, 18944, 28, 28, 4), "14b": (5120, 13824, 48, 40, 8), "32b": (5120, 27648, 64, 40, 8),
     "tiny": (64, 128, 2, 4, 2),   # a CPU smoke test of this script (gloo)
 }
-DEFAULT_PLAN = ("14b:2:nccl,14b:2:symm,14b:1,14b:2:best:spec,32b:2:best,7b:2:best,7b:1,14b:1:spec,32b:1")
+DEFAULT_PLAN = "14b:2:nccl,14b:1,14b:2:symm,32b:2:best,14b:2:best:spec,7b:2:best,7b:1,14b:1:spec,32b:1"
 PROMPT = [(17 * i + 3) % 150_000 + 100 for i in range(32)]
 
 

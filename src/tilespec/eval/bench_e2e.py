@@ -105,6 +105,7 @@ def add_arguments(p) -> None:
                         "mode (reduce-overhead, ...); --compile alone means graphs")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each batch before its timed run")
     p.add_argument("--device", default="auto")
+    p.add_argument("--tp", type=int, default=1, help="target sharded over N GPUs (torchrun --nproc-per-node N)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", "--out", dest="out", type=Path, default=None,
                    help="JSON path, rewritten after every configuration (default bench/results/e2e-<stamp>.json)")
@@ -187,8 +188,8 @@ def whisper_inputs(args, target, proc, device, dtype):
     return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
 
 
-def load_models(args, device, dtype):
-    """(target, draft or None, tokenizer or None)."""
+def load_models(args, device, dtype, tp=None):
+    """(target, draft or None, tokenizer or None); ``tp``: the target sharded over the ranks (draft replicated)."""
     import torch
     if args.tiny or args.random_init:
         from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -201,9 +202,13 @@ def load_models(args, device, dtype):
                               attn_implementation="sdpa")
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         model, context = split_draft_name(args.draft)
+        if tp is not None:
+            from tilespec.engine.native.tensor_parallel import shard
+            shard(out[0], tp)
         return out[0], draft_spec(out[1] if model else None, context), None
     from tilespec.api import load_pair
-    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
+    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr),
+                     **({"tp": tp} if tp is not None else {}))
 
 
 def whisper_defaults(args) -> None:
@@ -325,7 +330,11 @@ def run(args) -> int:
     whisper_defaults(args)           # before the settings are recorded
     t_start = time.perf_counter()
     from tilespec.env import pick_device, pick_dtype
-    device = pick_device(args.device)
+    from tilespec.engine.native.tensor_parallel import init_tensor_parallel
+    tp = init_tensor_parallel(args.tp) if args.tp > 1 else None
+    if tp is not None:
+        args.systems = [k for k in args.systems if k not in HF_KINDS]   # a sharded target has no transformers path
+    device = tp.device if tp is not None else pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     out = args.out or Path("bench/results") / f"e2e-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -339,7 +348,7 @@ def run(args) -> int:
     if not todo:
         print(f"nothing to run: {out} holds every configuration")
         return 0
-    target, draft, tok = load_models(args, device, dtype)
+    target, draft, tok = load_models(args, device, dtype, tp)
     vocab = target.get_output_embeddings().weight.shape[0]
     feats, prompts = None, {}
     if args.whisper:
@@ -354,6 +363,8 @@ def run(args) -> int:
         print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft {args.draft!r})", file=sys.stderr)
 
     def write():
+        if tp is not None and not tp.main:
+            return
         add_comparisons(results)
         out.write_text(json.dumps({"environment": environment(device), "settings": settings, "results": results},
                                   indent=1))
