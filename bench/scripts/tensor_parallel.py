@@ -60,16 +60,14 @@ def meta_model(shape: str):
 
 def random_model(shape: str, device):
     """The full model on ``device`` with random weights (N(0, 0.02); norms 1): the TP=1 baseline."""
-    model = meta_model(shape)
-    rope = model.model.rotary_emb
-    model = model.to_empty(device=device)
+    model = meta_model(shape).to_empty(device=device)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and "norm" in name:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
-    model.model.rotary_emb = rope.to(device)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config).to(device)   # to_empty left garbage
     return model
 
 
@@ -195,7 +193,8 @@ def main() -> int:
     dist.all_gather_object(bws, bw)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"what": "tensor-parallel decoding, random-init Qwen2.5 shapes, B=1, bf16, greedy, 128 new tokens",
-              "device": torch.cuda.get_device_name(tp.device) if tp.device.type == "cuda" else "cpu", "gpus": world, "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(tp.device) if tp.device.type == "cuda" else "cpu",
+              "gpus": world, "torch": torch.__version__,
               "triton": triton.__version__, "transformers": transformers.__version__,
               "commit": os.environ.get("TILESPEC_COMMIT", commit), "date": datetime.date.today().isoformat(),
               "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",

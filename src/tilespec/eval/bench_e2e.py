@@ -207,8 +207,7 @@ def load_models(args, device, dtype, tp=None):
             shard(out[0], tp)
         return out[0], draft_spec(out[1] if model else None, context), None
     from tilespec.api import load_pair
-    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr),
-                     **({"tp": tp} if tp is not None else {}))
+    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr), tp=tp)
 
 
 def whisper_defaults(args) -> None:
@@ -400,6 +399,8 @@ def run(args) -> int:
         print(f"[e2e]   {r['tokens_per_second']:.1f} tok/s over {r['requests']} requests{extra}"
               + (f", {r['speedup_vs_ar']:.2f}x ar" if r.get("speedup_vs_ar") else ""), file=sys.stderr, flush=True)
     write()
+    if tp is not None and not tp.main:
+        return 0
     plotted = plot([r for r in results if "error" not in r], out.with_suffix(".png"))
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if plotted else " (no matplotlib: no plot)"))
     return 0

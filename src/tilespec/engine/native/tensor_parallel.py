@@ -172,7 +172,8 @@ def _reducer(allreduce: str, group: str):
 # ------------------------------------------------------------------------------------------------ sharding
 def _by_rank(w: torch.Tensor, sizes: list, tp: int) -> torch.Tensor:
     """Rows of ``w`` (blocks of ``sizes`` stacked on dim 0) re-ordered so that its r-th of tp equal row chunks holds
-    the r-th chunk of every block: a ``Shard(0)`` placement then gives rank r [block_0 chunk r; block_1 chunk r; ...]."""
+    the r-th chunk of every block: a ``Shard(0)`` placement then gives rank r [block_0 chunk r; block_1 chunk r;
+    ...]."""
     blocks = [b.chunk(tp, 0) for b in torch.split(w, sizes, 0)]
     return torch.cat([blocks[j][r] for r in range(tp) for j in range(len(sizes))], 0)
 
