@@ -36,7 +36,7 @@ SHAPES = {   # Qwen2.5 configs (hidden, MLP width, layers, heads, K/V heads); vo
     "7b": (3584, 18944, 28, 28, 4), "14b": (5120, 13824, 48, 40, 8), "32b": (5120, 27648, 64, 40, 8),
     "tiny": (64, 128, 2, 4, 2),   # a CPU smoke test of this script (gloo)
 }
-DEFAULT_PLAN = "14b:2:nccl,14b:1,14b:2:symm,32b:2:best,14b:2:best:spec,7b:2:best,7b:1,14b:1:spec,32b:1"
+DEFAULT_PLAN = "14b:2:nccl,14b:1,14b:2:symm,tiny:check,32b:2:best,14b:2:best:spec,7b:2:best,7b:1,14b:1:spec,32b:1"
 PROMPT = [(17 * i + 3) % 150_000 + 100 for i in range(32)]
 
 
@@ -164,6 +164,27 @@ def measure(model, spec_k: int = 0, together: bool = True) -> dict:
     return row
 
 
+def check_tokens(tp) -> dict:
+    """fp32 tiny Qwen2 (same random weights on every rank): rank 0's unsharded tokens against the sharded model's,
+    compiled and captured, greedy, target-only and with K=2 fixed drafts (verify + commit inside the step graph)."""
+    import copy
+
+    from transformers import Qwen2ForCausalLM
+
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.engine.native.tensor_parallel import shard
+    torch.manual_seed(0)
+    full = Qwen2ForCausalLM(qwen_config("tiny")).eval().to(tp.device)
+    prompt = PROMPT[:12]
+
+    def run(model):
+        return [SpeculativeDecoder(model, d, gamma=2, compile=True, eos_token_id=[]).generate(
+            [prompt], max_new_tokens=24, seed=0).sequences[0] for d in (None, FixedDrafts(2))]
+    ref = run(copy.deepcopy(full)) if tp.rank == 0 else None
+    got = run(shard(full, tp))
+    return {"tokens_equal_tp1": ref == got if tp.rank == 0 else None, "tp1": ref, "tpN": got}
+
+
 def release() -> None:
     from tilespec.engine.leases import release_compiled
     from tilespec.engine.native.runner import forget_compiled
@@ -209,7 +230,7 @@ def main() -> int:
 
     for item in args.plan.split(","):
         parts = item.split(":")
-        shape, n = parts[0], int(parts[1])
+        shape, n = parts[0], int(parts[1]) if parts[1].isdigit() else world
         spec = parts[-1] == "spec"
         allreduce = parts[2] if len(parts) > 2 and parts[2] != "spec" else "nccl"
         if allreduce == "best":
@@ -219,7 +240,9 @@ def main() -> int:
             continue
         row = {"item": item, "shape": shape, "tp": n, "weight_bytes": weight_bytes(shape)}
         try:
-            if n == 1:
+            if parts[-1] == "check":
+                row.update(check_tokens(tp))
+            elif n == 1:
                 if main_rank:
                     model = random_model(shape, tp.device)
                     row.update(measure(model, args.spec_k if spec else 0, together=False))
@@ -230,8 +253,11 @@ def main() -> int:
                 model = shard(meta_model(shape), tp, allreduce=allreduce, seed=1)
                 row.update(measure(model, args.spec_k if spec else 0))
                 del model
+                if allreduce == "symm":
+                    from tilespec.engine.native.tensor_parallel import SYMM_VARIANT
+                    row["symm_variant"] = SYMM_VARIANT[0]
             floor = row["weight_bytes"] / (n * min(bws))
-            if "per_token_ms" in row:
+            if "per_token_ms" in row and shape != "tiny":
                 row["hbm_floor_ms"] = floor * 1e3
                 row["share_of_floor"] = floor * 1e3 / row["per_token_ms"]
         except Exception as err:   # record and go on (a failed all-reduce variant must not cost the other items)

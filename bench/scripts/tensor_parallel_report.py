@@ -48,6 +48,11 @@ def derive(raw: dict) -> dict:
         key = f"{r['shape']} tp{r['tp']}" + (f" {r['allreduce']}" if "allreduce" in r else "")
         out["spec_step"][key] = {"k": r["k"], "spec_step_ms": r["per_step_ms"], "target_only_step_ms": t1,
                                  "extra_ms": r["per_step_ms"] - t1, "step_cost_ratio": r["per_step_ms"] / t1}
+    heads = {(r["shape"], r.get("allreduce")): r["tokens_head"] for r in rows(raw) if r["tp"] > 1 and "k" not in r}
+    out["symm_tokens_equal_nccl"] = {shape: heads[(shape, "symm")] == heads[(shape, "nccl")]
+                                     for shape, a in heads if a == "symm" and (shape, "nccl") in heads}
+    out["gpu_check"] = [{k: r.get(k) for k in ("item", "tokens_equal_tp1", "error")} for r in raw["items"]
+                        if r.get("item", "").endswith("check")]
     out["projections"] = project(raw, out)
     return out
 

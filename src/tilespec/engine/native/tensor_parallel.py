@@ -120,6 +120,7 @@ def nccl_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
     return funcol.all_reduce(x, "sum", group)
 
 
+SYMM_VARIANT = ["copy"]   # "copy" (one_shot_all_reduce_copy) until it fails once, then "copy_then_reduce"
 _SYMM: dict = {}   # (group name, numel, dtype, device) -> [two symmetric buffers, index of the next one]
 
 
@@ -153,7 +154,13 @@ def symm_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
     entry = _symm_buffers(group, x)
     bufs, i = entry
     entry[1] = 1 - i
-    bufs[i].copy_(x.reshape(-1))
+    flat = x.reshape(-1)
+    if SYMM_VARIANT[0] == "copy":     # one kernel: the copy into the symmetric buffer happens inside the all-reduce
+        try:
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(bufs[i], flat, "sum", group).view(x.shape)
+        except (AttributeError, RuntimeError, TypeError):   # an older PyTorch: copy first (one more kernel)
+            SYMM_VARIANT[0] = "copy_then_reduce"
+    bufs[i].copy_(flat)
     return torch.ops.symm_mem.one_shot_all_reduce(bufs[i], "sum", group).view(x.shape)
 
 
