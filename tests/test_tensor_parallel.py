@@ -80,14 +80,16 @@ class _Chars:
 
 
 def _generate_cli(rank: int, folder: str) -> None:
-    """``tilespec generate --tp 2 --tp-check`` on this rank (model loading replaced: tiny model, sharded by
-    load_pair's tensor-parallel path); rank 0 alone writes the JSON."""
+    """``tilespec.generate(..., tp=2)`` and ``tilespec generate --tp 2 --tp-check`` on this rank (model loading
+    replaced: tiny model, sharded by load_pair's tensor-parallel path); rank 0 alone writes the JSON."""
     import tilespec.api as api
     import tilespec.cli.generate as gen
     from tilespec import models
     from tilespec.cli import main
 
     models.load = lambda name, **kw: (tiny_qwen(3), _Chars())
+    res = api.generate("abcabc", target="t", draft="ngram", tp=2, max_new_tokens=6, chat=False, compile="native")
+    assert len(res.sequences[0]) == 6 and res.stats.runtime == "native"
     gen.load_pair = api.load_pair
     out = Path(folder, f"cli-{rank}.json")
     assert main(["generate", "--target", "t", "--draft", "ngram", "--prompt", "abcabcabc", "--tp", "2", "--tp-check",
