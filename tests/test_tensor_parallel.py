@@ -141,3 +141,11 @@ def test_launch_errors(monkeypatch):
         check_launch(2)
     with pytest.raises(ValueError, match=">= 1"):
         check_launch(0)
+
+
+def test_cli_without_launcher_says_how_to_launch(monkeypatch, capsys):
+    from tilespec.cli import main
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["generate", "--target", "t", "--prompt", "x", "--tp", "2"]) == 1
+    assert "torchrun --nproc-per-node 2 -m tilespec" in capsys.readouterr().err
