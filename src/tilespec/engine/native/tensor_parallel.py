@@ -14,8 +14,9 @@ per head group and reshapes it into heads, which on a ``Shard(-1)`` DTensor redi
 on local shards the same code runs with the two all-reduces a layer needs and nothing else. The sums are the
 functional collectives DTensor itself issues for a ``Partial -> Replicate`` redistribution
 (``torch.distributed._functional_collectives.all_reduce``), which dynamo traces into the compiled layer and a CUDA
-graph captures. On CUDA, ``allreduce="symm"`` uses PyTorch's symmetric-memory one-shot all-reduce (P2P over NVLink,
-multicast never used) instead of NCCL: measured 8 µs against NCCL's 19 µs in a graph for decode-sized vectors.
+graph captures. On CUDA the default (``allreduce="auto"``) is PyTorch's symmetric-memory one-shot all-reduce (P2P
+over NVLink, multicast never used) for decode-sized inputs: 0.39 ms less per token than NCCL for a 14B shape at TP=2
+on two H100s (7.90 vs 8.29 ms, bench/results/tensor-parallel-h100x2.json); larger inputs (prefill) take NCCL.
 
 Same tokens on every rank: the gathered logits are identical on every rank (all-gather and all-reduce results are
 bitwise equal across ranks) and the sampling is keyed by (seed, position) through Philox, so every rank draws the
@@ -40,7 +41,8 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from .llama import LayerWeights, NativeLlama
 
-ALLREDUCE = ("nccl", "symm")
+ALLREDUCE = ("auto", "nccl", "symm")
+SYMM_MAX_ELEMENTS = 1 << 20   # larger sums (prefill) take NCCL: symmetric buffers are kept per shape, never freed
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
@@ -150,7 +152,10 @@ def _symm_buffers(group: str, x: torch.Tensor) -> list:
 @torch.library.custom_op("tilespec::symm_all_reduce", mutates_args=())
 def symm_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
     """Sum over the group by PyTorch's one-shot symmetric-memory all-reduce (every rank loads every peer's buffer
-    over NVLink; no multicast). CUDA only. Opaque to inductor."""
+    over NVLink; no multicast); inputs over SYMM_MAX_ELEMENTS by NCCL. CUDA only. Opaque to inductor."""
+    if x.numel() > SYMM_MAX_ELEMENTS:
+        out = funcol.all_reduce(x.contiguous(), "sum", group)
+        return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
     entry = _symm_buffers(group, x)
     bufs, i = entry
     entry[1] = 1 - i
@@ -169,9 +174,21 @@ def _(x, group):
     return torch.empty_like(x)
 
 
-def _reducer(allreduce: str, group: str):
+def resolve_allreduce(allreduce: str, device: torch.device) -> str:
+    """"auto" -> "symm" on CUDA (multicast off: TORCH_SYMM_MEM_DISABLE_MULTICAST is set to 1 when unset), else
+    "nccl"; env TILESPEC_TP_ALLREDUCE overrides "auto"."""
     if allreduce not in ALLREDUCE:
         raise ValueError(f"allreduce must be one of {ALLREDUCE}, got {allreduce!r}")
+    if allreduce == "auto":
+        allreduce = os.environ.get("TILESPEC_TP_ALLREDUCE") or ("symm" if device.type == "cuda" else "nccl")
+        if allreduce == "symm":
+            os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if allreduce == "symm" and device.type != "cuda":
+        raise ValueError("the symmetric-memory all-reduce needs CUDA devices; use allreduce='nccl'")
+    return allreduce
+
+
+def _reducer(allreduce: str, group: str):
     fn = nccl_all_reduce if allreduce == "nccl" else symm_all_reduce
     return functools.partial(fn, group=group)
 
@@ -220,7 +237,7 @@ class TensorParallelLlama(NativeLlama):
     local counts, ``lm_head`` the local vocabulary rows (padded to a multiple of tp); :meth:`forward` returns the
     gathered logits [B, q or keep, V]."""
 
-    def __init__(self, model, tp: TensorParallel, *, allreduce: str = "nccl", check: bool = False, seed: int = 0):
+    def __init__(self, model, tp: TensorParallel, *, allreduce: str = "auto", check: bool = False, seed: int = 0):
         check_divisible(model.config, tp.size)
         super().__init__(model)
         place = _Placer(tp, seed)
@@ -249,8 +266,8 @@ class TensorParallelLlama(NativeLlama):
         self.inv_freq = self.inv_freq.to(tp.device)
         self.heads, self.kv_heads = self.heads // n, self.kv_heads // n
         self.tp = tp
-        self.allreduce = allreduce
-        self.reduce = _reducer(allreduce, tp.group_name)
+        self.allreduce = resolve_allreduce(allreduce, tp.device)
+        self.reduce = _reducer(self.allreduce, tp.group_name)
         self.check = check
         self.mismatches = torch.zeros((), dtype=torch.int64, device=tp.device)
         self._place = place
@@ -290,17 +307,16 @@ class TensorParallelLlama(NativeLlama):
                                f"positions on rank {self.tp.rank} than on another rank")
 
 
-def shard(model, tp: TensorParallel, *, allreduce: str = "nccl", check: Optional[bool] = None, seed: int = 0):
+def shard(model, tp: TensorParallel, *, allreduce: str = "auto", check: Optional[bool] = None, seed: int = 0):
     """Shard a loaded (CPU, meta or GPU) transformers Llama-family model over ``tp`` in place and return it.
 
     Afterwards the engine runs it through :class:`TensorParallelLlama` on ``tp.device`` (``native`` or
     ``native-graphs`` mode): the sharded module weights are replaced by meta tensors of their full shapes (the
     transformers forward cannot run any more, and fails loudly if called), replicated parameters move to the device.
     ``check``: compare every forward's inputs across ranks (default: env ``TILESPEC_TP_CHECK=1``). ``allreduce``:
-    "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU) or "symm" (CUDA: symmetric memory).
-    Meta-device models get random weights (see _Placer)."""
-    if allreduce == "symm" and tp.device.type != "cuda":
-        raise ValueError("the symmetric-memory all-reduce needs CUDA devices; use allreduce='nccl'")
+    "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU), "symm" (CUDA: symmetric memory) or "auto"
+    (:func:`resolve_allreduce`). Meta-device models get random weights (see _Placer)."""
+    resolve_allreduce(allreduce, tp.device)     # a bad choice fails before any work
     from .runner import native_reason
     reason = native_reason(model)
     if reason is not None:
