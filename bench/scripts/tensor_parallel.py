@@ -165,15 +165,21 @@ def measure(model, spec_k: int = 0, together: bool = True) -> dict:
     return row
 
 
-def check_tokens(tp) -> dict:
+def check_tokens(tp, allreduce: str = "nccl") -> dict:
     """fp32 tiny Qwen2 (same random weights on every rank): rank 0's unsharded tokens against the sharded model's,
-    compiled and captured, greedy, target-only and with K=2 fixed drafts (verify + commit inside the step graph)."""
+    compiled and captured, greedy, target-only and with K=2 fixed drafts (verify + commit inside the step graph).
+    With ``allreduce`` "auto": the ranks' inputs compared on the device (check mode) and, with the symmetric-memory
+    limit lowered to 512 elements, the prefill's sums take the NCCL fallback while decode sums take symmetric
+    memory."""
     import copy
 
     from transformers import Qwen2ForCausalLM
 
     from tilespec.engine import SpeculativeDecoder
-    from tilespec.engine.native.tensor_parallel import shard
+    from tilespec.engine.native import tensor_parallel
+    from tilespec.engine.native.tensor_parallel import check_consistent, shard
+    if allreduce == "auto":
+        tensor_parallel.SYMM_MAX_ELEMENTS = 512
     torch.manual_seed(0)
     full = Qwen2ForCausalLM(qwen_config("tiny")).eval().to(tp.device)
     prompt = PROMPT[:12]
@@ -182,8 +188,12 @@ def check_tokens(tp) -> dict:
         return [SpeculativeDecoder(model, d, gamma=2, compile=True, eos_token_id=[]).generate(
             [prompt], max_new_tokens=24, seed=0).sequences[0] for d in (None, FixedDrafts(2))]
     ref = run(copy.deepcopy(full)) if tp.rank == 0 else None
-    got = run(shard(full, tp))
-    return {"tokens_equal_tp1": ref == got if tp.rank == 0 else None, "tp1": ref, "tpN": got}
+    model = shard(full, tp, allreduce=allreduce, check=allreduce == "auto")
+    got = run(model)
+    if allreduce == "auto":
+        check_consistent(model, got)      # raises if any forward's inputs or the tokens differed between ranks
+    return {"tokens_equal_tp1": ref == got if tp.rank == 0 else None, "tp1": ref, "tpN": got,
+            "allreduce": model._tilespec_native.allreduce, "checked_across_ranks": allreduce == "auto"}
 
 
 def release() -> None:
@@ -241,8 +251,8 @@ def main() -> int:
             continue
         row = {"item": item, "shape": shape, "tp": n, "weight_bytes": weight_bytes(shape)}
         try:
-            if parts[-1] == "check":
-                row.update(check_tokens(tp))
+            if parts[-1] in ("check", "checkauto"):
+                row.update(check_tokens(tp, "auto" if parts[-1] == "checkauto" else "nccl"))
             elif n == 1:
                 if main_rank:
                     model = random_model(shape, tp.device)
