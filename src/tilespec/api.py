@@ -48,6 +48,7 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
     a draft model is loaded whole on this rank's device (replicated)."""
     from . import models
     from .engine.drafters import draft_spec, split_draft_name
+    check_draft_name(draft_name)
     draft_name, context = split_draft_name(draft_name)
     if tp is not None:
         device = tp.device
@@ -71,17 +72,44 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
     return target, draft_spec(draft, context), tok
 
 
+def check_draft_name(name) -> None:
+    """Fail before any model loads on a draft name that is not a drafter but close to one ("ngramm": did you mean
+    "ngram"?) or close to a registry model name. Registry names, files, folders and hub ids pass."""
+    import difflib
+    from pathlib import Path
+
+    from .engine.drafters import drafter_names, split_draft_name
+    from .models.registry import REGISTRY, closest_name
+    if not isinstance(name, str):
+        return
+    model, _ = split_draft_name(name)         # "MODEL+unknown" raises here, naming the context drafters
+    base = model.split(":", 1)[0] if model else None
+    if not base or base in REGISTRY or "/" in base or "\\" in base or Path(base).expanduser().exists():
+        return
+    names = drafter_names()
+    close = difflib.get_close_matches(base.lower(), names, n=1, cutoff=0.6)
+    if close:
+        raise ValueError(f"unknown draft {name!r}: did you mean {close[0]!r}? (drafters: {', '.join(names)}; or a "
+                         f"draft model: `tilespec models list`, a folder, a .gguf file, a hub id)")
+    if closest_name(base):
+        raise ValueError(f"unknown draft model {base!r}: did you mean {closest_name(base)!r}? "
+                         f"(`tilespec models list`)")
+
+
 def _models(target, draft, tokenizer, device, dtype, tp: int = 1):
     """Resolve names to loaded models (cached per name, device, dtype, tp); loaded models and context drafters
-    ("ngram", "suffix": no model) pass through. ``tp`` > 1: the target sharded over the ranks of a torchrun launch."""
+    ("ngram", "suffix": no model) pass through. With a loaded target a draft name is loaded on the target's
+    device and dtype ("NAME:layers=N": the layer-skip draft shares the loaded target's weights). ``tp`` > 1: the
+    target sharded over the ranks of a torchrun launch."""
     from .engine.drafters import CONTEXT_DRAFTERS
+    check_draft_name(draft)
     context = isinstance(draft, str) and draft in CONTEXT_DRAFTERS
     if not isinstance(target, str):
-        if isinstance(draft, str) and not context:
-            raise TypeError("with a loaded target model, pass the draft as a loaded model too (or both as names)")
         if tp > 1 and getattr(target, "_tilespec_tp", None) is None:
             raise ValueError("tp > 1 with a loaded target: shard it first (engine.native.tensor_parallel.shard) "
                              "or pass the target by name")
+        if isinstance(draft, str) and not context:
+            draft = _draft_for_loaded(target, draft)
         return target, draft, tokenizer
     if context:
         t, _, tok = _models(target, None, tokenizer, device, dtype, tp)
@@ -98,6 +126,19 @@ def _models(target, draft, tokenizer, device, dtype, tp: int = 1):
         _LOADED[key] = load_pair(target, draft, dev, dt, tp=group)
     t, d, tok = _LOADED[key]
     return t, d, tokenizer if tokenizer is not None else tok
+
+
+def _draft_for_loaded(target, name: str):
+    from . import models
+    from .engine.drafters import draft_spec, split_draft_name
+    model_name, context = split_draft_name(name)
+    if model_name is None:
+        return draft_spec(None, context)
+    param = next(target.parameters())
+    on_target = target if ":" in model_name else None
+    draft, _ = models.load(model_name, role="draft", dtype=param.dtype, device=param.device, download=True,
+                           target=on_target)
+    return draft_spec(draft, context)
 
 
 def _decoder(target, draft, tokenizer, options: dict):
@@ -118,8 +159,10 @@ def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int
     text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone. ``tp`` > 1: under
     ``torchrun --nproc-per-node tp``, the target sharded over the ranks (docs/tensor-parallel.md); every rank
     returns the same output."""
-    from .engine.prompts import encode_prompts
     import torch
+
+    from .engine.prompts import check_texts, encode_prompts
+    check_texts(prompts)     # before any model loads: None, [], [""] are errors, as in the CLI
     t, d, tok = _models(target, draft, tokenizer, device, dtype, tp)
     if tok is None:
         raise ValueError("text prompts need a tokenizer: pass tokenizer=... with loaded models")

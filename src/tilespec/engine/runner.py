@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .cache import SlotCache, gather_slots
+from .cache import SlotCache, cache_kwarg, gather_slots
 from .graphs import GraphCache
 from .native.runner import NATIVE_MODES, NativeRunner, native_reason, raise_recompile_limits
 
@@ -201,13 +201,13 @@ class ModelRunner:
         """tokens/positions [B, q], bool mask [B, 1, q, C] -> logits [B, q, V] in the model's dtype."""
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+        past = {cache_kwarg(self.model): self.past}
         if self.encdec:
             out = self.model(encoder_outputs=(self.encoder_out,), decoder_input_ids=tokens,
-                             decoder_position_ids=positions, decoder_attention_mask=additive,
-                             past_key_values=self.past, use_cache=True)
+                             decoder_position_ids=positions, decoder_attention_mask=additive, use_cache=True, **past)
         else:
-            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive,
-                             past_key_values=self.past, use_cache=True)
+            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive, use_cache=True,
+                             **past)
         return out.logits
 
     def _graph_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, key=None):
