@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-DRAFTERS_1_5B = Path("bench/results/e2e-qwen-H100-drafters-t0-2026-11-23.json")
+DRAFTERS_1_5B = Path("bench/results/e2e-qwen1.5b-free-drafts-h100.json")
 HEAD_TAU_ANCHOR = 2.2     # EAGLE-3 head on Qwen3-1.7B (public; see the measured-facts anchors): not measured by us
 HIDDEN, VOCAB = 5120, 152064
 HEAD_LAYER_PARAMS_14B = 5120 * 56 * 128 + 40 * 128 * 5120 + 3 * 13824 * 5120   # one 14B-shaped decoder layer
