@@ -80,8 +80,9 @@ class _Chars:
 
 
 def _generate_cli(rank: int, folder: str) -> None:
-    """``tilespec.generate(..., tp=2)`` and ``tilespec generate --tp 2 --tp-check`` on this rank (model loading
-    replaced: tiny model, sharded by load_pair's tensor-parallel path); rank 0 alone writes the JSON."""
+    """``tilespec.generate(..., tp=2)``, ``tilespec bench e2e --tiny --tp 2`` (transformers' systems dropped) and
+    ``tilespec generate --tp 2 --tp-check`` on this rank (model loading replaced: tiny model, sharded by load_pair's
+    tensor-parallel path); rank 0 alone writes the JSON files."""
     import tilespec.api as api
     import tilespec.cli.generate as gen
     from tilespec import models
@@ -90,6 +91,10 @@ def _generate_cli(rank: int, folder: str) -> None:
     models.load = lambda name, **kw: (tiny_qwen(3), _Chars())
     res = api.generate("abcabc", target="t", draft="ngram", tp=2, max_new_tokens=6, chat=False, compile="native")
     assert len(res.sequences[0]) == 6 and res.stats.runtime == "native"
+    bench = Path(folder, f"bench-{rank}.json")
+    assert main(["bench", "e2e", "--tiny", "--tp", "2", "--prompts", "1", "--batch", "1", "--temperatures", "0",
+                 "--max-new-tokens", "4", "--systems", "hf,ar", "--warmup", "0", "--out", str(bench)]) == 0
+    assert bench.exists() == (rank == 0)
     gen.load_pair = api.load_pair
     out = Path(folder, f"cli-{rank}.json")
     assert main(["generate", "--target", "t", "--draft", "ngram", "--prompt", "abcabcabc", "--tp", "2", "--tp-check",
@@ -117,6 +122,8 @@ def test_sharded_tokens_equal_unsharded(world, tmp_path):
     if world == 2:
         cli = json.loads((tmp_path / "cli-0.json").read_text())
         assert len(cli["tokens"][0]) == 8 and cli["stats"]["drafter"] == "ngram"
+        bench = json.loads((tmp_path / "bench-0.json").read_text())
+        assert [r["system"] for r in bench["results"]] == ["ar"] and "error" not in bench["results"][0]
 
 
 def test_degree_must_divide_heads_and_mlp():

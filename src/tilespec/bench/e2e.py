@@ -184,7 +184,7 @@ def whisper_inputs(args, target, proc, device, dtype):
 
 
 def load_models(args, device, dtype, tp=None):
-    """(target, draft or None, tokenizer or None); ``tp``: the target sharded over the ranks (draft replicated)."""
+    """(target, draft or None, tokenizer or None); ``tp``: a named target is loaded sharded (draft replicated)."""
     import torch
     if args.tiny or args.random_init:
         from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -197,9 +197,6 @@ def load_models(args, device, dtype, tp=None):
                               attn_implementation="sdpa")
             out.append(Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval())
         model, context = split_draft_name(args.draft)
-        if tp is not None:
-            from tilespec.engine.native.tensor_parallel import shard
-            shard(out[0], tp)
         return out[0], draft_spec(out[1] if model else None, context), None
     from tilespec.api import load_pair
     return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr), tp=tp)
@@ -324,10 +321,9 @@ def run(args) -> int:
     whisper_defaults(args)           # before the settings are recorded
     t_start = time.perf_counter()
     from tilespec.env import pick_device, pick_dtype
-    from tilespec.engine.native.tensor_parallel import init_tensor_parallel
+    from tilespec.engine.native.tensor_parallel import init_tensor_parallel, shard
     tp = init_tensor_parallel(args.tp) if args.tp > 1 else None
-    if tp is not None:
-        args.systems = [k for k in args.systems if k not in HF_KINDS]   # a sharded target has no transformers path
+    args.systems = [k for k in args.systems if tp is None or k not in HF_KINDS]   # sharded: no transformers path
     device = tp.device if tp is not None else pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     out = args.out or Path("bench/results") / f"e2e-{Path(str(args.target)).name.replace(':', '-')}-{device.type}.json"
@@ -343,6 +339,8 @@ def run(args) -> int:
         print(f"nothing to run: {out} holds every configuration")
         return 0
     target, draft, tok = load_models(args, device, dtype, tp)
+    if tp is not None and getattr(target, "_tilespec_tp", None) is None:   # --tiny / --random-init: built here
+        shard(target, tp)
     vocab = target.get_output_embeddings().weight.shape[0]
     feats, prompts = None, {}
     if args.whisper:
