@@ -37,17 +37,31 @@ def load(name_or_path, *, device="auto", dtype="auto", role: Optional[str] = Non
                        download=download)
 
 
-def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[str], None]] = None):
+def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[str], None]] = None, tp=None,
+              tp_check: Optional[bool] = None):
     """(target, draft or None, tokenizer) on ``device`` / ``dtype``; a ``TARGET:layers=N`` draft shares the loaded
     target's weights. A draft name with a context drafter ("ngram", "suffix", "MODEL+ngram") gives the engine's
-    ``draft=`` argument for it ("ngram", or [model, "ngram"])."""
+    ``draft=`` argument for it ("ngram", or [model, "ngram"]).
+
+    ``tp``: a :class:`~tilespec.engine.native.tensor_parallel.TensorParallel` (under ``torchrun``): the target is
+    loaded in host memory and sharded over the ranks (``tp_check``: compare every forward's inputs across ranks);
+    a draft model is loaded whole on this rank's device (replicated)."""
     from . import models
     from .engine.drafters import draft_spec, split_draft_name
     check_draft_name(draft_name)
     draft_name, context = split_draft_name(draft_name)
+    if tp is not None:
+        device = tp.device
+        if draft_name and ":" in str(draft_name) and str(draft_name).split(":", 1)[0] == str(target_name):
+            raise ValueError(f"draft {draft_name!r} shares the target's layers, which tensor parallelism shards: "
+                             "load the draft as a model of its own (or use a context drafter)")
     if log:
-        log(f"loading target {target_name} ({dtype}, {device}) ...")
-    target, tok = models.load(target_name, role="target", dtype=dtype, device=device, download=True)
+        log(f"loading target {target_name} ({dtype}, {device if tp is None else f'{tp.size} ranks'}) ...")
+    target, tok = models.load(target_name, role="target", dtype=dtype, device="cpu" if tp is not None else device,
+                              download=True)
+    if tp is not None:
+        from .engine.native.tensor_parallel import shard
+        shard(target, tp, check=tp_check)
     draft = None
     if draft_name:
         if log:
@@ -82,26 +96,34 @@ def check_draft_name(name) -> None:
                          f"(`tilespec models list`)")
 
 
-def _models(target, draft, tokenizer, device, dtype):
-    """Resolve names to loaded models (cached per name, device, dtype); loaded models and context drafters
+def _models(target, draft, tokenizer, device, dtype, tp: int = 1):
+    """Resolve names to loaded models (cached per name, device, dtype, tp); loaded models and context drafters
     ("ngram", "suffix": no model) pass through. With a loaded target a draft name is loaded on the target's
-    device and dtype ("NAME:layers=N": the layer-skip draft shares the loaded target's weights)."""
+    device and dtype ("NAME:layers=N": the layer-skip draft shares the loaded target's weights). ``tp`` > 1: the
+    target sharded over the ranks of a torchrun launch."""
     from .engine.drafters import CONTEXT_DRAFTERS
     check_draft_name(draft)
     context = isinstance(draft, str) and draft in CONTEXT_DRAFTERS
     if not isinstance(target, str):
+        if tp > 1 and getattr(target, "_tilespec_tp", None) is None:
+            raise ValueError("tp > 1 with a loaded target: shard it first (engine.native.tensor_parallel.shard) "
+                             "or pass the target by name")
         if isinstance(draft, str) and not context:
             draft = _draft_for_loaded(target, draft)
         return target, draft, tokenizer
     if context:
-        t, _, tok = _models(target, None, tokenizer, device, dtype)
+        t, _, tok = _models(target, None, tokenizer, device, dtype, tp)
         return t, draft, tok
-    dev = pick_device(device)
+    group = None
+    if tp > 1:
+        from .engine.native.tensor_parallel import init_tensor_parallel
+        group = init_tensor_parallel(tp)
+    dev = group.device if group is not None else pick_device(device)
     dt = pick_dtype(dtype, dev)
-    key = (target, draft, str(dev), str(dt))
+    key = (target, draft, str(dev), str(dt), tp)
     if key not in _LOADED:
         _LOADED.clear()   # one pair at a time: models are large
-        _LOADED[key] = load_pair(target, draft, dev, dt)
+        _LOADED[key] = load_pair(target, draft, dev, dt, tp=group)
     t, d, tok = _LOADED[key]
     return t, d, tokenizer if tokenizer is not None else tok
 
@@ -131,15 +153,17 @@ def _decoder(target, draft, tokenizer, options: dict):
 
 
 def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int = 128, seed=0, chat: bool = True,
-             device="auto", dtype="auto", **options):
+             device="auto", dtype="auto", tp: int = 1, **options):
     """Generate from text prompts (str or list of str) -> :class:`~tilespec.engine.GenerationOutput` (texts,
     sequences, stats). Prompts are wrapped in the tokenizer's chat template when it has one (``chat=False``: raw
-    text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone."""
+    text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone. ``tp`` > 1: under
+    ``torchrun --nproc-per-node tp``, the target sharded over the ranks (docs/tensor-parallel.md); every rank
+    returns the same output."""
     import torch
 
     from .engine.prompts import check_texts, encode_prompts
     check_texts(prompts)     # before any model loads: None, [], [""] are errors, as in the CLI
-    t, d, tok = _models(target, draft, tokenizer, device, dtype)
+    t, d, tok = _models(target, draft, tokenizer, device, dtype, tp)
     if tok is None:
         raise ValueError("text prompts need a tokenizer: pass tokenizer=... with loaded models")
     dec = _decoder(t, d, tok, dict(options))

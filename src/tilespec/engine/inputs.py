@@ -37,7 +37,8 @@ def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_token
     sampling list has the wrong length, or a model's weights are on the meta device.
     Returns the per-request seeds (an int seed gives request i seed + i)."""
     for role, model in (("target", target), ("draft", draft)):
-        if hasattr(model, "parameters") and any(p.is_meta for p in model.parameters()):
+        sharded = getattr(model, "_tilespec_tp", None) is not None   # tensor parallel: meta stand-ins, shards elsewhere
+        if hasattr(model, "parameters") and not sharded and any(p.is_meta for p in model.parameters()):
             raise ValueError(f"the {role} has weights on the meta device (created without data, e.g. under "
                              f"init_empty_weights or device_map='meta'): load its weights before decoding")
     seeds = _seed_list(seed, len(prompts))

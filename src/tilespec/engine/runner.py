@@ -69,6 +69,11 @@ def make_runner(model, capacity: int, *, compile: bool | str = False):
     compile=True picks the native path only where it is supported.
     """
     mode = step_mode(compile, next(model.parameters()).device, model)
+    if getattr(model, "_tilespec_tp", None) is not None and mode not in NATIVE_MODES:
+        if mode != "eager":   # a sharded model has only its native decoder (engine/native/tensor_parallel.py)
+            raise ValueError(f"compile={compile!r}: a tensor-parallel model runs on the native runtime; use "
+                             "compile=True, 'native-graphs' or 'native' (False runs 'native' too)")
+        mode = "native"
     if mode in NATIVE_MODES:
         reason = native_reason(model)
         if reason is not None:
