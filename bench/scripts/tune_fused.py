@@ -14,7 +14,7 @@ Sweeps (pass 1 at default while pass 2 is swept, and vice versa):
   pass 2: SAMPLE_TILES in {1, 2, 4, 8} x NUM_WARPS2 in {2, 4, 8} x BLOCK2 in {512, 1024, 2048}
   pass 1: NUM_WARPS1 in {4, 8, 16} x CHUNK1 in {8192, 16384} x SUB1 in {1024, 2048, 4096, 8192}
           x CHUNKS_PER_PROGRAM in {1, 2, 4, 8} (96 configs: raise --time-budget or pick --sweeps pass1)
-  stream: (issue 15) the classic pass 1 (PASS1=classic, with / without ALIGN_LOADS) and the stream pass 1 over
+  stream: the classic pass 1 (PASS1=classic, with / without ALIGN_LOADS) and the stream pass 1 over
           (SUB1_STREAM, NUM_WARPS1_STREAM) x MAXNREG1 {0, 40} (+ 32 once) x CHUNKS_PER_PROGRAM {0 (auto), 1, 2, 4}
           x PREFETCH1 (no prefetch: CHUNKS_PER_PROGRAM 0 / 1 only)
           (see stream_configs; SUB1 / NUM_WARPS1 of the pass-1 sweep apply to PASS1=classic only)
@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--quick", action="store_true", help="a smaller sweep")
     ap.add_argument("--sweeps", nargs="+", choices=("pass2", "pass1", "stream"), default=["pass2", "pass1"],
-                    help="which sweeps to run, in this order (default: pass2 pass1; stream: issue 15's pass-1 "
+                    help="which sweeps to run, in this order (default: pass2 pass1; stream: the pass-1 "
                          "kernels, see stream_configs)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results there")
     ap.add_argument("--seed", type=int, default=0)
@@ -120,7 +120,7 @@ def config_list(defaults: dict, quick: bool, sweeps=("pass2", "pass1")) -> list[
 
 
 def stream_configs(quick: bool) -> list[dict]:
-    """The stream sweep (issue 15): the previous pass 1 (classic, with and without 16-byte pass-2 loads) first,
+    """The stream sweep: the previous pass 1 (classic, with and without 16-byte pass-2 loads) first,
     then the stream pass 1 over (slice width, warps) x register cap x CHUNKS_PER_PROGRAM (0 = auto) x prefetch.
     Slice width and warps change the fp32 order of the sums (so may change a token at a rounding boundary); the
     rest moves no bits."""

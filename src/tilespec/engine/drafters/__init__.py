@@ -23,6 +23,7 @@ from .suffix import SuffixDrafter
 
 CONTEXT_DRAFTERS = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
 HEAD_NAME = "head"
+HEAD_DRAFTERS = {HEAD_NAME: HeadDrafter}    # "head" / "head+ngram": the target's trained head (drafters/head.py)
 
 
 def head_spec(name) -> "HeadDrafter | None":
@@ -41,7 +42,14 @@ def head_spec(name) -> "HeadDrafter | None":
     return None
 
 __all__ = ["Drafter", "ModelDrafter", "ContextDrafter", "ContextState", "NgramDrafter", "SuffixDrafter",
-           "HeadDrafter", "CONTEXT_DRAFTERS", "head_spec", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
+           "HeadDrafter", "CONTEXT_DRAFTERS", "HEAD_DRAFTERS", "head_spec", "drafter_names", "resolve_drafter",
+           "split_draft_name", "draft_spec", "draft_model"]
+
+
+def drafter_names() -> list:
+    """Every drafter name ``draft=`` takes as a string: the keys of this package's ``*_DRAFTERS`` registries
+    (for "did you mean" suggestions; a registry added here is picked up without touching its callers)."""
+    return sorted({n for k, v in globals().items() if k.endswith("_DRAFTERS") and isinstance(v, dict) for n in v})
 
 
 def split_draft_name(name: str | None) -> tuple:
