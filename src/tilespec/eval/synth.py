@@ -26,7 +26,6 @@ generator.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -35,6 +34,8 @@ import tempfile
 import wave
 from pathlib import Path
 from typing import Optional
+
+from tilespec import settings
 
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
 SPEEDS = (145, 160, 175)
@@ -58,7 +59,7 @@ def espeak_backend(backend: Optional[str] = None) -> str:
     RuntimeError naming both fixes when neither is installed."""
     from . import synth_espeak
 
-    backend = (backend or os.environ.get("TILESPEC_ESPEAK_BACKEND") or "auto").strip().lower()
+    backend = (backend or settings.get().espeak_backend).strip().lower()
     if backend not in BACKENDS:
         raise ValueError(f"espeak backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "binary":

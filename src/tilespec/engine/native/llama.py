@@ -16,7 +16,6 @@ by views), so memory is not doubled and the transformers model keeps working.
 """
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
+
+from tilespec import settings
 
 from .attention import decode_attention_bqhd
 from .attention import supported as attention_supported
@@ -267,7 +268,7 @@ class NativeLlama:
         ``layer_fn`` / ``prologue_fn`` / ``head_fn``: :func:`decoder_layer`, :func:`prologue`, :func:`head` or
         compiled copies of them (the runner's compiled paths)."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
-        backends = sdpa_backends(os.environ.get("TILESPEC_SDPA", ""))
+        backends = sdpa_backends(settings.get().sdpa)
         with sdpa_kernel(list(backends)) if backends else nullcontext():
             for w, (k_cache, v_cache) in zip(self.layers, caches):
                 h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias,
