@@ -73,10 +73,6 @@ def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
     got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
     assert len(calls) == 2                                 # target rows and draft rows
     assert torch.equal(got.output_tokens, ref.output_tokens)
-    monkeypatch.setattr(keep, "TOPK16", False)
-    calls.clear()
-    verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
-    assert not calls
 
 
 @pytest.mark.parametrize("pivot", [True, False], ids=["pivot", "fallback"])
@@ -142,15 +138,6 @@ def test_rows_that_overflow_the_pivot_pass_take_the_fallback():
     assert torch.equal(got, _top_k_thresholds(logits, s.top_k, s.temperature, 120))
     got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, k_max=120)
     assert torch.equal(got, keep_threshold(logits, s, method="sort"))
-
-
-@pytest.mark.parametrize("scan", [True, False], ids=["prefix-sum", "atomic-per-id"])
-def test_both_ways_of_placing_collected_ids(scan):
-    logits = _logits(2, 2, 6000, torch.bfloat16, seed=13)
-    top_k = torch.tensor([3, 40])
-    temperature = torch.tensor([1.0, 0.9])
-    got = topk16.top_k_thresholds16(logits, top_k, temperature, k_max=40, chunk=1024, scan=scan)
-    assert torch.equal(got, _top_k_thresholds(logits, top_k, temperature, 40))
 
 
 def test_top_p_on_rows_with_fewer_than_k_finite_logits():
