@@ -78,7 +78,8 @@ def configs(filters: bool, dtype: str):
         for aligned in (False, True):
             yield (f"residual.sample_wide_kernel BLOCK=1024 TILES={tiles} warps={warps} ALIGNED={aligned}",
                    residual.sample_wide_kernel,
-                   dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, TILES=tiles, NT_BLOCK=256, ALIGNED=aligned), warps)
+                   dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, TILES=tiles, NT_BLOCK=256, ALIGNED=aligned,
+                        FAST=True, PDL=False), warps)
 
 
 def main(argv=None) -> int:
