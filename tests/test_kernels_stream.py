@@ -94,7 +94,7 @@ def test_same_bits_for_every_cpp_and_batch(monkeypatch):
     target, dlog, tokens = _case(seed=1)
     sampling = SamplingParams(temperature=[0.0, 0.8, 1.0, 1.2], lenience=[1.0, 1.0, 0.5, 1.0])
     runs = []
-    for cpp in (1, 2, 3, 4):
+    for cpp in (1, 3):   # NC = 4: programs of 3 + 1 chunks (tests/test_kernels_pass1_loop.py: more values)
         monkeypatch.setattr(launch, "CHUNKS_PER_PROGRAM", cpp)
         runs.append(_stats(target, dlog, tokens, sampling))
     for run in runs[1:]:

@@ -57,6 +57,7 @@ def test_tokens_match_reference(draft, top_k):
     assert torch.equal(again.output_tokens, got.output_tokens)
 
 
+@pytest.mark.slow   # statistical (>= 99 % of 128 random rows); the well-separated cases above run by default
 def test_ordinary_cases_agree_with_reference():
     rows = same_ref = 0
     for seed in range(4):
@@ -104,7 +105,7 @@ def test_tile_masses_do_not_depend_on_tiles_per_program(monkeypatch):
     sampling = SamplingParams(temperature=[0.8, 1.0, 1.3, 1.0] * 2)
     n_tiles = -(-150 // launch.BLOCK2)
     runs = []
-    for tiles in (1, 2, 4, 8, 16):
+    for tiles in (1, 4, 16):
         monkeypatch.setattr(launch, "WIDE_TILES", tiles)
         got = verify(target, tokens, draft_logits=dlog, sampling=sampling, seed=3, offsets=torch.arange(8),
                      method="fused")
