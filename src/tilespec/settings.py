@@ -12,8 +12,6 @@ variable                    default                 meaning
 ``TILESPEC_DATA``           ``$TILESPEC_HOME/data`` evaluation data that no package index serves (CNN/DM, LJSpeech)
 ``TILESPEC_SYNTH_DIR``      unset                   the synthetic speech set (``manifest.jsonl`` + clips) of the
                                                     ASR evaluation
-``TILESPEC_ESPEAK_BACKEND`` ``auto``                espeak-ng for synthetic speech: ``auto``, ``binary`` or
-                                                    ``library``
 ``TILESPEC_COMMIT``         unset                   the commit results JSON record (a copy of a working tree,
                                                     e.g. on a GPU machine, may carry a stale ``.git``)
 ``TILESPEC_RUN_AHEAD``      ``1``                   the decoder drafts the next step while the host checks the
@@ -25,6 +23,10 @@ variable                    default                 meaning
                                                     PyTorch's choice)
 ``TILESPEC_DIRECT_LAUNCH``  ``1``                   verification kernels called through their compiled launcher
                                                     on CUDA (``0``: Triton's JIT dispatcher on every call)
+``TILESPEC_HEAD_COMPILE``   ``1``                   the trained draft head is compiled under ``native-graphs``
+                                                    (``0``: eager; a way out when a compile fails)
+``TILESPEC_TP_CHECK``       ``0``                   tensor-parallel runs compare every forward's inputs across
+                                                    ranks (``1``: on; a debugging check, slower)
 =========================== ======================= ==========================================================
 
 Booleans accept ``1/0``, ``true/false``, ``yes/no``, ``on/off`` (any case). ``TRITON_INTERPRET`` is Triton's own
@@ -41,9 +43,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-VARIABLES = ("TILESPEC_HOME", "TILESPEC_DATA", "TILESPEC_SYNTH_DIR", "TILESPEC_ESPEAK_BACKEND", "TILESPEC_COMMIT",
-             "TILESPEC_RUN_AHEAD", "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH")
-ESPEAK_BACKENDS = ("auto", "binary", "library")
+VARIABLES = ("TILESPEC_HOME", "TILESPEC_DATA", "TILESPEC_SYNTH_DIR", "TILESPEC_COMMIT", "TILESPEC_RUN_AHEAD",
+             "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH", "TILESPEC_HEAD_COMPILE",
+             "TILESPEC_TP_CHECK")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -54,12 +56,13 @@ class Settings:
     home: Path
     data: Path
     synth_dir: Optional[Path]
-    espeak_backend: str
     commit: Optional[str]
     run_ahead: bool
     native_kernels: Optional[str]     # None: the engine's default set
     sdpa: str
     direct_launch: bool
+    head_compile: bool
+    tp_check: bool
     native_flex: bool = False         # set from Python only (configure)
     compiled_prefill: bool = False    # set from Python only (configure)
 
@@ -73,13 +76,6 @@ def _flag(name: str, raw: Optional[str], default: bool) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}")
-
-
-def _choice(name: str, raw: Optional[str], choices: tuple, default: str) -> str:
-    value = (raw or default).strip().lower()
-    if value not in choices:
-        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
-    return value
 
 
 def _sdpa(raw: Optional[str]) -> str:
@@ -100,13 +96,13 @@ def parse(env) -> Settings:
         home=home,
         data=Path(data).expanduser() if data else home / "data",
         synth_dir=Path(synth).expanduser() if synth else None,
-        espeak_backend=_choice("TILESPEC_ESPEAK_BACKEND", env.get("TILESPEC_ESPEAK_BACKEND"), ESPEAK_BACKENDS,
-                               "auto"),
         commit=env.get("TILESPEC_COMMIT") or None,
         run_ahead=_flag("TILESPEC_RUN_AHEAD", env.get("TILESPEC_RUN_AHEAD"), True),
         native_kernels=env.get("TILESPEC_NATIVE_KERNELS"),
         sdpa=_sdpa(env.get("TILESPEC_SDPA")),
         direct_launch=_flag("TILESPEC_DIRECT_LAUNCH", env.get("TILESPEC_DIRECT_LAUNCH"), True),
+        head_compile=_flag("TILESPEC_HEAD_COMPILE", env.get("TILESPEC_HEAD_COMPILE"), True),
+        tp_check=_flag("TILESPEC_TP_CHECK", env.get("TILESPEC_TP_CHECK"), False),
     )
 
 

@@ -96,8 +96,8 @@ def _add_make_synthetic(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-digits", action="store_true",
                    help="also use sentences with digits/symbols (espeak-ng's reading may then differ from the text)")
     p.add_argument("--backend", default=None, choices=("auto", "binary", "library"),
-                   help="espeak-ng program, or its library from espeakng-loader (default: $TILESPEC_ESPEAK_BACKEND, "
-                        "else auto: the program when installed, else the library)")
+                   help="espeak-ng program, or its library from espeakng-loader (default auto: the program when "
+                        "installed, else the library)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=run_make_synthetic)
 

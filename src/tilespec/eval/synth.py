@@ -12,7 +12,7 @@ Layout of a set folder (``tilespec eval make-synthetic --out DIR``):
     ``sample_rate``, ``duration_s``, ``kind`` (``synthetic-espeak-ng``);
   * ``meta.json``: generator settings, the backend and espeak-ng version, the caveat above.
 
-Backends (``backend=`` / ``--backend`` / ``$TILESPEC_ESPEAK_BACKEND``): ``binary`` runs the ``espeak-ng`` program;
+Backends (``backend=`` / ``--backend``): ``binary`` runs the ``espeak-ng`` program;
 ``library`` drives ``libespeak-ng`` from the PyPI wheel ``espeakng-loader`` with ctypes (``tilespec[asr-synth]``; see
 synth_espeak.py), for machines without the program; ``auto`` (default) takes the binary when it is on PATH, else
 the library. Both give 22.05 kHz int16 audio resampled to 16 kHz the same way; the voices are the binary's names.
@@ -35,8 +35,6 @@ import wave
 from pathlib import Path
 from typing import Optional
 
-from tilespec import settings
-
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
 SPEEDS = (145, 160, 175)
 KIND = "synthetic-espeak-ng"
@@ -55,11 +53,11 @@ def espeak_exe() -> str:
 
 
 def espeak_backend(backend: Optional[str] = None) -> str:
-    """``binary`` or ``library``: ``backend`` (default ``$TILESPEC_ESPEAK_BACKEND``, else ``auto``) resolved;
+    """``binary`` or ``library``: ``backend`` (default ``auto``) resolved;
     RuntimeError naming both fixes when neither is installed."""
     from . import synth_espeak
 
-    backend = (backend or settings.get().espeak_backend).strip().lower()
+    backend = (backend or "auto").strip().lower()
     if backend not in BACKENDS:
         raise ValueError(f"espeak backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "binary":
