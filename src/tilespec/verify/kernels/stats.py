@@ -41,7 +41,7 @@ def _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr,
     """Step 1 of pass 2 (``sample._request_n``, the same code), run once per request on its complete
     statistics: n = the first rejected position (or K_b). Greedy requests: the token is row n's argmax and every
     output is written here. Sampling requests: n -> nrow[b] (int32), (lse of target row n, lse of draft row n or 0)
-    -> lse[b, 0:2] (fp32), for ``sample.sample_row_kernel``."""
+    -> lse[b, 0:2] (fp32), for ``residual.sample_wide_kernel``."""
     live = b >= 0   # always: a mask the compiler folds away
     cols = tl.arange(0, NC_BLOCK)
     n, k_b, _, _, temp, _, _, _ = _request_n(
