@@ -13,7 +13,7 @@ from tilespec.exactness.stats import fit_test
 from tilespec.exactness.suite import biased_reference, check_determinism, method_sampler, run_case, run_suite
 from tilespec.verify.validation import resolve_sampling
 
-SAMPLES = 50_000
+SAMPLES = 40_000   # the planted 1 % bias is caught in all three power cases from ~30,000 draws (not at 20,000)
 
 
 def _law(case, k_b):
