@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tilespec.cli import main
-from tilespec.eval import bench_e2e
-from tilespec.eval.data import TASKS, data_root, load_code_edit, load_task
-from tilespec.eval.e2e_systems import Config
+from tilespec.bench import e2e as bench_e2e
+from tilespec.bench.data import TASKS, data_root, load_code_edit, load_task
+from tilespec.bench.e2e_systems import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["bench", "e2e", "--tiny", "--prompts", "2", "--temperature", "0", "--max-new-tokens", "5",
@@ -129,9 +129,29 @@ def test_context_drafters_run_or_say_they_are_missing(tmp_path):
     for name in ("ngram:reference/g2", "suffix:reference/g2"):
         r = rows[name]
         if "error" in r:
-            assert "no context drafter" in r["error"]
+            assert "this engine has no drafter" in r["error"]
         else:
             assert r["greedy_match_ar"] == 1.0 and r["cost_ratio"] is not None
+
+
+def test_a_newly_registered_drafter_is_a_system_without_bench_changes(tmp_path, monkeypatch):
+    """A drafter name the engine learns to resolve runs alone and as tilespec+NAME (draft model fallback)."""
+    from tilespec.engine import drafters
+
+    class EchoDrafter(drafters.NgramDrafter):
+        kind = "echo"
+
+    monkeypatch.setitem(drafters.CONTEXT_DRAFTERS, "echo", EchoDrafter)
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1", "--systems", "ar,echo,tilespec+echo", "--json", str(out)]) == 0
+    rows = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"ar", "echo:reference/g2", "tilespec+echo:reference/g2"}
+    for name in ("echo:reference/g2", "tilespec+echo:reference/g2"):
+        r = rows[name]
+        assert "error" not in r and r["kind"] == name.split(":")[0] and r["greedy_match_ar"] == 1.0
+        assert r["match_share"] is not None and r["drafter"].endswith("echo")
+    assert main(TINY + ["--systems", "ar,nosuch", "--json", str(out)]) == 1      # an unknown name: one-line error
 
 
 def test_code_edit_prompts():
@@ -151,7 +171,7 @@ def test_code_edit_file_is_the_generators_output():
     version = load_code_edit()[0]["python"]
     if platform.python_version() != version:
         pytest.skip(f"the committed prompts come from CPython {version}, this is {platform.python_version()}")
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scripts" / "make_code_edit.py"), "--check"],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.make_code_edit", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -167,7 +187,7 @@ def test_cnndm_task_prompts():
 
 
 def test_xsum_task_prompts():
-    from tilespec.eval.data import xsum_wheel
+    from tilespec.bench.data import xsum_wheel
     try:
         wheel = xsum_wheel(download=False)
     except FileNotFoundError:

@@ -70,8 +70,8 @@ def test_bench_e2e_with_ngram_draft(tmp_path):
 
 
 def test_eval_loads_context_drafts(monkeypatch):
-    from tilespec.eval.harness import EvalConfig
-    from tilespec.eval.run import load_models
+    from tilespec.bench.config import EvalConfig
+    from tilespec.bench.quality import load_models
 
     calls = []
 
@@ -100,7 +100,7 @@ def test_demo_times_both_modes_and_reports_the_speedup(registry, tmp_path, capsy
 
 def test_eval_main_study_with_an_ngram_draft():
     from test_eval import DOCS, ToyTokenizer as WordTokenizer, small_cfg
-    from tilespec.eval.run import evaluate
+    from tilespec.bench.quality import evaluate
 
     torch.set_num_threads(1)
     target = tiny_lm(0, logit_scale=4.0)

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import tilespec.verify.kernels  # noqa: F401  (Triton interpreter on CPU before anything imports triton)
-from tilespec.eval import data, metrics
-from tilespec.eval.harness import EvalConfig
-from tilespec.eval.report import build_report
-from tilespec.eval.run import evaluate, write_results
-from tilespec.eval.tasks import AsrTask, TextTask
+from tilespec.bench import data, metrics
+from tilespec.bench.config import EvalConfig
+from benchmarks.report.build import build_report
+from benchmarks.studies import STUDIES
+from tilespec.bench.quality import evaluate, write_results
+from tilespec.bench.tasks import AsrTask, TextTask
 from tilespec.verify import SamplingParams
 from tilespec.verify.registry import get_method
 
@@ -128,7 +129,7 @@ def test_summarization_greedy_exact_methods_match_baseline(lm_pair):
 
 def test_sampling_run_all_studies_and_report(lm_pair, tmp_path):
     cfg = small_cfg(temperature=1.0, methods=("hf", "tiled", "sigmoid"), studies=("main", "acceptance", "gamma", "alphabeta"))
-    rec = evaluate(cfg, models=lm_pair, examples=DOCS, log=lambda *a: None)
+    rec = evaluate(cfg, models=lm_pair, examples=DOCS, log=lambda *a: None, studies=STUDIES)
     rows = rec["methods"]
     assert set(rows) == {"hf", "tiled", "sigmoid"}
     for r in rows.values():
@@ -141,7 +142,7 @@ def test_sampling_run_all_studies_and_report(lm_pair, tmp_path):
     assert len(doc["runs"]) == 1
     json.loads(path.read_text())
     text = build_report(tmp_path, tmp_path / "REPORT.md", tmp_path / "figs")
-    assert "## Table 1" in text and "## Table 8" in text and "| paper |" in text and "## Tables 2 / 7" in text
+    assert "## Table 1" in text and "## Table 8" in text and "Paper (Table 1)" in text and "## Tables 2 / 7" in text
     assert (tmp_path / "figs" / "fig3-time-per-step.png").is_file()
 
 
@@ -153,7 +154,7 @@ def test_asr_path_on_tiny_whisper():
     proc = ToyProcessor()
     task = AsrTask(proc, prefix=[1])
     cfg = small_cfg(task="asr", dataset="ljspeech", methods=("hf", "fused"), temperature=0.0)
-    from tilespec.eval.harness import run_main
+    from tilespec.bench.harness import run_main
     rows = run_main(target, draft, task, clips, cfg, log=lambda *a: None)
     assert rows["fused"]["texts"] == rows["hf"]["texts"]
     assert 0.0 <= rows["hf"]["wer"]
@@ -206,7 +207,8 @@ def _record_run_verify(monkeypatch):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_warmup_covers_every_reachable_k_and_draft_kind(lm_pair, monkeypatch, temperature):
-    from tilespec.eval.harness import draft_kinds, make_decoder, reachable_ks, warm_up
+    from tilespec.bench.harness import make_decoder
+    from tilespec.bench.warmup import draft_kinds, reachable_ks, warm_up
 
     target, draft, tok = lm_pair
     cfg = small_cfg(temperature=temperature, methods=("hf",), gamma=3, max_gamma=7, schedule="heuristic")
@@ -225,7 +227,8 @@ def test_warmup_covers_every_reachable_k_and_draft_kind(lm_pair, monkeypatch, te
 
 
 def test_warmup_is_cheap_on_cpu_by_default(lm_pair, monkeypatch):
-    from tilespec.eval.harness import make_decoder, warm_up
+    from tilespec.bench.harness import make_decoder
+    from tilespec.bench.warmup import warm_up
 
     target, draft, tok = lm_pair
     cfg = small_cfg(temperature=1.0, methods=("hf",))
@@ -237,7 +240,7 @@ def test_warmup_is_cheap_on_cpu_by_default(lm_pair, monkeypatch):
 
 
 def test_forced_gamma_plans_fit_and_cover():
-    from tilespec.eval.harness import plan_forced
+    from tilespec.bench.warmup import plan_forced
 
     for limit in (8, 32, 100):
         ks = list(range(0, 21))
@@ -248,7 +251,8 @@ def test_forced_gamma_plans_fit_and_cover():
 
 
 def test_forced_gammas_drive_the_engine(lm_pair):
-    from tilespec.eval.harness import forced_gammas, make_decoder
+    from tilespec.bench.harness import make_decoder
+    from tilespec.bench.warmup import forced_gammas
 
     target, draft, tok = lm_pair
     cfg = small_cfg(temperature=1.0, methods=("hf",), max_gamma=8)
@@ -262,7 +266,7 @@ def test_forced_gammas_drive_the_engine(lm_pair):
 
 def test_sigmoid_scale_is_a_method_option_that_keys_the_verify_graph(monkeypatch):
     from tilespec.engine import step
-    from tilespec.eval.harness import method_options
+    from tilespec.bench.config import method_options
 
     keys = []
 
@@ -290,7 +294,7 @@ def test_time_budget_cuts_every_method_at_the_same_example(lm_pair):
     docs = DOCS + [dict(id="9", document="a dog ran", reference="w1")]
     saved = []
     cfg = small_cfg(methods=("hf", "tiled"), studies=("main", "acceptance"), time_budget=1e-3)
-    rec = evaluate(cfg, models=lm_pair, examples=docs, log=lambda *a: None, on_update=saved.append)
+    rec = evaluate(cfg, models=lm_pair, examples=docs, log=lambda *a: None, on_update=saved.append, studies=STUDIES)
     assert rec["n"] == 1 and rec["n_requested"] == 3 and "budget_note" in rec
     assert all(r["examples"] == 1 for r in rec["methods"].values())
     assert len(rec["ids"]) == len(rec["references"]) == 1

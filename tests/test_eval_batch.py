@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tilespec.verify.kernels  # noqa: F401  (Triton interpreter on CPU before anything imports triton)
-from tilespec.eval.harness import EvalConfig
-from tilespec.eval.run import evaluate, find_run, resumable, write_results
+from tilespec.bench.config import EvalConfig
+from tilespec.bench.quality import evaluate, find_run, resumable, write_results
 
 from engine_models import layer_skip, tiny_lm
 
@@ -97,7 +97,7 @@ def test_cut_off_run_resumes_without_redoing_examples(pair, tmp_path, monkeypatc
     assert prev is not None and resumable(prev, cfg, [d["id"] for d in DOCS]) is None
     assert [c["idx"] for c in prev["raw"]["fused"]] == [[0, 1]] and prev["n"] == 2
 
-    from tilespec.eval import harness
+    from tilespec.bench import harness
     decoded = []
     original = harness.decode_chunk
 
@@ -130,9 +130,9 @@ def test_capacity_buckets_match_the_engine(pair):
     """warmup.capacity_bucket / shape_groups predict the (capacity, B) of the runners the engine builds for each
     chunk (compile="native": shared, rounded runners on CPU), so the warm-up captures the timed shapes."""
     from tilespec.engine.leases import _COMPILED_RUNNERS, release_compiled
-    from tilespec.eval.harness import make_decoder
-    from tilespec.eval.tasks import TextTask
-    from tilespec.eval.warmup import batch_inputs, capacity_bucket, shape_groups
+    from tilespec.bench.harness import make_decoder
+    from tilespec.bench.tasks import TextTask
+    from tilespec.bench.warmup import batch_inputs, capacity_bucket, shape_groups
 
     target, draft, tok = pair
     cfg = cfg_of(methods=("hf",), compile="native", max_new_tokens=4)

@@ -1,8 +1,8 @@
-"""`tilespec eval scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
+"""`python -m benchmarks.scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
 import argparse
 import time
 
-from tilespec.eval import scale
+from benchmarks import scale
 
 
 def _args(tmp_path, stages, total):
@@ -50,7 +50,7 @@ def test_stage_order_does_not_matter_for_the_draft_model(tmp_path):
             return "target", "draft-model", "proc", cfg.draft
 
     models = Recorder(False, "cpu", drafts={"summarization": "small-draft", "asr": "asr-draft"})
-    from tilespec.eval.config import EvalConfig
+    from tilespec.bench.config import EvalConfig
     assert models.get(EvalConfig(device="cpu", draft="ngram")) == ("target", "ngram", "proc")
     assert models.get(EvalConfig(device="cpu", draft="small-draft")) == ("target", "draft-model", "proc")
     assert loaded == ["small-draft"]
@@ -59,7 +59,7 @@ def test_stage_order_does_not_matter_for_the_draft_model(tmp_path):
 def test_runs_finished_earlier_take_no_share_of_a_resumed_stage(tmp_path, monkeypatch):
     """A resumed stage whose other runs are done gives its whole budget to the run still to finish (a share computed
     over runs that were already complete once lost two n-gram resumes)."""
-    from tilespec.eval import run as run_mod
+    from tilespec.bench import quality as run_mod
 
     a = _args(tmp_path, ["drafters"], 100.0)
     runs = scale.runs_of("drafters", a)

@@ -1,12 +1,12 @@
-"""Experiment helpers of ``tilespec bench multidraft`` on synthetic logits (no real models needed)."""
+"""Experiment helpers of ``python -m benchmarks.multidraft`` on synthetic logits (no real models needed)."""
 import argparse
 
 import pytest
 import torch
 
-from tilespec.eval import bench_multidraft
+from benchmarks.multidraft import study as bench_multidraft
 from tilespec.multidraft.decoding import Round
-from tilespec.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
+from benchmarks.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
 from tilespec.verify.types import SamplingParams
 
 

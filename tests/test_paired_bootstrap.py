@@ -4,7 +4,7 @@ import pytest
 pytest.importorskip("rouge_score")
 pytest.importorskip("jiwer")
 
-from tilespec.eval.metrics import paired_bootstrap, rouge1, wer  # noqa: E402
+from tilespec.bench.metrics import paired_bootstrap, rouge1, wer  # noqa: E402
 
 REFS = ["the cat sat on the mat", "a dog ran in the park today", "rain is expected over the weekend",
         "the market closed higher on friday", "scientists found water on the moon"] * 4

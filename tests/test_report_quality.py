@@ -1,8 +1,8 @@
 """Paper-scale quality table: ROUGE-1/2/L or WER with bootstrap intervals, recomputed from committed outputs."""
 import pytest
 
-from tilespec.eval.metrics import bootstrap_ci, rouge1, rouge_per_example
-from tilespec.eval.report_quality import method_quality, quality_table
+from tilespec.bench.metrics import bootstrap_ci, rouge1, rouge_per_example
+from benchmarks.report.quality import method_quality, quality_table
 
 
 def test_rouge_per_example_matches_rouge1_and_orders_types():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from tilespec.eval.report import build_report, load_results
-from tilespec.eval.report_summary import TITLE, summary_section
+from benchmarks.report.build import build_report, load_results
+from benchmarks.report.summary import TITLE, summary_section
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "transformers": "5.17", "commit": "abc1234",
        "date": "2026-11-24T10:00:00+00:00"}
@@ -139,7 +139,8 @@ def test_report_layout_and_figure(tmp_path):
             in text)
     assert "| m-1.5b | 1 | 300.0 | native-graphs | 150.0 | 30.0 | 2.00 |" in text
     assert "| m-1.5b | 8 | 2000.0 | ? | – | – | – |" in text
-    assert "| 1 | 5 | none | 10.0 / 100.0 | – / – | 8.0 / 90.0 | – / – | – / 500.0 | – / 200.0 |" in text
+    assert "| B | γ | filter | hf | fused | sigmoid | flashinfer |" in text          # measured methods, registry order
+    assert "| 1 | 5 | none | – / 500.0 | 10.0 / 100.0 | 8.0 / 90.0 | – / 200.0 |" in text
     assert "| `exactness-cpu-2026-11-21.json` | cpu | fused | 1,000 | 1/2 | 1e-09 | 0.2 | 1/1 |" in text
 
 
@@ -174,7 +175,7 @@ def test_no_results_at_all(tmp_path):
 
 def test_e2e_groups_spread_and_kinds():
     """Whiskers come from the per-batch rates of a row's ``runs``; old system names map to the same kinds."""
-    from tilespec.eval.report_summary_data import e2e_groups, kind
+    from benchmarks.report.summary_data import e2e_groups, kind
     groups = dict(e2e_groups(_new_layout()))
     best = {r["kind"]: r for r in groups[("xsum", 0.0, 1)]}
     assert best["tilespec"]["spread"] == (200.0, 400.0) and best["ngram"]["spread"] is None
@@ -206,7 +207,7 @@ def _scale_run(dataset, temp, n, req, sig=False):
 
 def test_eval_scale_in_summary_and_tables(tmp_path):
     """Batched partial runs: n of target, B, 'partial', identity counts from raw sequences, sigmoid's drop + speed."""
-    from tilespec.eval.report_tables import identical_count
+    from benchmarks.report.tables import identical_count
     _write(tmp_path, "eval-scale-H100-xsum-t0-2026-11-24.json",
            {"kind": "eval", "commit_note": "code of abc1234", "runs": [_scale_run("xsum", 0.0, 5, 304)]})
     _write(tmp_path, "eval-scale-H100-xsum-t1-2026-11-24.json",
@@ -224,10 +225,10 @@ def test_eval_scale_in_summary_and_tables(tmp_path):
     assert "xsum (n = 4) ROUGE1 0.150 vs 0.200 (-25 %) at 1.50× hf tok/s" in summary
     assert "xsum T=1 H100 B=16: n = 4 of 304 (partial) ⚠" in summary
     t1 = text[text.index("## Table 1"):text.index("## Table 5")]
-    assert "| ours | XSum, T=0, H100, B=16 (batched) | tgt / drf | ROUGE1 | 5 of 304 (**partial**) |" in t1
+    assert "| XSum, T=0, H100, B=16 (batched) | tgt / drf | ROUGE1 | 5 of 304 (**partial**) |" in t1
     assert "| 4/5 / 4/5 |" in t1
-    assert ("| XSum, T=1, H100, B=16 (batched) | 4 of 304 (**partial**) | ROUGE1 | 0.200 | 0.200 | 0.150 | "
-            "-0.050 (-25.0%) | 100 | 125 | 150 | 1.50× |") in t1
+    assert ("| XSum, T=1, H100, B=16 (batched) | 4 of 304 (**partial**) | sigmoid | ROUGE1 | 0.200 | 0.150 | "
+            "-0.050 (-25.0%) | 100 | fused 125 | 150 | 1.50× |") in t1
     runs_table = text[text.index("## Runs"):]
     assert "- run 1: batched main comparison" in runs_table and "code of abc1234" in runs_table
 
@@ -235,7 +236,7 @@ def test_eval_scale_in_summary_and_tables(tmp_path):
 def test_whisper_settings_drafters_and_filters(tmp_path):
     """A --whisper file that recorded the text defaults is shown as whisper-base; same-day files are ordered by
     time; best drafter per task names what was not measured; verify filter rows; GPU exactness first."""
-    from tilespec.eval.report_summary import filter_cells
+    from benchmarks.report.summary import filter_cells
     whisper = {"environment": dict(ENV, date="2026-11-24T18:00:00"), "note": "ar tokens shifted by one",
                "settings": dict(target="qwen2.5-coder-1.5b-instruct", whisper=True, num_prompts=32,
                                 max_new_tokens=96, task="xsum"),
@@ -319,7 +320,7 @@ def test_glance_table_eval_rows(tmp_path):
     assert "| T=1: `fused` − `hf` quality, paired bootstrap 95 % interval | xsum ROUGE1 +0.000 [+0.000, +0.000] |" \
         in glance
     assert "**+97.0 % to +98.5 %** | 2 runs, B=16; 1 run(s) with a timing note left out |" in glance
-    assert "| ours ‡ | CNN/DM, T=0" in text and "timed while another job shared the GPU" in text
+    assert "| CNN/DM, T=0, H100, B=16 (batched) ‡ |" in text and "timed while another job shared the GPU" in text
     # fused 125 tok/s in the main run and 200 with the n-gram drafter, over the target-only run's 250
     assert "0.5B draft xsum 0.50×; ngram xsum (n=4) 0.80×" in glance
     assert "xsum ROUGE1 0.150 vs 0.200 at 1.50× the tok/s" in glance

@@ -345,7 +345,7 @@ def test_method_options_are_validated_and_registry_records_describe_methods():
     from tilespec.verify.registry import all_methods, get_method
     names = [m.name for m in all_methods()]
     assert names[:5] == ["hf", "reference", "tiled", "fused", "sigmoid"]
-    assert {m.name for m in all_methods() if m.graph_safe} == {"reference", "fused", "sigmoid", "tiled"}
+    assert {m.name for m in all_methods() if m.graph_safe} == {"reference", "fused", "sigmoid", "tiled", "coupled"}
     assert not get_method("sigmoid").exact and get_method("sigmoid").needs_triton
     assert get_method("sigmoid").resolve_options({"beta": 5}) == (("alpha", -1e4), ("beta", 5.0))
     with pytest.raises(ValueError, match="no option"):

@@ -1,16 +1,18 @@
-"""``tilespec bench verify|e2e|multidraft``: benchmarks, each implemented by ``tilespec.eval.bench_<name>``.
+"""``tilespec bench verify|e2e``: benchmarks, each implemented by ``tilespec.bench.<name>``.
 
 Each benchmark module defines ``add_arguments(parser)`` and ``run(args) -> int`` and keeps heavy imports inside
-``run`` so that building the CLI stays fast.
+``run`` so that building the CLI stays fast. ``bench multidraft`` (the multi-draft paper study) moved to the
+repository's ``python -m benchmarks.multidraft``.
 """
 from __future__ import annotations
 
 import importlib
 
+from ._moved import add_moved
+
 BENCHMARKS = {
     "verify": "verification step: every method vs transformers and FlashInfer (GPU)",
     "e2e": "end-to-end speculative decoding on real models vs HF assisted generation",
-    "multidraft": "multi-draft selection schemes: block efficiency and token rate",
 }
 
 
@@ -18,12 +20,8 @@ def register(sub) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and write JSON under bench/results/")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     for name, help_text in BENCHMARKS.items():
-        try:
-            module = importlib.import_module(f"tilespec.eval.bench_{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"tilespec.eval.bench_{name}":
-                raise
-            continue
+        module = importlib.import_module(f"tilespec.bench.{name}")
         parser = bench_sub.add_parser(name, help=help_text)
         module.add_arguments(parser)
         parser.set_defaults(func=module.run)
+    add_moved(bench_sub, "multidraft", "multidraft", "the multi-draft selection study")

@@ -28,7 +28,7 @@ from .common import DTYPE, Stream, check_law
 from .schemes import SchemeSpec, parse_scheme, select
 
 
-def _probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """[B, R, V] logits -> float64 probabilities under ``sampling`` (per request b)."""
     resolved = resolve_sampling(sampling, logits.shape[0], logits.device)
     probs = torch.exp(log_probs(logits, resolved).to(DTYPE))
@@ -97,7 +97,7 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
     if target_probs is not None:
         p_all = target_probs.to(DTYPE)
     else:
-        p_all = _probs(target_logits.reshape(b, k * (L + 1), v), sampling).view(b, k, L + 1, v)
+        p_all = sampling_probs(target_logits.reshape(b, k * (L + 1), v), sampling).view(b, k, L + 1, v)
     if draft_probs is not None:
         q_all = draft_probs.to(DTYPE)
     else:
@@ -105,7 +105,7 @@ def verify_multidraft(target_logits: Optional[torch.Tensor], draft_tokens: torch
         per = [per] * k if isinstance(per, SamplingParams) else list(per)
         if len(per) != k:
             raise ValueError(f"draft_sampling must be one SamplingParams or {k} of them, got {len(per)}")
-        q_all = torch.stack([_probs(draft_logits[:, i], per[i]) for i in range(k)], dim=1)
+        q_all = torch.stack([sampling_probs(draft_logits[:, i], per[i]) for i in range(k)], dim=1)
 
     if check_values:
         check_law(p_all, "target probabilities")

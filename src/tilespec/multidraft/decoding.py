@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..verify.types import SamplingParams, VerifyResult
-from .chain import _probs, verify_multidraft
+from .chain import sampling_probs, verify_multidraft
 
 
 @dataclass
@@ -88,7 +88,7 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
         logits = out.logits[:, -1].float()
         if t == 0 and plen > 1:
             pending_draft = out.logits[0, :-1].float()
-        q = _probs(logits[:, None], row_sampling)[:, 0]                              # [B*K, V] float64
+        q = sampling_probs(logits[:, None], row_sampling)[:, 0]                       # [B*K, V] float64
         q = q[_canonical_rows(rows, tokens, temps)]
         tok = torch.multinomial(q.float(), 1, generator=generator).squeeze(1)
         tokens.append(tok), raw.append(logits), probs.append(q)

@@ -1,0 +1,65 @@
+"""``tilespec serve``: the OpenAI-compatible server (tilespec.serve) on uvicorn."""
+from __future__ import annotations
+
+from tilespec.cli.generate import non_negative_int, positive_int
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from tilespec.api import load_pair
+    from tilespec.env import pick_device, pick_dtype
+    from tilespec.serve import build_server
+    from tilespec.verify.registry import get_method
+    get_method(args.method)                      # a typo fails before loading models
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    draft_name = None if args.draft in (None, "none") else args.draft
+    target, draft, tok = load_pair(args.target, draft_name, device, dtype, log=print)
+    compile_mode = {"auto": device.type == "cuda", "off": False}.get(args.compile, args.compile)
+    app = build_server(target, tok, draft=draft, model_name=args.served_model_name or args.target,
+                       max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len, max_queue=args.max_queue,
+                       default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
+                       chat=not args.no_chat, method=args.method, compile=compile_mode,
+                       prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
+                       adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec])
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=int(args.shutdown_timeout))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
+                       description="Serve TARGET over the OpenAI API (/v1/chat/completions, /v1/completions with "
+                                   "stream=true, /v1/models, /health, /metrics); see docs/serve.md.")
+    p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
+    p.add_argument("--draft", default=None,
+                   help="none (default), ngram, suffix, or a draft model name (e.g. NAME:layers=8)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --target)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=positive_int, default=8000)
+    p.add_argument("--max-batch", type=positive_int, default=16, help="batch rows (concurrently decoded requests)")
+    p.add_argument("--max-len", type=positive_int, default=None,
+                   help="longest prompt + max_tokens (default: the model's context, at most 2048)")
+    p.add_argument("--max-queue", type=positive_int, default=256, help="waiting requests before 429")
+    p.add_argument("--default-max-tokens", type=positive_int, default=256)
+    p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
+    p.add_argument("--spec-max-batch", type=positive_int, default=None,
+                   help="draft nothing while more requests than this are decoding (default: always draft)")
+    p.add_argument("--adaptive-spec", choices=("auto", "on", "off"), default="auto",
+                   help="draft per step row count only where it measures faster than target-only steps (auto: on "
+                        "for ngram / suffix with --method coupled, where it changes no token)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
+    p.add_argument("--method", default="coupled",
+                   help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "
+                        "target-only decoding's whatever is drafted; reference, fused, ...)")
+    p.add_argument("--compile", default="auto",
+                   help="auto (CUDA graphs on a GPU), off, or a decoder compile mode: native, native-graphs, graphs")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--no-chat", action="store_true", help="chat requests without the tokenizer's chat template")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish on shutdown before they are cancelled")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=run)

@@ -1,0 +1,225 @@
+"""``tilespec serve`` end to end on CPU: a uvicorn server in a thread with a tiny model, the openai client and httpx.
+
+Covers the OpenAI endpoints (chat / completions, streaming, usage, stop strings), 16+ concurrent requests over 4
+batch rows, exactness under batching (a seeded request's text alone == amid other traffic), client cancellation
+freeing the row, OpenAI-style errors (404 / 400 / 429 / 503) and a graceful shutdown that finishes running streams.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from tilespec.serve import build_server  # noqa: E402
+
+from engine_models import tiny_lm  # noqa: E402
+
+MODEL = "tiny"
+
+
+class CharTokenizer:
+    """Characters <-> ids (vocab 128); a chat template joining every turn; no EOS (completions run to length)."""
+
+    chat_template = "turns"
+    eos_token_id = None
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = ([1] if add_special_tokens else []) + [3 + (ord(c) % 120) for c in text]
+        return type("Enc", (), {"input_ids": ids})()
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
+
+
+class Server:
+    """A uvicorn server on a free port in a daemon thread."""
+
+    def __init__(self, app):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        end = time.time() + 20
+        while time.time() < end:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("the test server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, cls=None):
+        return (cls or openai.OpenAI)(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=30)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+def make_app(**kw):
+    torch.manual_seed(0)
+    target = tiny_lm(0, logit_scale=3.0)
+    target.generation_config.eos_token_id = None
+    options = dict(draft="ngram", model_name=MODEL, max_batch=4, gamma=3, max_len=96, max_queue=64,
+                   default_max_tokens=16, prefill_chunk=8)
+    options.update(kw)
+    return build_server(target, CharTokenizer(), **options)
+
+
+@pytest.fixture(scope="module")
+def server():
+    torch.set_num_threads(1)
+    srv = Server(make_app())
+    yield srv
+    srv.stop()
+
+
+def metric(srv, name) -> float:
+    for line in httpx.get(f"{srv.url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def test_models_health_metrics(server):
+    assert [m.id for m in server.client().models.list().data] == [MODEL]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert metric(server, "tilespec_batch_slots") == 4
+
+
+def test_chat_stream_equals_non_stream_and_reports_usage(server):
+    client = server.client()
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "abcabcabc"}], max_tokens=12, temperature=0.8,
+               seed=3)
+    full = client.chat.completions.create(**ask)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12 and full.usage.prompt_tokens == len("<user>abcabcabc<assistant>")
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.total_tokens == full.usage.total_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_completions_text_and_token_prompts_and_stop_strings(server):
+    client = server.client()
+    a = client.completions.create(model=MODEL, prompt="hello there", max_tokens=16, temperature=0)
+    b = client.completions.create(model=MODEL, prompt=[1] + [3 + (ord(c) % 120) for c in "hello there"],
+                                  max_tokens=16, temperature=0)
+    text = a.choices[0].text
+    assert text == b.choices[0].text and a.usage.completion_tokens == 16 and len(text) > 8
+    stop = text[6:8]
+    cut = client.completions.create(model=MODEL, prompt="hello there", max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[:text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model=MODEL, prompt="hello there", max_tokens=16, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text[:text.find(stop)]
+
+
+def test_concurrent_requests_match_their_solo_runs(server):
+    """20 requests over 4 rows (mixed temperatures, top-p, lengths): each seeded request's text equals its text
+    alone, and nothing is lost."""
+    asks = [dict(model=MODEL, messages=[{"role": "user", "content": "xyz" * (1 + i % 5) + str(i)}],
+                 max_tokens=4 + (7 * i) % 13, temperature=(0.0, 0.7, 1.0, 1.3)[i % 4], top_p=(1.0, 0.9)[i % 2],
+                 seed=100 + i) for i in range(20)]
+
+    async def run():
+        client = server.client(openai.AsyncOpenAI)
+
+        async def one(ask):
+            out = await client.chat.completions.create(**ask)
+            return out.choices[0].message.content, out.usage.completion_tokens
+
+        crowd = await asyncio.gather(*(one(a) for a in asks))
+        solo = [await one(asks[i]) for i in (0, 5, 10, 19)]
+        return crowd, solo
+
+    crowd, solo = asyncio.run(run())
+    assert [c[1] for c in crowd] == [a["max_tokens"] for a in asks]
+    assert solo == [crowd[i] for i in (0, 5, 10, 19)]
+
+
+def test_disconnect_frees_the_row(server):
+    before = metric(server, "tilespec_requests_cancelled_total")
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=dict(
+            model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+    end = time.time() + 10
+    while time.time() < end and (metric(server, "tilespec_requests_running") > 0 or
+                                 metric(server, "tilespec_requests_cancelled_total") == before):
+        time.sleep(0.05)
+    assert metric(server, "tilespec_requests_running") == 0
+    assert metric(server, "tilespec_requests_cancelled_total") == before + 1
+
+
+def test_openai_style_errors(server):
+    client = server.client()
+    chat = dict(messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-4", **chat)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=MODEL, temperature=-1, **chat)
+    with pytest.raises(openai.BadRequestError, match="positions"):
+        client.completions.create(model=MODEL, prompt="x" * 90, max_tokens=20)
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        client.chat.completions.create(model=MODEL, n=2, **chat)
+    resp = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 0})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
+    worker = server.app.state.worker
+    worker.max_queue = 0
+    try:
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=MODEL, **chat)
+    finally:
+        worker.max_queue = 64
+    worker.draining = True
+    try:
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model=MODEL, **chat)
+        assert httpx.get(f"{server.url}/health").status_code == 503
+    finally:
+        worker.draining = False
+
+
+def test_graceful_shutdown_finishes_running_streams():
+    srv = Server(make_app(draft=None, max_batch=2))
+    got = {}
+
+    def consume():
+        stream = srv.client().completions.create(model=MODEL, prompt="abc", max_tokens=60, temperature=0,
+                                                 stream=True)
+        chunks = list(stream)
+        got["text"] = "".join(c.choices[0].text for c in chunks)
+        got["reason"] = chunks[-1].choices[0].finish_reason
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    end = time.time() + 10
+    while time.time() < end and metric(srv, "tilespec_requests_running") == 0:
+        time.sleep(0.01)
+    srv.stop()
+    reader.join(timeout=20)
+    assert got.get("reason") == "length" and len(got["text"]) > 30
