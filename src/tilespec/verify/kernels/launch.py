@@ -199,7 +199,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             p.kernel1 = "stream"
             p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
                             num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP, PDL=_pdl(device))
-            if not _INTERPRET:
+            if MAXNREG1 > 0 and not _INTERPRET:   # 0: no cap
                 p.const1["maxnreg"] = MAXNREG1
             p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
             p.nrow = torch.empty(batch, dtype=torch.int32, device=device)
