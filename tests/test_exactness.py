@@ -54,7 +54,7 @@ def test_fit_test_flags_impossible_samples_and_accepts_exact_counts():
         fit_test(np.array([1, 2]), probs)
 
 
-@pytest.mark.parametrize("method", ["reference", "hf"])
+@pytest.mark.parametrize("method", ["reference", "hf", "coupled"])
 def test_exact_methods_pass_every_case(method):
     results = run_suite([method], samples=SAMPLES, power_check=False)
     failed = [(r.case, r.min_p_value) for r in results if not r.passed]
