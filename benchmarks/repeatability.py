@@ -12,7 +12,7 @@ dtype, and fp32) on each divergent prefix and records its top logits there: a ga
 split is a near tie that rounding decides.
 
     python3 -m benchmarks.repeatability --dataset xsum --offset 80 --committed \\
-        bench/results/eval-scale-xsum-t0-h100.json --probe --json bench/results/repeatability-xsum-h100.json
+        bench/results/eval-scale-text-h100.json --probe --json bench/results/repeatability-bf16-h100.json
 
 Same tokens for one method across repeats but different across methods: the methods see different logits (a shape
 or path difference). Different tokens for one method across repeats: the forwards are not repeatable.
@@ -65,9 +65,10 @@ def tokens(sequence) -> list[int]:
     return [int(t) for t in (sequence.split() if isinstance(sequence, str) else sequence)]
 
 
-def committed_chunk(path: str, offset: int, batch: int) -> dict:
-    """{method: [sequence per example]} of examples offset..offset+batch-1 in a committed eval-scale record."""
-    run = json.load(open(path))["runs"][0]
+def committed_chunk(path: str, offset: int, batch: int, dataset: str) -> dict:
+    """{method: [sequence per example]} of examples offset..offset+batch-1 in the first run of ``dataset`` in a
+    committed eval-scale record (eval-scale-text-h100.json holds T=0 before T=1 of each dataset)."""
+    run = next(r for r in json.load(open(path))["runs"] if r.get("dataset") == dataset)
     out = {}
     for method, chunks in run["raw"].items():
         by_idx = {i: s for c in chunks for i, s in zip(c["idx"], c["sequences"])}
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
             rec = decode_chunk(decoders[m], task, prepared, idx, [cfg.seed + i for i in idx], a.max_new_tokens)
         seconds[f"{m}/{r}"] = time.perf_counter() - t0
         outputs[(m, r)] = [tokens(s) for s in rec["sequences"]]
-    committed = committed_chunk(a.committed, a.offset, a.batch) if a.committed else {}
+    committed = committed_chunk(a.committed, a.offset, a.batch, a.dataset) if a.committed else {}
     for m, seqs in committed.items():
         outputs[(f"committed-{m}", 0)] = seqs
     rows = compare(outputs)

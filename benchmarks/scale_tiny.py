@@ -2,7 +2,7 @@
 
 Nothing here is a measurement: the models are random (a 2-layer Qwen2 target with a 1-layer layer-skip draft over a
 128-token vocabulary; a 2+2-layer Whisper with 16 mel bins and 32 input frames), the tokenizers are word-level toys.
-They exist so that the driver (bench/gpu/eval_scale.sh), the stage runner (.scale), batching, chunked writes and
+They exist so that the driver (bench/gpu/run.sh eval), the stage runner (.scale), batching, chunked writes and
 resume can be exercised end to end on a CPU in minutes, with the real data loaders.
 """
 from __future__ import annotations

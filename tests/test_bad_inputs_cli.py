@@ -151,7 +151,7 @@ def test_truncated_cached_file_is_caught_on_load(home, fake_entry):
     with open(out / "model.gguf", "r+b") as f:
         f.truncate(1000)
     with pytest.raises(ChecksumError, match=r"cached model 'fake-gguf' is corrupt: .*model.gguf has 1000 B, expected "
-                                            r"256004 B; delete it or run `tilespec models fetch fake-gguf --force`"):
+                                            r"256004 B; run `tilespec models fetch fake-gguf` to fetch it again"):
         load("fake-gguf")
     (out / "model.gguf").unlink()
     with pytest.raises(ChecksumError, match="is incomplete: .*model.gguf is missing"):

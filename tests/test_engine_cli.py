@@ -108,3 +108,14 @@ def test_bench_e2e_warmup_covers_all_batches_and_schedule_gamma(tmp_path, monkey
     data = json.loads(out.read_text())
     spec = [r for r in data["results"] if r["kind"] == "tilespec"]
     assert spec and all(r["predicted_speedup_gamma"] == max(1, round(r["mean_gamma"])) for r in spec)
+
+
+def test_demo_answer_check_parses_the_answer_back():
+    import json as _json
+
+    from tilespec.cli.demo import DEFAULT_PROMPT, DOCUMENT, answer_check
+    assert answer_check(DEFAULT_PROMPT, _json.dumps(DOCUMENT, indent=2)) == "yes"
+    assert answer_check(DEFAULT_PROMPT, "```json\n" + _json.dumps(DOCUMENT, indent=2) + "\n```") == "yes"
+    assert answer_check(DEFAULT_PROMPT, _json.dumps(dict(DOCUMENT, version="0.4.0"), indent=2)) == "no"
+    assert answer_check(DEFAULT_PROMPT, '{\n  "name": "tilespec",') == "no"          # cut short: not JSON
+    assert answer_check("another prompt", "{}") is None                             # only the default task is checked

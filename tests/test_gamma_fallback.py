@@ -41,7 +41,10 @@ def test_optimal_falls_back_after_min_steps_and_stays():
     assert all(g >= 1 for g in gammas[:4]) and gammas[4:] == [0] * 26
     assert s.fallback_after == 4 and s.steps == 4
     assert s.fallback_speedup < 1.0
-    assert s.fallback_speedup == pytest.approx(max(expected_speedup(s.alpha, g, s.cost_ratio) for g in range(1, 13)))
+    # Theorem 3.8 at the estimates, less the price of the wider verify forward (the schedule's prior slope until it
+    # has measured two widths): never above Theorem 3.8 itself
+    theorem = max(expected_speedup(s.alpha, g, s.cost_ratio) for g in range(1, 13))
+    assert theorem * 0.9 < s.fallback_speedup <= theorem
     custom = GammaSchedule("optimal", 3, max_gamma=12, min_steps=7)
     gammas = drive(custom, alpha=0.3, c=0.9, steps=10)
     assert min(gammas[:7]) >= 1 and gammas[7:] == [0, 0, 0] and custom.fallback_after == 7
@@ -166,11 +169,11 @@ def test_forced_fallback_sampling_runs(models):
 
 def test_step_overhead_makes_the_optimal_schedule_fall_back():
     """A per-step host overhead that target-only decoding does not pay turns a predicted gain into a loss: with
-    α = 0.75, c = 0.57 Theorem 3.8 predicts 1.08× at γ = 2, but 0.4 target-forwards of overhead per step give
-    2.31 / (2·0.57 + 1 + 0.4) = 0.91× (on an H100 the 0.5B draft measured 0.78× where 1.06× was predicted)."""
+    α = 0.75, c = 0.4 Theorem 3.8 predicts 1.28× at γ = 2, but 0.6 target-forwards of overhead per step give
+    2.31 / (2·0.4 + 1 + 0.6) = 0.96× (on an H100 the 0.5B draft measured 0.78× where 1.06× was predicted)."""
     from tilespec.engine.gamma import GammaSchedule, best_gamma, overhead_improvement
-    assert overhead_improvement(0.75, 2, 0.57, 0.0) > 1.0 > overhead_improvement(0.75, 2, 0.57, 0.4)
-    assert best_gamma(0.75, 0.57, 0.0, 16)[1] > 1.0 > best_gamma(0.75, 0.57, 0.4, 16)[1]
+    assert overhead_improvement(0.75, 2, 0.4, 0.0) > 1.0 > overhead_improvement(0.75, 2, 0.4, 0.6)
+    assert best_gamma(0.75, 0.4, 0.0, 16)[1] > 1.0 > best_gamma(0.75, 0.4, 0.6, 16)[1]
     import random
     for with_overhead in (False, True):
         # explore_below=0: the model alone decides here (exploring to measure target-only steps is tested below)
@@ -184,8 +187,8 @@ def test_step_overhead_makes_the_optimal_schedule_fall_back():
             while n < g and rng.random() < 0.75:
                 n += 1
             accepted = [n]
-            kw = {"step_time": 2.5e-3 * (1 + 0.4) + g * 0.57 * 2.5e-3} if with_overhead else {}
-            sched.update(g, accepted, draft_time=g * 0.57 * 2.5e-3, target_time=2.5e-3, **kw)
+            kw = {"step_time": 2.5e-3 * (1 + 0.6) + g * 0.4 * 2.5e-3} if with_overhead else {}
+            sched.update(g, accepted, draft_time=g * 0.4 * 2.5e-3, target_time=2.5e-3, **kw)
         assert (sched.fallback_after is not None) == with_overhead
 
 
@@ -221,7 +224,7 @@ def test_fallback_steps_run_ahead_on_the_native_step_path(models):
     assert again.sequences == expected[:1]
 
 
-def test_learned_costs_seed_the_next_schedule_but_not_alpha():
+def test_learned_costs_seed_the_next_schedule_and_half_of_alpha():
     first = GammaSchedule("optimal", 3, 8)
     drive(first, alpha=0.9, c=0.05, steps=6)
     state = first.cost_state()
@@ -229,7 +232,8 @@ def test_learned_costs_seed_the_next_schedule_but_not_alpha():
     second = GammaSchedule("optimal", 3, 8)
     second.inherit_cost(state)
     assert second.cost_ratio == pytest.approx(first.cost_ratio)
-    assert second.alpha == pytest.approx(0.7)               # α starts from its prior, not from the last prompt
+    # α starts half-way between its prior and the last generation's pooled α, with the prior's weight only
+    assert second.alpha == pytest.approx(0.5 * (0.7 + first.alpha))
     assert second.next() >= 1                                # a cheap draft keeps speculating
 
 
@@ -285,7 +289,8 @@ def test_rates_ignore_switch_steps_and_fallback_below_zero_disables_exploring():
     old = {k: v for k, v in rates.items() if not k.startswith("rate_")}
     fresh = GammaSchedule("optimal", gamma=2, max_gamma=8)
     fresh.inherit_cost(old)                          # a cost state without rates (older decoders) still loads
-    assert fresh.measured_speedup() is None and not fresh.falls_back_at_start
+    assert fresh.measured_speedup() is None        # without rates the cost model alone decides at the start
+    assert fresh.falls_back_at_start == (fresh._predicted()[1] < 1.0)
 
 
 def test_decoder_skips_the_draft_when_measured_rates_say_it_loses():

@@ -16,13 +16,13 @@ def test_defaults_and_parsing(tmp_path):
     s = settings.parse({"TILESPEC_HOME": str(tmp_path), "TILESPEC_RUN_AHEAD": "off", "TILESPEC_SDPA": " CUDNN, math",
                         "TILESPEC_NATIVE_KERNELS": "", "TILESPEC_TP_CHECK": "yes"})
     assert s.home == tmp_path and s.data == tmp_path / "data" and not s.run_ahead
-    assert s.sdpa == "cudnn,math" and s.native_kernels == "" and s.tp_check and s.head_compile
+    assert s.sdpa == "cudnn,math" and s.native_kernels == "" and s.tp_check and s.tp_allreduce is None
 
 
 @pytest.mark.parametrize("name, value, match", [("TILESPEC_RUN_AHEAD", "maybe", "TILESPEC_RUN_AHEAD='maybe'"),
                                                 ("TILESPEC_DIRECT_LAUNCH", "2", "expected one of"),
                                                 ("TILESPEC_SDPA", "flash,fast", "unknown back-end"),
-                                                ("TILESPEC_HEAD_COMPILE", "no thanks", "TILESPEC_HEAD_COMPILE")])
+                                                ("TILESPEC_TP_ALLREDUCE", "gloo", "symm or nccl")])
 def test_bad_values_name_the_variable(name, value, match, monkeypatch):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=match):

@@ -1,4 +1,4 @@
-"""GPU: where whisper-base target-only decoding spends a clip's time (issue 13: ≥ 3x of 408 tok/s at B=1).
+"""GPU: where whisper-base target-only decoding spends a clip's time.
 
 Usage: python3 bench/scripts/whisper_profile.py --json OUT.json [--clips 8]   (real whisper-base, LJSpeech clips)
 Per clip (B=1, greedy, compile=True, end-of-text stops): wall ms, tokens, the engine's phase times, and under

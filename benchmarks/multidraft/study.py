@@ -88,6 +88,7 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
     import torch
     from transformers import DynamicCache
 
+    from tilespec.engine.cache import cache_kwarg
     from tilespec.multidraft.decoding import commit, draft_and_score
     from benchmarks.multidraft.experiments import round_block_efficiency, token_acceptance
 
@@ -96,8 +97,8 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
     gen = torch.Generator(device=dev).manual_seed(args.seed * 1000 + pidx)
     tcache, dcache = DynamicCache(), DynamicCache()
     with torch.no_grad():
-        target(input_ids=prompt_ids[:, :-1], past_key_values=tcache, use_cache=True)
-        draft(input_ids=prompt_ids[:, :-1], past_key_values=dcache, use_cache=True)
+        target(input_ids=prompt_ids[:, :-1], use_cache=True, **{cache_kwarg(target): tcache})
+        draft(input_ids=prompt_ids[:, :-1], use_cache=True, **{cache_kwarg(draft): dcache})
     committed, pending, produced, rnd_i = prompt_ids.shape[1] - 1, prompt_ids[:, -1:], 0, 0
     drive = next(c for c in configs if c.setting == "fig3" and c.label == "T=1.2" and c.scheme == "is")
     while produced < args.max_new_tokens:

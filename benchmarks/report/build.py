@@ -284,7 +284,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
     lines += multidraft_summary(others) + repeatability_lines(others)
     if not runs:
         lines += ["**No eval results yet** — run `tilespec eval ... --json bench/results/eval-<device>-<date>.json` "
-                  "(GPU: `bash bench/gpu/eval.sh`).", ""]
+                  "(GPU: `bash bench/gpu/run.sh eval`).", ""]
     elif not any(_is_gpu(r) for r in runs):
         lines += ["**Only CPU runs are committed so far; the GPU numbers the paper's claims need are still missing "
                   "(see docs/eval.md for the GPU commands).**", ""]

@@ -178,7 +178,7 @@ def _passed(xs: list) -> str:
 def _exact_dev(path: Path, doc: dict) -> str:
     """The device of an exactness file; a bare 'cuda' gets the GPU named in the file name (H100, H200, A100)."""
     dev = _dev(doc.get("device"))
-    gpu = next((g for g in ("H100", "H200", "A100") if g in path.name), None)
+    gpu = next((g for g in ("H100", "H200", "A100") if g.lower() in path.name.lower()), None)
     return f"{dev} ({gpu}, per the file name)" if dev == "cuda" and gpu else dev
 
 

@@ -23,8 +23,8 @@ variable                    default                 meaning
                                                     PyTorch's choice)
 ``TILESPEC_DIRECT_LAUNCH``  ``1``                   verification kernels called through their compiled launcher
                                                     on CUDA (``0``: Triton's JIT dispatcher on every call)
-``TILESPEC_HEAD_COMPILE``   ``1``                   the trained draft head is compiled under ``native-graphs``
-                                                    (``0``: eager; a way out when a compile fails)
+``TILESPEC_TP_ALLREDUCE``   unset (``auto``)        tensor-parallel all-reduce for ``allreduce="auto"``:
+                                                    ``symm`` (symmetric memory, CUDA) or ``nccl``
 ``TILESPEC_TP_CHECK``       ``0``                   tensor-parallel runs compare every forward's inputs across
                                                     ranks (``1``: on; a debugging check, slower)
 =========================== ======================= ==========================================================
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 VARIABLES = ("TILESPEC_HOME", "TILESPEC_DATA", "TILESPEC_SYNTH_DIR", "TILESPEC_COMMIT", "TILESPEC_RUN_AHEAD",
-             "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH", "TILESPEC_HEAD_COMPILE",
+             "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH", "TILESPEC_TP_ALLREDUCE",
              "TILESPEC_TP_CHECK")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -61,7 +61,7 @@ class Settings:
     native_kernels: Optional[str]     # None: the engine's default set
     sdpa: str
     direct_launch: bool
-    head_compile: bool
+    tp_allreduce: Optional[str]       # None: auto
     tp_check: bool
     native_flex: bool = False         # set from Python only (configure)
     compiled_prefill: bool = False    # set from Python only (configure)
@@ -87,6 +87,13 @@ def _sdpa(raw: Optional[str]) -> str:
     return ",".join(names)
 
 
+def _allreduce(raw: Optional[str]) -> Optional[str]:
+    value = (raw or "").strip().lower()
+    if value and value not in ("symm", "nccl"):
+        raise ValueError(f"TILESPEC_TP_ALLREDUCE={raw!r}: expected symm or nccl (or unset for auto)")
+    return value or None
+
+
 def parse(env) -> Settings:
     """Settings from a mapping of environment variables (``os.environ``); raises ValueError on a bad value."""
     home = Path(env.get("TILESPEC_HOME") or Path.home() / ".cache" / "tilespec").expanduser()
@@ -101,7 +108,7 @@ def parse(env) -> Settings:
         native_kernels=env.get("TILESPEC_NATIVE_KERNELS"),
         sdpa=_sdpa(env.get("TILESPEC_SDPA")),
         direct_launch=_flag("TILESPEC_DIRECT_LAUNCH", env.get("TILESPEC_DIRECT_LAUNCH"), True),
-        head_compile=_flag("TILESPEC_HEAD_COMPILE", env.get("TILESPEC_HEAD_COMPILE"), True),
+        tp_allreduce=_allreduce(env.get("TILESPEC_TP_ALLREDUCE")),
         tp_check=_flag("TILESPEC_TP_CHECK", env.get("TILESPEC_TP_CHECK"), False),
     )
 

@@ -99,6 +99,7 @@ def add_arguments(p) -> None:
                         "mode (reduce-overhead, ...); --compile alone means graphs")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each batch before its timed run")
     p.add_argument("--device", default="auto")
+    p.add_argument("--tp", type=int, default=1, help="target sharded over N GPUs (torchrun --nproc-per-node N)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", "--out", dest="out", type=Path, default=None,
                    help="JSON path, rewritten after every configuration and resumed by a rerun with the same settings "
@@ -182,8 +183,8 @@ def whisper_inputs(args, target, proc, device, dtype):
     return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
 
 
-def load_models(args, device, dtype):
-    """(target, draft or None, tokenizer or None)."""
+def load_models(args, device, dtype, tp=None):
+    """(target, draft or None, tokenizer or None); ``tp``: a named target is loaded sharded (draft replicated)."""
     import torch
     if args.tiny or args.random_init:
         from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -198,7 +199,7 @@ def load_models(args, device, dtype):
         model, context = split_draft_name(args.draft)
         return out[0], draft_spec(out[1] if model else None, context), None
     from tilespec.api import load_pair
-    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr))
+    return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr), tp=tp)
 
 
 def whisper_defaults(args) -> None:
@@ -320,7 +321,10 @@ def run(args) -> int:
     whisper_defaults(args)           # before the settings are recorded
     t_start = time.perf_counter()
     from tilespec.env import pick_device, pick_dtype
-    device = pick_device(args.device)
+    from tilespec.engine.native.tensor_parallel import init_tensor_parallel, shard
+    tp = init_tensor_parallel(args.tp) if args.tp > 1 else None
+    args.systems = [k for k in args.systems if tp is None or k not in HF_KINDS]   # sharded: no transformers path
+    device = tp.device if tp is not None else pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     out = args.out or Path("bench/results") / f"e2e-{Path(str(args.target)).name.replace(':', '-')}-{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +338,9 @@ def run(args) -> int:
     if not todo:
         print(f"nothing to run: {out} holds every configuration")
         return 0
-    target, draft, tok = load_models(args, device, dtype)
+    target, draft, tok = load_models(args, device, dtype, tp)
+    if tp is not None and getattr(target, "_tilespec_tp", None) is None:   # --tiny / --random-init: built here
+        shard(target, tp)
     vocab = target.get_output_embeddings().weight.shape[0]
     feats, prompts = None, {}
     if args.whisper:
@@ -350,6 +356,8 @@ def run(args) -> int:
         print(f"[e2e] {', '.join(skipped)}: not run without a draft model (--draft {args.draft!r})", file=sys.stderr)
 
     def write():
+        if tp is not None and not tp.main:
+            return
         add_comparisons(results)
         out.write_text(json.dumps({"environment": environment(device), "settings": settings, "results": results},
                                   indent=1))
@@ -385,6 +393,8 @@ def run(args) -> int:
         print(f"[e2e]   {r['tokens_per_second']:.1f} tok/s over {r['requests']} requests{extra}"
               + (f", {r['speedup_vs_ar']:.2f}x ar" if r.get("speedup_vs_ar") else ""), file=sys.stderr, flush=True)
     write()
+    if tp is not None and not tp.main:
+        return 0
     plotted = plot([r for r in results if "error" not in r], out.with_suffix(".png"))
     print(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if plotted else " (no matplotlib: no plot)"))
     return 0

@@ -2,10 +2,11 @@
 
 Default: SmolLM2-135M-Instruct (CPU; fetched on first use) or Qwen2.5-Coder-1.5B-Instruct (GPU) with context
 drafting (``ngram``: the draft tokens are copied from the prompt and the output so far, no draft model) on an
-input-grounded prompt -- editing a given function, where the answer repeats much of the input. The same model
-decodes the same prompt target-only and speculatively, alternating, ``--repeats`` times each; the last line
-reports the measured speedup (total wall time of the target-only runs / of the speculative runs, prefill
-included) and whether the greedy outputs are identical token for token.
+input-grounded task -- pretty-printing a one-line JSON document, where the answer repeats the input. The
+speculative output is streamed once (untimed); then the same model decodes the same prompt target-only and
+speculatively, alternating, ``--repeats`` times each. Each system gets ONE tokens/s figure: its new tokens over the
+wall time of its timed runs, prefill included; the speedup is the ratio of the two, and the greedy outputs must be
+identical token for token.
 """
 from __future__ import annotations
 
@@ -13,27 +14,17 @@ import json
 import time
 from pathlib import Path
 
-from .generate import (encode_prompts, load_pair, pick_device, pick_dtype, print_stats, sampling_from_args,
+from .generate import (encode_prompts, load_pair, pick_device, pick_dtype, sampling_from_args, stats_rows,
                        stream_text)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GPU_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "ngram"
-FUNCTION = '''def moving_average(values, window):
-    if window <= 0:
-        raise ValueError("window must be positive")
-    result = []
-    total = 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            result.append(total / window)
-    return result
-'''
-DEFAULT_PROMPT = ("In the following code, rename the variable `result` to `averages`. Output only the code.\n\n"
-                  "```python\n" + FUNCTION + "```")
+DOCUMENT = {"name": "tilespec", "version": "0.3.0", "license": "Apache-2.0", "requires-python": ">=3.10",
+            "dependencies": ["torch", "transformers", "triton", "rich"],
+            "authors": [{"name": "Ada Lovelace", "email": "ada@example.com"}]}
+DEFAULT_PROMPT = ("Format this JSON with one key per line and two-space indentation:\n\n" + json.dumps(DOCUMENT))
+PER_RUN_ROWS = ("tokens/s", "wall time")   # one run's figures: the demo reports totals over the timed runs instead
 
 
 def _timed(dec, ids, args) -> tuple:
@@ -42,9 +33,33 @@ def _timed(dec, ids, args) -> tuple:
     return out, time.perf_counter() - t0
 
 
+def answer_check(prompt: str, text: str) -> str | None:
+    """For the default prompt: whether the answer is the input document (same JSON value), else None."""
+    if prompt != DEFAULT_PROMPT:
+        return None
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```")
+    try:
+        same = json.loads(body) == DOCUMENT
+    except ValueError:
+        same = False
+    return "yes" if same else "no"
+
+
+def _print_stats(console, stats) -> None:
+    from rich.table import Table
+    table = Table(title=f"speculative decoding ({stats.drafter}), last timed run", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    for k, v in stats_rows(stats):
+        if k not in PER_RUN_ROWS:
+            table.add_row(k, v)
+    console.print(table)
+
+
 def run(args) -> int:
     import torch
     from rich.console import Console
+    from rich.markup import escape
     from tilespec.engine import SpeculativeDecoder
 
     console = Console(stderr=True)
@@ -67,37 +82,38 @@ def run(args) -> int:
     ids = encode_prompts(tok, [args.prompt], True)
     for dec in (base, spec):   # uncounted: lazy initialisations (and graph captures with --compile)
         dec.warmup(prompt_len=min(len(ids[0]), 64), max_new_tokens=4)
-    from rich.markup import escape
     console.print(f"[bold]prompt[/bold]: {escape(args.prompt)}\n[bold]speculative output[/bold]:")
     with torch.inference_mode():
-        t0 = time.perf_counter()
-        shown = stream_text(spec, tok, ids, args.max_new_tokens, args.seed)
-        spec_times, spec_outs = [time.perf_counter() - t0], [[shown]]
-        spec_stats = [spec.last_stats]
-        base_times, base_outs = [], []
-        for r in range(args.repeats):
-            out, dt = _timed(base, ids, args)
-            base_times.append(dt)
-            base_outs.append(out.sequences)
-            if r + 1 < args.repeats:
-                out, dt = _timed(spec, ids, args)
-                spec_times.append(dt)
-                spec_outs.append(out.sequences)
-                spec_stats.append(out.stats)
+        shown = stream_text(spec, tok, ids, args.max_new_tokens, args.seed)   # shown, not timed
+        times, tokens = {"target-only": [], "speculative": []}, {"target-only": 0, "speculative": 0}
+        outs, spec_stats = [[shown]], []
+        for _ in range(args.repeats):
+            for name, dec in (("target-only", base), ("speculative", spec)):
+                out, dt = _timed(dec, ids, args)
+                times[name].append(dt)
+                tokens[name] += len(out.sequences[0])
+                outs.append(out.sequences)
+                if dec is spec:
+                    spec_stats.append(out.stats)
     stats = spec_stats[-1]
-    print_stats(stats, title=f"speculative decoding ({stats.drafter})")
-    tokens = sum(len(s[0]) for s in spec_outs)
-    spec_rate, base_rate = tokens / sum(spec_times), sum(len(s[0]) for s in base_outs) / sum(base_times)
-    speedup = sum(base_times) / sum(spec_times)
+    _print_stats(console, stats)
+    rate = {name: tokens[name] / sum(t) for name, t in times.items()}
+    speedup = sum(times["target-only"]) / sum(times["speculative"])
     greedy = args.temperature == 0
-    same = all(o == base_outs[0] for o in spec_outs + base_outs)
+    same = all(o == outs[0] for o in outs)
+    text = tok.decode(shown, skip_special_tokens=True)
+    correct = answer_check(args.prompt, text)
     matched = f", {100 * stats.match_share:.0f} % of steps matched" if stats.context_steps else ""
-    console.print(f"target-only: {base_rate:.1f} tokens/s; speculative ({stats.drafter}): {spec_rate:.1f} tokens/s "
-                  f"(α = {stats.alpha:.2f}, τ = {stats.block_efficiency:.2f} tokens per target call{matched}); "
-                  f"{args.repeats} run(s) each, alternating")
+    console.print(f"target-only: {rate['target-only']:.1f} tokens/s; speculative ({stats.drafter}): "
+                  f"{rate['speculative']:.1f} tokens/s (α = {stats.alpha:.2f}, τ = {stats.block_efficiency:.2f} "
+                  f"tokens per target call{matched}); {args.repeats} timed run(s) each, alternating, prefill included")
     if greedy and same:
         console.print(f"[bold green]✓ speculative output equals the target's greedy output ({len(shown)} tokens, "
                       f"token for token)[/bold green]")
+    if correct is not None:
+        style = "bold green" if correct == "yes" else "bold yellow"
+        console.print(f"[{style}]{'✓' if correct == 'yes' else '✗'} the answer parses as the input JSON document: "
+                      f"{correct}[/{style}]")
     if args.json:
         from tilespec.env import run_record
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -105,11 +121,16 @@ def run(args) -> int:
             "environment": run_record(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target_name,
             "draft": draft_name, "dtype": str(dtype), "threads": torch.get_num_threads(), "prompt": args.prompt,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-            "target_only_seconds": base_times, "speculative_seconds": spec_times, "new_tokens": len(shown),
-            "speedup": speedup, "outputs_identical": same, "output": tok.decode(shown, skip_special_tokens=True),
+            "target_only_seconds": times["target-only"], "speculative_seconds": times["speculative"],
+            "new_tokens": len(shown), "tokens_per_second": {"target_only": rate["target-only"],
+                                                            "speculative": rate["speculative"]},
+            "speedup": speedup, "outputs_identical": same, "output": text, "answer_is_input_document": correct,
             "stats": [s.to_dict() for s in spec_stats]}, indent=2))
     verdict = ("yes" if same else "NO") if greedy else "n/a (sampling: same law, not the same tokens)"
     print(f"speedup {speedup:.2f}× over target-only decoding (same run, same model); outputs identical: {verdict}")
+    if speedup < 1 and device.type == "cpu" and torch.get_num_threads() > 1:
+        console.print("[yellow]speculation lost here: on a CPU whose cores are busy with other work, threads wait for "
+                      "each other in the wider verify forwards; compare with --threads 1[/yellow]")
     if greedy and not same:
         console.print("[bold red]✗ outputs differ[/bold red] (with bf16/fp16 on GPU, batched and single-token "
                       "forwards may round differently; fp32 on CPU must match exactly)")
@@ -126,7 +147,7 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=0, help="draft with the target's first N layers instead of "
                                                          "ngram (a layer-skip draft; shows exactness, rarely speed)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per mode, alternating (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per system, alternating (default 3)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
     from .generate import add_decoding_arguments
     add_decoding_arguments(p)

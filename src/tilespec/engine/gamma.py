@@ -7,24 +7,22 @@ verify shapes stay uniform):
   * ``constant``: always ``gamma`` (>= 1).
   * ``heuristic`` (HF assisted generation, Wagner §4.1): start at ``gamma`` (5 by default), +2 when every active
     request accepted its whole draft, otherwise -1, never below 1 (capped at ``max_gamma``).
-  * ``optimal``: estimate the acceptance rate α (accepted / tested draft positions, the MLE under Leviathan's
-    i.i.d. model) and the cost ratio c = (time of one draft forward) / (time of one target forward) online, and pick
-    the γ in [1, max_gamma] maximising Leviathan Theorem 3.8's improvement S(α, γ, c) =
-    (1 - α^(γ+1)) / ((1 - α)(γc + 1)). Fallback: once ``min_steps`` speculative steps have been timed (so c is
-    measured, not the prior ``default_c``), if max_γ S < ``fallback_below`` (1.0: speculation is predicted to lose
-    to target-only decoding; by Corollary 3.9 that is α <= c) the schedule returns γ = 0 from then on, for the rest
-    of the generation, and records the decision in ``fallback_after`` / ``fallback_speedup``. The caller decodes
-    γ = 0 steps target-only and never calls the draft again, so the draft's cache may go stale.
-    Measured rates (``observe_rate``): Theorem 3.8 prices a step as γ draft forwards + one target forward, but on a
-    fast runtime a speculative step also pays host work and launches that a run-ahead target-only step hides, and
-    its (γ+1)-token target forward costs more than a 1-token one (on an H100 with the Qwen2.5 1.5B / 0.5B pair at
-    B = 8 the model predicted 1.21x and the run measured 0.63x). So the schedule also times whole steps (wall time
-    between two host reads) and tokens per request: once it has both a target-only rate (steps after a fallback)
-    and ``min_steps`` speculative ones, the measured ratio decides the fallback instead of the model. Without a
-    target-only rate yet, a generation whose model prediction is below ``explore_below`` falls back to measure it
-    (its remaining steps are target-only, so nothing is wasted). Rates belong to the machine and the model pair,
-    like c: they are inherited by the decoder's next generation, which then falls back before its first step
-    (``falls_back_at_start``: the decoder skips the draft's prefill too) when speculation measured slower.
+  * ``optimal``: pick the draft cap with the most expected tokens per *measured* second (:mod:`.payoff`), and stop
+    drafting where nothing pays. Per-request α (decayed MLE, shrunk to the pooled one) and measured costs: draft
+    seconds per forward (a draft model) or per step (a context drafter's host matching), the target forward's
+    seconds as a line in its verify width q = γ + 1 (at B = 8 every row pays q positions, drafted or not), and the
+    host overhead of a drafting step against a fallback target-only step (those run one ahead of the host read).
+    A step drafts with the cap g maximising Σ_i E(α_i, min(k_i, g)) / cost(g) (``select_drafts`` cuts a context
+    drafter's ragged proposals; a row whose α does not pay is outweighed, and a step where no cap beats an
+    undrafted step drafts nothing). Fallback (γ = 0, decoded target-only with run-ahead, ``fallback_after`` /
+    ``fallback_speedup`` record the first): once ``min_steps`` steps are timed, when the predicted speedup is below
+    ``fallback_below``; once both a target-only rate and ``min_steps`` drafting rates are measured (whole-step wall
+    times), when the measured ratio is below it; without a target-only rate, when the prediction is below
+    ``explore_below`` (to measure one). After a fallback a context drafter resumes after ``backoff`` target-only
+    steps (doubling each time), so a request whose context starts matching later drafts again; a draft model's
+    cache is stale after a fallback, so it stays off for the generation. Costs, rates and the pooled α are
+    inherited by the decoder's next generation of the same batch size, which falls back before its first step
+    (``falls_back_at_start``: no draft prefill either) when they say the draft loses.
 Only ``optimal`` ever returns 0.
 """
 from __future__ import annotations
@@ -32,11 +30,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import numpy as np
-import torch
-
 from tilespec import analysis
 from tilespec.analysis import _check_alpha, _check_cost, _check_gamma, optimal_gamma as _optimal, walltime_improvement
+
+from .estimator import OnlineGammaEstimator
+from .payoff import RequestAlphas, WidthCost, best_cap
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 # The engine's names for Leviathan's Equation 1 and Theorem 3.8 (re-exported by tilespec.engine).
@@ -67,140 +65,23 @@ def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple
     return best, overhead_improvement(alpha, best, c, overhead)
 
 
-def _host_array(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.atleast_1d(np.asarray(x, dtype=np.float64))
-
-
-class OnlineGammaEstimator:
-    """Running estimates of α and c from what the engine observes, and the γ that maximises Theorem 3.8.
-
-    α: a request that drafted K tokens and had n accepted made n + 1 Bernoulli(β) trials if n < K (n successes,
-    then a rejection) and K trials if n = K (all successes). The estimate is the ratio of exponentially decayed sums,
-    α̂ = A / T with A ← d·A + Σ n and T ← d·T + Σ (n + [n < K]), which is the maximum-likelihood α of the i.i.d.
-    model (the naive n / K is biased low because the count is capped at K). ``prior_weight`` pseudo-trials at
-    ``alpha0`` keep early estimates sane and keep T > 0.
-
-    c: decayed averages of draft time per draft step and of target time per call, c = (draft / step) / (target /
-    call). Timings are optional; without any, ``c0`` is used.
-
-    ``gamma()`` returns argmax_γ S(α̂, γ, ĉ) over [1, gamma_max] (ties to the smaller γ). Edge cases are safe: α̂ = 1
-    gives gamma_max (if ĉ < 1), α̂ = 0 gives 1, zero timings are ignored.
-
-    Args:
-        gamma_max: upper clamp for the chosen γ (>= 1).
-        decay: d in (0, 1], the weight of the past per observation (1 = plain running average); the effective
-            memory is about 1 / (1 - d) observations.
-        alpha0, c0: initial guesses.  prior_weight: pseudo-trials behind alpha0 (> 0).
-    """
-
-    def __init__(self, gamma_max: int = 16, decay: float = 0.95, alpha0: float = 0.6, c0: float = 0.05,
-                 prior_weight: float = 4.0):
-        self.gamma_max = _check_gamma(gamma_max, "gamma_max")
-        if not (0.0 < float(decay) <= 1.0):
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
-        if not (float(prior_weight) > 0.0) or math.isinf(float(prior_weight)):
-            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight}")
-        self.decay = float(decay)
-        self._accepted = _check_alpha(alpha0) * float(prior_weight)
-        self._trials = float(prior_weight)
-        self._c0 = _check_cost("c0", c0)
-        self._draft_time = self._draft_steps = 0.0
-        self._target_time = self._target_calls = 0.0
-        self._overhead_time = self._overhead_steps = 0.0
-
-    @property
-    def alpha(self) -> float:
-        """Current estimate of α in [0, 1]."""
-        return min(max(self._accepted / self._trials, 0.0), 1.0)
-
-    @property
-    def c(self) -> float:
-        """Current estimate of the cost ratio c (c0 until both draft and target timings were observed)."""
-        if self._draft_steps > 0 and self._target_calls > 0 and self._target_time > 0:
-            return (self._draft_time / self._draft_steps) / (self._target_time / self._target_calls)
-        return self._c0
-
-    @property
-    def overhead(self) -> float:
-        """Per-step host overhead in units of one target call (0 until step wall times were observed)."""
-        if self._overhead_steps > 0 and self._target_calls > 0 and self._target_time > 0:
-            return (self._overhead_time / self._overhead_steps) / (self._target_time / self._target_calls)
-        return 0.0
-
-    def observe(self, num_accepted, num_drafted, draft_time: Optional[float] = None,
-                target_time: Optional[float] = None, step_time: Optional[float] = None) -> None:
-        """Record one verification step.
-
-        Args:
-            num_accepted: accepted draft tokens per request (int, sequence, numpy array or tensor [B]).
-            num_drafted: drafted tokens per request K_b, same shape or a scalar; requests with K_b = 0 add nothing.
-            draft_time: seconds spent on the max(K_b) sequential draft steps of this step (optional).
-            target_time: seconds of the target call of this step (optional).
-            step_time: wall seconds of the whole step, host work included (optional; with draft and target
-                times it gives the per-step overhead, see the module docstring).
-        """
-        n = _host_array(num_accepted)
-        k = np.broadcast_to(_host_array(num_drafted), n.shape)
-        if not (np.isfinite(n).all() and np.isfinite(k).all()):
-            raise ValueError("num_accepted and num_drafted must be finite")
-        if (n < 0).any() or (n > k).any():
-            raise ValueError("num_accepted must lie in [0, num_drafted] for every request")
-        trials = n + (n < k)
-        self._accepted = self.decay * self._accepted + float(n.sum())
-        self._trials = self.decay * self._trials + float(trials.sum())
-        steps = float(k.max()) if k.size else 0.0
-        if draft_time is not None and steps > 0:
-            if not (float(draft_time) >= 0.0) or math.isinf(float(draft_time)):
-                raise ValueError(f"draft_time must be a finite number >= 0, got {draft_time}")
-            self._draft_time = self.decay * self._draft_time + float(draft_time)
-            self._draft_steps = self.decay * self._draft_steps + steps
-        if target_time is not None:
-            if not (float(target_time) > 0.0) or math.isinf(float(target_time)):
-                raise ValueError(f"target_time must be a finite number > 0, got {target_time}")
-            self._target_time = self.decay * self._target_time + float(target_time)
-            self._target_calls = self.decay * self._target_calls + 1.0
-            if step_time is not None:
-                if not (float(step_time) >= 0.0) or math.isinf(float(step_time)):
-                    raise ValueError(f"step_time must be a finite number >= 0, got {step_time}")
-                spent = float(target_time) + (float(draft_time) if draft_time is not None else 0.0)
-                self._overhead_time = self.decay * self._overhead_time + max(float(step_time) - spent, 0.0)
-                self._overhead_steps = self.decay * self._overhead_steps + 1.0
-
-    @property
-    def timed_steps(self) -> float:
-        """How many target timings the estimate of c rests on (decayed; a plain count when decay = 1)."""
-        return self._target_calls
-
-    def gamma(self) -> int:
-        """The γ in [1, gamma_max] maximising Theorem 3.8 at the current estimates."""
-        return _optimal(self.alpha, self.c, gamma_max=self.gamma_max).gamma
-
-    def expected_improvement(self, gamma: Optional[int] = None) -> float:
-        """Theorem 3.8 at the current estimates for ``gamma`` (default: :meth:`gamma`)."""
-        return walltime_improvement(self.alpha, self.gamma() if gamma is None else gamma, self.c)
-
-    def __repr__(self) -> str:
-        return (f"OnlineGammaEstimator(alpha={self.alpha:.4f}, c={self.c:.4f}, gamma={self.gamma()}, "
-                f"gamma_max={self.gamma_max})")
-
-
 class GammaSchedule:
     """Stateful γ chooser for one generation (see the module docstring).
 
     gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo
     counts of the α estimate; default_c: the cost ratio assumed until a step has been timed. ``optimal`` only:
-    fallback_below: the predicted speedup under which the schedule falls back to γ = 0 for good (0 disables it);
+    fallback_below: the predicted or measured speedup under which the schedule stops drafting (0 disables it);
     min_steps: timed speculative steps needed before that decision may be taken; explore_below: without a measured
-    target-only rate, the predicted speedup under which it falls back to measure one (0 never explores).
+    target-only rate, the predicted speedup under which it falls back to measure one (0 never explores); backoff:
+    target-only steps after a fallback before drafting is tried again (doubling after each fallback), where the
+    decoder allows it (:meth:`bind`: context drafters only, a draft model's cache is stale after a fallback).
     """
 
-    wants_step_time = True   # update() takes step_time (the decoder checks, since injected schedules may not)
+    wants_step_time = True   # update() takes step_time / requests (the decoder checks: injected ones may not)
 
     def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
-                 prior_alpha: float = 0.7, prior_weight: float = 10.0, default_c: float = 0.2,
-                 fallback_below: float = 1.0, min_steps: int = 4, explore_below: float = 1.3):
+                 prior_alpha: float = 0.7, prior_weight: float = 3.0, default_c: float = 0.2,
+                 fallback_below: float = 1.0, min_steps: int = 4, explore_below: float = 1.3, backoff: int = 16):
         if kind not in SCHEDULES:
             raise ValueError(f"unknown gamma schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(gamma, int) or gamma < 1:
@@ -213,47 +94,69 @@ class GammaSchedule:
             raise ValueError(f"explore_below must be >= 0, got {explore_below!r}")
         if not isinstance(min_steps, int) or min_steps < 1:
             raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
+        if not isinstance(backoff, int) or backoff < 1:
+            raise ValueError(f"backoff must be an integer >= 1, got {backoff!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
         self._current = gamma
-        # α and c: the analysis module's online estimator without decay (a plain running MLE), whose pseudo counts
-        # keep the first steps from swinging to extremes
+        # pooled α and the draft / target / overhead timings: the analysis module's online estimator without decay
         self.estimator = OnlineGammaEstimator(gamma_max=self.max_gamma, decay=1.0, alpha0=prior_alpha,
                                               c0=default_c, prior_weight=prior_weight)
+        self.prior_alpha, self.prior_weight = float(prior_alpha), float(prior_weight)
         self.default_c = default_c
         self.fallback_below, self.min_steps = float(fallback_below), min_steps
         self.explore_below = float(explore_below)
-        # whole-step wall seconds and tokens per request: target-only (ar) and speculative (spec) steps
+        self.requests = RequestAlphas()   # per-request α, shrunk to the pooled estimate
+        self.width = WidthCost()          # target seconds as a function of the verify width q
+        self._ar_overhead = [0.0, 0.0]    # (seconds, steps): host overhead of fallback (run-ahead) target-only steps
+        self._context_time = [0.0, 0.0]   # (seconds, steps): a context drafter's host matching per step
+        # whole-step wall seconds and tokens per request: fallback target-only steps (ar) and steps while drafting
+        # (spec: speculative steps and a context drafter's unmatched ones), the latter since the last resume
         self._rates = {"ar_wall": 0.0, "ar_steps": 0.0, "spec_wall": 0.0, "spec_tokens": 0.0, "spec_steps": 0.0}
         self._last_kind: Optional[str] = None
+        self.context, self.can_resume = False, False   # set by bind()
+        self._live: list = []                          # request ids of the last recorded step's live rows
+        self._fallen, self._idle_left, self._backoff = False, 0, backoff
         self.steps = 0                               # update() calls: speculative steps seen
-        self.fallback_after: Optional[int] = None    # speculative steps seen when γ fell back to 0, else None
-        self.fallback_speedup: Optional[float] = None  # the best predicted speedup max_γ S at that moment
+        self.fallbacks = self.resumes = 0
+        self.fallback_after: Optional[int] = None    # speculative steps seen when γ first fell back to 0, else None
+        self.fallback_speedup: Optional[float] = None  # the predicted or measured speedup at that moment
+
+    def bind(self, model: bool, context: bool) -> None:
+        """Told by the decoder what drafts: a draft model (its cache goes stale while not drafting, so a fallback
+        is for the rest of the generation) and / or a context drafter (priced per step; may resume drafting)."""
+        self.context = bool(context) and not model
+        self.can_resume = self.context
 
     _COST_FIELDS = ("_draft_time", "_draft_steps", "_target_time", "_target_calls", "_overhead_time",
                     "_overhead_steps")
     _RATE_FIELDS = ("ar_wall", "ar_steps", "spec_wall", "spec_tokens", "spec_steps")
+    _EXTRA_FIELDS = ("alpha", "ar_overhead_time", "ar_overhead_steps", "context_time", "context_steps",
+                     *(f"width_{f}" for f in WidthCost.FIELDS), "width_seen")
 
     def cost_state(self) -> Optional[dict]:
-        """The measured timings behind c, the overhead and the measured rates (not α), to seed the next
-        generation's schedule of the same decoder; None before any timed step."""
+        """The measured timings behind the costs, the measured rates and the pooled α, to seed the next
+        generation's schedule of the same decoder and batch size; None before any timed step."""
         est = self.estimator
         if est.timed_steps <= 0 and self._rates["ar_steps"] <= 0:
             return None
         state = {f: getattr(est, f) for f in self._COST_FIELDS}
         state.update({f"rate_{k}": v for k, v in self._rates.items()})
+        state.update(self.width.state(), alpha=self.estimator.alpha, ar_overhead_time=self._ar_overhead[0],
+                     ar_overhead_steps=self._ar_overhead[1], context_time=self._context_time[0],
+                     context_steps=self._context_time[1])
         return state
 
     def inherit_cost(self, state: Optional[dict]) -> None:
-        """Start from an earlier generation's measured c and overhead (they belong to the models and the machine,
-        not to the prompt); α keeps its prior. So ``optimal`` with learned costs speculates only while the prior α
-        could pay, and falls back at once when even that cannot, instead of probing min_steps steps again."""
+        """Start from an earlier generation's measured costs and rates (they belong to the models and the machine,
+        not to the prompt). α starts half-way between its prior and the earlier pooled α, with the prior's weight:
+        a draft that accepted nothing is not probed again at full hope, one that paid starts speculating at once."""
         if state is None:
             return
         rate_keys = tuple(f"rate_{k}" for k in self._RATE_FIELDS)
-        if not isinstance(state, dict) or set(state) not in (set(self._COST_FIELDS),
-                                                             set(self._COST_FIELDS) | set(rate_keys)):
-            raise ValueError(f"a cost state is a dict with exactly {self._COST_FIELDS} (+ {rate_keys}), "
-                             f"got {state!r}")
+        allowed = set(self._COST_FIELDS) | set(rate_keys) | set(self._EXTRA_FIELDS)
+        if not isinstance(state, dict) or not set(self._COST_FIELDS) <= set(state) <= allowed:
+            raise ValueError(f"a cost state is a dict with exactly {self._COST_FIELDS} (+ {rate_keys} and the "
+                             f"extra costs), got {state!r}")
         values = {f: float(v) for f, v in state.items()}
         if not all(math.isfinite(v) and v >= 0.0 for v in values.values()):
             raise ValueError(f"cost state values must be finite and >= 0, got {state!r}")
@@ -261,12 +164,43 @@ class GammaSchedule:
             setattr(self.estimator, f, values[f])
         for k in self._RATE_FIELDS:
             self._rates[k] = values.get(f"rate_{k}", 0.0)
+        self.width.load(values)
+        self._ar_overhead = [values.get("ar_overhead_time", 0.0), values.get("ar_overhead_steps", 0.0)]
+        self._context_time = [values.get("context_time", 0.0), values.get("context_steps", 0.0)]
+        if "alpha" in values:
+            centre = 0.5 * (self.prior_alpha + min(values["alpha"], 1.0))
+            self.estimator._accepted, self.estimator._trials = centre * self.prior_weight, self.prior_weight
 
-    def observe_rate(self, gamma: int, wall: float, tokens_per_request: float) -> None:
-        """One step's wall seconds since the previous host read and its mean tokens per live request (γ = 0: a
-        target-only step). The first step of a generation and the first after a switch between target-only and
-        speculative steps are not counted (they carry the prefill, a capture or the switch)."""
-        kind = "spec" if gamma > 0 else "ar"
+    # ---------------------------------------------------------------------------------------------- costs (seconds)
+    def _costs(self) -> tuple:
+        """(spec_cost(g), idle_cost or None, ar_cost) in seconds, from the measurements (unit costs before any)."""
+        est, width = self.estimator, self.width
+        timed = width.known
+        t1 = width.at(1)
+        per_draft = (est._draft_time / est._draft_steps if est._draft_steps > 0 and timed
+                     else self.default_c * t1)
+        per_context = self._context_time[0] / self._context_time[1] if self._context_time[1] > 0 else 0.0
+        spec_over = est._overhead_time / est._overhead_steps if est._overhead_steps > 0 else 0.0
+        ar_over = self._ar_overhead[0] / self._ar_overhead[1] if self._ar_overhead[1] > 0 else 0.0
+        if self.context:
+            return (lambda g: per_context + width.at(g + 1) + spec_over), per_context + t1 + spec_over, t1 + ar_over
+        return (lambda g: g * per_draft + width.at(g + 1) + spec_over), None, t1 + ar_over
+
+    def _alphas(self, requests) -> list:
+        centre = self.alpha
+        return [self.requests.alpha(r, centre) for r in requests] if requests else [centre]
+
+    def observe_rate(self, gamma: int, wall: float, tokens_per_request: float, target_time: Optional[float] = None,
+                     fallback: Optional[bool] = None) -> None:
+        """One step's wall seconds since the previous host read and its mean tokens per live request. ``fallback``:
+        a target-only step of the fallback (default: γ == 0); other steps, a context drafter's unmatched ones
+        included, are drafting steps. ``target_time``: the target phase's seconds of a target-only step (q = 1).
+        The first step of a generation and the first after a switch between the two kinds are not counted (they
+        carry the prefill, a capture or the switch)."""
+        ar = gamma == 0 if fallback is None else bool(fallback)
+        kind = "ar" if ar else "spec"
+        if gamma == 0 and target_time is not None and target_time > 0:
+            self.width.observe(1, target_time)
         first, self._last_kind = self._last_kind != kind, kind
         if first or not (math.isfinite(wall) and wall > 0.0):
             return
@@ -275,20 +209,57 @@ class GammaSchedule:
         r[f"{kind}_steps"] += 1.0
         if kind == "spec":
             r["spec_tokens"] += tokens_per_request
+        elif target_time is not None and target_time > 0:
+            self._ar_overhead[0] += max(wall - target_time, 0.0)
+            self._ar_overhead[1] += 1.0
 
     def measured_speedup(self) -> Optional[float]:
-        """Speculative tokens per second over target-only tokens per second (per request), from whole-step wall
-        times; None until there are >= 2 target-only and ``min_steps`` speculative steps."""
+        """Tokens per second while drafting over target-only tokens per second (per request), from whole-step wall
+        times; None until there are >= 2 target-only and ``min_steps`` drafting steps."""
         r = self._rates
         if r["ar_steps"] < 2 or r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or r["ar_wall"] <= 0:
             return None
         return (r["spec_tokens"] / r["spec_wall"]) / (r["ar_steps"] / r["ar_wall"])
 
+    def _predicted(self) -> tuple[int, Optional[float]]:
+        """(γ, predicted speedup or None when the estimates may not decide yet)."""
+        spec_cost, idle_cost, ar_cost = self._costs()
+        g, model = best_cap(self._alphas(self._live), None, self.max_gamma, spec_cost, None, ar_cost)
+        if not self.width.known:   # nothing timed yet: a one-token probe, whatever the prior α promises
+            g = min(g, 1)
+        if self.context:   # drafting throughput as measured (matches come and go) against the modelled target-only
+            r = self._rates
+            if r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or not self.width.known:
+                return g, None
+            return g, (r["spec_tokens"] / r["spec_wall"]) * ar_cost
+        return g, (model if self.estimator.timed_steps >= self.min_steps else None)
+
+    def _decision(self) -> tuple[int, Optional[float]]:
+        """(γ, speedup) where speedup is set when drafting should stop now."""
+        g, predicted = self._predicted()
+        measured = self.measured_speedup()
+        if measured is not None:
+            return g, (measured if measured < self.fallback_below else None)
+        if predicted is not None and (predicted < self.fallback_below or (
+                self.fallback_below > 0 and self._rates["ar_steps"] == 0 and predicted < self.explore_below)):
+            return g, predicted
+        return g, None
+
     @property
     def falls_back_at_start(self) -> bool:
-        """``optimal`` with inherited rates that say speculation is slower: it returns 0 from the first step."""
-        measured = self.measured_speedup() if self.kind == "optimal" and self.steps == 0 else None
-        return measured is not None and measured < self.fallback_below
+        """``optimal`` with inherited measurements that say drafting loses: it returns 0 from the first step."""
+        if self.kind != "optimal" or self.steps > 0:
+            return False
+        measured = self.measured_speedup()
+        if measured is not None:
+            return measured < self.fallback_below
+        _, predicted = self._predicted()
+        return predicted is not None and not self.context and predicted < self.fallback_below
+
+    @property
+    def resumes_next(self) -> bool:
+        """The next ``next()`` resumes drafting after a fallback (the decoder must not launch it ahead of a read)."""
+        return self._fallen and self.can_resume and self._idle_left <= 0
 
     @property
     def alpha(self) -> float:
@@ -298,19 +269,45 @@ class GammaSchedule:
     def cost_ratio(self) -> float:
         return self.estimator.c
 
+    def _fall_back(self, speedup: float) -> int:
+        if self.fallback_after is None:
+            self.fallback_after, self.fallback_speedup = self.steps, speedup
+        self._fallen, self.fallbacks, self._current = True, self.fallbacks + 1, 0
+        self._idle_left, self._backoff = self._backoff, min(2 * self._backoff, 1024)
+        return 0
+
+    def _resume(self) -> None:
+        """Draft again: the drafting rates start afresh and per-request α drifts most of the way to the pool."""
+        self._fallen, self.resumes = False, self.resumes + 1
+        for k in ("spec_wall", "spec_tokens", "spec_steps"):
+            self._rates[k] = 0.0
+        self.requests.counts = {r: (a * 0.25, t * 0.25) for r, (a, t) in self.requests.counts.items()}
+
     def next(self) -> int:
-        """γ for the next step: >= 1, or 0 (``optimal`` after its fallback: decode target-only from now on)."""
-        if self.kind == "optimal" and self.fallback_after is None:
-            self._current, best = best_gamma(self.alpha, self.cost_ratio, self.estimator.overhead, self.max_gamma)
-            measured = self.measured_speedup()
-            if measured is not None:
-                if measured < self.fallback_below:
-                    self.fallback_after, self.fallback_speedup, self._current = self.steps, measured, 0
-            elif self.estimator.timed_steps >= self.min_steps and (
-                    best < self.fallback_below
-                    or (self.fallback_below > 0 and self._rates["ar_steps"] == 0 and best < self.explore_below)):
-                self.fallback_after, self.fallback_speedup, self._current = self.steps, best, 0
-        return self._current
+        """γ for the next step: >= 1, or 0 (``optimal`` not drafting: decode this step target-only)."""
+        if self.kind != "optimal":
+            return self._current
+        self.requests.forget()
+        if self._fallen:
+            if not self.resumes_next:
+                self._idle_left -= 1
+                return 0
+            self._resume()
+        self._current, stop = self._decision()
+        return self._fall_back(stop) if stop is not None else self._current
+
+    def select_drafts(self, drafts: list, requests: list) -> Optional[list]:
+        """A context drafter's proposals for this step (per batch position; ``requests[i]`` the request id of a live
+        row, None otherwise) cut to the cap that maximises expected tokens per second (:func:`best_cap`: every row
+        pays the verify width of the longest draft), or None when no cap beats a step without drafts."""
+        if self.kind != "optimal":
+            return drafts
+        live = [i for i, r in enumerate(requests) if r is not None]
+        spec_cost, idle_cost, ar_cost = self._costs()
+        lengths = [len(drafts[i]) for i in live]
+        g, _ = best_cap(self._alphas([requests[i] for i in live]), lengths, max(lengths, default=0), spec_cost,
+                        idle_cost, ar_cost)
+        return [d[:g] for d in drafts] if g > 0 else None
 
     def fixed_gamma(self) -> Optional[int]:
         """γ of every later step when it cannot depend on the outcome of steps not yet recorded (``constant``),
@@ -318,23 +315,37 @@ class GammaSchedule:
         return self.gamma if self.kind == "constant" else None
 
     def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0,
-               step_time: Optional[float] = None) -> None:
-        """Record a step drafted with ``gamma`` (>= 1) where active request i accepted ``num_accepted[i]`` tokens.
+               step_time: Optional[float] = None, requests: Optional[list] = None,
+               drafted: Optional[list] = None) -> None:
+        """Record a step drafted with ``gamma`` (>= 1) where row i accepted ``num_accepted[i]`` tokens.
 
-        draft_time / target_time: seconds spent in the γ draft forwards / the one target forward (for c); a step
-        counts towards ``min_steps`` only when both are positive. step_time: the step's wall seconds (host work
-        included), for the overhead term. Target-only steps (γ = 0) must not be recorded.
+        draft_time / target_time: seconds spent in the draft phase / the one target forward; a step counts towards
+        ``min_steps`` only when both are positive. step_time: the step's wall seconds (host work included), for the
+        overhead term. requests / drafted (optional, same length as num_accepted): each row's request id and draft
+        length (default γ; rows that drafted 0 add nothing to α), for per-request α. Target-only steps (γ = 0) must
+        not be recorded.
         """
         if gamma < 1:
             raise ValueError(f"update() records speculative steps (gamma >= 1), got gamma={gamma}")
         if not num_accepted:
             return
+        ks = [gamma] * len(num_accepted) if drafted is None else [int(k) for k in drafted]
+        if len(ks) != len(num_accepted) or (requests is not None and len(requests) != len(num_accepted)):
+            raise ValueError("requests / drafted must have one entry per row of num_accepted")
         self.steps += 1
         timed = draft_time > 0 and target_time > 0
-        self.estimator.observe(list(num_accepted), gamma, draft_time if timed else None,
+        self.estimator.observe(list(num_accepted), ks, draft_time if timed else None,
                                target_time if timed else None, step_time if timed else None)
+        if timed:
+            self.width.observe(gamma + 1, target_time)
+            self._context_time = [self._context_time[0] + draft_time, self._context_time[1] + 1.0]
+        if requests is not None:
+            for r, n, k in zip(requests, num_accepted, ks):
+                self.requests.observe(r, int(n), k)
+            self._live = list(requests)
         if self.kind == "heuristic":
-            if all(n == gamma for n in num_accepted):
+            drafting = [n for n, k in zip(num_accepted, ks) if k > 0]
+            if drafting and all(n == gamma for n in drafting):
                 self._current = min(self._current + 2, self.max_gamma)
             else:
                 self._current = max(1, self._current - 1)

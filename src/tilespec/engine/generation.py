@@ -94,6 +94,11 @@ class Generation:
     last_read: float = 0.0              # perf_counter() at the end of the last commit (a step's wall time starts
                                         # there when it was launched earlier, ahead of that read)
 
+    def __post_init__(self):
+        bind = getattr(self.schedule, "bind", None)   # what drafts: the schedule prices and resumes accordingly
+        if bind is not None:
+            bind(model=self.draft is not None, context=self.context is not None)
+
     @property
     def finished(self) -> bool:
         return len(self.done) >= self.state.size
@@ -144,26 +149,42 @@ class Generation:
         self.last_read = time.perf_counter()
         return event
 
-    def feed_schedule(self, planned: "PlannedStep", emitted: list, ks: list) -> None:
+    def feed_schedule(self, planned: "PlannedStep", emitted: list, ks: list, requests: Optional[list] = None) -> None:
         """Tell the γ schedule how a speculative step went: accepted counts of the live rows that drafted (``emitted``
-        / ``ks``: per live row), the step's own draft and target time (on CUDA this waits for its events, not for a
-        step launched after it), and its wall time from its launch or, if launched ahead, from the previous read."""
+        / ``ks``: per live row, ``requests`` their request ids), the step's own draft and target time (on CUDA this
+        waits for its events, not for a step launched after it), and its wall time from its launch or, if launched
+        ahead, from the previous read. Schedules with ``wants_step_time`` get every live row with its request id
+        and draft length (per-request α); others the accepted counts of the rows that drafted."""
         spent = self.timer.between(planned.before, planned.after)
-        accepted = [e - 1 for e, k in zip(emitted, ks) if k > 0]
-        extra = {"step_time": time.perf_counter() - max(planned.started, self.last_read)} \
-            if getattr(self.schedule, "wants_step_time", False) else {}   # injected schedules may not take it
+        compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
+        if compiled != self.compiled_seen:   # the step captured or compiled a shape: its times say nothing of costs
+            spent = {"draft": 0.0, "target": 0.0}   # (feed_rate, called next, notes the new total)
+        if getattr(self.schedule, "wants_step_time", False):   # injected schedules may not take these
+            extra = {"step_time": time.perf_counter() - max(planned.started, self.last_read)}
+            if requests is not None:
+                extra.update(requests=list(requests), drafted=list(ks))
+            accepted = [e - 1 if k > 0 else 0 for e, k in zip(emitted, ks)] if requests is not None else \
+                [e - 1 for e, k in zip(emitted, ks) if k > 0]
+        else:
+            extra, accepted = {}, [e - 1 for e, k in zip(emitted, ks) if k > 0]
         self.schedule.update(planned.gamma, accepted, spent["draft"], spent["target"], **extra)
 
-    def feed_rate(self, gamma: int, emitted: list) -> None:
+    def feed_rate(self, gamma: int, emitted: list, planned: Optional["PlannedStep"] = None) -> None:
         """Tell a schedule that measures rates (``optimal``) the wall time since the previous read and the mean
-        tokens emitted per live request, for every step: target-only ones too (γ = 0)."""
+        tokens emitted per live request, for every step: target-only ones too (γ = 0), with their target time and
+        whether the schedule itself chose not to draft (a fallback step) when ``planned`` is given."""
         if not (hasattr(self.schedule, "observe_rate") and emitted):
             return
         compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
         if compiled != self.compiled_seen:   # the step captured or compiled a new shape: its wall time says nothing
             self.compiled_seen = compiled
             return
-        self.schedule.observe_rate(gamma, time.perf_counter() - self.last_read, sum(emitted) / len(emitted))
+        wall, tokens = time.perf_counter() - self.last_read, sum(emitted) / len(emitted)
+        if planned is None or not getattr(self.schedule, "wants_step_time", False):
+            self.schedule.observe_rate(gamma, wall, tokens)
+            return
+        target = self.timer.between(planned.before, planned.after)["target"] if gamma == 0 else None
+        self.schedule.observe_rate(gamma, wall, tokens, target_time=target, fallback=planned.proposed == 0)
 
     def context_drafts(self, live: list, cap: int) -> Optional[list]:
         """The context drafter's host-side proposals per batch position (live rows only, at most ``cap`` tokens and
@@ -173,7 +194,10 @@ class Generation:
             limit = min(cap, self.remaining(i) - 1)
             if limit > 0:
                 drafts[i] = self.context.propose(self.state.rows[i], limit)
-        return drafts if any(drafts) else None
+        select = getattr(self.schedule, "select_drafts", None)   # the schedule cuts drafts that do not pay
+        if any(drafts) and select is not None and self.draft is None:
+            drafts = select(drafts, [r if i in live else None for i, r in enumerate(self.state.rows)])
+        return drafts if drafts is not None and any(drafts) else None
 
     def remaining(self, i: int) -> int:
         """New tokens row i (position in the batch) may still emit."""
@@ -220,6 +244,7 @@ class PlannedStep:
     committed: bool = False             # the step committed on the device (StepGraphs); the host advances W only
     advanced: bool = False              # ... and W was advanced when the step was launched (target-only steps)
     started: float = 0.0                # perf_counter() when the step was planned (its wall time feeds the schedule)
+    proposed: Optional[int] = None      # the schedule's γ for the step (0: it chose not to draft, a fallback step)
     host: Optional[object] = None       # steps run ahead of: [B, 1 + q] copy of (num_emitted, output_tokens) taken
                                         # before the next replay overwrites the graph's outputs; on CUDA a pinned
                                         # host tensor filled asynchronously, ready once host_ready fires

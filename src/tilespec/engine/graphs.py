@@ -13,6 +13,14 @@ Invariants the wrapped functions must keep (the engine's forwards do):
   * the warm-up run must be harmless to repeat: a model forward rewrites the same K/V slots with the same values.
 Outputs are the graph's own buffers, overwritten by the next replay of the same graph: callers copy what they keep.
 All graphs of one cache share a memory pool; that is safe because they are replayed one at a time on one stream.
+
+Captured GEMMs use the cuBLAS workspace that torch keeps per (handle, stream): the graph bakes in its address, and
+the workspace is allocated by the warm-up outside any pool. ``torch._C._cuda_clearCublasWorkspaces()`` frees every
+such workspace; torch.compile's CUDA-graph trees (``mode="reduce-overhead"``, which transformers' static-cache
+``generate`` uses on CUDA) call it around each warm-up and recording. A graph captured before such a call and
+replayed after it writes into freed memory: silent corruption, or ``an illegal memory access`` once the memory was
+returned to the driver. So every clear bumps :func:`workspace_epoch`, and a cache whose graphs are older than the
+current epoch drops them and captures again (a few ms per shape; the compiled code is kept).
 """
 from __future__ import annotations
 
@@ -30,6 +38,30 @@ class _Captured:
 
 
 _CAPTURE_STREAMS: dict = {}
+_EPOCH = [0]          # bumped by every cuBLAS workspace clear, see workspace_epoch()
+
+
+def workspace_epoch() -> int:
+    """How many times torch's cuBLAS workspaces were freed in this process (since tilespec watched for it): graphs
+    captured at an older epoch may point at a freed workspace."""
+    _watch_workspace_clears()
+    return _EPOCH[0]
+
+
+def _watch_workspace_clears() -> None:
+    """Wrap ``torch._C._cuda_clearCublasWorkspaces`` (once) so every caller, CUDA-graph trees included, bumps the
+    epoch. Absent on CPU-only builds: nothing to watch there (no graphs either)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None or getattr(clear, "_tilespec_watched", False):
+        return
+
+    def clear_and_count(*args, **kwargs):
+        _EPOCH[0] += 1
+        return clear(*args, **kwargs)
+
+    clear_and_count._tilespec_watched = True
+    clear_and_count.__wrapped__ = clear
+    torch._C._cuda_clearCublasWorkspaces = clear_and_count
 
 
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -53,12 +85,15 @@ class GraphCache:
         self.max_graphs = max_graphs
         self._graphs: dict = {}
         self._pool = None
+        self._epoch = workspace_epoch()
 
     def __len__(self) -> int:
         return len(self._graphs)
 
     def __call__(self, *args: torch.Tensor, key: Hashable = None):
         sig = (key,) + tuple((tuple(a.shape), a.dtype, a.device) for a in args)
+        if self._epoch != _EPOCH[0]:         # a cuBLAS workspace the graphs use was freed: capture again
+            self.clear()
         entry = self._graphs.get(sig)
         if entry is None:
             entry = self._capture(sig, args, key)
@@ -94,3 +129,4 @@ class GraphCache:
     def clear(self) -> None:
         self._graphs.clear()
         self._pool = None
+        self._epoch = workspace_epoch()

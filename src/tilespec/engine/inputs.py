@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from tilespec.verify.validation import resolve_sampling
+
 
 def context_limit(model) -> Optional[int]:
     """The number of positions a decoder-only model was built for (``max_position_embeddings``), or None when its
@@ -31,10 +33,19 @@ def check_request(target, draft, prompts: Sequence[Sequence[int]], max_new_token
                   sampling=None) -> list[int]:
     """Raise ValueError naming the problem and the fix when a prompt holds ids outside the vocabulary, when
     prompt + max_new_tokens exceeds the context of the target or the draft (the draft sees the same positions),
-    when the seeds do not fit int64 / do not match the batch, or a per-request sampling list has the wrong length.
+    when the seeds do not fit int64 / do not match the batch, a sampling value is out of range or a per-request
+    sampling list has the wrong length, or a model's weights are on the meta device.
     Returns the per-request seeds (an int seed gives request i seed + i)."""
+    for role, model in (("target", target), ("draft", draft)):
+        sharded = getattr(model, "_tilespec_tp", None) is not None   # tensor parallel: meta stand-ins, shards elsewhere
+        if hasattr(model, "parameters") and not sharded and any(p.is_meta for p in model.parameters()):
+            raise ValueError(f"the {role} has weights on the meta device (created without data, e.g. under "
+                             f"init_empty_weights or device_map='meta'): load its weights before decoding")
     seeds = _seed_list(seed, len(prompts))
     _check_sampling_lengths(sampling, len(prompts))
+    if sampling is not None:   # bad values (temperature < 0, top_p 0, ...) fail here, before the prefill forward
+        resolve_sampling(sampling, len(prompts), next(target.parameters()).device if hasattr(target, "parameters")
+                         else "cpu")
     vocab = vocab_limit(target)
     if vocab is not None:
         for i, prompt in enumerate(prompts):

@@ -7,9 +7,10 @@ Definitions (see docs/engine.md and decoding-peers.md §5):
   * block_efficiency (τ) = tokens emitted per request per target call, bonus included (target-only steps count 1);
   * gammas: γ of every step (0 for a target-only step); mean_gamma averages all steps, mean_spec_gamma only the
     speculative ones (γ >= 1);
-  * fallback_steps: steps decoded target-only because the ``optimal`` schedule fell back (predicted speedup < 1),
-    from step ``fallback_at_step`` on (None: no fallback); they draft nothing, so alpha / alpha_tested / draft_calls
-    describe the speculative steps only;
+  * fallback_steps: steps decoded target-only because the ``optimal`` schedule fell back (predicted or measured
+    speedup < 1), the first at step ``fallback_at_step`` (None: no fallback); with a draft model all steps from there
+    on, with a context drafter until it resumes drafting (gamma.py); they draft nothing, so alpha / alpha_tested /
+    draft_calls describe the speculative steps only;
   * drafter: the drafter's name ("ngram", "suffix", a model, "MODEL+ngram"; "" for target-only);
     context_steps: steps drafted from the context; match_share = request-steps whose context had a match /
     request-steps (the share of a request's steps that drafted anything from its context);

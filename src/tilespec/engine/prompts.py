@@ -21,9 +21,29 @@ def chat_prompt(tok, text: str, chat: bool = True) -> str:
     return text
 
 
+def check_texts(texts) -> list[str]:
+    """``texts`` (a str or a list of str) as a list; TypeError for anything else, ValueError for no prompts or an
+    empty / whitespace-only one (the chat template alone is not a prompt: the CLI refuses ``--prompt ""`` too)."""
+    if isinstance(texts, str):
+        texts = [texts]
+    elif isinstance(texts, (list, tuple)):
+        texts = list(texts)
+    else:
+        raise TypeError(f"prompts must be a str or a list of str, got {type(texts).__name__}")
+    if not texts:
+        raise ValueError("no prompts: give at least one")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"prompt {i} must be a str, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"prompt {i} is empty: give some text to continue")
+    return texts
+
+
 def encode_prompts(tok, texts, chat: bool = True) -> list[list[int]]:
-    """Token id lists of ``texts`` (a str or a list of str) under the rule in the module docstring."""
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    """Token id lists of ``texts`` (a str or a list of str, checked by :func:`check_texts`) under the rule in the
+    module docstring."""
+    texts = check_texts(texts)
     special = not uses_chat_template(tok, chat)
     return [list(tok(chat_prompt(tok, t, chat), add_special_tokens=special).input_ids) for t in texts]
 

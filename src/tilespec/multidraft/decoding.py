@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..engine.cache import cache_kwarg, output_cache
 from ..verify.types import SamplingParams, VerifyResult
 from .chain import sampling_probs, verify_multidraft
 
@@ -83,8 +84,8 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
     inp = rows
     pending_draft = None
     for t in range(L):
-        out = draft(input_ids=inp, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = draft(input_ids=inp, use_cache=True, **{cache_kwarg(draft): cache})
+        cache = output_cache(out)
         logits = out.logits[:, -1].float()
         if t == 0 and plen > 1:
             pending_draft = out.logits[0, :-1].float()
@@ -95,7 +96,8 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
         inp = tok[:, None]
     d_tok = torch.stack(tokens, 1)
     tcache = _expand(target_cache, k)
-    out = target(input_ids=torch.cat([rows, d_tok], 1), past_key_values=tcache, use_cache=target_cache is not None)
+    out = target(input_ids=torch.cat([rows, d_tok], 1), use_cache=target_cache is not None,
+                 **{cache_kwarg(target): tcache})
     t_logits = out.logits[:, plen - 1:].float()                                      # [B*K, L+1, V]
     v = t_logits.shape[-1]
     if raw[0].shape[-1] != v:
@@ -154,8 +156,8 @@ class MultiDraftDecoder:
         gen = torch.Generator(device=prompt_ids.device).manual_seed(self.seed)
         tcache, dcache = DynamicCache(), DynamicCache()
         if prompt_ids.shape[1] > 1:
-            self.target(input_ids=prompt_ids[:, :-1], past_key_values=tcache, use_cache=True)
-            self.draft(input_ids=prompt_ids[:, :-1], past_key_values=dcache, use_cache=True)
+            self.target(input_ids=prompt_ids[:, :-1], use_cache=True, **{cache_kwarg(self.target): tcache})
+            self.draft(input_ids=prompt_ids[:, :-1], use_cache=True, **{cache_kwarg(self.draft): dcache})
         committed = prompt_ids.shape[1] - 1
         pending = prompt_ids[:, -1:]
         new: list[int] = []

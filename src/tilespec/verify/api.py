@@ -1,14 +1,13 @@
 """``verify()``: the one entry point for the accept/resample step of speculative decoding."""
 from __future__ import annotations
 
-import numbers
 from typing import Mapping, Optional
 
 import torch
 
 from .registry import get_method
 from .types import SamplingParams, VerifyResult
-from .validation import check_shared_stream_seed, prepare_inputs
+from .validation import check_shared_stream_seed, normalize_seed, prepare_inputs
 
 
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_logits: Optional[torch.Tensor] = None,
@@ -35,7 +34,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
             ``tilespec.verify.registry.all_methods()``).
         options: the method's options (e.g. sigmoid's {"alpha": -1e3, "beta": 1e3}); unset ones keep their defaults,
             unknown names raise ValueError.
-        seed: int (request b uses seed + b), or per-request seeds [B]; None draws seeds from ``generator`` or the
+        seed: int (request b uses seed + b; numpy and 0-d torch integer scalars count as ints; bools do not), or
+            per-request seeds [B] (a sequence of ints or an integer tensor); None draws seeds from ``generator`` or the
             default torch generator. Random numbers are keyed by (seed, offsets + position), so a request's result
             does not depend on the rest of the batch. The exception is ``hf`` (transformers' semantics): it draws
             the whole batch from one generator seeded by request 0's seed, so its tokens depend on the batch, and
@@ -48,8 +48,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
     Returns:
         VerifyResult with output_tokens [B, K+1] (-1 padded), num_accepted [B], num_emitted [B], accepted [B, K].
     """
-    if isinstance(seed, numbers.Integral):   # numpy integer scalars behave like the int they hold
-        seed = int(seed)
+    seed = normalize_seed(seed)   # numpy / 0-d torch integer scalars become the int they hold; bools, str: errors
     inputs = prepare_inputs(target_logits, draft_tokens, draft_logits=draft_logits, draft_probs=draft_probs,
                             num_draft_tokens=num_draft_tokens, sampling=sampling, seed=seed, generator=generator,
                             offsets=offsets, check_values=check_values)

@@ -12,6 +12,8 @@ from per-tile masses and then scan one tile only.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 PURPOSE_ACCEPT = 1   # the uniform u of the acceptance test at a draft position (token = 0)
@@ -127,3 +129,32 @@ def seeds_from(seed, batch_size: int, device: torch.device, generator: torch.Gen
     if isinstance(seed, int):
         return seed + torch.arange(batch_size, device=device, dtype=torch.int64)
     return torch.as_tensor(seed, dtype=torch.int64).to(device)
+
+
+def normalize_seed(seed):
+    """``seed`` as verify() documents it: None, a Python int (numpy and 0-d torch integer scalars become that int),
+    or per-request integers (a sequence or an integer tensor [B]). Bools and other types raise TypeError, since
+    ``True`` silently meaning 1 hides a bug."""
+    if seed is None:
+        return None
+    if isinstance(seed, torch.Tensor):
+        if seed.is_meta:
+            raise ValueError("seed is on the meta device (it holds no values): pass an int or a real tensor")
+        if seed.dtype == torch.bool or seed.is_floating_point() or seed.is_complex():
+            raise TypeError(f"seed must be an int or integers (one per request), got a {seed.dtype} tensor: "
+                            f"pass int(seed) or an integer tensor")
+        return int(seed) if seed.ndim == 0 else seed
+    if type(seed).__name__ in ("bool", "bool_") or (
+            isinstance(seed, (numbers.Number, str, bytes)) and not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40} "
+                        f"({type(seed).__name__}){': pass int(seed)' if isinstance(seed, float) else ''}")
+    if isinstance(seed, numbers.Integral):
+        return int(seed)
+    if isinstance(seed, (list, tuple)) or hasattr(seed, "__array__"):
+        values = list(seed.tolist() if hasattr(seed, "tolist") else seed)
+        odd = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        if odd:
+            raise TypeError(f"seed must be an int or integers (one per request), got {odd[0]!r} "
+                            f"({type(odd[0]).__name__}) in the per-request seeds")
+        return [int(v) for v in values]
+    raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40} ({type(seed).__name__})")

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .rng import seeds_from
+from .rng import normalize_seed, seeds_from  # noqa: F401  (normalize_seed: verify() imports it here)
 from .types import PerRequest, ResolvedSampling, SamplingParams, VerifyInputs
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -19,6 +19,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 def _require_tensor(name: str, value, *, ndim: int) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_meta:
+        raise ValueError(f"{name} is on the meta device (a shape without values, e.g. from a model that was never "
+                         f"loaded): move real data to a CPU or CUDA device first")
     if value.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
     return value
@@ -86,7 +89,7 @@ def _check_int64(name: str, value, spread: int) -> None:
     if bad:
         raise ValueError(f"{name} = {bad[0]} does not fit a signed 64-bit integer"
                          f"{f' (request b uses {name} + b, up to + {spread})' if spread else ''}: "
-                         f"use values in [-2**63, 2**63 - 1{f' - {spread}' if spread else ''}], e.g. {name} % 2**62")
+                         f"use values in [-2**63, 2**63 - {1 + spread}], e.g. {name} % 2**62")
 
 
 def check_shared_stream_seed(method: str, seed, check_values: bool) -> None:

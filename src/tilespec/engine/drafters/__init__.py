@@ -17,7 +17,13 @@ from .suffix import SuffixDrafter
 CONTEXT_DRAFTERS = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
 
 __all__ = ["Drafter", "ModelDrafter", "ContextDrafter", "ContextState", "NgramDrafter", "SuffixDrafter",
-           "CONTEXT_DRAFTERS", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
+           "CONTEXT_DRAFTERS", "drafter_names", "resolve_drafter", "split_draft_name", "draft_spec", "draft_model"]
+
+
+def drafter_names() -> list:
+    """Every drafter name ``draft=`` takes as a string: the keys of this package's ``*_DRAFTERS`` registries
+    (for "did you mean" suggestions; a registry added here is picked up without touching its callers)."""
+    return sorted({n for k, v in globals().items() if k.endswith("_DRAFTERS") and isinstance(v, dict) for n in v})
 
 
 def split_draft_name(name: str | None) -> tuple:

@@ -138,7 +138,7 @@ def decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: to
                   write_pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ln1: torch.Tensor,
                   qkv: torch.Tensor, qkv_bias: torch.Tensor | None, o: torch.Tensor, ln2: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, *, heads: int, kv_heads: int, head_dim: int, eps: float,
-                  flex: bool = False, kernels: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+                  flex: bool = False, kernels: str = "", reduce=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One pre-norm decoder layer; writes its K/V at slots write_pos + [0, q).
 
     The residual stream is carried as a pair (h, res) [B, q, d] whose sum is transformers' hidden state: the layer
@@ -149,7 +149,9 @@ def decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: to
     ``kernels``: comma-separated parts that run tilespec's decode-shape Triton kernels instead of PyTorch ops
     (``linear.fused_linear``; ``attention.decode_attention``): "qkv" (norm + q/k/v + bias), "o" (output projection +
     residual), "mlp" (norm + gate/up + SiLU gate; down projection), "attn", or "all". Same maths, one launch per
-    part; each falls back to PyTorch where its kernel cannot run (e.g. prefill-sized M)."""
+    part; each falls back to PyTorch where its kernel cannot run (e.g. prefill-sized M).
+    ``reduce``: tensor parallelism (tensor_parallel.py): the weights are this rank's shards (local heads, MLP
+    columns) and ``reduce`` sums the output and down projections' partial results over the ranks."""
     b, q, _ = h.shape
     parts = _parts(kernels)
     res = h + res
@@ -176,12 +178,17 @@ def decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: to
     else:
         attn = F.scaled_dot_product_attention(xq, k_cache, v_cache, attn_mask=mask, enable_gqa=heads != kv_heads)
     attn = attn.transpose(1, 2).reshape(b, q, nq)
-    res = fused_linear(attn, o, residual=res) if "o" in parts else res + F.linear(attn, o)
+    if reduce is not None:       # a partial sum per rank: the residual is added once, after the sum
+        res = res + reduce(fused_linear(attn, o) if "o" in parts else F.linear(attn, o))
+    else:
+        res = fused_linear(attn, o, residual=res) if "o" in parts else res + F.linear(attn, o)
     if "mlp" in parts:
-        return fused_linear(fused_linear(res, gate_up, norm=ln2, eps=eps, silu_mul=True), down), res
-    gu = F.linear(rms_norm(res, ln2, eps), gate_up)
-    f = gu.shape[-1] // 2
-    return F.linear(F.silu(gu[..., :f]) * gu[..., f:], down), res
+        out = fused_linear(fused_linear(res, gate_up, norm=ln2, eps=eps, silu_mul=True), down)
+    else:
+        gu = F.linear(rms_norm(res, ln2, eps), gate_up)
+        f = gu.shape[-1] // 2
+        out = F.linear(F.silu(gu[..., :f]) * gu[..., f:], down)
+    return (out if reduce is None else reduce(out)), res
 
 
 def prologue(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, embed: torch.Tensor,
