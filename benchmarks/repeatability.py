@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+from tilespec.env import git_commit
+
 EXACT_GREEDY = ("hf", "reference", "tiled", "fused")
 TARGET_ONLY = "target"     # the engine's target-only greedy decoding (no draft): the ground truth of every method
 EVAL_LIMITS = {"xsum": 304, "cnndm": 199}     # the paper-scale eval's sample sizes (its subsample depends on them)
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
             probes["torch.float32"] = probe(fp32, outputs, rows, prompts)
             del fp32
     doc = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", dtype=str(dtype),
-               torch=torch.__version__, commit=os.environ.get("TILESPEC_COMMIT", "unknown"),
+               torch=torch.__version__, commit=git_commit() or "unknown",
                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), target=a.target, draft=a.draft, dataset=a.dataset,
                limit=a.limit, batch=a.batch, offset=a.offset, max_new_tokens=a.max_new_tokens, order=a.order,
                run_order=[list(x) for x in run_order(methods, a.repeats, a.order)], committed=a.committed,

@@ -36,6 +36,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from tilespec import settings
+
 EXACT = ("hf", "tiled", "fused")
 ALL = EXACT + ("sigmoid",)
 TEXT = ("xsum-t0", "xsum-t1", "cnndm-t0", "cnndm-t1", "drafters", "studies-text")
@@ -154,7 +156,7 @@ def run_stage(stage: str, a, models: Models, deadline: float, log=print) -> dict
         if cfg.dataset == "xsum":
             data = a.xsum
         elif cfg.dataset == "synthetic":
-            data = a.synthetic_dir or os.environ.get("TILESPEC_SYNTH_DIR")
+            data = a.synthetic_dir or settings.get().synth_dir
             if not data or not (Path(data) / "manifest.jsonl").is_file():
                 log(f"[scale] {name}: SKIP, no synthetic set (manifest.jsonl) at {data!r} (set TILESPEC_SYNTH_DIR)")
                 status[name] = "skipped: no synthetic set"

@@ -12,7 +12,7 @@ Layout of a set folder (``python -m benchmarks.synth --out DIR``; read by ``tile
     ``sample_rate``, ``duration_s``, ``kind`` (``synthetic-espeak-ng``);
   * ``meta.json``: generator settings, the backend and espeak-ng version, the caveat above.
 
-Backends (``backend=`` / ``--backend`` / ``$TILESPEC_ESPEAK_BACKEND``): ``binary`` runs the ``espeak-ng`` program;
+Backends (``backend=`` / ``--backend``): ``binary`` runs the ``espeak-ng`` program;
 ``library`` drives ``libespeak-ng`` from the PyPI wheel ``espeakng-loader`` with ctypes (``tilespec[asr-synth]``; see
 synth_espeak.py), for machines without the program; ``auto`` (default) takes the binary when it is on PATH, else
 the library. Both give 22.05 kHz int16 audio resampled to 16 kHz the same way; the voices are the binary's names.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import shutil
@@ -55,11 +54,11 @@ def espeak_exe() -> str:
 
 
 def espeak_backend(backend: Optional[str] = None) -> str:
-    """``binary`` or ``library``: ``backend`` (default ``$TILESPEC_ESPEAK_BACKEND``, else ``auto``) resolved;
+    """``binary`` or ``library``: ``backend`` (default ``auto``) resolved;
     RuntimeError naming both fixes when neither is installed."""
     from . import synth_espeak
 
-    backend = (backend or os.environ.get("TILESPEC_ESPEAK_BACKEND") or "auto").strip().lower()
+    backend = (backend or "auto").strip().lower()
     if backend not in BACKENDS:
         raise ValueError(f"espeak backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "binary":
@@ -254,8 +253,8 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--allow-digits", action="store_true",
                    help="also use sentences with digits/symbols (espeak-ng's reading may then differ from the text)")
     p.add_argument("--backend", default=None, choices=BACKENDS,
-                   help="espeak-ng program, or its library from espeakng-loader (default: $TILESPEC_ESPEAK_BACKEND, "
-                        "else auto: the program when installed, else the library)")
+                   help="espeak-ng program, or its library from espeakng-loader (default auto: the program when "
+                        "installed, else the library)")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n must be >= 1, got {args.n}")

@@ -1,4 +1,4 @@
-"""The CLI and model-cache bad-input sweep (issue 17): typo'd names, missing paths, empty prompts, negative numbers,
+"""The CLI and model-cache bad-input sweep: typo'd names, missing paths, empty prompts, negative numbers,
 non-audio files, unwritable --json paths, corrupted cache files and interrupted fetches each end in a result or a
 one-line error naming the problem and the fix; nothing half-written stays in the cache."""
 from __future__ import annotations

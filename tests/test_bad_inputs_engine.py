@@ -1,4 +1,4 @@
-"""The engine's bad-input sweep (issue 17): every request either decodes or fails before any forward with one
+"""The engine's bad-input sweep: every request either decodes or fails before any forward with one
 clear error naming the problem and the fix; several streams of one decoder never mix their state."""
 import itertools
 

@@ -1,4 +1,4 @@
-"""The verify() bad-input sweep (issue 17): each input a new user might try either works or raises one clear error
+"""The verify() bad-input sweep: each input a new user might try either works or raises one clear error
 naming the problem and the fix. Shape / dtype / NaN / range basics live in test_validation.py; this file holds the
 cases the peers' test suites exposed and the edge values of every argument."""
 import pytest

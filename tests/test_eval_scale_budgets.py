@@ -57,8 +57,8 @@ def test_stage_order_does_not_matter_for_the_draft_model(tmp_path):
 
 
 def test_runs_finished_earlier_take_no_share_of_a_resumed_stage(tmp_path, monkeypatch):
-    """A resumed stage whose other runs are done gives its whole budget to the run still to finish (session 9 lost
-    two n-gram resumes to a share computed over runs that were already complete)."""
+    """A resumed stage whose other runs are done gives its whole budget to the run still to finish (a share computed
+    over runs that were already complete once lost two n-gram resumes)."""
     from tilespec.bench import quality as run_mod
 
     a = _args(tmp_path, ["drafters"], 100.0)

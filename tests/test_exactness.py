@@ -1,4 +1,8 @@
-"""The exactness suite itself: exact laws are laws, exact methods pass, a planted bias is caught."""
+"""The exactness suite itself: exact laws are laws, exact methods pass, a planted bias is caught.
+
+Every case runs at SAMPLES draws, the size at which the planted 1 % bias is still caught (test_planted_bias_is_caught);
+the 10^6-sample tier is marked ``slow`` (not in the default run; the GPU runbook runs it with ``-m slow`` and
+``tilespec check exactness``)."""
 import numpy as np
 import pytest
 import torch
@@ -8,6 +12,8 @@ from tilespec.exactness.law import step_law
 from tilespec.exactness.stats import fit_test
 from tilespec.exactness.suite import biased_reference, check_determinism, method_sampler, run_case, run_suite
 from tilespec.verify.validation import resolve_sampling
+
+SAMPLES = 40_000   # the planted 1 % bias is caught in all three power cases from ~30,000 draws (not at 20,000)
 
 
 def _law(case, k_b):
@@ -48,14 +54,15 @@ def test_fit_test_flags_impossible_samples_and_accepts_exact_counts():
         fit_test(np.array([1, 2]), probs)
 
 
-@pytest.mark.parametrize("method", ["reference", "hf"])
+@pytest.mark.parametrize("method", ["reference", "hf", "coupled"])
 def test_exact_methods_pass_every_case(method):
-    results = run_suite([method], samples=100_000, power_check=False)
+    results = run_suite([method], samples=SAMPLES, power_check=False)
     failed = [(r.case, r.min_p_value) for r in results if not r.passed]
     assert not failed, failed
     assert len(results) >= 16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["generic K=5 V=16", "ragged K_b in {0, 2, 5}", "lenience 0.5", "bf16 logits"])
 def test_reference_passes_with_a_million_samples(name):
     case = next(c for c in default_cases() if c.name == name)
@@ -64,7 +71,7 @@ def test_reference_passes_with_a_million_samples(name):
 
 
 def test_planted_bias_is_caught():
-    results = run_suite([], samples=50_000, power_check=True)
+    results = run_suite([], samples=SAMPLES, power_check=True)
     assert len(results) == 3
     assert all(r.passed for r in results), [(r.case, r.min_p_value) for r in results]
 
@@ -87,6 +94,6 @@ def test_triton_kernels_pass_selected_cases_in_the_interpreter(method):
     names = ("generic K=5 V=16", "ragged K_b in {0, 2, 5}", "temperature 0 vs close draft", "lenience 0.5",
              "top-p 0.8 temperature 0.7")
     for case in (c for c in default_cases() if c.name in names):
-        result = run_case(case, method_sampler(method), method, samples=50_000)
+        result = run_case(case, method_sampler(method), method, samples=SAMPLES)
         assert result.passed, (case.name, result.min_p_value)
     assert check_determinism(method).passed

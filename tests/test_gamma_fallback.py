@@ -323,8 +323,8 @@ def test_decoder_skips_the_draft_when_measured_rates_say_it_loses():
 
 def test_rate_feed_skips_steps_that_compiled_or_captured():
     """A step that captured a new graph shape (ragged context drafts: one per K) carries that capture's seconds in its
-    wall time; on the H100 those made n-gram / suffix + optimal measure speculation slower than it is and fall back
-    (session 12). Such steps are not fed to the schedule."""
+    wall time; on the H100 those made n-gram / suffix + optimal measure speculation slower than it is and fall back.
+    Such steps are not fed to the schedule."""
     import types
     from tilespec.engine.generation import Generation
     seen = []

@@ -22,7 +22,7 @@ def small_blocks(request, monkeypatch):
     the large-vocabulary GPU layout) and "batched" (whole rows in one block, many requests per program)."""
     if request.param == "rows":
         monkeypatch.setattr(launch, "CHUNK1", 64)
-        monkeypatch.setattr(launch, "SUB1", 16)              # pass 1 loops over 4 slices per chunk
+        monkeypatch.setattr(launch, "SUB1_STREAM", 16)       # pass 1 loops over 4 slices per chunk
         monkeypatch.setattr(launch, "BLOCK2", 32)
         monkeypatch.setattr(launch, "TILE", 32)
     else:

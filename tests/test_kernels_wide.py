@@ -1,4 +1,4 @@
-"""CPU tests (TRITON_INTERPRET=1) of ``fused``'s default pass 2, ``residual.sample_wide_kernel`` (issue 15):
+"""CPU tests (TRITON_INTERPRET=1) of ``fused``'s pass 2 in the per-request layout, ``residual.sample_wide_kernel``:
 several tiles per program in one block, linear residual weights max(0, p - l q).
 
 * Tokens: the reference's on well-separated cases (every draft kind, ragged K_b, greedy / lenience / top-k mixed
@@ -26,7 +26,6 @@ def wide_layout(monkeypatch):
     monkeypatch.setattr(launch, "CHUNK1", 64)
     monkeypatch.setattr(launch, "SUB1_STREAM", 16)
     monkeypatch.setattr(launch, "BLOCK2", 16)
-    monkeypatch.setattr(launch, "PASS2", "wide")
     monkeypatch.setattr(launch, "WIDE_TILES", 4)
     monkeypatch.setattr(launch, "_PLANS", {})
 
@@ -58,21 +57,18 @@ def test_tokens_match_reference(draft, top_k):
     assert torch.equal(again.output_tokens, got.output_tokens)
 
 
-def test_ordinary_cases_agree_with_reference_and_the_tile_kernel(monkeypatch):
-    rows = same_ref = same_tile = 0
+@pytest.mark.slow   # statistical (>= 99 % of 128 random rows); the well-separated cases above run by default
+def test_ordinary_cases_agree_with_reference():
+    rows = same_ref = 0
     for seed in range(4):
         target, dlog, tokens = _case(20 + seed, batch=32, vocab=203)
         args = dict(draft_logits=dlog, sampling=SamplingParams(temperature=1.0), seed=seed,
                     offsets=torch.arange(32))
         got = verify(target, tokens, method="fused", **args).output_tokens
         ref = verify(target, tokens, method="reference", **args).output_tokens
-        monkeypatch.setattr(launch, "PASS2", "tile")
-        tile = verify(target, tokens, method="fused", **args).output_tokens
-        monkeypatch.setattr(launch, "PASS2", "wide")
         rows += got.shape[0]
         same_ref += int((got == ref).all(1).sum())
-        same_tile += int((got == tile).all(1).sum())
-    assert same_ref >= 0.99 * rows and same_tile >= 0.99 * rows
+    assert same_ref >= 0.99 * rows
 
 
 @pytest.mark.parametrize("vocab", [150, 160])      # the residual's id in a ragged / full last tile
@@ -109,22 +105,13 @@ def test_tile_masses_do_not_depend_on_tiles_per_program(monkeypatch):
     sampling = SamplingParams(temperature=[0.8, 1.0, 1.3, 1.0] * 2)
     n_tiles = -(-150 // launch.BLOCK2)
     runs = []
-    for tiles in (1, 2, 4, 8, 16):
+    for tiles in (1, 4, 16):
         monkeypatch.setattr(launch, "WIDE_TILES", tiles)
         got = verify(target, tokens, draft_logits=dlog, sampling=sampling, seed=3, offsets=torch.arange(8),
                      method="fused")
         plan = launch._plan(target.device, 8, 2, 150, launch.MODE_LOGITS, launch.DRAFT_LOGITS, False, True)
-        assert plan.wide and plan.tiles == min(tiles, 16) and plan.nc2 == -(-n_tiles // plan.tiles)
+        assert plan.split and plan.tiles == min(tiles, 16) and plan.nc2 == -(-n_tiles // plan.tiles)
         runs.append((got.output_tokens, plan.tsum.clone()))
     for tokens_, masses in runs[1:]:
         assert torch.equal(tokens_, runs[0][0])
         assert torch.allclose(masses, runs[0][1], rtol=1e-6, atol=1e-12)
-
-
-@pytest.mark.parametrize("name, value", [("PASS2", "bogus"), ("WIDE_TILES", 3), ("WIDE_TILES", 0), ("GROUP1", 3),
-                                         ("PREFETCH1", 3)])
-def test_bad_settings_are_clear_errors(name, value, monkeypatch):
-    monkeypatch.setattr(launch, name, value)
-    target, dlog, tokens = _case(4, batch=2)
-    with pytest.raises(ValueError, match=name.replace("GROUP1", "GROUP")):
-        verify(target, tokens, draft_logits=dlog, method="fused", seed=1)

@@ -22,7 +22,7 @@ PAYLOAD = bytes(range(256)) * 1000 + b"tail"          # 256,004 bytes split over
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TILESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TILESPEC_NO_PROGRESS", "1")
+    monkeypatch.setenv("TQDM_DISABLE", "1")
     return tmp_path / "home"
 
 

@@ -116,7 +116,7 @@ def test_default_chunking_and_routing():
         radix_thresholds(logits, s.temperature, s.top_k, s.top_p, True, True, bits=3)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.0, 0.7])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])    # greedy rows (scaled by 1) and a scaled row
 def test_top_p_stops_reading_once_one_value_is_left(temperature):
     """bf16 rows whose top-p boundary value is shared by tokens in every chunk: once the interval holds that one
     value, no chunk is read again (the stop), and the thresholds stay bit-identical to the row kernel's."""

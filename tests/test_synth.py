@@ -19,7 +19,6 @@ def _need_library():
 
 
 def test_backend_choice(monkeypatch):
-    monkeypatch.delenv("TILESPEC_ESPEAK_BACKEND", raising=False)
     monkeypatch.setattr(synth.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="backend must be one of"):
         synth.espeak_backend("nope")
@@ -31,9 +30,8 @@ def test_backend_choice(monkeypatch):
     assert not synth.espeak_available()
     monkeypatch.setattr(synth_espeak, "available", lambda: True)
     assert synth.espeak_backend() == "library"
-    monkeypatch.setenv("TILESPEC_ESPEAK_BACKEND", "library")
     monkeypatch.setattr(synth.shutil, "which", lambda name: "/usr/bin/espeak-ng")
-    assert synth.espeak_backend() == "library"
+    assert synth.espeak_backend("library") == "library" and synth.espeak_backend() == "binary"
 
 
 def test_library_backend_writes_two_clips(tmp_path):

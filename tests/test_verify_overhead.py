@@ -44,9 +44,9 @@ class _StubKernel:
 @pytest.fixture
 def stubs(monkeypatch):
     pass1, pass2 = _StubKernel(), _StubKernel()
-    for name in ("row_stats_kernel", "row_stats_rows_kernel", "row_stats_stream_kernel"):
+    for name in ("row_stats_rows_kernel", "row_stats_stream_kernel"):
         monkeypatch.setattr(launch, name, pass1)
-    for name in ("accept_sample_kernel", "accept_sample_rows_kernel", "sample_row_kernel", "sample_wide_kernel"):
+    for name in ("accept_sample_kernel", "accept_sample_rows_kernel", "sample_wide_kernel"):
         monkeypatch.setattr(launch, name, pass2)
     return pass1, pass2
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-
+from tilespec.env import git_commit
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -36,7 +36,7 @@ def main() -> None:
     path = Path(args.json)
     rows = json.loads(path.read_text()) if path.exists() else []
     rows.append(dict(model=args.model, device=torch.cuda.get_device_name(), torch=torch.__version__,
-                     commit=os.environ.get("TILESPEC_COMMIT", "unknown"), date=time.strftime("%Y-%m-%d"),
+                     commit=git_commit() or "unknown", date=time.strftime("%Y-%m-%d"),
                      run=len(rows) + 1, load_s=load_s, first_generate_s=first, compile_seconds=out.stats.compile_seconds,
                      second_generate_s=second, runtime=out.stats.runtime,
                      inductor_cache=os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default (/tmp/torchinductor_$USER)")))

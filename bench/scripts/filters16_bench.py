@@ -6,8 +6,7 @@ For B in (1, 64), K = 5, V = 151,936, bf16 target and draft logits (randn * 3, T
   (``keep._top_k_thresholds``, the previous path) and the radix kernel; eager and CUDA-graph medians, equality;
   topk16's pivot path at several chunk sizes and warps, and its digit-counting fallback forced for every row at
   several digit splits, side by side (graph);
-* ``verify(method="fused")`` end to end (graph replay): no filter, top-k 50 with topk16 and with torch.topk
-  (``keep.TOPK16`` switched in-process), top-p 0.9, top-k 50 + top-p 0.9, and T 0.7 / top-k 20 / top-p 0.8
+* ``verify(method="fused")`` end to end (graph replay): no filter, top-k 50, top-p 0.9, top-k 50 + top-p 0.9, and T 0.7 / top-k 20 / top-p 0.8
   (Qwen2.5's generation config);
 * Triton's fp32 ``/`` (div.full) against torch's division over every finite bf16 value for a few T: how many
   quotients differ (why the kernels divide with div.rn where a keep threshold is compared).
@@ -80,8 +79,7 @@ def main() -> None:
             row[f"{name}_equal_torch_topk"] = bool(torch.equal(fn(), ref))
             row[f"{name}_eager_ms"] = median_ms(fn)
             row[f"{name}_graph_ms"] = graph_ms(fn)
-        variants = [dict(pivot=True, chunk=c, num_warps=w, scan=scan) for c in (1024, 2048, 4096) for w in (4, 8)
-                    for scan in (True, False)]
+        variants = [dict(pivot=True, chunk=c, num_warps=w) for c in (1024, 2048, 4096) for w in (4, 8)]
         variants += [dict(pivot=False, digits=d) for d in ((8, 8), (6, 5, 5), (4, 4, 4, 4))]
         for v in variants:
             def variant():
@@ -94,11 +92,10 @@ def main() -> None:
         record["thresholds"].append(row)
 
         cases = {"none": SamplingParams(), "top_k=50": SamplingParams(top_k=50),
-                 "top_k=50 (torch.topk)": SamplingParams(top_k=50), "top_p=0.9": SamplingParams(top_p=0.9),
+                 "top_p=0.9": SamplingParams(top_p=0.9),
                  "top_k=50,top_p=0.9": SamplingParams(top_k=50, top_p=0.9),
                  "T=0.7,top_k=20,top_p=0.8": SamplingParams(temperature=0.7, top_k=20, top_p=0.8)}
         for name, sampling in cases.items():
-            keep.TOPK16 = "torch.topk" not in name
 
             def step():
                 return verify(target, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=1,
@@ -110,7 +107,6 @@ def main() -> None:
                        rows_equal_reference=float((got == ref_out).all(1).float().mean()))
             print(json.dumps(row), flush=True)
             record["fused"].append(row)
-        keep.TOPK16 = True
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 
+from tilespec import settings
+from tilespec.env import git_commit
 from native_forward import SHAPES, forward_times, random_model
 
 
@@ -18,11 +19,11 @@ def main() -> None:
     args = ap.parse_args()
     from tilespec.engine.native import runner as native_runner
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
-               commit=os.environ.get("TILESPEC_COMMIT", "unknown"), weights="random-init (timing only)", rows=[])
+               commit=git_commit() or "unknown", weights="random-init (timing only)", rows=[])
     for name in SHAPES:
         model = random_model(name)
         for flex in ("0", "1"):
-            os.environ["TILESPEC_FLEX"] = flex
+            settings.configure(native_flex=flex == "1")
             native_runner.forget_compiled()
             t0 = time.perf_counter()
             rows = forward_times(model, batches=(1, 8), qs=(1, 4))

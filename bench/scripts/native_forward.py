@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 
+from tilespec.env import git_commit
 SHAPES = {"qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                num_attention_heads=12, num_key_value_heads=2),
           "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -149,7 +149,7 @@ def main() -> None:
     import triton
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               commit=os.environ.get("TILESPEC_COMMIT", "unknown"), weights="random-init (timing only)",
+               commit=git_commit() or "unknown", weights="random-init (timing only)",
                models={})
     for name in SHAPES:
         print(name, flush=True)

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from tilespec.env import git_commit
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -175,7 +177,7 @@ def main() -> None:
     from tilespec.engine.native import runner as native_runner
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M"),
-               commit=os.environ.get("TILESPEC_COMMIT", "unknown"), weights="random-init (timing only)")
+               commit=git_commit() or "unknown", weights="random-init (timing only)")
 
     def save():
         with open(args.json, "w") as fh:

@@ -9,12 +9,12 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import time
 
 import torch
 
+from tilespec.env import git_commit
 from native_forward import forward_times, random_model  # same directory
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     from tilespec.engine.native import runner as native_runner
     from tilespec.verify import SamplingParams
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
-               commit=os.environ.get("TILESPEC_COMMIT", "unknown"), weights="random-init (timing only)",
+               commit=git_commit() or "unknown", weights="random-init (timing only)",
                variants={})
     model = random_model("qwen2.5-1.5b")
     backends = {"cudnn (default)": {}, "efficient": {"cudnn": False},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profile tilespec's ``fused`` verification kernels (pass 1 ``row_stats_kernel``, pass 2 ``sample_row_kernel``)
+"""Profile tilespec's ``fused`` verification kernels (pass 1 ``row_stats_stream_kernel``, pass 2 ``sample_wide_kernel``)
 with Nsight Compute and torch.profiler. Needs a CUDA GPU; no network access.
 
 For every batch size B it builds bf16 (default) logits with V = 151,936 and K = 5 draft tokens at temperature 1
@@ -17,7 +17,7 @@ occur), warms up (Triton compilation, launch plans), then:
 
    or select by kernel name (the warm-up launches the same kernels, so skip them: 2 launches per warm-up call):
 
-       ncu --kernel-name regex:"row_stats_kernel|sample_row_kernel" --launch-skip 20 --launch-count 2 \
+       ncu --kernel-name regex:"row_stats_stream_kernel|sample_wide_kernel" --launch-skip 20 --launch-count 2 \
            --set full -o fused_B1 python3 bench/scripts/ncu_fused.py --batch 1 --warmup 10 --no-timing
 
    (``--no-timing`` skips the torch.profiler / eager / graph measurements, which ncu would otherwise also replay.)
@@ -197,8 +197,8 @@ def main(argv=None) -> int:
             run["kernel_launches_per_call"] = len(events) / iters
             names = [r["name"] for r in run["kernels"]]
             run["only_pass1_and_pass2"] = (len(events) == 2 * iters and len(names) == 2 and
-                                           any("row_stats_kernel" in n for n in names) and
-                                           any("sample_row_kernel" in n for n in names))
+                                           any("row_stats_stream_kernel" in n for n in names) and
+                                           any("sample_wide_kernel" in n for n in names))
             run["kernel_us_per_call"] = round(sum(us for _, us in events) / iters, 3)
 
             # ---- eager host time per call (as tilespec bench verify: sync after each call) ----

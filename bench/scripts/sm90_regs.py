@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-from tilespec.verify.kernels import sample, stats, stream  # noqa: E402
+from tilespec.verify.kernels import residual, stream  # noqa: E402
 
 TYPES = {"tgt_ptr": "*bf16", "drf_ptr": "*bf16", "nd_ptr": "*i32", "a_ptr": "*i32", "nrow_ptr": "*i32",
          "cnt_ptr": "*i32", "tok_ptr": "*i64", "seed_ptr": "*i64", "off_ptr": "*i64", "out_ptr": "*i64",
@@ -68,21 +68,18 @@ def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: 
 
 def configs(filters: bool, dtype: str):
     common = dict(DRAFT_KIND=1, HAS_THR=filters, NC_BLOCK=32, RB=8)
-    for sub, warps in ((8192, 8), (2048, 8), (2048, 4)):
-        for cpp in (1, 2):
-            yield (f"stats.row_stats_kernel SUB={sub} warps={warps} CPP={cpp}", stats.row_stats_kernel,
-                   dict(common, CHUNK=8192, SUB=sub, CPP=cpp), warps)
     for sub, warps in ((1024, 4), (2048, 4), (2048, 8), (512, 4)):
         for aligned in (True, False):
-            for pre in (False, True):
+            for pre in (1, 2):
                 yield (f"stream.row_stats_stream_kernel SUB={sub} warps={warps} ALIGNED={aligned} PREFETCH={pre}",
                        stream.row_stats_stream_kernel,
-                       dict(common, CHUNK=8192, SUB=sub, CPP=2, ALIGNED=aligned, PREFETCH=pre), warps)
-    for aligned in (False, True):
-        for pre in (False, True):
-            yield (f"sample.sample_row_kernel BLOCK=1024 warps=4 ALIGNED={aligned} PREFETCH={pre}",
-                   sample.sample_row_kernel,
-                   dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, NT2_BLOCK=256, ALIGNED=aligned, PREFETCH=pre), 4)
+                       dict(common, CHUNK=8192, SUB=sub, CPP=2, ALIGNED=aligned, PREFETCH=pre, GROUP=8), warps)
+    for tiles, warps in ((4, 8), (8, 8), (4, 4)):
+        for aligned in (False, True):
+            yield (f"residual.sample_wide_kernel BLOCK=1024 TILES={tiles} warps={warps} ALIGNED={aligned}",
+                   residual.sample_wide_kernel,
+                   dict(DRAFT_KIND=1, HAS_THR=filters, BLOCK=1024, TILES=tiles, NT_BLOCK=256, ALIGNED=aligned,
+                        FAST=True, PDL=False), warps)
 
 
 def main(argv=None) -> int:

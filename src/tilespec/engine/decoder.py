@@ -17,12 +17,12 @@ fallback the draft runner is never touched again in that generation (its cache i
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator, Optional
 
 import torch
 
+from tilespec import settings
 from tilespec.verify.registry import get_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
@@ -128,7 +128,7 @@ class SpeculativeDecoder:
         self.cache_slack = cache_slack
         self.graph_verify = graph_verify
         self.chat = chat
-        self.run_ahead = os.environ.get("TILESPEC_RUN_AHEAD", "1") != "0" if run_ahead is None else bool(run_ahead)
+        self.run_ahead = settings.get().run_ahead if run_ahead is None else bool(run_ahead)
         self.last_stats: Optional[RunStats] = None   # convenience: the stats of the last generation that finished
 
     def _prompt_lists(self, input_ids, prompts) -> list:

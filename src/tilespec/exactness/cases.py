@@ -40,7 +40,7 @@ def _logits(gen: torch.Generator, rows: int, vocab: int, scale: float = 2.0) -> 
 
 
 def default_cases(seed: int = 0) -> list[Case]:
-    """The suite's cases: every adversarial situation the issue and the peers' bugs call for."""
+    """The suite's cases: every adversarial situation known to break a sampler."""
     g = torch.Generator().manual_seed(seed)
     cases: list[Case] = []
     v = 16

@@ -172,9 +172,10 @@ def _alive(pid: int) -> bool:
 
 
 def _progress(total: int, desc: str, unit: str = "B"):
+    """A tqdm bar (``TQDM_DISABLE=1``, tqdm's own variable, hides it)."""
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
-                disable=os.environ.get("TILESPEC_NO_PROGRESS") == "1", leave=False)
+                leave=False)
 
 
 def download_wheels(entry: ModelEntry, dest: Path, *, find_links: Path | None = None, log=print) -> dict[str, Path]:

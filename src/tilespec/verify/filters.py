@@ -8,7 +8,7 @@ every token with z >= a per-row threshold, so tied tokens are always kept or dro
 * top-p, p in (0, 1): pi = softmax of the top-k-filtered row, S(v) = sum of pi_y over tokens with z_y > v
   (strictly greater); keep token x iff S(z_x) < p. S is non-increasing in v and S(max z) = 0, so the kept set is
   {z >= t_p} with t_p = the smallest vocabulary value v with S(v) < p, and at least one token survives. p >= 1:
-  keep all. (Sort + cumsum gives the same set except on exact ties at the boundary, where it used to keep only
+  keep all. (A plain sort + cumsum gives the same set except on exact ties at the boundary, where it keeps only
   some of the tied tokens.)
 
 Sort-free search: both thresholds are vocabulary values, found exactly by bisection over the order-preserving
@@ -29,22 +29,9 @@ from typing import Optional
 
 import torch
 
+from .order_keys import KEY_BITS, KEY_NAN, KEY_NEG_INF, key_float, order_key  # noqa: F401  (re-exported)
+
 NEG_INF = float("-inf")
-KEY_NEG_INF = -2139095041        # order_key(-inf); every non-NaN float has a key in [KEY_NEG_INF, KEY_POS_INF]
-KEY_NAN = 2139095041             # order_key(+inf) + 1: a NaN, compares false with everything (count 0, S = 0)
-KEY_BITS = 32
-
-
-def order_key(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys of float32 ``x`` with key(a) < key(b) whenever a < b (-0.0 sorts just below +0.0)."""
-    i = x.contiguous().view(torch.int32)
-    return (i ^ ((i >> 31) & 0x7FFFFFFF)).to(torch.int64)
-
-
-def key_float(key: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`order_key` (int64 -> float32); keys above order_key(+inf) give NaN."""
-    k = key.clamp(max=KEY_NAN).to(torch.int32)
-    return (k ^ ((k >> 31) & 0x7FFFFFFF)).view(torch.float32)
 
 
 def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -132,7 +119,7 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
     """
     if method == "auto":
         rows = logits.shape[0] * logits.shape[1]
-        # Measured on the H100 (filter-thresholds-H100-session6-*.json, V = 151,936): the radix kernel beats the
+        # Measured on the H100 (V = 151,936): the radix kernel beats the
         # sort at 6 rows (graph 0.07 / 0.13 ms vs 0.33 / 0.52 for top-k 50 / top-p 0.9) and at 384 rows for top-k
         # (1.0 ms vs 5.9; the row kernel 2.1); top-p alone at 384 rows keeps every chunk active (4.4 ms), where
         # the one-program-per-row kernel takes 2.5 ms.

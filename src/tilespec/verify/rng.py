@@ -89,6 +89,7 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor, tile: int = SAMPLE_TILE)
     Returns int64 [N].
     """
     n, vocab = weights.shape
+    tile = min(tile, vocab) or 1    # one tile holds a short row whole (no padding: the same two-level law)
     n_tiles = -(-vocab // tile)
     w = torch.nn.functional.pad(weights.float(), (0, n_tiles * tile - vocab)).view(n, n_tiles, tile)
     mass = w.sum(dim=-1)

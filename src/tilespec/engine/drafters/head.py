@@ -17,7 +17,6 @@ verify forward either way, so it stays current.
 """
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from pathlib import Path
@@ -69,7 +68,7 @@ class HeadRunner:
         self.cache_version = 0
         self.compile_seconds = 0.0
         self._entries = head.entries
-        if mode == "native-graphs" and os.environ.get("TILESPEC_HEAD_COMPILE", "1") != "0":
+        if mode == "native-graphs":     # compiled (inductor fuses the norms, RoPE, cache write); eager on failure
             self._entries = _compiled_entries(head)
 
     def entries(self, feat, tokens, positions, mask, write_pos):

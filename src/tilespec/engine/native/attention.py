@@ -33,7 +33,7 @@ use_triton_interpreter_without_cuda()   # before the kernels are decorated (CPU 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-SPLIT = int(os.environ.get("TILESPEC_ATTN_SPLIT", "256"))   # cache slots per program (a power of two >= BLOCK_N)
+SPLIT = 256   # cache slots per program (a power of two >= BLOCK_N)
 BLOCK_N = 64             # slots per inner step (a skipped step reads only its mask)
 MAX_Q = 16
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

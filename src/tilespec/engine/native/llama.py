@@ -16,7 +16,6 @@ by views), so memory is not doubled and the transformers model keeps working.
 """
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
+
+from tilespec import settings
 
 from .attention import decode_attention_bqhd
 from .attention import supported as attention_supported
@@ -277,7 +278,7 @@ class NativeLlama:
         [B, q, len(capture) * d]) with every position's features, for a draft head."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
         feats = {}
-        backends = sdpa_backends(os.environ.get("TILESPEC_SDPA", ""))
+        backends = sdpa_backends(settings.get().sdpa)
         with sdpa_kernel(list(backends)) if backends else nullcontext():
             for i, (w, (k_cache, v_cache)) in enumerate(zip(self.layers, caches)):
                 h, res = layer_fn(h, res, cos, sin, additive, write_pos, k_cache, v_cache, w.ln1, w.qkv, w.qkv_bias,

@@ -16,7 +16,6 @@ default); :attr:`compile_seconds` records the time spent compiling in this proce
 """
 from __future__ import annotations
 
-import os
 import time
 import types
 import warnings
@@ -24,6 +23,8 @@ import weakref
 from typing import Optional
 
 import torch
+
+from tilespec import settings
 
 from ..cache import gather_buffer
 from ..graphs import GraphCache
@@ -161,12 +162,13 @@ class NativeRunner:
         self._fns = compiled_parts(model) if mode == "native-graphs" else {}
         self._prefill: Optional[dict] = None
         # FlexAttention's decoding kernel (compiled only) measured slower than cuDNN SDPA at decode shapes on an H100
-        # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: TILESPEC_FLEX=1
-        self._layer_kw = {"flex": mode == "native-graphs" and os.environ.get("TILESPEC_FLEX", "0") == "1"}
+        # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: tilespec.settings.configure(native_flex=True)
+        self._layer_kw = {"flex": mode == "native-graphs" and settings.get().native_flex}
         if self.encdec:
             kernels = ""
         elif kernels is None:   # decode-shape Triton kernels (llama.decoder_layer's ``kernels``): graphs only
-            kernels = os.environ.get("TILESPEC_NATIVE_KERNELS", DEFAULT_KERNELS) if mode == "native-graphs" else ""
+            native_kernels = settings.get().native_kernels
+            kernels = (DEFAULT_KERNELS if native_kernels is None else native_kernels) if mode == "native-graphs" else ""
         if kernels:
             self._layer_kw["kernels"] = kernels
 
@@ -259,13 +261,13 @@ class NativeRunner:
 
     def _prefill_fns(self) -> dict:
         """Compiled (dynamic-shape) functions for forwards outside a graph (prefill) on "native-graphs", opt-in
-        (``TILESPEC_COMPILED_PREFILL=1``): ~13 kernels per layer instead of the eager layer's ~40 launches from
+        (``tilespec.settings.configure(compiled_prefill=True)``): ~13 kernels per layer instead of the eager layer's ~40 launches from
         Python (a 500-token Qwen2.5-1.5B prefill takes ~30 ms eagerly on an H100, 9 % of a 128-token generation).
         Off by default: on the H100 (torch 2.11) dynamo failed on SDPA with fake tensors under dynamic shapes
         ("TypeError when making fake tensor call"), so every prefill fell back to eager after a wasted attempt.
         Empty elsewhere (eager native)."""
         if self._prefill is None:
-            compiled = self.mode == "native-graphs" and os.environ.get("TILESPEC_COMPILED_PREFILL", "0") == "1"
+            compiled = self.mode == "native-graphs" and settings.get().compiled_prefill
             self._prefill = compiled_parts(self.model, dynamic=True) if compiled else {}
         return self._prefill
 

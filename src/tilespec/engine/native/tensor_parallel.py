@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import os
+
+from tilespec import settings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -180,7 +182,7 @@ def resolve_allreduce(allreduce: str, device: torch.device) -> str:
     if allreduce not in ALLREDUCE:
         raise ValueError(f"allreduce must be one of {ALLREDUCE}, got {allreduce!r}")
     if allreduce == "auto":
-        allreduce = os.environ.get("TILESPEC_TP_ALLREDUCE") or ("symm" if device.type == "cuda" else "nccl")
+        allreduce = settings.get().tp_allreduce or ("symm" if device.type == "cuda" else "nccl")
         if allreduce == "symm":
             os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     if allreduce == "symm" and device.type != "cuda":
@@ -324,7 +326,7 @@ def shard(model, tp: TensorParallel, *, allreduce: str = "auto", check: Optional
     if getattr(model, "_tilespec_tp", None) is not None:
         raise ValueError("this model is already sharded")
     if check is None:
-        check = os.environ.get("TILESPEC_TP_CHECK", "0") == "1"
+        check = settings.get().tp_check
     native = TensorParallelLlama(model, tp, allreduce=allreduce, check=check, seed=seed)
     embed = model.model.embed_tokens
     head = model.get_output_embeddings()

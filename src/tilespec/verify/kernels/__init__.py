@@ -4,12 +4,16 @@ Importing this package without a CUDA device switches Triton to its interpreter 
 the variable is already set, so the kernels run (slowly) on CPU in CI. That must happen before the kernels are
 decorated, which is why every kernel module imports this package first.
 
-Modules, one per pass, each with both layouts (one request per program; ``*_rows_kernel``: many requests per
-program, for small vocabularies): ``stats`` (fused pass 1: per-chunk max / sum-exp / argmax of logit rows),
-``tiled`` (the seed paper's per-tile tau / b_k kernel), ``sample`` (pass 2 of every method: acceptance test, lazy
-residual or bonus sampling by a two-level inverse CDF over per-tile masses). ``common`` holds the ``@triton.jit``
-helpers both layouts share (keyed Philox uniforms bit-identical to :mod:`tilespec.verify.rng`, logit loads,
-statistics, the inverse-CDF steps, output writes); ``launch`` the Python wrappers, launch plans, layout choice.
+Modules: ``stream`` (``fused`` pass 1, one request per program: per-chunk max / sum-exp / argmax of logit rows and
+the acceptance test in the request's last program), ``stats`` (the same statistics for many requests per program,
+small vocabularies, and the shared acceptance tail), ``residual`` (``fused`` pass 2, one request per program: row
+n's residual or bonus draw, several tiles per program), ``sample`` (pass 2 of ``sigmoid`` / ``tiled``, and of
+``fused`` for small vocabularies: acceptance test, lazy residual, two-level inverse CDF over per-tile masses),
+``tiled`` (the seed paper's per-tile tau / b_k kernel). ``common`` holds the ``@triton.jit`` helpers they share
+(keyed Philox uniforms bit-identical to :mod:`tilespec.verify.rng`, logit loads, statistics, the inverse-CDF steps,
+output writes); ``launch`` the Python wrappers, launch plans and layout choice, ``direct`` the compiled-kernel
+launcher. Keep thresholds of the filters: ``keep`` (routing), ``thresholds`` / ``radix`` (32-bit order-key search,
+one or many programs per row), ``topk16`` with ``pivot16`` / ``digits16`` / ``keys16`` (top-k of 16-bit rows).
 """
 from __future__ import annotations
 

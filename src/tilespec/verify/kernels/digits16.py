@@ -10,8 +10,6 @@ One program reads its row once per digit (and once more for top-p): slow (~100s 
 """
 from __future__ import annotations
 
-import os
-
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
 import triton
@@ -19,8 +17,8 @@ import triton.language as tl
 
 from .keys16 import ROW_WORDS, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, load_bits, top_on
 
-# key bits fixed per counting pass (sum 16, at most 4 passes; env TILESPEC_TOPK16_DIGITS="8,8" etc.)
-DIGITS = tuple(int(d) for d in os.environ.get("TILESPEC_TOPK16_DIGITS", "6,5,5").split(","))
+# key bits fixed per counting pass (sum 16, at most 4 passes; top_k_thresholds16's ``digits`` takes others)
+DIGITS = (6, 5, 5)
 
 
 @triton.jit

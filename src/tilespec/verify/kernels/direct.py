@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from tilespec import settings
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -27,7 +29,8 @@ class _Launcher:
     (tensor dtypes), and calls it directly afterwards when every user tensor is 16-byte aligned and every stride
     fits in 32 bits (anything else goes through the JIT path, which is always correct). If the installed Triton
     rejects the direct call (its calling convention differs between versions), the launcher falls back to the JIT
-    path for good, with a warning. On by default on CUDA; ``TILESPEC_DIRECT_LAUNCH=0`` disables it.
+    path for good, with a warning. On by default on CUDA; ``TILESPEC_DIRECT_LAUNCH=0`` (:mod:`tilespec.settings`)
+    disables it.
     """
 
     def __init__(self, name: str, fn):
@@ -64,8 +67,8 @@ class _Launcher:
 
 
 # Direct launches (see _Launcher) passed the GPU kernel tests and the exactness suite at 1e6 samples on an H100 with
-# Triton 3.6 (bench/results/kernels-direct-launch-H100-2026-11-21.json); TILESPEC_DIRECT_LAUNCH=0 turns them off.
-_DIRECT = not _INTERPRET and os.environ.get("TILESPEC_DIRECT_LAUNCH", "1") == "1"
+# Triton 3.6.
+_DIRECT = not _INTERPRET and settings.get().direct_launch
 _LAUNCHERS: dict = {}
 _ALIGN_MASK = 15
 _INT32_MAX = 2**31 - 1

@@ -5,8 +5,6 @@ kernels of :mod:`tilespec.verify.filters`.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..distributions import filtered_logits
@@ -14,11 +12,9 @@ from ..filters import keep_threshold
 from ..types import VerifyInputs
 from .topk16 import TOP_P_K_MAX, supports as _topk16_ok, top_k_thresholds16
 
-# top-k (and top-k then top-p) on bf16 / fp16 rows on a GPU: the kernels of topk16; env TILESPEC_TOPK16=0 takes
-# the previous paths (torch.topk for top-k alone, the radix search with top-p). Not on CPU: under the Triton
+# top-k (and top-k then top-p) on bf16 / fp16 rows on a GPU: the kernels of topk16. Not on CPU: under the Triton
 # interpreter every (row, chunk) program is a Python call, and the exactness suite's batches have ~10^6 rows, where
 # torch.topk's vectorised CPU kernel gives the same thresholds (tests set TOPK16_ON_CPU to route CPU calls here).
-TOPK16 = os.environ.get("TILESPEC_TOPK16", "1") != "0"
 TOPK16_ON_CPU = False
 
 
@@ -39,7 +35,7 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """
     s = inputs.sampling
     bounds = s.top_k_range
-    if s.has_top_k and not s.has_min_p and TOPK16 and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
+    if s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
         if not s.has_top_p:
             return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)
         if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:

@@ -1,10 +1,9 @@
 """Python launch wrappers: ``fused_verify`` (2 launches), ``sigmoid_verify`` (1), ``tiled_verify`` (2 + softmaxes).
 
-``fused`` on large vocabularies (per-request layout): ``stream.row_stats_stream_kernel`` (default; PASS1 =
-"classic": ``stats.row_stats_kernel``; statistics + acceptance test in its last program per request) then
-``residual.sample_wide_kernel`` (default, PASS2 = "wide": WIDE_TILES tiles of row n per program, launched as a
-programmatic dependent of pass 1 where PDL holds) or ``sample.sample_row_kernel`` (PASS2 = "tile"), each ending with
-the draw in the last program per request; direct launches: ``direct``.
+``fused`` on large vocabularies (per-request layout): ``stream.row_stats_stream_kernel`` (statistics + acceptance
+test in its last program per request) then ``residual.sample_wide_kernel`` (WIDE_TILES tiles of row n per program,
+launched as a programmatic dependent of pass 1 where PDL holds), ending with the draw in the last program per
+request; direct launches: ``direct``.
 
 No wrapper synchronises with the host, and the hot path issues as few PyTorch ops as possible (every op costs
 ~5-10 us of host time eagerly): per call, only the four output tensors are allocated (``torch.empty``, no kernel).
@@ -21,11 +20,11 @@ dtypes and the feature switches (draft kind, filters) select among a few compile
 Layout: when a row fits in one pass-1 chunk / pass-2 tile and ``ROW_ELEMS // block > 1`` (small vocabularies), the
 ``batched`` kernels process BLOCK_B = ROW_ELEMS // block requests per program; otherwise the per-request kernels run,
 one request per program (large vocabularies). The choice depends on V alone (batch invariance); on a GPU the batched
-layout is opt-in (``TILESPEC_ROW_ELEMS``); in Triton's CPU interpreter it makes the exactness suite ~500x faster.
+layout is off (ROW_ELEMS = 1); in Triton's CPU interpreter it makes the exactness suite ~500x faster.
 
-Block sizes are module globals (tests shrink them to exercise multi-chunk code on tiny vocabularies): CHUNK1
-(pass-1 chunk; fixed per V: batch invariance), BLOCK2 (pass-2 tile), TILE (tiled's n), ROW_ELEMS (see below).
-CHUNKS_PER_PROGRAM (env TILESPEC_CHUNKS_PER_PROGRAM, default 0 = by batch size): pass-1 chunks per program in the
+Block sizes and the other launch constants are module globals, not settings (tests shrink them to exercise
+multi-chunk code on tiny vocabularies): CHUNK1 (pass-1 chunk; fixed per V: batch invariance), BLOCK2 (pass-2 tile),
+TILE (tiled's n), ROW_ELEMS (see below). CHUNKS_PER_PROGRAM (0 = by batch size): pass-1 chunks per program in the
 per-request layout, grid (ceil(NC / CPP), R, B); the statistics, hence the tokens, are the same bits for every
 value, so choosing it by batch size keeps results batch invariant.
 """
@@ -45,8 +44,8 @@ from . import common
 from .keep import _top_k_thresholds, keep_thresholds  # noqa: F401  (tests import them from here)
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
 from .residual import sample_wide_kernel
-from .sample import accept_sample_kernel, accept_sample_rows_kernel, sample_row_kernel
-from .stats import row_stats_kernel, row_stats_rows_kernel
+from .sample import accept_sample_kernel, accept_sample_rows_kernel
+from .stats import row_stats_rows_kernel
 from .stream import row_stats_stream_kernel
 from .tiled import tiled_partials_kernel, tiled_partials_rows_kernel
 
@@ -55,60 +54,39 @@ DRAFT_NONE, DRAFT_LOGITS, DRAFT_PROBS = (c.value for c in (common.DRAFT_NONE, co
 MODE_LOGITS, MODE_SIGMOID, MODE_PROBS = (c.value for c in (common.MODE_LOGITS, common.MODE_SIGMOID,
                                                            common.MODE_PROBS))
 CHUNK1 = 8192
-SUB1 = 8192               # pass-1 slice per loop iteration (divides the chunk). One slice = one load per program: on
-                          # the H100 2048 made B=64 ~10 % faster but B=1 ~1.5 us slower (tune-fused-pass1-*.json)
 BLOCK2 = 1024             # pass-2 tile = the inverse-CDF tile of rng.SAMPLE_TILE (other values: same law)
 TILE = 1024
 RB = 8
 NUM_WARPS1 = 8
 NUM_WARPS2 = 4
 PROGRAMS_PER_SM = 4
-# False (env TILESPEC_FUSED_SPLIT=0): fused's per-request pass 2 is accept_sample_kernel again (tests compare the two)
-FUSED_SPLIT = os.environ.get("TILESPEC_FUSED_SPLIT", "1") != "0"
 # fused pass 1 (per-request layout): contiguous CHUNK1 chunks per program (grid (ceil(NC / CPP), R, B)), sharing one
-# program's scalar loads and tail atomic, the next slice prefetched; 1 = one chunk per program, no prefetch. The
-# statistics are the same bits for every value (same per-chunk arithmetic), so tokens do not depend on it.
-# 0 = auto: CPP_AUTO from CPP_AUTO_MIN_BATCH requests up (a first H100 look: B=64 pass 1 127 -> 101 us at 2; B=1
-# 6.7 -> 8.5 us), else 1.
-CHUNKS_PER_PROGRAM = int(os.environ.get("TILESPEC_CHUNKS_PER_PROGRAM", "0"))
+# program's scalar loads and tail atomic; 1 = one chunk per program. The statistics are the same bits for every
+# value (same per-chunk arithmetic), so tokens do not depend on it. 0 = auto: CPP_AUTO from CPP_AUTO_MIN_BATCH
+# requests up, else 1.
+CHUNKS_PER_PROGRAM = 0
 CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
-# fused pass 1 kernel of the per-request layout (env TILESPEC_PASS1): "stream" (stream.row_stats_stream_kernel:
-# lane-wise online statistics, 16-byte loads, few registers) or "classic" (stats.row_stats_kernel, the previous
-# kernel; its sums differ from stream's in fp32 rounding, so a process should not mix the two). Both use CHUNK1
-# chunks and the same tail. The stream kernel's lane layout is fixed by SUB1_STREAM and NUM_WARPS1_STREAM (never
-# by B: batch invariance); PREFETCH1 (env TILESPEC_PREFETCH1) loads the next slice early (no bits change);
-# MAXNREG1 (env TILESPEC_MAXNREG1, 0 = none) caps its registers per thread (offline sm_90: 47 uncapped; 40 / 32
-# spill a little / more). Default 40: on the H100 (run 1 of bench/gpu/issue15.sh) B=64 148.0 vs 162.7 us uncapped
-# (32: 235 us), B=1 15.4 either way, same outputs (the cap moves no bits: register allocation only).
-PASS1 = os.environ.get("TILESPEC_PASS1", "stream")
-SUB1_STREAM = int(os.environ.get("TILESPEC_SUB1_STREAM", "2048"))
-NUM_WARPS1_STREAM = int(os.environ.get("TILESPEC_WARPS1_STREAM", "8"))
-PREFETCH1 = int(os.environ.get("TILESPEC_PREFETCH1", "2"))   # slices loaded ahead (2: grouped loop only; lane-wise: 1)
-MAXNREG1 = int(os.environ.get("TILESPEC_MAXNREG1", "40"))
-# 16-byte loads (the ALIGNED constexpr of the stream pass 1 and fused's pass 2) for calls whose rows allow them;
-# env TILESPEC_ALIGN_LOADS=0 turns them off (the previous 2-byte loads; for comparisons)
-ALIGN_LOADS = os.environ.get("TILESPEC_ALIGN_LOADS", "1") != "0"
-# fused pass 2 (sample_row_kernel): BLOCK2 tiles per program (env TILESPEC_SAMPLE_TILES; 0 = auto: TILES_AUTO from
-# TILES_AUTO_MIN_BATCH requests up, else 1), the next tile prefetched (PREFETCH2). Same bits for every value; default
-# 1 until the H100 has compared them (issue15_bench.py variants new-tiles4 / new-tiles8 / new-tiles-auto).
-SAMPLE_TILES = int(os.environ.get("TILESPEC_SAMPLE_TILES", "1"))
-TILES_AUTO, TILES_AUTO_MIN_BATCH = 8, 16
-PREFETCH2 = os.environ.get("TILESPEC_PREFETCH2", "1") != "0"
+# fused pass 1 of the per-request layout, stream.row_stats_stream_kernel: lanes of GROUP1 contiguous ids over slices
+# of SUB1_STREAM ids (NUM_WARPS1_STREAM warps; the lane layout never depends on B: batch invariance), PREFETCH1
+# slices loaded ahead (no bits change), at most MAXNREG1 registers per thread (register allocation only: no bits
+# change; on the H100 B=64 148 us vs 163 uncapped).
+SUB1_STREAM = 2048
+NUM_WARPS1_STREAM = 8
+GROUP1 = 8
+PREFETCH1 = 2
+MAXNREG1 = 40
+# fused pass 2 of the per-request layout, residual.sample_wide_kernel: WIDE_TILES BLOCK2 tiles of row n per program in
+# one block, linear weights. FAST_EXP: ex2.approx.ftz in both passes; PDL: pass 2 launched as a programmatic
+# dependent of pass 1 (compute capability >= 9 and a Triton with launch_pdl). GPU only; neither moves a token beyond
+# fp32 rounding. Rows that allow 16-byte loads (see _aligned) take the ALIGNED variants of both passes.
+WIDE_TILES = 4
+NUM_WARPS2_WIDE = 8
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Session 13 (issue 15): GROUP1 contiguous ids per lane in the stream pass 1's sampling rows (env
-# TILESPEC_PASS1_GROUP; 1 = the lane-wise update of session 12); fused pass 2 "wide" (residual.sample_wide_kernel:
-# WIDE_TILES tiles per program in one block, linear weights; env TILESPEC_PASS2) or "tile" (sample_row_kernel);
-# FAST_EXP: ex2.approx.ftz in both (GPU only); PDL: pass 2 launched as a programmatic dependent of pass 1 (GPU with
-# compute capability >= 9 and a Triton that has launch_pdl). None of these moves a token beyond fp32 rounding.
-GROUP1 = int(os.environ.get("TILESPEC_PASS1_GROUP", "8"))
-PASS2 = os.environ.get("TILESPEC_PASS2", "wide")
-WIDE_TILES = int(os.environ.get("TILESPEC_WIDE_TILES", "4"))
-NUM_WARPS2_WIDE = int(os.environ.get("TILESPEC_WARPS2_WIDE", "8"))
-FAST_EXP = not _INTERPRET and os.environ.get("TILESPEC_FAST_EXP", "1") != "0"
-PDL = not _INTERPRET and os.environ.get("TILESPEC_PDL", "1") != "0"
-# Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B); large blocks in the interpreter (few,
-# large NumPy ops); opt-in on GPUs (e.g. TILESPEC_ROW_ELEMS=8192, see the module docstring); 1 = per-request kernels.
-ROW_ELEMS = int(os.environ.get("TILESPEC_ROW_ELEMS", 1 << 20 if _INTERPRET else 1))
+FAST_EXP = not _INTERPRET
+PDL = not _INTERPRET
+# Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B): large blocks in the interpreter (few,
+# large NumPy ops); 1 = per-request kernels (GPUs).
+ROW_ELEMS = 1 << 20 if _INTERPRET else 1
 MAX_BLOCK_B = 65536 if _INTERPRET else 1024
 PLAN_LIMIT = 512          # plans cached per process; later shapes are planned per call (still correct)
 _PLANS: dict = {}
@@ -179,15 +157,14 @@ class _Plan:
     __slots__ = ("kernel1", "const1a", "const2a",   # pass-1 kernel name; ALIGNED variants of const1 / const2
                  "rows1", "grid1", "const1", "nc1", "m", "s", "a", "rows2", "grid2", "const2", "nc2", "tiles", "tsum",
                  "counters", "rows_t", "grid_t", "const_t", "n_tiles", "tau", "bpart", "direct", "split", "nrow",
-                 "lse", "cnt1", "wide")
+                 "lse", "cnt1")
 
 
 def _plan(device: torch.device, batch: int, k_max: int, vocab: int, mode: int, kind: int, has_thr: bool,
           stats: bool) -> _Plan:
-    key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, SUB1, BLOCK2, TILE, RB, ROW_ELEMS,
-           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, SAMPLE_TILES, FUSED_SPLIT, CHUNKS_PER_PROGRAM,
-           CPP_AUTO, CPP_AUTO_MIN_BATCH, PASS1, SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1, TILES_AUTO,
-           TILES_AUTO_MIN_BATCH, PREFETCH2, GROUP1, PASS2, WIDE_TILES, NUM_WARPS2_WIDE, FAST_EXP, PDL)
+    key = (device, batch, k_max, vocab, mode, kind, has_thr, stats, CHUNK1, BLOCK2, TILE, RB, ROW_ELEMS,
+           MAX_BLOCK_B, NUM_WARPS1, NUM_WARPS2, PROGRAMS_PER_SM, CHUNKS_PER_PROGRAM, CPP_AUTO, CPP_AUTO_MIN_BATCH,
+           SUB1_STREAM, NUM_WARPS1_STREAM, PREFETCH1, MAXNREG1, GROUP1, WIDE_TILES, NUM_WARPS2_WIDE, FAST_EXP, PDL)
     if key in _PLANS:
         return _PLANS[key]
     plan = _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats)
@@ -203,7 +180,7 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
     p.direct = None          # no direct launches for plans that are not cached
     f32 = dict(dtype=torch.float32, device=device)
     p.nc1, p.n_tiles, p.m, p.s, p.a, p.tau, p.bpart = 1, 1, None, None, None, None, None
-    p.split, p.nrow, p.lse, p.cnt1, p.wide = False, None, None, None, False
+    p.split, p.nrow, p.lse, p.cnt1 = False, None, None, None
     p.kernel1, p.const1a, p.const2a = None, None, None
     if stats:  # fused pass 1
         chunk, p.nc1, bb1 = _block(CHUNK1, vocab, batch)
@@ -214,27 +191,17 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         if p.rows1:
             p.const1["BLOCK_B"] = bb1
             p.kernel1 = "rows"
-        else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_row_kernel
-            p.split = FUSED_SPLIT
-            cpp = _per_program("CHUNKS_PER_PROGRAM", CHUNKS_PER_PROGRAM, CPP_AUTO, CPP_AUTO_MIN_BATCH, p.nc1, batch)
+        else:   # per-request layout: pass 1's tail runs the acceptance test, pass 2 is sample_wide_kernel
+            p.split = True
+            cpp = _per_program(CHUNKS_PER_PROGRAM, CPP_AUTO, CPP_AUTO_MIN_BATCH, p.nc1, batch)
             p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
             p.const1.update(NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
-            if PASS1 == "stream":
-                if GROUP1 < 1 or GROUP1 & (GROUP1 - 1) or PREFETCH1 not in (0, 1, 2):
-                    raise ValueError(f"TILESPEC_PASS1_GROUP must be a power of 2 and TILESPEC_PREFETCH1 0, 1 or 2, "
-                                     f"got GROUP1={GROUP1}, PREFETCH1={PREFETCH1}")
-                p.kernel1 = "stream"
-                p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
-                                num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP,
-                                PDL=p.split and PASS2 == "wide" and _pdl(device))
-                if MAXNREG1 > 0 and not _INTERPRET:
-                    p.const1["maxnreg"] = MAXNREG1
-                p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
-            elif PASS1 == "classic":
-                p.kernel1 = "classic"
-                p.const1["SUB"] = min(SUB1, chunk)
-            else:
-                raise ValueError(f"PASS1 (TILESPEC_PASS1) must be 'stream' or 'classic', got {PASS1!r}")
+            p.kernel1 = "stream"
+            p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
+                            num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP, PDL=_pdl(device))
+            if MAXNREG1 > 0 and not _INTERPRET:   # 0: no cap
+                p.const1["maxnreg"] = MAXNREG1
+            p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
             p.nrow = torch.empty(batch, dtype=torch.int32, device=device)
             p.lse = torch.empty(batch, 2, **f32)
             p.cnt1 = torch.zeros(batch, dtype=torch.int32, device=device)
@@ -253,57 +220,39 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
         p.bpart = torch.empty(max(1, batch * k_max * p.n_tiles), **f32)
     block, tiles_total, bb2 = _block(BLOCK2, vocab, batch)
     p.rows2 = bb2 > 1
-    if p.rows2:
+    if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
         p.tiles, p.nc2 = 1, 1
-    elif p.split:
-        p.tiles = _per_program("SAMPLE_TILES", SAMPLE_TILES, TILES_AUTO, TILES_AUTO_MIN_BATCH, tiles_total,
-                               batch)
-        p.nc2 = triton.cdiv(tiles_total, p.tiles)
+    elif p.split:   # fused: WIDE_TILES tiles of row n per program
+        p.tiles = min(WIDE_TILES, triton.next_power_of_2(tiles_total))
     else:
         per_request = max(1, triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), batch))
         p.tiles = triton.cdiv(tiles_total, min(per_request, tiles_total))
-        p.nc2 = triton.cdiv(tiles_total, p.tiles)
+    p.nc2 = triton.cdiv(tiles_total, p.tiles) if not p.rows2 else 1
     p.grid2 = (p.nc2, triton.cdiv(batch, bb2), 1)
-    p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
-                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)),
-                    NT2_BLOCK=triton.next_power_of_2(p.nc2 * p.tiles), RB=RB, num_warps=NUM_WARPS2)
-    if p.rows2:   # one program per request row: no per-tile masses, no cross-program reduction
-        p.const2.update(BLOCK_B=bb2, WB=8)
-        p.tsum = p.counters = None
-    elif p.split and PASS2 == "wide":
-        if WIDE_TILES < 1 or WIDE_TILES & (WIDE_TILES - 1):
-            raise ValueError(f"WIDE_TILES (TILESPEC_WIDE_TILES) must be a power of 2, got {WIDE_TILES}")
-        p.wide, p.tiles = True, min(WIDE_TILES, triton.next_power_of_2(tiles_total))
-        p.nc2 = triton.cdiv(tiles_total, p.tiles)
-        p.grid2 = (p.nc2, batch, 1)
+    p.tsum = p.counters = None
+    if not p.rows2:
+        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
+        p.tsum = torch.empty(batch, p.nc2 * p.tiles if not p.split else tiles_total, 2, **f32)   # (residual, p)
+    if p.split:
         p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, TILES=p.tiles,
                         NT_BLOCK=triton.next_power_of_2(tiles_total), ALIGNED=False, FAST=FAST_EXP,
                         PDL=_pdl(device), num_warps=NUM_WARPS2_WIDE)
         if p.const2["PDL"]:
             p.const2["launch_pdl"] = True
         p.const2a = dict(p.const2, ALIGNED=True)
-        p.tsum = torch.empty(batch, tiles_total, 2, **f32)
-        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
-    elif p.split:
-        if PASS2 != "tile":
-            raise ValueError(f"PASS2 (TILESPEC_PASS2) must be 'wide' or 'tile', got {PASS2!r}")
-        p.const2 = dict(DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block, NT2_BLOCK=p.const2["NT2_BLOCK"],
-                        ALIGNED=False, PREFETCH=PREFETCH2 and p.tiles > 1, num_warps=NUM_WARPS2)
-        p.const2a = dict(p.const2, ALIGNED=True)
-        p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)
-        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
-    else:
-        p.tsum = torch.empty(batch, p.nc2 * p.tiles, 2, **f32)     # per tile: (residual mass, p mass)
-        p.counters = torch.zeros(batch, dtype=torch.int32, device=device)
+        return p
+    p.const2 = dict(MODE=mode, DRAFT_KIND=kind, HAS_THR=has_thr, BLOCK=block,
+                    NC1_BLOCK=triton.next_power_of_2(max(p.nc1, p.n_tiles)),
+                    NT2_BLOCK=triton.next_power_of_2(p.nc2 * p.tiles), RB=RB, num_warps=NUM_WARPS2)
+    if p.rows2:
+        p.const2.update(BLOCK_B=bb2, WB=8)
     return p
 
 
-def _per_program(name: str, value: int, auto: int, auto_min_batch: int, total: int, batch: int) -> int:
-    """Pass-1 chunks (CHUNKS_PER_PROGRAM) / pass-2 tiles (SAMPLE_TILES) per program: ``value``, or with 0 ``auto``
-    from ``auto_min_batch`` requests up (else 1), at most the row's ``total`` (no program of skipped work). Either
-    moves no bits (same per-chunk / per-tile arithmetic), so a batch-dependent choice keeps tokens batch invariant."""
-    if value < 0:
-        raise ValueError(f"{name} (TILESPEC_{name}) must be >= 0, got {value}")
+def _per_program(value: int, auto: int, auto_min_batch: int, total: int, batch: int) -> int:
+    """Pass-1 chunks per program (CHUNKS_PER_PROGRAM): ``value``, or with 0 ``auto`` from ``auto_min_batch``
+    requests up (else 1), at most the row's ``total`` (no program of skipped work). It moves no bits (same per-chunk
+    arithmetic), so a batch-dependent choice keeps tokens batch invariant."""
     return max(1, min(value or (auto if batch >= auto_min_batch else 1), total))
 
 
@@ -337,16 +286,10 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
         key, const2 = _direct_key(plan, device, user, strides), plan.const2
         if _aligned(tgt, drf_t, strides, tgt.shape[2]):
             key, const2 = key and (*key, "aligned"), plan.const2a
-        if plan.wide:
-            n_tiles = plan.tsum.shape[1]
-            _launcher(sample_wide_kernel)(
-                plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
-                                   plan.counters, *outs, k_max, tgt.shape[2], n_tiles, *strides), const2, key)
-            return _result(outs, method, exact)
-        _launcher(sample_row_kernel)(
+        n_tiles = plan.tsum.shape[1]
+        _launcher(sample_wide_kernel)(
             plan, plan.grid2, (*user, _or(thr_t, dummy), _or(thr_q, dummy), plan.nrow, plan.lse, plan.tsum,
-                               plan.counters, *outs, k_max, tgt.shape[2], plan.nc2, plan.tiles, *strides),
-            const2, key)
+                               plan.counters, *outs, k_max, tgt.shape[2], n_tiles, *strides), const2, key)
         return _result(outs, method, exact)
     sizes = (k_max, tgt.shape[2], plan.nc1, plan.nc2, plan.tiles, plan.n_tiles)
     key = _direct_key(plan, device, user, strides)
@@ -361,7 +304,7 @@ def _pass2(inputs: VerifyInputs, plan: _Plan, mode: int, tgt: torch.Tensor, drf:
 def _aligned(tgt: torch.Tensor, drf: torch.Tensor, strides: tuple, vocab: int) -> bool:
     """Whether every logits row starts 16-byte aligned and V and the strides are multiples of 8 elements (the
     kernels' ALIGNED constexpr: 16-byte vector loads; masks constant over 8-id groups). Host-side values only."""
-    return (ALIGN_LOADS and ((tgt.data_ptr() | drf.data_ptr()) & 15) == 0 and vocab % 8 == 0
+    return (((tgt.data_ptr() | drf.data_ptr()) & 15) == 0 and vocab % 8 == 0
             and all(x % 8 == 0 for x in strides))
 
 
@@ -389,7 +332,7 @@ def _thresholds(inputs: VerifyInputs, tgt: torch.Tensor, drf: Optional[torch.Ten
 def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     """Exact verification from logits: pass 1 (row statistics) + pass 2 (accept, lazy residual, sample). In the
     per-request layout pass 1's last program per request also runs the acceptance test (``stats._accept_tail``)
-    and pass 2 is ``sample_row_kernel``; in the batched layout pass 2 (``accept_sample_rows_kernel``) does both."""
+    and pass 2 is ``sample_wide_kernel``; in the batched layout pass 2 (``accept_sample_rows_kernel``) does both."""
     tgt = _rows(inputs.target_logits)
     batch, rows, vocab = tgt.shape
     drf, kind = _draft(inputs)
@@ -406,7 +349,7 @@ def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     if plan.const1a is not None and _aligned(tgt, drf_t, strides, vocab):
         const1 = plan.const1a
         key = key and (*key, "aligned")
-    kernel = {"rows": row_stats_rows_kernel, "classic": row_stats_kernel, "stream": row_stats_stream_kernel}
+    kernel = {"rows": row_stats_rows_kernel, "stream": row_stats_stream_kernel}
     _launcher(kernel[plan.kernel1])(plan, plan.grid1, (tgt, drf_t, inputs.num_draft_tokens, temp, _or(thr_t, temp),
                                                _or(thr_q, temp), plan.m, plan.s, plan.a, batch, rows - 1, vocab,
                                                plan.nc1, *strides, tokens, inputs.seeds, inputs.offsets,

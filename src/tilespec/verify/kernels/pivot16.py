@@ -55,7 +55,7 @@ def pivot_kernel(seg_ptr, hist_ptr, k_ptr, R, V, n_seg, SEG_PAD: tl.constexpr):
 
 @triton.jit(do_not_specialize=["R", "V", "stride_b", "stride_r"])
 def collect_pivot_kernel(x_ptr, hist_ptr, vals_ptr, k_ptr, R, V, stride_b, stride_r, CHUNK: tl.constexpr,
-                         CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr, SCAN: tl.constexpr):
+                         CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr):
     n = tl.program_id(0)
     c = tl.program_id(1)
     _, on = top_on(k_ptr, n, R, V)
@@ -70,8 +70,5 @@ def collect_pivot_kernel(x_ptr, hist_ptr, vals_ptr, k_ptr, R, V, stride_b, strid
         if count > CAP:                    # the row overflows: only the count matters
             tl.atomic_add(area + W_PIVOT_N, count)
         elif count > 0:
-            if SCAN:                       # one atomic reserves the chunk's slots, a prefix sum places the ids
-                slot = tl.atomic_add(area + W_PIVOT_N, count) + tl.cumsum(take.to(tl.int32), axis=0) - 1
-            else:                          # one atomic per taken id
-                slot = tl.atomic_add(area + W_PIVOT_N + tl.zeros_like(s), 1, mask=take)
+            slot = tl.atomic_add(area + W_PIVOT_N + tl.zeros_like(s), 1, mask=take)   # one atomic per taken id
             tl.store(vals_ptr + n.to(tl.int64) * CAP + slot, s, mask=take & (slot < CAP))

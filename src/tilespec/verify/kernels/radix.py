@@ -22,8 +22,6 @@ invariant); the kept set equals the reference's unless some S(z_x) is within flo
 """
 from __future__ import annotations
 
-import os
-
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
 import torch
@@ -34,9 +32,8 @@ from .thresholds import _KEY_NAN, _KEY_NEG_INF, _float_key, _key_float, prepare_
 
 _INT32_MAX = tl.constexpr(2**31 - 1)
 _INT32_MIN = tl.constexpr(-2**31)
-BITS = int(os.environ.get("TILESPEC_RADIX_BITS", 4))         # key bits per pass: 8 passes of a 16-way histogram
-CHUNK = int(os.environ.get("TILESPEC_RADIX_CHUNK", 2048))    # tokens per program; fixed per V (batch invariance)
-STOP = os.environ.get("TILESPEC_RADIX_STOP", "1") == "1"      # top-p's single-value stop (0: same-run comparisons)
+BITS = 4             # key bits per pass: 8 passes of a 16-way histogram
+CHUNK = 2048         # tokens per program; fixed per V (batch invariance)
 
 
 @triton.jit
@@ -200,7 +197,7 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
 
 def radix_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                      do_k: bool, do_p: bool, bits: int = BITS, chunk: int = CHUNK, block: int = 1024,
-                     num_warps: int = 4, active_counts: list | None = None, stop: bool = STOP) -> torch.Tensor:
+                     num_warps: int = 4, active_counts: list | None = None, stop: bool = True) -> torch.Tensor:
     """thr [B, R] float32 for logits [B, R, V] and per-request temperature / top_p (float32 [B]), top_k (int [B]):
     the same thresholds as :func:`.thresholds.filter_thresholds` (keep z >= thr; -inf where no filter is on).
 

@@ -1,16 +1,16 @@
 """Pass 2 of ``fused`` (per-request layout): sample row n from the residual or the bonus distribution, many tiles
 per program, linear weights.
 
-After pass 1 (``stream`` / ``stats``) has written, per request b, n = nrow[b] (the first rejected draft position,
+After pass 1 (``stream``) has written, per request b, n = nrow[b] (the first rejected draft position,
 or K_b) and the log-sum-exps lse[b] = (target row n, draft row n after a rejection with draft logits, else 0),
 ``sample_wide_kernel`` (grid (ceil(NT / TILES), B), NT = ceil(V / BLOCK) tiles of BLOCK ids) does steps 2-3 of
 ``sample``'s docstring for sampling requests (greedy requests were finished by pass 1):
 
 * program (c, b) loads tiles c * TILES .. c * TILES + TILES - 1 of target row n (and of draft row n after a
-  rejection) as ONE [TILES, BLOCK] block: every load of the program is in flight at once (the one-tile-per-program
-  kernel paid a dependent chain of loads, a reduction and an acq_rel atomic for every 2-4 KB of logits);
+  rejection) as ONE [TILES, BLOCK] block: every load of the program is in flight at once (one tile per program
+  would pay a dependent chain of loads, a reduction and an acq_rel atomic for every 2-4 KB of logits);
 * the weights are linear: w_p = exp(z - lse_n) and w_r = max(0, w_p - l q) with l q = exp(z_q - lse_q + log l)
-  (two exps per id, ``common.exp_fast``), where ``sample`` evaluated the residual in log space (four exps / logs
+  (two exps per id, ``common.exp_fast``), where ``sample`` evaluates the residual in log space (four exps / logs
   per id, ALU-bound at B = 64). Same law; the values differ from the log-space ones in fp32 rounding only;
 * it writes the TILES tile masses (residual, p) to tsum [B, NT, 2]; the last program of request b (counter
   cnt[b], acq_rel, reset to 0 for CUDA-graph replay) draws by the two-level inverse CDF of

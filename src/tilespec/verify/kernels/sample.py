@@ -20,9 +20,8 @@ Two layouts with the same helpers (``common`` and the two below), differing only
 ``accept_sample_kernel``, grid (NC2, B): program (c, b) handles vocabulary chunk c (TILES tiles) of request b;
 every program of b runs step 1 redundantly and identically (no sync needed), writes its tiles' masses to
 tsum [B, NC2 * TILES, 2], and the last one done (atomic counter, acq_rel; reset to 0 for CUDA-graph replay) draws
-(:func:`_sample_tiles`). ``fused`` in this layout runs step 1 once per request instead, at the end of pass 1
-(``stats._accept_tail``), and then ``sample_row_kernel`` (grid (NC2, B), steps 2-3 only, one tile per program by
-default): row n is streamed by ceil(V / BLOCK) programs per request with no acceptance work in any of them.
+(:func:`_sample_tiles`); ``sigmoid`` and ``tiled`` use it (``fused`` in this layout runs step 1 once per request
+at the end of pass 1, ``stats._accept_tail``, then ``residual.sample_wide_kernel``).
 ``accept_sample_rows_kernel``, grid (1, ceil(B / BLOCK_B)): BLOCK_B requests per program, each whole row n in one
 [BLOCK_B, BLOCK] tile (small vocabularies), so the tile step is trivial and no cross-program reduction is needed.
 Both take the same arguments (the batched kernel ignores tsum, cnt, NC2, TILES and NT2_BLOCK; the per-request one
@@ -35,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .common import (DRAFT_LOGITS, DRAFT_PROBS, MODE_LOGITS, MODE_PROBS, PURPOSE_ACCEPT, PURPOSE_SAMPLE, cdf_pick,
-                     cdf_tile, keyed_uniform, log_sigmoid_hat, multiples_of_8, row_lse, scale_loaded, scaled,
+                     cdf_tile, keyed_uniform, log_sigmoid_hat, row_lse, scale_loaded, scaled,
                      stats_argmax, threshold, write_outputs)
 
 
@@ -227,53 +226,30 @@ def accept_sample_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, t
         _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
                       nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols,
                       rej_v, K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE, DRAFT_KIND, HAS_THR,
-                      BLOCK, NT2_BLOCK, False, False)
+                      BLOCK, NT2_BLOCK)
 
 
 @triton.jit
 def _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr,
                   nemit_ptr, accd_ptr, b, c, n, k_b, seed, off, scale, lenience, log_l, lse_n, lse_qn, cols, rej_v,
                   K, V, NC2, TILES, NT, stride_tr, stride_dr, alpha, beta, MODE: tl.constexpr,
-                  DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr,
-                  PREFETCH: tl.constexpr, ALIGNED: tl.constexpr):
+                  DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr, NT2_BLOCK: tl.constexpr):
     """Steps 2-3 for program (c, b) of the per-request layout, once n (the row to sample) and its log-sum-exps are
     known: the masses (residual, p) of tiles c * TILES .. c * TILES + TILES - 1 of row n -> tsum [B, NC2 * TILES, 2];
     the last of the NC2 programs of b (counter at cnt_ptr[b], acq_rel; reset to 0) picks the tile with the SAMPLE
-    uniform, scans that one tile and writes the outputs. ``cols`` / ``rej_v``: tiled's b_k columns (n < k_b).
-    PREFETCH (logits / sigmoid only): tile t + 1's values are loaded before tile t's arithmetic (never past the
-    program's last tile); each tile's sums are the same operations on the same values, so the same bits for every
-    TILES and PREFETCH. ALIGNED: V is a multiple of 8 (the prefetch bound keeps the loads 16-byte vectors)."""
+    uniform, scans that one tile and writes the outputs. ``cols`` / ``rej_v``: tiled's b_k columns (n < k_b)."""
     live = b >= 0   # always (one request per program): a mask the compiler folds away
     is_rej = n < k_b
     x_n = tl.load(tok_ptr + b * K + n, mask=is_rej, other=-1).to(tl.int32)
     row_t = tgt_b + n * stride_tr
     row_q = drf_b + n * stride_dr
     nt2 = NC2 * TILES
-    xt = 0
-    xq = 0
-    lim = V
-    if PREFETCH:   # this program's first tile, then (in the loop) always the next one, up to lim
-        lim = tl.minimum(V, (c + 1) * TILES * BLOCK)
-        if ALIGNED:
-            lim = tl.multiple_of(lim, 8)
-        offs0 = c * TILES * BLOCK + tl.arange(0, BLOCK)
-        xt, xq = _load_rows(row_t, row_q, offs0, offs0 < lim, _rej_mask(offs0 < lim, offs0, is_rej), DRAFT_KIND)
     for t in range(TILES):
         tile = c * TILES + t
         offs = tile * BLOCK + tl.arange(0, BLOCK)
-        if PREFETCH:
-            nxt = offs + BLOCK
-            xt_next, xq_next = _load_rows(row_t, row_q, nxt, nxt < lim, _rej_mask(nxt < lim, nxt, is_rej),
-                                          DRAFT_KIND)
-            mask = offs < V   # (= offs < lim here: the tile is this program's)
-            w_p, w_r = _log_weights(xt, xq, offs, mask, _rej_mask(mask, offs, is_rej), live, is_rej, x_n,
-                                    thr_t_ptr, thr_q_ptr, b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, log_l,
-                                    alpha, beta, MODE, DRAFT_KIND, HAS_THR)
-            xt, xq = xt_next, xq_next
-        else:
-            w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
-                                    b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
-                                    MODE, DRAFT_KIND, HAS_THR)
+        w_p, w_r = _row_weights(row_t, row_q, offs, offs < V, live, is_rej, x_n, thr_t_ptr, thr_q_ptr,
+                                b * (K + 1) + n, b * K + n, scale, lse_n, lse_qn, lenience, log_l, alpha, beta,
+                                MODE, DRAFT_KIND, HAS_THR)
         tl.store(tsum_ptr + (b * nt2 + tile) * 2, tl.sum(w_r, axis=0))
         tl.store(tsum_ptr + (b * nt2 + tile) * 2 + 1, tl.sum(w_p, axis=0))
     tl.debug_barrier()
@@ -292,37 +268,6 @@ def _sample_tiles(tgt_b, drf_b, tok_ptr, thr_t_ptr, thr_q_ptr, bpart_ptr, tsum_p
         token = cdf_pick(tl.where(use_res, w_r, w_p), offs, rest, tile * BLOCK)
         write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b, live, n, token, K, 32)
         tl.atomic_xchg(cnt_ptr + b, 0)
-
-
-@triton.jit(do_not_specialize=["K", "V", "NC2", "TILES", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
-def sample_row_kernel(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr, thr_q_ptr,
-                      nrow_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
-                      K, V, NC2, TILES, stride_tb, stride_tr, stride_db, stride_dr,
-                      DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
-                      NT2_BLOCK: tl.constexpr, ALIGNED: tl.constexpr, PREFETCH: tl.constexpr):
-    """``fused`` pass 2 after ``stats.row_stats_kernel`` (per-request layout), grid (NC2, B): step 1 already ran
-    once per request at the end of pass 1 (row n -> nrow [B] int32, its log-sum-exps -> lse [B, 2] fp32; greedy
-    requests' outputs written there), so program (c, b) of a sampling request only sums its TILES tiles of row n
-    and the last one draws (:func:`_sample_tiles`): no per-program acceptance work, and NC2 (hence the number of
-    programs streaming the row) is free of it. ALIGNED (see ``launch._aligned``: V and the strides are multiples
-    of 8 elements, the rows 16-byte aligned): the same values rewritten as multiples of 8, so that the compiler
-    emits 16-byte loads (V and the strides are not specialised). PREFETCH (``launch.PREFETCH2``, with TILES > 1):
-    each program's next tile is loaded before the current one's arithmetic (same bits, see _sample_tiles)."""
-    c = tl.program_id(0)
-    b = tl.program_id(1)
-    if ALIGNED:
-        V, stride_tb, stride_tr, stride_db, stride_dr = multiples_of_8(V, stride_tb, stride_tr, stride_db, stride_dr)
-    temp = tl.load(temp_ptr + b)
-    if temp != 0.0:
-        k_b = tl.load(nd_ptr + b)
-        n = tl.load(nrow_ptr + b)
-        cols = tl.arange(0, 2)
-        _sample_tiles(tgt_ptr + b.to(tl.int64) * stride_tb, drf_ptr + b.to(tl.int64) * stride_db, tok_ptr,
-                      thr_t_ptr, thr_q_ptr, lse_ptr, tsum_ptr, cnt_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b,
-                      c, n, k_b, tl.load(seed_ptr + b), tl.load(off_ptr + b), temp, tl.load(len_ptr + b),
-                      tl.log(tl.load(len_ptr + b)), tl.load(lse_ptr + 2 * b), tl.load(lse_ptr + 2 * b + 1), cols,
-                      (cols * 0 + n) < k_b, K, V, NC2, TILES, 1, stride_tr, stride_dr, 0.0, 1.0, MODE_LOGITS,
-                      DRAFT_KIND, HAS_THR, BLOCK, NT2_BLOCK, PREFETCH, ALIGNED)
 
 
 @triton.jit(do_not_specialize=["B", "K", "V", "NC1", "NC2", "TILES", "NT", "stride_tb", "stride_tr", "stride_db",

@@ -10,119 +10,27 @@ slot = (b * (2K + 1) + r) * NC + c:
 Rows past a request's K_b (ragged padding) and draft rows of greedy requests are skipped. CHUNK is fixed by V
 alone, so a request's statistics (hence its tokens) do not depend on the batch it is in.
 
-Two layouts with the same arithmetic (``common``): ``row_stats_kernel``, grid (ceil(NC / CPP), R, B), one request
-and CPP contiguous chunks per program, SUB ids at a time (CHUNK % SUB == 0); ``row_stats_rows_kernel``, grid
-(NC, R, ceil(B / BLOCK_B)), BLOCK_B requests per program, one [BLOCK_B, CHUNK] block (small vocabularies: NC = 1).
-Both take the same arguments (B, the batch size, bounds the batched layout's request blocks; the rows kernel
-ignores the tail's). CPP (``launch.CHUNKS_PER_PROGRAM``) > 1 shares one program's scalar loads and tail atomic
-among CPP chunks and issues each slice's load before the previous slice's arithmetic (one short program per chunk
-is latency-bound); each chunk's statistics are the same bits for every CPP, and CPP = 1 is the
-one-chunk-per-program kernel.
+Two layouts: ``stream.row_stats_stream_kernel``, grid (ceil(NC / CPP), R, B), one request and CPP contiguous
+chunks per program (large vocabularies); ``row_stats_rows_kernel`` (here), grid (NC, R, ceil(B / BLOCK_B)),
+BLOCK_B requests per program, one [BLOCK_B, CHUNK] block (small vocabularies: NC = 1). Both take the same
+arguments (B, the batch size, bounds the batched layout's request blocks; the rows kernel ignores the tail's).
 
-Tail of ``row_stats_kernel`` (pass 2's step 1, moved here so it runs once per request, not once per pass-2
+Tail of the per-request kernel (:func:`_accept_tail`, pass 2's step 1, run once per request, not once per pass-2
 program): every program of request b increments cnt[b] (acq_rel, after its stores); the last of the
 ceil(NC / CPP) * R programs sees complete statistics and runs the acceptance test of ``sample._request_n`` (same
 code, so the same n).
 Greedy request: writes all outputs (token = argmax of row n). Sampling request: nrow[b] = n (int32),
 lse[b] = (log-sum-exp of target row n, of draft row n after a rejection with draft logits, else 0) (fp32), read
-by ``sample.sample_row_kernel``. It resets cnt[b] to 0 (CUDA-graph replay).
+by ``residual.sample_wide_kernel``. It resets cnt[b] to 0 (CUDA-graph replay).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .common import (BIG, DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scale_loaded, scaled,
+from .common import (DRAFT_LOGITS, MODE_LOGITS, first_index, online_max_sumexp, row_lse, scaled,
                      stats_argmax, threshold, write_outputs)
 from .sample import _request_n
-
-
-@triton.jit(do_not_specialize=["B", "K", "V", "NC", "stride_tb", "stride_tr", "stride_db", "stride_dr"])
-def row_stats_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q_ptr,
-                     m_ptr, s_ptr, a_ptr,
-                     B, K, V, NC, stride_tb, stride_tr, stride_db, stride_dr,
-                     tok_ptr, seed_ptr, off_ptr, len_ptr, nrow_ptr, lse_ptr, cnt_ptr,
-                     out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
-                     DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
-                     SUB: tl.constexpr, NC_BLOCK: tl.constexpr, RB: tl.constexpr, CPP: tl.constexpr):
-    g = tl.program_id(0)   # chunks g * CPP .. g * CPP + CPP - 1 (those < NC) of row r of request b
-    r = tl.program_id(1)
-    b = tl.program_id(2)
-    k_b = tl.load(nd_ptr + b)
-    temp = tl.load(temp_ptr + b)
-    greedy = temp == 0.0
-    scale = tl.where(greedy, 1.0, temp)
-    is_target = r <= K
-    row = tl.where(is_target, r, r - K - 1)
-    # target rows 0..K_b; draft rows 0..K_b-1 of sampling (non-greedy) requests
-    active = (is_target & (row <= k_b)) | ((r > K) & (row < k_b) & (temp != 0.0))
-    if active:
-        b64 = b.to(tl.int64)
-        if is_target:
-            row_ptr = tgt_ptr + b64 * stride_tb + row * stride_tr
-            thr = threshold(thr_t_ptr, b * (K + 1) + row, active, HAS_THR)
-        else:
-            row_ptr = drf_ptr + b64 * stride_db + row * stride_dr
-            thr = threshold(thr_q_ptr, b * K + row, active, HAS_THR)
-        want_a = greedy & is_target
-        c0 = g * CPP
-        lim = tl.minimum(V, (c0 + CPP) * CHUNK)   # end of this program's ids: prefetches stop there
-        x = 0                                     # (CPP = 1: no prefetch, x is never a tensor)
-        if CPP > 1:   # the raw values of the program's first slice, loaded ahead (see _chunk_stats)
-            offs0 = c0 * CHUNK + tl.arange(0, SUB)
-            x = tl.load(row_ptr + offs0, mask=offs0 < lim, other=float("-inf"))
-        for j in tl.static_range(CPP):
-            c = c0 + j
-            if j == 0:   # c0 < NC always (no test: CPP = 1 compiles to the one-chunk-per-program kernel)
-                x = _chunk_stats(row_ptr, x, c, V, lim, scale, thr, want_a, m_ptr, s_ptr, a_ptr, b, r, K, NC,
-                                 HAS_THR, CHUNK, SUB, CPP > 1)
-            elif c < NC:
-                x = _chunk_stats(row_ptr, x, c, V, lim, scale, thr, want_a, m_ptr, s_ptr, a_ptr, b, r, K, NC,
-                                 HAS_THR, CHUNK, SUB, CPP > 1)
-    # the last program of request b to finish (self-resetting counter, acq_rel) runs the acceptance test
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
-    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
-        _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr, len_ptr, thr_t_ptr,
-                     thr_q_ptr, m_ptr, s_ptr, a_ptr, nrow_ptr, lse_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, b,
-                     K, NC, stride_tb, stride_tr, stride_db, stride_dr, DRAFT_KIND, HAS_THR, NC_BLOCK, RB)
-        tl.atomic_xchg(cnt_ptr + b, 0)
-
-
-@triton.jit
-def _chunk_stats(row_ptr, x, c, V, lim, scale, thr, want_a, m_ptr, s_ptr, a_ptr, b, r, K, NC, HAS_THR: tl.constexpr,
-                 CHUNK: tl.constexpr, SUB: tl.constexpr, PREFETCH: tl.constexpr):
-    """Statistics of chunk c (ids c * CHUNK + [0, CHUNK), those < V) of row r of request b at ``row_ptr``, stored
-    at slot (b * (2K + 1) + r) * NC + c: m = the max of its scaled, filtered logits (-inf if fully masked),
-    s = sum exp(z - m) (0 then) and, if ``want_a``, a = the first argmax; online over SUB-wide slices in id order,
-    the same operations whatever PREFETCH (so the same bits). Returns ``x``. PREFETCH: ``x`` holds the raw logits
-    of the chunk's first slice on entry ([SUB], the row's dtype) and, on return, those of the SUB ids after the
-    chunk (the next chunk's first slice; ids >= ``lim`` read as -inf, no memory traffic): each slice's load is
-    issued before the previous slice's arithmetic. Otherwise ``x`` is passed through and each slice is loaded
-    where it is used."""
-    # few registers per thread per slice, so many programs stay resident and the next slice's load overlaps this
-    # one's arithmetic (one CHUNK-wide load needed ~110 registers/thread)
-    m = float("-inf")
-    s = 0.0
-    at = BIG
-    for start in range(0, CHUNK, SUB):
-        offs = c * CHUNK + start + tl.arange(0, SUB)
-        if PREFETCH:
-            x_next = tl.load(row_ptr + offs + SUB, mask=offs + SUB < lim, other=float("-inf"))
-            z = scale_loaded(x, offs < V, scale, thr, HAS_THR)
-            x = x_next
-        else:
-            z = scaled(row_ptr + offs, offs < V, scale, thr, HAS_THR)
-        m_new, s, m_z = online_max_sumexp(m, s, z)
-        if want_a:   # first argmax: a later slice wins only with a strictly larger maximum
-            at = tl.where(m_z > m, first_index(z, m_z, offs), at)
-        m = m_new
-    slot = (b * (2 * K + 1) + r) * NC + c
-    tl.store(m_ptr + slot, m)
-    tl.store(s_ptr + slot, s)
-    if want_a:
-        tl.store(a_ptr + slot, at)
-    return x
 
 
 @triton.jit
@@ -133,7 +41,7 @@ def _accept_tail(tgt_ptr, drf_ptr, tok_ptr, nd_ptr, seed_ptr, off_ptr, temp_ptr,
     """Step 1 of pass 2 (``sample._request_n``, the same code), run once per request on its complete
     statistics: n = the first rejected position (or K_b). Greedy requests: the token is row n's argmax and every
     output is written here. Sampling requests: n -> nrow[b] (int32), (lse of target row n, lse of draft row n or 0)
-    -> lse[b, 0:2] (fp32), for ``sample.sample_row_kernel``."""
+    -> lse[b, 0:2] (fp32), for ``residual.sample_wide_kernel``."""
     live = b >= 0   # always: a mask the compiler folds away
     cols = tl.arange(0, NC_BLOCK)
     n, k_b, _, _, temp, _, _, _ = _request_n(

@@ -1,29 +1,30 @@
-"""Pass 1 of ``fused``, streaming variant (issue 15): the same outputs as ``stats.row_stats_kernel``, few registers.
+"""Pass 1 of ``fused`` in the per-request layout: per-chunk statistics of the logit rows in few registers.
 
-Same grid (ceil(NC / CPP), R, B), arguments (plus two constexprs), per-chunk outputs m / s / a at
-slot = (b * (2K + 1) + r) * NC + c and the same tail (``stats._accept_tail``: the last program of request b runs
-the acceptance test). What differs is how a chunk is reduced:
+Grid (ceil(NC / CPP), R, B): program (g, r, b) reduces chunks g * CPP .. g * CPP + CPP - 1 of row r of request b
+and writes m / s / a at slot = (b * (2K + 1) + r) * NC + c (definitions in :mod:`.stats`); the last program of
+request b runs the acceptance test (``stats._accept_tail``). How a chunk is reduced:
 
-* Lane-wise online statistics. Each of the SUB lanes of a slice keeps its own running max m_l, sum
-  s_l = sum exp(z - m_l) and (greedy) first argmax over the chunk's CHUNK / SUB slices, one exp per element
+* Sampling rows (:func:`_stream_chunks_grouped`): lanes of GROUP contiguous ids; a thread's 16-byte load is one
+  group, the group max a reduction inside the thread, and each lane keeps (m, s) with one exp per element plus one
+  per group. Without filters the loop never divides: max and exp run on the raw logits and the stored chunk max is
+  max(x) / T, the same fp32 value as the max of z (division by T > 0 is monotone).
+* Greedy rows (:func:`_stream_chunks`): lane-wise online statistics with the first argmax. Each of the SUB lanes
+  keeps its own running max m_l, sum s_l = sum exp(z - m_l) and first argmax over the chunk's CHUNK / SUB slices
   (e = exp(min(m_l, z) - max(m_l, z)); s_l = z > m_l ? s_l * e + 1 : s_l + e). The lanes are combined once per
-  chunk (M = max m_l, S = sum s_l exp(m_l - M), a = the smallest lane argmax among lanes with m_l = M), so the
-  loop body has no cross-thread reduction and no barrier: a warp's next load is never held up by the others.
-  The ``stats`` kernel reduced every slice across the whole program (two block reductions per slice).
+  chunk (M = max m_l, S = sum s_l exp(m_l - M), a = the smallest lane argmax among lanes with m_l = M).
+  Neither loop has a cross-thread reduction or a barrier: a warp's next load is never held up by the others.
 * Vector loads. With ``ALIGNED`` (the caller checked: 16-byte aligned base pointers, strides and V multiples of
   16 bytes), row offsets and V are declared multiples of 16 bytes (``tl.multiple_of``), so each thread loads
-  16 bytes per instruction; without the hint (strides / V are not specialised) Triton emitted one 2-byte load per
-  bf16 element and ~115 registers held 64 bytes in flight per thread.
-* PREFETCH: the next slice (across chunk boundaries within the program's chunks) is loaded before this one is
+  16 bytes per instruction (bf16 rows as int32 pairs widened by one shift / one mask).
+* PREFETCH: the next slice(s) (across chunk boundaries within the program's chunks) are loaded before this one is
   reduced. It moves no bits.
 
-Values: z = x / T (fp32, the same operation as ``common.scaled``) with -inf where masked or below the keep
-threshold, so z is the same bits as in ``stats``; m is the same value (a max), a the same index (first argmax),
-s the same sum in a different fp32 order (not the same bits as ``stats``; relative difference ~1e-7). Each
-chunk's arithmetic depends on CHUNK, SUB and the warp count only (fixed by V and the module globals, never by B or
-CPP), so the statistics, hence the tokens, are batch invariant and the same bits for every CPP and PREFETCH.
-Running maxima start at -FLT_MAX (not -inf), which needs no -inf guard per element: a lane that saw only -inf
-keeps s_l = 0, and a chunk with S = 0 (nothing unmasked) stores m = -inf, s = 0 as ``stats`` does.
+Values: z = x / T (``common.div_t``: correctly rounded where a keep threshold is compared) with -inf where masked
+or below the threshold; m is a max, a the first argmax, s a sum in fp32. Each chunk's arithmetic depends on
+CHUNK, SUB, GROUP and the warp count only (fixed by V and the module globals, never by B or CPP), so the
+statistics, hence the tokens, are batch invariant and the same bits for every CPP and PREFETCH. Running maxima
+start at -FLT_MAX (not -inf), which needs no -inf guard per element: a lane that saw only -inf keeps s_l = 0, and
+a chunk with S = 0 (nothing unmasked) stores m = -inf, s = 0.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
                             out_ptr, nacc_ptr, nemit_ptr, accd_ptr,
                             DRAFT_KIND: tl.constexpr, HAS_THR: tl.constexpr, CHUNK: tl.constexpr,
                             SUB: tl.constexpr, NC_BLOCK: tl.constexpr, RB: tl.constexpr, CPP: tl.constexpr,
-                            ALIGNED: tl.constexpr, PREFETCH: tl.constexpr, GROUP: tl.constexpr = 1,
+                            ALIGNED: tl.constexpr, PREFETCH: tl.constexpr, GROUP: tl.constexpr,
                             FAST: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:   # let pass 2 (launched as a programmatic dependent) get resident; it waits for this grid to finish
         tl.extra.cuda.gdc_launch_dependents()
@@ -71,15 +72,12 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
             thr = 0.0
             if HAS_THR:
                 thr = tl.load(thr_t_ptr + b * (K + 1) + row)
-            if greedy:
+            if greedy:   # lane-wise, for the first argmax
                 _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
-                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, True)
-            elif GROUP > 1:
+                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED)
+            else:
                 _stream_chunks_grouped(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0,
                                        HAS_THR, CHUNK, SUB, GROUP, PREFETCH, ALIGNED, FAST)
-            else:
-                _stream_chunks(tgt_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
-                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
         else:
             row_off = b64 * stride_db + row * stride_dr
             if ALIGNED:
@@ -87,12 +85,8 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
             thr = 0.0
             if HAS_THR:
                 thr = tl.load(thr_q_ptr + b * K + row)
-            if GROUP > 1:
-                _stream_chunks_grouped(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0,
-                                       HAS_THR, CHUNK, SUB, GROUP, PREFETCH, ALIGNED, FAST)
-            else:
-                _stream_chunks(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0,
-                               HAS_THR, CHUNK, SUB, PREFETCH, ALIGNED, False)
+            _stream_chunks_grouped(drf_ptr + row_off, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, slot0,
+                                   HAS_THR, CHUNK, SUB, GROUP, PREFETCH, ALIGNED, FAST)
     tl.debug_barrier()
     done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel")
     if done == tl.num_programs(0) * tl.num_programs(1) - 1:
@@ -104,10 +98,9 @@ def row_stats_stream_kernel(tgt_ptr, drf_ptr, nd_ptr, temp_ptr, thr_t_ptr, thr_q
 
 @triton.jit
 def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, slot0, HAS_THR: tl.constexpr,
-                   CHUNK: tl.constexpr, SUB: tl.constexpr, PREFETCH: tl.constexpr, ALIGNED: tl.constexpr,
-                   WANT_A: tl.constexpr):
-    """Chunks c0 .. c0 + n_chunks - 1 (CHUNK / SUB slices of SUB ids each) of the row at ``row_ptr``: lane-wise
-    online max / sum-exp (/ first argmax with WANT_A) per chunk, combined and stored at slot0 + c after the chunk's
+                   CHUNK: tl.constexpr, SUB: tl.constexpr, PREFETCH: tl.constexpr, ALIGNED: tl.constexpr):
+    """Chunks c0 .. c0 + n_chunks - 1 (CHUNK / SUB slices of SUB ids each) of a greedy row at ``row_ptr``:
+    lane-wise online max / sum-exp / first argmax per chunk, combined and stored at slot0 + c after the chunk's
     last slice. Ids >= V read as -inf (no memory traffic); so do prefetches past the program's last chunk."""
     NSUB: tl.constexpr = CHUNK // SUB
     lane = tl.arange(0, SUB)
@@ -132,8 +125,8 @@ def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, sl
         if HAS_THR:
             z = tl.where(z >= thr, z, float("-inf"))
         up = z > m
-        if WANT_A:   # the lane's first id holding its running max (also a first z equal to the initial -FLT_MAX)
-            at = tl.where(up | ((z == m) & (at == BIG)), offs, at)
+        # the lane's first id holding its running max (also a first z equal to the initial -FLT_MAX)
+        at = tl.where(up | ((z == m) & (at == BIG)), offs, at)
         e = tl.exp(tl.minimum(m, z) - tl.maximum(m, z))
         s = tl.where(up, s * e + 1.0, s + e)
         m = tl.maximum(m, z)
@@ -143,10 +136,9 @@ def _stream_chunks(row_ptr, c0, n_chunks, V, scale, thr, m_ptr, s_ptr, a_ptr, sl
             slot = slot0 + c0 + it // NSUB
             tl.store(m_ptr + slot, tl.where(total > 0.0, big_m, float("-inf")))
             tl.store(s_ptr + slot, total)
-            if WANT_A:   # a fully masked chunk: its first id (as stats.row_stats_kernel)
-                first = tl.min(tl.where(m == big_m, at, BIG), axis=0)
-                tl.store(a_ptr + slot, tl.where(total > 0.0, first, base + (it // NSUB) * CHUNK))
-                at = tl.full([SUB], BIG, tl.int32)
+            first = tl.min(tl.where(m == big_m, at, BIG), axis=0)   # a fully masked chunk: its first id
+            tl.store(a_ptr + slot, tl.where(total > 0.0, first, base + (it // NSUB) * CHUNK))
+            at = tl.full([SUB], BIG, tl.int32)
             m = tl.full([SUB], NEG_MAX, tl.float32)
             s = tl.zeros([SUB], tl.float32)
         if PREFETCH:

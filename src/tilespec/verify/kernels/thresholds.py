@@ -20,19 +20,17 @@ Output: thr [B, R] float32 = max(t_k, t_p) (-inf where neither filter is on); th
 """
 from __future__ import annotations
 
-import os
-
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
 import torch
 import triton
 import triton.language as tl
 
-from ..filters import KEY_NAN, KEY_NEG_INF
+from ..order_keys import KEY_NAN, KEY_NEG_INF
 
-# Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold): 2 by default;
-# fewer bits mean more passes over the row but fewer compares per element (2^BITS per pass). Tunable on a GPU.
-BITS = int(os.environ.get("TILESPEC_FILTER_BITS", 2))   # H100: 2 bits + block 2048 fastest at B=64 (filter-thresholds-H100-partial-2026-11-23.log)
+# Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold); fewer bits
+# mean more passes over the row but fewer compares per element. On the H100 2 bits and blocks of 2048 were fastest.
+BITS = 2
 _KEY_NEG_INF = tl.constexpr(KEY_NEG_INF)
 _KEY_NAN = tl.constexpr(KEY_NAN)
 

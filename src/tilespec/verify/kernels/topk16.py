@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
-import os
 from typing import Optional, Sequence
 
 import torch
@@ -33,14 +32,11 @@ import triton.language as tl
 from . import digits16, pivot16
 from .keys16 import ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, top_on
 
-CHUNK = int(os.environ.get("TILESPEC_TOPK16_CHUNK", 2048))    # ids per program of the passes over the logits
-# the pivot pass places the ids it collects by one atomic per id (0; H100 run 5: 142 us vs 214 at B=64) or a
-# prefix sum after one atomic per chunk (1)
-SCAN = os.environ.get("TILESPEC_TOPK16_SCAN", "0") == "1"
+CHUNK = 2048         # ids per program of the passes over the logits
 SEG = 512            # ids per segment of the pivot pass (k above the number of segments: the fallback)
 CAP_MIN, CAP_MAX = 256, 2048   # ids collected per row: 4 k_max within these bounds (more: the row takes the fallback)
 CAP_INTERPRETER = 128   # under TRITON_INTERPRET (CPU tests): its sort and scans are Python loops over CAP keys
-NUM_WARPS = int(os.environ.get("TILESPEC_TOPK16_WARPS", 4))
+NUM_WARPS = 4
 TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must fit in CAP)
 
 
@@ -86,8 +82,7 @@ def supports(logits: torch.Tensor) -> bool:
 
 def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor,
                        top_p: Optional[torch.Tensor] = None, k_max: int = 0, *, digits: Sequence[int] = (),
-                       chunk: int = 0, num_warps: int = 0, pivot: bool = True,
-                       scan: Optional[bool] = None) -> torch.Tensor:
+                       chunk: int = 0, num_warps: int = 0, pivot: bool = True) -> torch.Tensor:
     """Keep thresholds float32 [B, R] of top-k (then top-p over the kept set when ``top_p`` is given): -inf where
     k = 0 or k >= V.
 
@@ -95,7 +90,7 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     [B] float32, on the logits' device. ``k_max``: a bound on every k when the caller knows one (0: unknown); it
     sizes the buffer of collected ids, and with ``top_p`` it is required, at most :data:`TOP_P_K_MAX`.
     ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` / :data:`NUM_WARPS` when not
-    given, ``scan``: :data:`SCAN`; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Six
+    given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Six
     launches (a memset, three for the pivot path, the fallback, the finish). No host sync."""
     if not supports(logits):
         raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
@@ -134,8 +129,7 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
         pivot16.segment_max_kernel[grid](bits, seg, *rows_args, n_seg, SEG=SEG, FP16=fp16, **common)
         pivot16.pivot_kernel[(n_rows,)](seg, hist, top_k, rows, vocab, n_seg,
                                         SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4)
-        pivot16.collect_pivot_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, FP16=fp16,
-                                           SCAN=SCAN if scan is None else scan, **common)
+        pivot16.collect_pivot_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, FP16=fp16, **common)
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
     digits16.fallback_kernel[(n_rows,)](bits, hist, vals, *rows_args, CHUNK=chunk, CAP=cap, ALIGNED=aligned,

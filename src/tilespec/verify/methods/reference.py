@@ -10,7 +10,7 @@ Per request b with K_b draft tokens x_0..x_{K_b-1}:
      If the residual's weights underflow to zero (p_n == q_n up to rounding, where a rejection has probability ~0)
      it falls back to p_n.
 The residual weights are max(0, exp(log p) - exp(log l q)) in fp32, the same expression as the ``fused`` kernel's
-pass 2 (since session 13; before, log p + log1p(-exp(log(l q) - log p)), then exp). Both forms lose the same
+pass 2 (rather than the log-space log p + log1p(-exp(log(l q) - log p)), then exp). Both forms lose the same
 ~1e-7 * p to rounding where p ~ l q; the linear one keeps the kernel's and the reference's fp32 weights close, which
 is what keeps their inverse-CDF draws token-identical over a 150k vocabulary (a systematic 1e-7 difference in the
 weights moves ~1 % of draws there).
