@@ -177,10 +177,8 @@ class SpeculativeDecoder:
 
         timer.start("prefill")
         target = self._runner("target", self.target, capacity, batch)
-        draft = self._runner("draft", self.draft, capacity, batch) if self.draft is not None else None
-        features = tuple(getattr(self.drafter, "features", ())) if spec else ()
-        if features:     # a drafter fed by the target's hidden states (a head): its per-generation device state
-            draft = self.drafter.runner(batch, capacity, target.mode)
+        draft = (self.drafter.runner(batch, capacity, target.mode) if spec and getattr(self.drafter, "features", ())
+                 else self._runner("draft", self.draft, capacity, batch) if self.draft is not None else None)
         if encdec:
             enc = target.encode(input_features)
             if draft is not None:
@@ -191,16 +189,13 @@ class SpeculativeDecoder:
         pmask = prefill_mask(pad_valid, capacity)
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
-        hidden = None
-        if features and not skip:
-            _, feats = target.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=features, compiled=False)
-            hidden = draft.prefill(feats, ids[:, 1:p + 1], positions, pmask)
+        state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
+        if getattr(draft, "observes_target", False) and not skip:   # the head's entries from the prefill's features
+            state.hidden = draft.prefill(target, ids, positions, pmask)
         else:
             for runner in (target,) if skip else (target, draft):
                 runner.forward(ids[:, :p], positions, pmask, 0, keep=1,
                                compiled=short and runner.mode == "native-graphs")
-        state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        state.hidden = hidden
         context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
@@ -312,8 +307,7 @@ class SpeculativeDecoder:
             gen.fast.advance(state, max((emitted_all[i] for i in live), default=0))
         else:
             state.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted_all) - 1)
-            if out.hidden is not None:
-                state.hidden = out.hidden
+            state.hidden = out.hidden if out.hidden is not None else state.hidden
         if gen.done and not planned.committed:    # zombie rows keep no context (graph T clears them itself)
             state.valid[[i for i, r in enumerate(state.rows) if r in gen.done]] = False
         if not live:  # a run-ahead step after every request ended: nothing to record but its forwards

@@ -80,10 +80,13 @@ class HeadRunner:
                 self._entries = self.head.entries
         return self.head.entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
 
-    def prefill(self, feats: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        """The prompt's entries at slots [0, P): feats [B, P, n d] (target features of the prefill), next_tokens
-        [B, P] (the token after each position), positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
+    def prefill(self, target, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The target's prefill of the left-padded prompts ``ids`` [B, P+1] at slots [0, P) (its one forward, with
+        the features the head reads) and the head's entries for them: each position's features with the token after
+        it (the last one: the pending token); positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
+        p = ids.shape[1] - 1
+        _, feats = target.forward(ids[:, :p], positions, mask, 0, keep=1, capture=self.features, compiled=False)
+        next_tokens = ids[:, 1:p + 1]
         write = torch.zeros((), dtype=torch.int64, device=feats.device)
         # eager: prompt lengths vary, a compiled copy would recompile per length
         h = self.head.entries(self.head.fuse(feats), next_tokens, positions, mask, write, self.k, self.v)
