@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild ``src/tilespec/bench/assets/code_edit.jsonl``: code-editing prompts over CPython's own standard library.
+"""Rebuild ``src/tilespec/assets/code_edit.jsonl``: code-editing prompts over CPython's own standard library.
 
 Each row is one module-level function of a fixed list of pure-Python stdlib modules, its source as
 ``inspect.getsource`` returns it, and one editing instruction of five kinds (add type hints, add a docstring,
@@ -26,7 +26,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "tilespec" / "bench" / "assets" / "code_edit.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "src" / "tilespec" / "assets" / "code_edit.jsonl"
 MODULES = ("textwrap", "string", "shlex", "fnmatch", "glob", "posixpath", "ntpath", "genericpath", "colorsys",
            "calendar", "statistics", "heapq", "bisect", "base64", "quopri", "html", "json", "json.encoder",
            "csv", "difflib", "filecmp", "fractions", "gettext", "ipaddress", "keyword", "locale", "mimetypes",

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     import tilespec
     from tilespec.engine.leases import release_compiled
     from tilespec.bench.config import EvalConfig
-    from tilespec.bench.data import load_dataset
+    from tilespec.datasets import load_dataset
     from tilespec.bench.harness import decode_chunk, make_decoder
     from tilespec.bench.tasks import TextTask
     if a.deterministic:

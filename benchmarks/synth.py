@@ -5,7 +5,7 @@ than read human speech depending on the word; WER on this set is not comparable 
 TED-LIUM or Common Voice numbers. What it gives is many (audio, exact transcript) pairs for accuracy checks of the
 exact methods against the baseline, and for speed / acceptance measurements on realistic decoder lengths.
 
-Layout of a set folder (``python -m benchmarks.synth --out DIR``; read by ``tilespec.bench.data.load_manifest``):
+Layout of a set folder (``python -m benchmarks.synth --out DIR``; read by ``tilespec.datasets.load_manifest``):
   * ``clips/<id>.flac`` (or ``.wav``): 16 kHz mono 16-bit PCM;
   * ``manifest.jsonl``: one JSON object per clip: ``id``, ``path`` (relative to the folder), ``transcript`` (the
     exact text given to espeak-ng), ``voice``, ``speed`` (words per minute), ``source`` (``xsum:<id>``),
@@ -36,7 +36,7 @@ import wave
 from pathlib import Path
 from typing import Optional
 
-from tilespec.bench.data import SYNTHETIC_CAVEAT as CAVEAT, SYNTHETIC_KIND as KIND, load_xsum
+from tilespec.datasets import SYNTHETIC_CAVEAT as CAVEAT, SYNTHETIC_KIND as KIND, load_xsum
 
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
 SPEEDS = (145, 160, 175)

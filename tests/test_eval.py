@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import tilespec.verify.kernels  # noqa: F401  (Triton interpreter on CPU before anything imports triton)
-from tilespec.bench import data, metrics
+from tilespec import datasets as data
+from tilespec.bench import metrics
 from tilespec.bench.config import EvalConfig
 from benchmarks.report.build import build_report
 from benchmarks.studies import STUDIES

@@ -10,7 +10,7 @@ from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.drafters import HeadDrafter, resolve_drafter
 from tilespec.exactness.stats import fit_test
 from tilespec.heads import DraftHead, HeadMismatch, HeadNotFound, config_for, load_head, target_identity
-from tilespec.heads.train import train_head
+from tilespec.training import train_head
 from tilespec.verify import SamplingParams
 
 from engine_models import exact_sequence_law, one_thread, tiny_lm  # noqa: F401  (one_thread: fixture)

@@ -39,12 +39,12 @@ def test_captured_decoding_survives_hf_static_generate(tmp_path):
 
 @pytest.mark.gpu
 @cuda
-def test_soak_has_no_failures(tmp_path):
+def test_soak_has_no_failures(tmp_path, request):
     """Every compile mode x drafter x temperature, B 1..16, prompts 1..8000 tokens, interleaved with transformers'
     plain and static-compiled generate and torch._dynamo.reset(): no crash, greedy = target-only up to bf16 ties,
-    memory flat. TILESPEC_SOAK_JSON keeps the record; TILESPEC_SOAK_ARGS overrides the size (default: 3 rounds)."""
-    out = Path(os.environ.get("TILESPEC_SOAK_JSON", tmp_path / "soak.json"))
-    extra = os.environ.get("TILESPEC_SOAK_ARGS", "--rounds 3").split()
+    memory flat. ``--soak-json PATH`` keeps the record; ``--soak-args "..."`` overrides the size (default: 3 rounds)."""
+    out = Path(request.config.getoption("soak_json") or tmp_path / "soak.json")
+    extra = request.config.getoption("soak_args").split()
     proc = _run("soak.py", "--json", str(out), *extra, timeout=3000)
     res = json.loads(out.read_text())
     assert proc.returncode == 0 and res["n_failures"] == 0, (res["failures"][:5], proc.stderr[-3000:])

@@ -39,9 +39,10 @@ def test_committed_chunk_reads_the_eval_record_by_example_index(tmp_path):
     raw = {"hf": [{"idx": [0, 1], "sequences": ["1 2 3", "4 5"]}, {"idx": [2, 3], "sequences": ["6", "7 8"]}],
            "fused": [{"idx": [0, 1], "sequences": ["1 2 3", "4 6"]}]}      # fused stopped after the first chunk
     path = tmp_path / "eval.json"
-    path.write_text(json.dumps({"runs": [{"raw": raw}]}))
-    assert rep.committed_chunk(str(path), 1, 2) == {"hf": [[4, 5], [6]]}  # only methods that hold every example
-    assert rep.committed_chunk(str(path), 0, 2) == {"hf": [[1, 2, 3], [4, 5]], "fused": [[1, 2, 3], [4, 6]]}
+    other = {"hf": [{"idx": [0, 1], "sequences": ["9", "9"]}]}                # another dataset's run comes first
+    path.write_text(json.dumps({"runs": [{"dataset": "xsum", "raw": other}, {"dataset": "cnndm", "raw": raw}]}))
+    assert rep.committed_chunk(str(path), 1, 2, "cnndm") == {"hf": [[4, 5], [6]]}  # only methods that hold every example
+    assert rep.committed_chunk(str(path), 0, 2, "cnndm") == {"hf": [[1, 2, 3], [4, 5]], "fused": [[1, 2, 3], [4, 6]]}
     assert rep.tokens("7 8") == [7, 8] and rep.tokens([7, 8]) == [7, 8]
 
 

@@ -160,7 +160,15 @@ def test_concurrent_requests_match_their_solo_runs(server):
     assert solo == [crowd[i] for i in (0, 5, 10, 19)]
 
 
-def test_disconnect_frees_the_row(server):
+def test_disconnect_frees_the_row(server, monkeypatch):
+    engine = server.app.state.worker.engine
+    step = engine.step
+
+    def slow_step():                       # so the request cannot finish before the server sees the disconnect
+        time.sleep(0.05)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     before = metric(server, "tilespec_requests_cancelled_total")
     with httpx.stream("POST", f"{server.url}/v1/completions", json=dict(
             model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:

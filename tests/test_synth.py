@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import synth, synth_espeak
-from tilespec.bench.data import load_synthetic
+from tilespec.datasets import load_synthetic
 
 ROWS = [dict(id="1", reference="The cat sat on the mat all day long."),
         dict(id="2", reference="Rain is expected across the north of England tomorrow.")]

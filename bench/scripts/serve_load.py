@@ -52,7 +52,7 @@ def load_prompts(task: str, limit: int, seed: int) -> list[str]:
         words = "alpha beta gamma delta code list sort value return tree node graph path".split()
         return [" ".join(rng.choice(words) for _ in range(rng.randrange(4, 24))) for _ in range(limit)]
     sys.path.insert(0, str(ROOT / "src"))
-    from tilespec.bench.data import load_task
+    from tilespec.datasets import load_task
     return [r["prompt"] for r in load_task(task, limit=limit, seed=seed)]
 
 

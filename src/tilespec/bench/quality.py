@@ -22,7 +22,7 @@ import torch
 
 from tilespec.env import run_record
 
-from .data import load_dataset
+from tilespec.datasets import load_dataset
 from .aggregate import clean
 from .config import EvalConfig
 from .harness import run_main
@@ -134,8 +134,8 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
                 record[key] = previous[key]
         record["stages_done"] = [s for s in previous.get("stages_done", []) if s != "main"]
     if cfg.dataset == "synthetic":
-        from .data import synthetic_dir
-        from .data import SYNTHETIC_CAVEAT
+        from tilespec.datasets import synthetic_dir
+        from tilespec.datasets import SYNTHETIC_CAVEAT
         record["note"] = f"{SYNTHETIC_CAVEAT} (XSum summaries spoken by espeak-ng; exact transcripts)"
         folder = synthetic_dir(data_path)
         meta = folder / "meta.json" if folder is not None else None

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .data import summarization_prompt
+from tilespec.datasets import summarization_prompt
 from .metrics import rouge1, wer
 
 

@@ -1,4 +1,4 @@
-"""``tilespec draft train``: train a draft head for a target by self-distillation (tilespec.heads.train)."""
+"""``tilespec draft train``: train a draft head for a target by self-distillation (tilespec.training)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 def run_train(args) -> int:
     from tilespec import models
-    from tilespec.heads.train import train_head
+    from tilespec.training import train_head
 
     from tilespec.env import pick_device, pick_dtype
 
@@ -37,7 +37,7 @@ def run_train(args) -> int:
 
 
 def run_prompts(args) -> int:
-    from tilespec.heads.data import offline_prompts
+    from tilespec.training.head_data import offline_prompts
 
     prompts, counts = offline_prompts(args.prompts, seed=args.seed, wheel=args.wheel)
     args.out.parent.mkdir(parents=True, exist_ok=True)

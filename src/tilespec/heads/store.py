@@ -86,7 +86,7 @@ def load_head(folder, target=None, *, target_name: Optional[str] = None, device=
     if not (folder / MANIFEST).is_file():
         hint = f" --target {target_name}" if target_name else " --target NAME"
         raise HeadNotFound(f"no trained draft head at {folder}. Train one with `tilespec draft train{hint}` "
-                           f"(or tilespec.heads.train_head(...)), or pass --draft PATH to a head folder")
+                           f"(or tilespec.training.train_head(...)), or pass --draft PATH to a head folder")
     manifest = read_manifest(folder)
     if target is not None:
         found = target_identity(target)

@@ -8,9 +8,9 @@ Public API::
 
 Heavy imports (transformers) happen inside the functions that need them.
 """
-from .cache import ChecksumError, DownloadError, fetch, is_cached, model_dir, model_path, tilespec_home
+from .cache import ChecksumError, DownloadError, is_cached, model_dir, model_path, tilespec_home
 from .layerskip import layer_skip_draft, num_decoder_layers, shares_weights
-from .loading import describe, load, resolve_dtype
+from .loading import describe, fetch, load, resolve_dtype
 from .pack import pack, unpack
 from .registry import REGISTRY, ModelEntry, ModelSpec, get_entry, parse_model_spec
 

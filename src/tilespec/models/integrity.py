@@ -112,13 +112,3 @@ def cache_state(name: str) -> str:
     if not is_cached(name):
         return "no"
     return "damaged" if entry_problems(name) else "yes"
-
-
-def repair_converted(name: str, log=print) -> None:
-    """Convert again every damaged ``hf-<dtype>/`` folder of the cached GGUF entry ``name`` (from its GGUF file)."""
-    from .loading import _load_gguf, resolve_dtype
-    folder = model_dir(name)
-    entry = get_entry(name)
-    for conv in sorted(folder.glob("hf-*")):
-        if conv.is_dir() and converted_problem(conv):
-            _load_gguf(folder / entry.source_name, folder, resolve_dtype(conv.name[3:]), True, log=log)

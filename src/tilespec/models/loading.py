@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import fetch, is_cached, model_dir, tilespec_home, verify_cached
+from .cache import fetch as fetch_files, is_cached, model_dir, tilespec_home, verify_cached
 from .integrity import converted_problem, record_converted
 from .registry import REGISTRY, closest_name, get_entry, parse_model_spec
 
@@ -205,3 +205,20 @@ def describe(model) -> dict:
 
 
 __all__ = ["load", "resolve_dtype", "describe", "gguf_cache_dir"]
+
+
+def repair_converted(name: str, log=print) -> None:
+    """Convert again every damaged ``hf-<dtype>/`` folder of the cached GGUF entry ``name`` (from its GGUF file)."""
+    folder = model_dir(name)
+    entry = get_entry(name)
+    for conv in sorted(folder.glob("hf-*")):
+        if conv.is_dir() and converted_problem(conv):
+            _load_gguf(folder / entry.source_name, folder, resolve_dtype(conv.name[3:]), True, log=log)
+
+
+def fetch(name: str, *, force: bool = False, find_links=None, log=print) -> Path:
+    """Fetch registry model ``name`` into the cache (:func:`tilespec.models.cache.fetch`: downloaded files checked,
+    fetched again when damaged), then convert again any converted folder whose record no longer matches."""
+    folder = fetch_files(name, force=force, find_links=find_links, log=log)
+    repair_converted(name, log=log)
+    return folder

@@ -194,7 +194,7 @@ def load_code_edit(path: Path | None = None) -> list[dict]:
     """Code-editing prompts ``{id, module, function, kind, instruction, source, python}`` (package file by default)."""
     if path is None:
         from importlib.resources import files
-        text = files("tilespec.bench").joinpath("assets", "code_edit.jsonl").read_text(encoding="utf-8")
+        text = files("tilespec").joinpath("assets", "code_edit.jsonl").read_text(encoding="utf-8")
     else:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no code-edit file at {path}")

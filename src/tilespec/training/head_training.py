@@ -1,6 +1,6 @@
-"""Self-distillation of a draft head (model.py) on the target's own responses: :func:`train_head`.
+"""Self-distillation of a draft head (tilespec.heads.model) on the target's own responses: :func:`train_head`.
 
-Budget split (``minutes``): responses ~30 % (data.generate_responses, the native runtime at a large batch), the
+Budget split (``minutes``): responses ~30 % (head_data.generate_responses, the native runtime at a large batch), the
 target's features (one teacher-forced pass, kept on the device), then training until the budget ends.
 Loss per training-time-test step k (weights 0.8^(k-1); response positions, prompt positions weighted
 ``prompt_weight``): cross-entropy of the head's draft-vocabulary distribution
@@ -23,9 +23,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .data import Sequences, generate_responses, offline_prompts, sequence_features, token_counts
-from .model import DraftHead, config_for
-from .store import head_dir, save_head, target_identity
+from .head_data import Sequences, generate_responses, offline_prompts, sequence_features, token_counts
+from tilespec.heads.model import DraftHead, config_for
+from tilespec.heads.store import head_dir, save_head, target_identity
 
 STATE = "train-state.pt"
 # the head's cost per draft token in target forwards, for the suggested γ (measured on an H100 for the 1.5B shape with

