@@ -27,7 +27,8 @@ from .tables import (BASELINE, _batch, _exact, _f, _is_gpu, _label, _methods, _o
                      approximate_table, noise_table, table1, table3, table5, table6)
 
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
-                  "engine-", "compile-", "repeatability-")
+                  "engine-", "compile-", "repeatability-", "heads-", "tensor-parallel-", "soak-", "graphs-",
+                  "whisper-", "demo-")
 
 
 def load_results(folder: Path) -> tuple[list, list]:

@@ -182,7 +182,8 @@ def headlines(docs: list) -> list[str]:
 
 
 def e2e_section(others: list) -> list[str]:
-    docs = [(Path(p), d) for p, d in others if Path(p).name.startswith("e2e-") and isinstance(d, dict)]
+    docs = [(Path(p), d) for p, d in others if isinstance(d, dict) and (Path(p).name.startswith("e2e-") or
+                                                                     _d(d.get("settings")).get("benchmark") == "e2e")]
     if not docs:
         return []
     docs.sort(key=lambda pd: (bool(_d(pd[1].get("settings")).get("random_init")), pd[0].name))
