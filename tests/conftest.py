@@ -1,11 +1,20 @@
-"""Test-session setup. Triton kernels run under its interpreter on machines without CUDA; the variable must be set
-before any module imports triton, so it is set here, before test modules are collected."""
+"""Test-session setup. Triton kernels run under its interpreter unless the run selects the ``gpu`` tests on a
+machine with CUDA: the CPU tiers pass CPU tensors to the kernels (as on CI), also on a GPU machine. The variable must
+be set before any module imports triton, so it is set in ``pytest_configure``, before test modules are collected
+(xdist workers run it too, with the same marker expression)."""
 import os
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+def _runs_gpu_tests(markexpr: str) -> bool:
+    words = markexpr.replace("(", " ").replace(")", " ").split()
+    return any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
+
+
+def pytest_configure(config):
+    if not (torch.cuda.is_available() and _runs_gpu_tests(config.option.markexpr or "")):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):
