@@ -59,6 +59,24 @@ def whisper_layer_skip(model, layers: int):
     return draft
 
 
+def stub_whisper_io(monkeypatch, target):
+    """Replace audio feature extraction and the decoder prompt with fixed stand-ins for ``target`` (a tiny Whisper),
+    and return a processor whose ``decode`` joins ids: ``tilespec.transcribe`` then runs on raw sample arrays."""
+    from tilespec.models import whisper
+    mels, frames = target.config.num_mel_bins, 2 * target.config.max_source_positions
+    monkeypatch.setattr(whisper, "features", lambda proc, audios, device, dtype: torch.randn(
+        len(audios), mels, frames, generator=torch.Generator().manual_seed(0)))
+    monkeypatch.setattr(whisper, "decoder_prompt", lambda model, proc, language="en": [1])
+
+    class Proc:
+        eos_token_id, pad_token_id = None, 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    return Proc()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: thread start-up costs more than the math. Use with ``pytestmark`` or autouse re-exports."""

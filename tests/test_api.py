@@ -9,7 +9,7 @@ from tilespec import env
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.prompts import encode_prompts
 
-from engine_models import layer_skip, tiny_lm, tiny_whisper, whisper_layer_skip
+from engine_models import layer_skip, stub_whisper_io, tiny_lm, tiny_whisper, whisper_layer_skip
 
 
 class ChatTokenizer:
@@ -76,22 +76,10 @@ def test_generate_is_the_decoder_with_options_and_sampling_fields(pair):
 
 def test_transcribe_takes_sample_arrays(monkeypatch):
     import numpy as np
-    from tilespec.models import whisper
     target = tiny_whisper(0)
     draft = whisper_layer_skip(target, 1)
-    mels = target.config.num_mel_bins
-    frames = 2 * target.config.max_source_positions
-    monkeypatch.setattr(whisper, "features", lambda proc, audios, device, dtype: torch.randn(
-        len(audios), mels, frames, generator=torch.Generator().manual_seed(0)))
-    monkeypatch.setattr(whisper, "decoder_prompt", lambda model, proc, language="en": [1])
-
-    class Proc:
-        eos_token_id, pad_token_id = None, 0
-
-        def decode(self, ids, skip_special_tokens=True):
-            return " ".join(map(str, ids))
-
-    out = tilespec.transcribe([np.zeros(16000, np.float32)] * 2, target=target, draft=draft, processor=Proc(),
+    out = tilespec.transcribe([np.zeros(16000, np.float32)] * 2, target=target, draft=draft,
+                              processor=stub_whisper_io(monkeypatch, target),
                               max_new_tokens=4)
     assert len(out.sequences) == 2 and len(out.texts) == 2
 

@@ -33,20 +33,13 @@ import numpy as np                                           # noqa: E402
 
 import tilespec                                              # noqa: E402
 from tilespec import api                                     # noqa: E402
-from tilespec.cli import main as cli_main                    # noqa: E402
 from tilespec.engine import SpeculativeDecoder, drafters     # noqa: E402
 from tilespec.verify import SamplingParams                   # noqa: E402
 
 from engine_models import layer_skip, tiny_lm                # noqa: E402
 from test_api import ChatTokenizer                           # noqa: E402
+from test_bad_inputs_cli import run_cli as _cli              # noqa: E402
 
-
-def _cli(argv, capsys):
-    try:
-        rc = cli_main(argv)
-    except SystemExit as exit_:
-        rc = exit_.code
-    return rc, capsys.readouterr().err
 
 
 @pytest.fixture

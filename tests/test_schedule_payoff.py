@@ -219,25 +219,14 @@ def test_transcribe_defaults_never_speculate_without_a_draft(monkeypatch):
 
     import tilespec
     from tilespec.cli import build_parser
-    from tilespec.models import whisper
 
-    from engine_models import tiny_whisper
+    from engine_models import stub_whisper_io, tiny_whisper
     args = build_parser().parse_args(["transcribe", "clip.flac"])
     assert args.draft is None and args.gamma_schedule == "optimal"
     assert inspect.signature(tilespec.transcribe).parameters["draft"].default is None
     target = tiny_whisper(0)
-    mels, frames = target.config.num_mel_bins, 2 * target.config.max_source_positions
-    monkeypatch.setattr(whisper, "features", lambda proc, audios, device, dtype: torch.randn(
-        len(audios), mels, frames, generator=torch.Generator().manual_seed(0)))
-    monkeypatch.setattr(whisper, "decoder_prompt", lambda model, proc, language="en": [1])
-
-    class Proc:
-        eos_token_id, pad_token_id = None, 0
-
-        def decode(self, ids, skip_special_tokens=True):
-            return " ".join(map(str, ids))
-
-    out = tilespec.transcribe([np.zeros(16000, np.float32)] * 2, target=target, processor=Proc(), max_new_tokens=6)
+    proc = stub_whisper_io(monkeypatch, target)
+    out = tilespec.transcribe([np.zeros(16000, np.float32)] * 2, target=target, processor=proc, max_new_tokens=6)
     assert out.stats.drafted == 0 and out.stats.method == "target-only"
     import tilespec.api as api
     seen = {}
@@ -245,5 +234,5 @@ def test_transcribe_defaults_never_speculate_without_a_draft(monkeypatch):
     monkeypatch.setattr(api, "_decoder", lambda t, d, tok, options: seen.update(options) or real(t, d, tok, options))
     from tilespec.models.layerskip import layer_skip_draft
     tilespec.transcribe([np.zeros(16000, np.float32)], target=target, draft=layer_skip_draft(target, 1),
-                        processor=Proc(), max_new_tokens=4)
+                        processor=proc, max_new_tokens=4)
     assert seen["gamma_schedule"] == "optimal"

@@ -97,6 +97,18 @@ def gather_buffer(buf: torch.Tensor, rows: torch.Tensor, slot_index: torch.Tenso
     return torch.gather(src, 2, idx)
 
 
+def gather_attr(obj, name: str, rows: torch.Tensor, slot_index: torch.Tensor) -> bool:
+    """Set ``obj.<name>`` (a K/V buffer [B, H, C, D]) to its :func:`gather_buffer`: copied back in place when the
+    shape is unchanged (static addresses survive for captured steps), else replaced. True when it was replaced."""
+    buf = getattr(obj, name)
+    new = gather_buffer(buf, rows, slot_index)
+    if new.shape == buf.shape:
+        buf.copy_(new)
+        return False
+    setattr(obj, name, new)
+    return True
+
+
 def gather_slots(caches: list[SlotCache], rows: torch.Tensor, slot_index: torch.Tensor) -> None:
     """Rebuild every buffer as ``buf[rows[i], :, slot_index[i, j]]`` (batch selection + per-request slot gather).
 
@@ -109,12 +121,7 @@ def gather_slots(caches: list[SlotCache], rows: torch.Tensor, slot_index: torch.
             if not getattr(layer, "is_initialized", False):
                 continue
             for name in ("keys", "values"):
-                buf = getattr(layer, name)
-                new = gather_buffer(buf, rows, slot_index)
-                if new.shape == buf.shape:
-                    buf.copy_(new)
-                else:
-                    setattr(layer, name, new)
+                gather_attr(layer, name, rows, slot_index)
 
 
 _CACHE_KW: dict = {}

@@ -27,7 +27,7 @@ import torch
 from tilespec.verify import rng
 from tilespec.verify.distributions import log_probs
 
-from ..cache import gather_buffer
+from ..cache import gather_attr
 from ..state import chunk_mask
 from .base import ContextDrafter, ContextState, Drafter
 
@@ -128,12 +128,7 @@ class HeadRunner:
 
     def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
         for name in ("k", "v"):
-            buf = getattr(self, name)
-            new = gather_buffer(buf, rows, slot_index)
-            if new.shape == buf.shape:
-                buf.copy_(new)
-            else:
-                setattr(self, name, new)
+            if gather_attr(self, name, rows, slot_index):
                 self.cache_version += 1
 
     def memory_bytes(self) -> int:
