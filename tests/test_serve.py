@@ -164,8 +164,8 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     engine = server.app.state.worker.engine
     step = engine.step
 
-    def slow_step():                       # so the request cannot finish before the server sees the disconnect
-        time.sleep(0.05)
+    def slow_step():                       # 80 tokens take >= 5 s: the server sees the disconnect long before
+        time.sleep(0.25)                   # (a loaded 2-core CI machine needed more than the 1 s that 0.05 s gave)
         return step()
 
     monkeypatch.setattr(engine, "step", slow_step)
