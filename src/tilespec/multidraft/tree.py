@@ -151,7 +151,7 @@ def _all_probs(target_logits, target_probs, sampling) -> torch.Tensor:
 def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *,
                 target_probs: Optional[torch.Tensor] = None, sampling: SamplingParams = SamplingParams(),
                 scheme: Union[str, SchemeSpec] = "specinfer", seed=0, offsets=0, sampler: str = "gumbel",
-                check_values: bool = True) -> TreeSelection:
+                check_values: bool = True, max_depth: Optional[int] = None) -> TreeSelection:
     """Select the accepted path of every tree; see the module docstring.
 
     Args:
@@ -162,6 +162,8 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         seed: int (request b uses seed + b) or [B]; offsets: int or [B] absolute position of the first draft
             token (depth-1 nodes): depth t draws with key (seed, offsets + t).
         sampler: 'gumbel' or 'cdf' (see :class:`~.common.Stream`).
+        max_depth: the trees' deepest level when the caller knows it (distinct trees then need no host sync, so
+            the selection can be captured in a CUDA graph); None = read it from the tree.
     """
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
@@ -183,13 +185,14 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
     seeds = rng.seeds_from(seed, b, dev)
     offs = torch.as_tensor(offsets, dtype=torch.int64, device=dev).expand(b)
     if tree.kind == "distinct":
-        return _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler)
+        return _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
+                                max_depth=max_depth)
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
     return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler)
 
 
 def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
-                     renormalise: bool = True) -> TreeSelection:
+                     renormalise: bool = True, max_depth: Optional[int] = None) -> TreeSelection:
     """``renormalise=False`` drops the division by the rejected siblings' mass: a wrong sampler, kept only as the
     exactness suite's power check."""
     b, n = tree.parents.shape
@@ -213,7 +216,8 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
     # chosen child of each node: the first child that passes
     child_of = (parents[:, None, :] == idx[None, :, None]) & passes[:, None, :]       # [B, parent, child]
     first = torch.where(child_of, idx[None, None, :], torch.full_like(child_of, n, dtype=torch.int64)).min(-1).values
-    max_depth = int(depth.max()) if n > 1 else 0
+    if max_depth is None:
+        max_depth = int(depth.max()) if n > 1 else 0
     path = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
     out = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
     node = torch.zeros(b, dtype=torch.int64, device=dev)
