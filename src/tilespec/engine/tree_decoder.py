@@ -33,9 +33,9 @@ from .inputs import check_request
 from .leases import shared_runner
 from .prompts import prompt_lists
 from .state import BatchState, left_pad, prefill_mask
-from .tree_step import TreeStepOutput, finish_step, runner_buffers, score_tree
+from .tree_step import TreeStepOutput, finish_step, score_tree
 
-TREE_MODES = ("native", "native-graphs")
+TREE_MODES = ("eager", "native", "native-graphs")
 
 
 @dataclass
@@ -82,7 +82,8 @@ class TreeDecoder:
         tree: (branch, depth, nodes) of the dynamic tree, nodes <= 64 including the root; chains: (K, L) K sampled
             chains of L tokens instead (then ``scheme`` selects: specinfer, spectr, is, ...).
         sampling: the target's SamplingParams (scalars); draft_sampling: the chains' draft law (default: sampling).
-        compile: "native" (eager, any device) or "native-graphs" / True (CUDA graphs; "native" on CPU).
+        compile: False / "eager" (transformers modules), "native" (the native decoder eagerly, any device) or
+            "native-graphs" / True (compiled, CUDA graphs; "native" on CPU).
         sampler: the categorical draw of the selection, 'cdf' (one uniform) or 'gumbel'.
     """
 
@@ -102,9 +103,10 @@ class TreeDecoder:
         dev = next(target.parameters()).device
         if compile is True:
             compile = "native-graphs" if dev.type == "cuda" else "native"
+        compile = "eager" if compile is False else compile
         if compile not in TREE_MODES:
-            raise ValueError(f"tree decoding runs on the native runtime: compile must be one of {TREE_MODES} or True, "
-                             f"got {compile!r}")
+            raise ValueError(f"tree decoding runs eagerly or on the native runtime: compile must be one of "
+                             f"{TREE_MODES}, True or False, got {compile!r}")
         if chains is not None:
             k, length = (int(x) for x in chains)
             if k < 1 or length < 1 or 1 + k * length > 64:
@@ -146,18 +148,20 @@ class TreeDecoder:
         return max(self.nodes, head_slots, self.depth + 1) + 1
 
     # ------------------------------------------------------------------ one step
-    def _device_step(self, hidden, valid, seq_len, seeds, write, target, head, key=None) -> tuple:
-        """Dynamic tree: the whole step on device tensors (capturable); returns TreeStepOutput fields."""
+    def _device_step(self, hidden, pending, valid, seq_len, seeds, write, target, head, key=None,
+                     write_slot=None) -> tuple:
+        """Dynamic tree: the whole step on device tensors (capturable with ``write_slot`` None); returns
+        TreeStepOutput fields."""
         branch, depth, nodes = self.tree
-        tree = propose_tree(head, hidden, valid, seq_len, write, branch, depth, nodes)
-        logits, feats = score_tree(target, tree, valid, seq_len, write, capture=head.features)
+        tree = propose_tree(head, hidden, pending, valid, seq_len, write, branch, depth, nodes)
+        logits, feats = score_tree(target, tree, valid, seq_len, write, capture=head.features, write_slot=write_slot)
         out = finish_step(target, head, tree, logits, feats, valid, seq_len, seeds, write, self.sampling,
                           self.scheme, self.sampler, max_depth=depth)
         return out.num_emitted, out.output_tokens, out.path_tokens, out.hidden
 
     def _step(self, state: BatchState, target, head, write: torch.Tensor, stats: TreeStats) -> TreeStepOutput:
         if self.tree is not None:
-            args = (state.hidden, state.valid, state.seq_len, state.seeds, write)
+            args = (state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write)
             graphs = self._graphs.get(id(target)) if self.compile == "native-graphs" else None
             if graphs is not None:
                 try:
@@ -168,11 +172,11 @@ class TreeDecoder:
                     warnings.warn(f"capturing the tree step failed ({err}); running it eagerly")
                     self._graphs[id(target)] = None
                     torch.cuda.synchronize(self.device)
-            res = self._device_step(*args, target, head)
+            res = self._device_step(*args, target, head, write_slot=state.write)
             return TreeStepOutput(*res, tree_sizes=None)
         k, length = self.chains
         resolved = resolve_sampling(self.draft_sampling, state.size, self.device)
-        tree = propose_chains(head, state.hidden, state.valid, state.seq_len, state.seeds, write, resolved, k, length)
+        tree = propose_chains(head, state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write, resolved, k, length)
         logits, feats = score_tree(target, tree, state.valid, state.seq_len, write, capture=head.features,
                                    write_slot=state.write)
         return finish_step(target, head, tree, logits, feats, state.valid, state.seq_len, state.seeds, write,
@@ -191,9 +195,11 @@ class TreeDecoder:
         ids, is_tok = left_pad(lists, self.pad_id, self.device)
         width = ids.shape[1]
         slack = 0 if batch == 1 else max_new_tokens * (self.depth + 1)
-        capacity = -(-(width + max_new_tokens + slack + self._window() + 2) // 256) * 256
-        target = shared_runner(self.target, "target", capacity, batch, self.compile)
-        runner_buffers(target)                                   # a transformers runner fails here, clearly
+        capacity = width + max_new_tokens + slack + self._window() + 2
+        if self.compile == "native-graphs":   # round up so prompts of similar length reuse the captured graphs
+            capacity = -(-capacity // 256) * 256
+        mode = False if self.compile == "eager" else self.compile
+        target = shared_runner(self.target, "target", capacity, batch, mode)
         head = self.drafter.runner(batch, capacity, target.mode)
         p = width - 1
         pad_valid = is_tok[:, :p]

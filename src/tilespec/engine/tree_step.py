@@ -74,6 +74,21 @@ def compact(buffers, write: torch.Tensor, path: torch.Tensor) -> None:
         buf.index_copy_(2, dst, buf.gather(2, idx))
 
 
+def compact_runner(runner, write: torch.Tensor, path: torch.Tensor) -> None:
+    """:func:`compact` on a runner: its slot buffers directly (native and head runners), else (transformers'
+    ModelRunner) through its ``select`` with a slot permutation that differs from the identity only in the window."""
+    if hasattr(runner, "caches") or hasattr(runner, "k"):
+        compact(runner_buffers(runner), write, path)
+        return
+    b, p = path.shape
+    cap = runner.capacity
+    idx = torch.arange(cap, device=path.device)
+    rel = idx - write
+    inside = (rel >= 0) & (rel < p)
+    src = write + path_slots(path).gather(1, rel.clamp(0, p - 1)[None, :].expand(b, cap))
+    runner.select(torch.arange(b, device=path.device), torch.where(inside[None, :], src, idx[None, :]))
+
+
 def runner_buffers(runner) -> list:
     """The slot K/V buffers of a native runner or a head runner (what :func:`compact` moves)."""
     if hasattr(runner, "caches"):
@@ -106,7 +121,7 @@ def finish_step(target, head, tree: TokenTree, logits, feats, valid, seq_len, se
     head's observe. ``max_depth``: the trees' depth when static (no host sync in the selection)."""
     sel = select_tree(tree, logits.float(), sampling=sampling, scheme=scheme, seed=seeds, offsets=seq_len,
                       sampler=sampler, check_values=False, max_depth=max_depth)
-    compact(runner_buffers(target), write, sel.path)
+    compact_runner(target, write, sel.path)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]
     path_tokens = torch.where(sel.path[:, 1:] >= 0, path_tokens, torch.full_like(path_tokens, -1))

@@ -43,8 +43,9 @@ def _grow(head_runner, feat, tokens, depth_t: int, width: int, anc_slots, valid,
     return head_runner.entries(feat, tokens, positions, mask, slot)
 
 
-def propose_tree(head_runner, hidden, valid, seq_len, write, branch: int, depth: int, nodes: int) -> TokenTree:
-    """EAGLE-2-style tree of ``nodes`` nodes (root included) -> a distinct :class:`TokenTree` [B, nodes]."""
+def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: int, depth: int,
+                 nodes: int) -> TokenTree:
+    """EAGLE-2-style tree of ``nodes`` nodes (root = ``pending`` [B]) -> a distinct :class:`TokenTree` [B, nodes]."""
     head = head_runner.head
     if nodes - 1 > tree_candidates(branch, depth):
         raise ValueError(f"a tree of {nodes} nodes needs more than the {tree_candidates(branch, depth)} candidates "
@@ -86,13 +87,13 @@ def propose_tree(head_runner, hidden, valid, seq_len, write, branch: int, depth:
     par_c = all_par.gather(1, keep)
     par_n = torch.where(par_c >= 0, node_of.gather(1, par_c.clamp(min=0)), torch.zeros_like(par_c))
     parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev), par_n], dim=1)
-    tokens = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev), all_tok.gather(1, keep)], dim=1)
+    tokens = torch.cat([pending[:, None], all_tok.gather(1, keep)], dim=1)
     return TokenTree(parents=parents, tokens=tokens, sizes=torch.full((b,), nodes, dtype=torch.int64, device=dev))
 
 
-def propose_chains(head_runner, hidden, valid, seq_len, seeds, write, resolved, chains: int,
+def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, resolved, chains: int,
                    length: int) -> TokenTree:
-    """K = ``chains`` sampled chains of ``length`` tokens under the root -> an iid :class:`TokenTree` with
+    """K = ``chains`` sampled chains of ``length`` tokens under the root (``pending`` [B]) -> an iid :class:`TokenTree` with
     1 + K L nodes (node 1 + (t - 1) K + j = chain j's token t) and draft_probs [B, N, V] (the processed head law
     each node's child was drawn from). ``resolved``: the draft's sampling (e.g. a draft temperature)."""
     head = head_runner.head
@@ -123,7 +124,7 @@ def propose_chains(head_runner, hidden, valid, seq_len, seeds, write, resolved, 
         feat = _grow(head_runner, feat, tok, t, k, anc, valid, seq_len, write)
         law = torch.exp(log_probs(head.full_logits(head.logits(feat).float()), resolved))  # [B, K, V]
         probs.append(law)
-    tokens = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=dev)] + toks, dim=1)
+    tokens = torch.cat([pending[:, None]] + toks, dim=1)
     idx = torch.arange(n, device=dev)
     par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)
     par[0] = -1

@@ -1,0 +1,166 @@
+"""Tree verification in the engine (engine/tree_step.py, drafters/head_tree.py, engine/tree_decoder.py) on tiny random
+models: the tree mask / positions / compaction, oracle trees whose accepted path sits at scattered node indices
+(token-identical to target-only greedy decoding, batched and ragged), the head's dynamic trees and sampled chains
+(token-identical at T = 0 on the eager and native runtimes), and the sequence law at T > 0."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.drafters import HeadDrafter
+from tilespec.engine.native.runner import NativeRunner
+from tilespec.engine.state import BatchState, left_pad, prefill_mask
+from tilespec.engine.tree_decoder import TreeDecoder
+from tilespec.engine.tree_step import compact, finish_step, score_tree, tree_mask, tree_positions
+from tilespec.exactness.stats import fit_test
+from tilespec.heads import DraftHead, config_for
+from tilespec.multidraft.tree import TokenTree, ancestors
+from tilespec.verify import SamplingParams
+
+from engine_models import exact_sequence_law, one_thread, tiny_lm  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+GREEDY = SamplingParams(temperature=0.0)
+VOCAB = 32
+
+
+def test_tree_mask_and_positions():
+    parents = torch.tensor([[-1, 0, 0, 1, -1]])
+    anc = ancestors(parents)
+    valid = torch.zeros(1, 12, dtype=torch.bool)
+    valid[0, [1, 2, 4]] = True                                   # committed context with a hole at 3
+    mask = tree_mask(valid, torch.tensor(5), anc)[0, 0]
+    seen = [mask[n].nonzero().squeeze(1).tolist() for n in range(5)]
+    assert seen == [[1, 2, 4, 5], [1, 2, 4, 5, 6], [1, 2, 4, 5, 7], [1, 2, 4, 5, 6, 8], [1, 2, 4, 9]]
+    assert tree_positions(torch.tensor([4]), anc).tolist() == [[3, 4, 4, 5, 3]]
+
+
+def test_compact_moves_the_path_to_consecutive_slots():
+    buf = torch.arange(2 * 1 * 12 * 1, dtype=torch.float32).view(2, 1, 12, 1).clone()
+    before = buf.clone()
+    path = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]])
+    compact([buf], torch.tensor(4), path)
+    assert buf[0, 0, 4:8, 0].tolist() == [before[0, 0, 4, 0], before[0, 0, 7, 0], before[0, 0, 9, 0],
+                                          before[0, 0, 7, 0]]
+    assert torch.equal(buf[1], before[1]) and torch.equal(buf[0, :, :4], before[0, :, :4])
+
+
+def _oracle_tree(correct: list, shape: int, pending: int) -> tuple[list, list]:
+    """Parents and tokens of an 8-node tree holding the correct continuation at scattered indices."""
+    c = correct + [0, 0, 0]
+    w = [(t + 1) % VOCAB for t in c]
+    if shape == 0:   # correct path 0 -> 3 -> 5 -> 6
+        return [-1, 0, 0, 0, 3, 3, 5, 1], [pending, w[0], (c[0] + 2) % VOCAB, c[0], w[1], c[1], c[2], c[1]]
+    # correct path only one deep (node 2), a wrong deep branch
+    return [-1, 0, 0, 1, 3, 2, -1, -1], [pending, w[0], c[0], c[1], c[2], w[1], 0, 0]
+
+
+@pytest.mark.parametrize("compile", [False, "native"])
+@torch.inference_mode()
+def test_oracle_trees_are_token_identical_to_target_only(compile):
+    target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
+    prompts = [[3, 9, 4, 1, 7], [5, 2]]
+    new = 18
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile=compile).generate(prompts, max_new_tokens=new)
+    runner = NativeRunner(target, 128, mode="native") if compile else None
+    if runner is None:
+        from tilespec.engine.runner import ModelRunner
+        runner = ModelRunner(target, 128)
+    ids, is_tok = left_pad(prompts, 0, "cpu")
+    p = ids.shape[1] - 1
+    positions = (is_tok[:, :p].long().cumsum(1) - 1).clamp(min=0)
+    runner.forward(ids[:, :p], positions, prefill_mask(is_tok[:, :p], 128), 0, keep=1)
+    state = BatchState.prefilled(ids, is_tok, 128, [0, 1], new, [])
+    out = [[], []]
+    counts = []
+    while min(len(o) for o in out) < new:
+        trees = [_oracle_tree(ref.sequences[b][len(out[b]):], b, int(state.pending[b])) for b in range(2)]
+        tree = TokenTree(parents=torch.tensor([t[0] for t in trees]), tokens=torch.tensor([t[1] for t in trees]),
+                         sizes=torch.tensor([8, 6]))
+        write = torch.tensor(state.write)
+        logits = score_tree(runner, tree, state.valid, state.seq_len, write, write_slot=state.write)
+        res = finish_step(runner, None, tree, logits, None, state.valid, state.seq_len, state.seeds, write, GREEDY,
+                          "specinfer", "cdf")
+        emitted = res.num_emitted.tolist()
+        for b in range(2):
+            out[b] += res.output_tokens[b, :emitted[b]].tolist()
+        state.commit(res.num_emitted, res.output_tokens, res.path_tokens, max(emitted) - 1)
+        counts.append(emitted)
+    assert [o[:new] for o in out] == ref.sequences
+    assert counts[:4] == [[4, 2]] * 4     # 3 drafts + 1 / 1 draft + 1 while the reference lasts: the path is kept
+
+
+def _random_head(target, vocab_ids=None, noise=0.0):
+    cfg = config_for(target) if vocab_ids is None else config_for(target, draft_vocab=len(vocab_ids))
+    head = DraftHead(cfg, vocab_ids=vocab_ids).init_from(target)
+    if noise:
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for prm in head.parameters():
+                prm.add_(noise * torch.randn_like(prm))
+    return head.bind(target).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("compile", [False, "native"])
+def test_head_trees_greedy_equal_target_only(compile):
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (6, 3, 9)]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile=compile).generate(prompts, max_new_tokens=20)
+    for shape in ({"tree": (4, 3, 12)}, {"tree": (2, 2, 3)}, {"chains": (2, 3)}):
+        dec = TreeDecoder(target, HeadDrafter(head), sampling=GREEDY, compile=compile, eos_token_id=[], **shape)
+        out = dec.generate(prompts, max_new_tokens=20)
+        assert out.sequences == ref.sequences, shape
+    assert dec.last_stats.steps > 0
+
+
+def test_eos_ends_a_request_early():
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target)
+    prompts = [[4, 7, 1], [9, 9, 2, 5]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=16)
+    eos = ref.sequences[1][5]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native",
+                             eos_token_id=eos).generate(prompts, max_new_tokens=16)
+    out = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
+                      eos_token_id=eos).generate(prompts, max_new_tokens=16)
+    assert out.sequences == ref.sequences
+
+
+LAW_VOCAB, LENGTH, N = 6, 3, 3000
+LAW_PROMPT = [1, 4, 2, 1, 4, 3, 5, 1, 4]
+
+
+@pytest.mark.parametrize("shape,sampling", [
+    ({"tree": (2, 3, 6)}, SamplingParams(temperature=1.0, top_k=4)),
+    ({"chains": (2, 2), "scheme": "spectr"}, SamplingParams(temperature=1.0)),
+])
+def test_tree_decoded_sequences_follow_the_target_law(shape, sampling):
+    target = tiny_lm(10, vocab=LAW_VOCAB, logit_scale=6.0)
+    head = _random_head(target, vocab_ids=torch.tensor([0, 2, 3, 5]), noise=0.3)
+    dec = TreeDecoder(target, HeadDrafter(head), sampling=sampling, eos_token_id=[], compile="native", **shape)
+    out = dec.generate([LAW_PROMPT] * N, max_new_tokens=LENGTH, seed=2024)
+    assert 1.05 < dec.last_stats.tokens_per_step < LENGTH           # accepts and rejects
+    index = [int(np.ravel_multi_index(q, [LAW_VOCAB] * LENGTH)) for q in out.sequences]
+    law = exact_sequence_law(target, sampling, LAW_PROMPT, LAW_VOCAB, LENGTH)
+    result = fit_test(np.bincount(index, minlength=LAW_VOCAB ** LENGTH), law)
+    assert result.impossible == 0
+    assert result.p_value > 1e-6, result
+
+
+def test_bad_settings_are_refused():
+    target = tiny_lm(0, vocab=VOCAB)
+    head = _random_head(target)
+    with pytest.raises(ValueError, match="nodes"):
+        TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 80))
+    with pytest.raises(ValueError, match="candidates"):
+        TreeDecoder(target, HeadDrafter(head), tree=(2, 2, 20))
+    with pytest.raises(ValueError, match="head"):
+        TreeDecoder(target, "ngram")
+    with pytest.raises(ValueError, match="scheme"):
+        TreeDecoder(target, HeadDrafter(head), chains=(2, 2), scheme="nope")
+    with pytest.raises(ValueError, match="compile"):
+        TreeDecoder(target, HeadDrafter(head), compile="graphs")
