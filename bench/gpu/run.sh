@@ -131,7 +131,10 @@ stage_exactness() {
   env_setup
   step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
     --samples 1000000 --json "$RES/exactness-gpu-h100.json"
-  tail -5 "$RES/exactness.log"; tarball exactness
+  tail -5 "$RES/exactness.log"
+  step exactness-tree 240 python3 -m tilespec check exactness --method tree --device cuda --samples 1000000 \
+    --json "$RES/exactness-tree-gpu-h100.json"
+  tail -3 "$RES/exactness-tree.log"; tarball exactness
 }
 
 stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in the carried tree
@@ -198,8 +201,20 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
               --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
       heads-hf)   # transformers' static-compiled generate against target-only (its compile takes ~1 min)
         args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
+      trees-t0|trees-t1|trees-md)   # after heads-train: the head's dynamic trees vs its chain vs target-only (t0, t1),
+                     # K = 1/2/4 sampled chains with sd/specinfer/spectr/is (md); XSum, B = 1 (bench/scripts/trees.py)
+        (( budget = ${TREES_BUDGET_S:-420} )); (( budget > left - 40 )) && budget=$(( left - 40 ))
+        ts "$stage: budget ${budget}s"
+        timeout $(( budget + 120 )) python3 bench/scripts/trees.py --stage "${stage#trees-}" \
+          --target qwen2.5-coder-1.5b-instruct --prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" \
+          --dtype bfloat16 --device cuda --xsum-wheel "$wheel" --chain-gamma "$(heads_gamma)" --budget-s "$budget" \
+          --max-seconds "${TREES_MAX_S:-90}" ${TREES_ARGS:-} ${E2E_ARGS:-} --json "$RES/$stage.json" \
+          > "$RES/$stage.log" 2>&1
+        ts "$stage: exit $?"; grep -E "tau|FAILED|budget|Error" "$RES/$stage.log" | tail -n 30; tarball e2e
+        continue ;;
       *) echo "unknown e2e stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 schedules-t0 schedules-t1" \
-              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-hf)" >&2; return 2 ;;
+              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-hf trees-t0 trees-t1 trees-md)" >&2
+         return 2 ;;
     esac
     ts "$stage: budget ${budget}s"
     timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \

@@ -46,11 +46,11 @@ def tables(seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
 
 def build_trees(shape: str, kind: str, ctx: torch.Tensor, draft: torch.Tensor, gen: torch.Generator,
                 duplicate: bool = False) -> TokenTree:
-    """One tree per row from the rows' last tokens ``ctx`` [R]."""
+    """One tree per row from the rows' last tokens ``ctx`` [R] (on ctx's device)."""
     parents_l, ranks_l = SHAPES[shape]
-    r, n = ctx.shape[0], len(parents_l)
-    parents = torch.tensor(parents_l, dtype=torch.int64).expand(r, n).clone()
-    tokens = torch.zeros(r, n, dtype=torch.int64)
+    r, n, dev = ctx.shape[0], len(parents_l), ctx.device
+    parents = torch.tensor(parents_l, dtype=torch.int64, device=dev).expand(r, n).clone()
+    tokens = torch.zeros(r, n, dtype=torch.int64, device=dev)
     tokens[:, 0] = ctx
     order = torch.argsort(draft, dim=-1, descending=True, stable=True)              # top-k of Q per context
     for i in range(1, n):
@@ -61,32 +61,33 @@ def build_trees(shape: str, kind: str, ctx: torch.Tensor, draft: torch.Tensor, g
         else:
             tokens[:, i] = torch.multinomial(draft[par_tok], 1, generator=gen).squeeze(1)
     probs = draft[tokens] if kind == "iid" else None
-    return TokenTree(parents=parents, tokens=tokens, sizes=torch.full((r,), n, dtype=torch.int64), kind=kind,
-                     draft_probs=probs)
+    return TokenTree(parents=parents, tokens=tokens, sizes=torch.full((r,), n, dtype=torch.int64, device=dev),
+                     kind=kind, draft_probs=probs)
 
 
 def _ragged(tree: TokenTree, gen: torch.Generator) -> TokenTree:
     """Cut every row's tree to a random prefix of its nodes (parents < n, so a prefix is a tree)."""
     r, n = tree.parents.shape
-    sizes = torch.randint(1, n + 1, (r,), generator=gen)
-    pad = torch.arange(n)[None, :] >= sizes[:, None]
+    sizes = torch.randint(1, n + 1, (r,), generator=gen, device=gen.device)
+    pad = torch.arange(n, device=sizes.device)[None, :] >= sizes[:, None]
     return TokenTree(parents=torch.where(pad, -1, tree.parents), tokens=torch.where(pad, -1, tree.tokens),
                      sizes=sizes, kind=tree.kind, draft_probs=tree.draft_probs)
 
 
 def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samples: int, alpha: float, seed: int,
               *, duplicate: bool = False, ragged: bool = False, planted: bool = False,
-              sampler: str = "gumbel") -> CaseResult:
-    """The law of the first three emitted tokens (see the module docstring)."""
+              sampler: str = "gumbel", device="cpu") -> CaseResult:
+    """The law of the first three emitted tokens (see the module docstring); the sampler runs on ``device``."""
     start = time.perf_counter()
     logits, draft = tables()
     exact_p = torch.exp(log_probs(logits[None].float(), resolve_sampling(sampling, 1, "cpu"))[0].to(DTYPE))
     exact_p = exact_p / exact_p.sum(-1, keepdim=True)
-    gen = torch.Generator().manual_seed(seed)
-    ctx = torch.zeros(samples, dtype=torch.int64)
-    out = torch.full((samples, EMIT), -1, dtype=torch.int64)
-    have = torch.zeros(samples, dtype=torch.int64)
-    seeds = seed * (1 << 24) + torch.arange(samples, dtype=torch.int64)
+    logits, draft = logits.to(device), draft.to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ctx = torch.zeros(samples, dtype=torch.int64, device=device)
+    out = torch.full((samples, EMIT), -1, dtype=torch.int64, device=device)
+    have = torch.zeros(samples, dtype=torch.int64, device=device)
+    seeds = seed * (1 << 24) + torch.arange(samples, dtype=torch.int64, device=device)
     rounds = 0
     while bool((have < EMIT).any()):
         rows = (have < EMIT).nonzero().squeeze(1)
@@ -107,7 +108,7 @@ def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samp
             have[rr] += 1
         ctx[rows] = out[rows, (have[rows] - 1).clamp(min=0)]
         rounds += 1
-    counts = torch.bincount((out[:, 0] * V + out[:, 1]) * V + out[:, 2], minlength=V ** EMIT).numpy()
+    counts = torch.bincount((out[:, 0] * V + out[:, 1]) * V + out[:, 2], minlength=V ** EMIT).cpu().numpy()
     law = (exact_p[0][:, None, None] * exact_p[:, :, None] * exact_p[None, :, :]).reshape(-1).numpy()
     fits = {"triple": fit_test(counts, law)}
     name = f"tree-{shape}-{kind}" + ("-dup" if duplicate else "") + ("-ragged" if ragged else "") + \
@@ -115,22 +116,23 @@ def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samp
          + (f"-p{sampling.top_p}" if sampling.top_p < 1 else ""))
     method = "tree:planted-no-renorm" if planted else f"tree:{scheme if kind == 'iid' else 'rrs'}"
     return summarize(name, method, samples, alpha, fits, time.perf_counter() - start, exact_method=not planted,
-                     note=f"V={V}; law of (y1, y2, y3) over {rounds} rounds" +
-                          ("; power check: must FAIL" if planted else ""))
+                     note=("power check: must FAIL; " if planted else "") +
+                          f"V={V}; law of (y1, y2, y3) over {rounds} rounds")
 
 
-def run_tree_exactness(samples: int, alpha: float = 1e-6, seed: int = 0) -> list[CaseResult]:
+def run_tree_exactness(samples: int, alpha: float = 1e-6, seed: int = 0, device="cpu") -> list[CaseResult]:
     """Every tree kind and scheme, filters, ragged trees, repeated siblings, and the planted-bias power check."""
     if samples < 100:
         raise ValueError(f"samples must be >= 100, got {samples}")
     t1, filt = SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.95)
-    cases = [tree_case("2-2-1", "distinct", "rrs", t1, samples, alpha, seed),
-             tree_case("2-2-1", "distinct", "rrs", filt, samples, alpha, seed + 1, sampler="cdf"),
-             tree_case("3-wide", "distinct", "rrs", t1, samples, alpha, seed + 2, duplicate=True, ragged=True)]
+    kw = {"device": device}
+    cases = [tree_case("2-2-1", "distinct", "rrs", t1, samples, alpha, seed, **kw),
+             tree_case("2-2-1", "distinct", "rrs", filt, samples, alpha, seed + 1, sampler="cdf", **kw),
+             tree_case("3-wide", "distinct", "rrs", t1, samples, alpha, seed + 2, duplicate=True, ragged=True, **kw)]
     for scheme, shape in (("specinfer", "chains-K2-L2"), ("spectr", "chains-K2-L2"), ("is", "chains-K2-L2"),
                           ("specinfer", "sampled-2x2")):
-        cases.append(tree_case(shape, "iid", scheme, t1, samples, alpha, seed + 3))
-    cases.append(tree_case("2-2-1", "distinct", "rrs", t1, samples, alpha, seed + 4, planted=True))
+        cases.append(tree_case(shape, "iid", scheme, t1, samples, alpha, seed + 3, **kw))
+    cases.append(tree_case("2-2-1", "distinct", "rrs", t1, samples, alpha, seed + 4, planted=True, **kw))
     return cases
 
 

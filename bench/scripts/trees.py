@@ -1,0 +1,171 @@
+"""Tree vs chain with the same draft head, and the seed-004 multi-draft schemes, on the fast runtime (B = 1).
+
+Systems per temperature (each prompt: one untimed warm-up run, then the timed run; tok/s = new tokens / wall time):
+  ar                       target-only (SpeculativeDecoder without a draft)
+  chain-g<G>               the head drafting a chain of G tokens (SpeculativeDecoder, draft="head")
+  tree-<b>-<d>-<n>         the head's EAGLE-2-style dynamic tree (TreeDecoder, tree=(b, d, n))
+  md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
+                           with sd (K = 1), specinfer, spectr or is (TreeDecoder, chains=(K, L))
+Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
+the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ).
+
+GPU (after `run.sh e2e heads-train`):  python bench/scripts/trees.py --xsum-wheel W --stage t0 --json OUT.json
+CPU smoke test (tiny random target and head):  python bench/scripts/trees.py --tiny --prompts 2 --max-new-tokens 8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tilespec.bench.e2e import add_arguments, environment, load_models, prompt_ids
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.drafters import HeadDrafter
+from tilespec.engine.tree_decoder import TreeDecoder
+from tilespec.verify import SamplingParams
+
+STAGES = {"t0": ([0.0], False), "t1": ([1.0], False), "md": ([1.0], True)}
+
+
+def _triples(text: str) -> list:
+    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    ap.set_defaults(draft="", task="xsum", batch_sizes=[1], compile="auto", methods=["fused"], ignore_eos=True)
+    ap.add_argument("--stage", choices=sorted(STAGES), default=None,
+                    help="t0 / t1: ar, chain, trees at T = 0 / 1; md: the multi-draft schemes at T = 1 "
+                         "(default: --temperature with trees, and the schemes where T > 0)")
+    ap.add_argument("--head", default="head", help="the head: 'head' (the target's trained head) or a folder")
+    ap.add_argument("--chain-gamma", type=int, default=4, help="the chain's draft length")
+    ap.add_argument("--trees", type=_triples, default=[(8, 6, 32), (10, 6, 48)],
+                    help="';'-separated branch,depth,nodes of the dynamic trees")
+    ap.add_argument("--chains", type=_triples, default=[(1, 5), (2, 5), (4, 5)], help="';'-separated K,L")
+    ap.add_argument("--schemes", default="specinfer,spectr,is", help="schemes for K >= 2 (K = 1 is sd)")
+    ap.add_argument("--draft-temperature", type=float, default=1.2, help="the sampled chains' draft temperature")
+    return ap.parse_args(argv)
+
+
+def _head(args, target):
+    if args.tiny:    # a random head on the tiny target (smoke test: tokens are exact, acceptance is low)
+        from tilespec.heads import DraftHead, config_for
+        head = DraftHead(config_for(target)).init_from(target).to(next(target.parameters()).device)
+        return HeadDrafter(head.to(next(target.parameters()).dtype).bind(target).eval().requires_grad_(False))
+    return HeadDrafter() if args.head == "head" else HeadDrafter(args.head)
+
+
+def _systems(args, temps, multidraft):
+    out = []
+    for temp in temps:
+        if not multidraft:
+            out += [(temp, "ar", None), (temp, f"chain-g{args.chain_gamma}", None)]
+            out += [(temp, "tree-%d-%d-%d" % t, {"tree": t}) for t in args.trees]
+        if multidraft and temp > 0:
+            for k, length in args.chains:
+                for scheme in (["sd"] if k == 1 else args.schemes.split(",")):
+                    out.append((temp, f"md-K{k}-L{length}-{scheme}", {"chains": (k, length), "scheme": scheme}))
+    return out
+
+
+def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
+    eos = {"eos_token_id": []} if args.ignore_eos else {}
+    if system == "ar":
+        return SpeculativeDecoder(target, None, sampling=sampling, tokenizer=tok, compile=compile, **eos)
+    if system.startswith("chain"):
+        return SpeculativeDecoder(target, drafter, gamma=args.chain_gamma, sampling=sampling, tokenizer=tok,
+                                  compile=compile, method=args.methods[0], **eos)
+    draft_sampling = SamplingParams(temperature=args.draft_temperature) if "chains" in cfg else None
+    return TreeDecoder(target, drafter, sampling=sampling, tokenizer=tok, compile=compile,
+                       draft_sampling=draft_sampling, **cfg, **eos)
+
+
+def _run_one(dec, ids, args, seed):
+    out = dec.generate([ids], max_new_tokens=args.max_new_tokens, seed=seed)
+    s = out.stats
+    calls = s.steps if hasattr(s, "nodes") else s.target_calls
+    return out.sequences[0], s.new_tokens, calls, s.wall_time
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    temps, multidraft = STAGES[args.stage] if args.stage else (args.temperatures, None)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.device in ("auto", "cuda") else "cpu")
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
+             "float32": torch.float32, "float16": torch.float16}[args.dtype]
+    compile = True if args.compile == "auto" else args.compile
+    target, _, tok = load_models(args, device, dtype)
+    drafter = _head(args, target)
+    drafter.attach(target)
+    prompts = prompt_ids(args, args.task.split(",")[0], tok, target.config.vocab_size)
+    systems = [] if multidraft else _systems(args, temps, False)
+    systems += _systems(args, temps, True) if multidraft in (None, True) else []
+    record = {"benchmark": "trees", "env": environment(device), "settings": {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "rows": []}
+    path = args.out or Path(f"trees-{args.target.split('/')[-1]}-{device.type}.json")
+    ar_tokens: dict = {}
+    t_start = time.perf_counter()
+    for temp, system, cfg in systems:
+        if args.budget_s and time.perf_counter() - t_start > args.budget_s:
+            print(f"budget: {system} at T={temp} skipped", file=sys.stderr)
+            continue
+        sampling = SamplingParams(temperature=temp)
+        row = {"system": system, "temperature": temp, "batch_size": 1, "prompts": 0, "new_tokens": 0,
+               "target_calls": 0, "wall_time": 0.0, "same_as_ar": 0}
+        try:
+            dec = _decoder(args, system, cfg or {}, target, drafter, tok, sampling, compile)
+            t_sys = time.perf_counter()
+            for i, ids in enumerate(prompts):
+                for _ in range(args.warmup):
+                    _run_one(dec, ids, args, seed=i)
+                seq, new, calls, wall = _run_one(dec, ids, args, seed=i)
+                row["prompts"] += 1
+                row["new_tokens"] += new
+                row["target_calls"] += calls
+                row["wall_time"] += wall
+                if system == "ar":
+                    ar_tokens[temp, i] = seq
+                elif temp == 0 and (temp, i) in ar_tokens:
+                    row["same_as_ar"] += int(ar_tokens[temp, i] == seq)
+                if args.max_seconds and time.perf_counter() - t_sys > args.max_seconds:
+                    break
+            if hasattr(dec, "last_stats") and getattr(dec.last_stats, "graphed", None) is not None:
+                row["graphed"] = dec.last_stats.graphed
+        except Exception as err:     # one failing system must not lose the others' numbers
+            row["error"] = f"{type(err).__name__}: {err}"
+            print(f"{system} T={temp}: FAILED {row['error']}", file=sys.stderr)
+        row["tokens_per_second"] = row["new_tokens"] / row["wall_time"] if row["wall_time"] else None
+        row["tau"] = row["new_tokens"] / row["target_calls"] if row["target_calls"] else None
+        record["rows"].append(row)
+        _compare(record["rows"])
+        path.write_text(json.dumps(record, indent=1))
+        tps = row["tokens_per_second"]
+        print(f"T={temp} {system:28s} tau {row['tau'] or 0:5.2f}  tok/s {tps or 0:8.1f}  "
+              f"{row.get('speedup_vs_chain') or 0:5.2f}x chain  {row.get('speedup_vs_ar') or 0:5.2f}x ar",
+              flush=True)
+    return 0
+
+
+def _compare(rows: list) -> None:
+    """speedup_vs_ar / speedup_vs_chain and tau_vs_chain for every row with a baseline at its temperature."""
+    for r in rows:
+        for name, key in (("ar", "speedup_vs_ar"), ("chain", "speedup_vs_chain")):
+            base = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].startswith(name)
+                         and b.get("tokens_per_second")), None)
+            if base is not None and r.get("tokens_per_second"):
+                r[key] = r["tokens_per_second"] / base["tokens_per_second"]
+                if name == "chain" and r.get("tau") and base.get("tau"):
+                    r["tau_vs_chain"] = r["tau"] / base["tau"]
+        sd = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].endswith("-sd")
+                   and b.get("tokens_per_second")), None)
+        if sd is not None and r["system"].startswith("md-") and r.get("tokens_per_second"):
+            r["speedup_vs_sd"] = r["tokens_per_second"] / sd["tokens_per_second"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
