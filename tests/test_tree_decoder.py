@@ -164,3 +164,26 @@ def test_bad_settings_are_refused():
         TreeDecoder(target, HeadDrafter(head), chains=(2, 2), scheme="nope")
     with pytest.raises(ValueError, match="compile"):
         TreeDecoder(target, HeadDrafter(head), compile="graphs")
+
+
+def test_generate_cli_tree_matches_target_only(monkeypatch, tmp_path):
+    import json
+
+    import tilespec.cli.generate as gen
+    from tilespec.cli import main
+    from test_engine_cli import ToyTokenizer
+
+    target = tiny_lm(0, logit_scale=20.0)
+    target.generation_config.eos_token_id = None
+    head = HeadDrafter(_random_head(target))
+    monkeypatch.setattr(gen, "load_pair", lambda t, d, device, dtype, log=None: (target, head if d else None,
+                                                                              ToyTokenizer()))
+    outs = {}
+    for name, extra in (("ar", []), ("tree", ["--draft", "head", "--tree", "8", "--tree-branch", "3",
+                                              "--tree-depth", "3"]),
+                        ("chains", ["--draft", "head", "--chains", "2,3", "--scheme", "spectr"])):
+        path = tmp_path / f"{name}.json"
+        assert main(["generate", "--target", "t", "--prompt", "hello", "--max-new-tokens", "10", "--json", str(path),
+                     "--device", "cpu", *extra]) == 0
+        outs[name] = json.loads(path.read_text())["tokens"]
+    assert outs["tree"] == outs["ar"] == outs["chains"]
