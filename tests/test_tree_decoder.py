@@ -187,3 +187,34 @@ def test_generate_cli_tree_matches_target_only(monkeypatch, tmp_path):
                      "--device", "cpu", *extra]) == 0
         outs[name] = json.loads(path.read_text())["tokens"]
     assert outs["tree"] == outs["ar"] == outs["chains"]
+
+
+class _TwiceGraphs:
+    """A CPU stand-in for GraphCache: static input copies, the function run twice (warm-up, then the replay), the
+    second output returned -- what a capture does to a step, so the step must be repeatable on the same inputs."""
+
+    calls = 0
+
+    def __init__(self, fn, max_graphs=256):
+        self.fn = fn
+
+    def __call__(self, *args, key=None):
+        static = tuple(a.clone() for a in args)
+        self.fn(*static, key=key)
+        _TwiceGraphs.calls += 1
+        return self.fn(*static, key=key)
+
+
+def test_captured_step_path_repeats_safely(monkeypatch):
+    """The whole-step graph path (warm-up run + replay on the same inputs) gives target-only's tokens."""
+    import tilespec.engine.tree_decoder as td
+    monkeypatch.setattr(td, "GraphCache", _TwiceGraphs)
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target)
+    prompts = [[3, 8, 1, 9], [2, 2, 7]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=16)
+    dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=GREEDY, compile="native",
+                      eos_token_id=[])
+    dec.capture_steps = True
+    out = dec.generate(prompts, max_new_tokens=16)
+    assert out.sequences == ref.sequences and out.stats.graphed and _TwiceGraphs.calls > 0

@@ -131,6 +131,7 @@ class TreeDecoder:
             pad_token_id = tokenizer.pad_token_id
         self.pad_id = int(pad_token_id) if pad_token_id is not None else (min(self.eos) if self.eos else 0)
         self._graphs: dict = {}
+        self.capture_steps = compile == "native-graphs"   # dynamic-tree steps as whole-step CUDA graphs
         self.last_stats: Optional[TreeStats] = None
 
     # ------------------------------------------------------------------ shapes
@@ -162,15 +163,16 @@ class TreeDecoder:
     def _step(self, state: BatchState, target, head, write: torch.Tensor, stats: TreeStats) -> TreeStepOutput:
         if self.tree is not None:
             args = (state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write)
-            graphs = self._graphs.get(id(target)) if self.compile == "native-graphs" else None
+            graphs = self._graphs.get((id(target), id(head))) if self.capture_steps else None
             if graphs is not None:
                 try:
-                    res = graphs(*args, key=(id(target), id(head)))
+                    # a runner that replaced its K/V buffers (new batch size, dropped rows) needs a new capture
+                    res = graphs(*args, key=(id(target), target.cache_version, id(head), head.cache_version))
                     stats.graphed = True
                     return TreeStepOutput(*(t.clone() for t in res), tree_sizes=None)
                 except RuntimeError as err:   # stay correct where a capture fails: eager from now on
                     warnings.warn(f"capturing the tree step failed ({err}); running it eagerly")
-                    self._graphs[id(target)] = None
+                    self._graphs[id(target), id(head)] = None
                     torch.cuda.synchronize(self.device)
             res = self._device_step(*args, target, head, write_slot=state.write)
             return TreeStepOutput(*res, tree_sizes=None)
@@ -207,8 +209,8 @@ class TreeDecoder:
         pmask = prefill_mask(pad_valid, capacity)
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
         state.hidden = head.prefill(target, ids, positions, pmask)
-        if self.compile == "native-graphs" and self.tree is not None and id(target) not in self._graphs:
-            self._graphs[id(target)] = GraphCache(
+        if self.capture_steps and self.tree is not None and (id(target), id(head)) not in self._graphs:
+            self._graphs[id(target), id(head)] = GraphCache(
                 lambda *a, key=None, t=target, h=head: self._device_step(*a, t, h, key=key))
         stats = TreeStats(requests=batch, nodes=self.nodes)
         sequences = [[] for _ in range(batch)]
