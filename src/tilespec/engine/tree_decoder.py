@@ -178,7 +178,8 @@ class TreeDecoder:
             return TreeStepOutput(*res, tree_sizes=None)
         k, length = self.chains
         resolved = resolve_sampling(self.draft_sampling, state.size, self.device)
-        tree = propose_chains(head, state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write, resolved, k, length)
+        tree = propose_chains(head, state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write,
+                              resolved, k, length)
         logits, feats = score_tree(target, tree, state.valid, state.seq_len, write, capture=head.features,
                                    write_slot=state.write)
         return finish_step(target, head, tree, logits, feats, state.valid, state.seq_len, state.seeds, write,

@@ -93,9 +93,10 @@ def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: in
 
 def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, resolved, chains: int,
                    length: int) -> TokenTree:
-    """K = ``chains`` sampled chains of ``length`` tokens under the root (``pending`` [B]) -> an iid :class:`TokenTree` with
-    1 + K L nodes (node 1 + (t - 1) K + j = chain j's token t) and draft_probs [B, N, V] (the processed head law
-    each node's child was drawn from). ``resolved``: the draft's sampling (e.g. a draft temperature)."""
+    """K = ``chains`` sampled chains of ``length`` tokens under the root (``pending`` [B]) -> an iid
+    :class:`TokenTree` with 1 + K L nodes (node 1 + (t - 1) K + j = chain j's token t) and draft_probs [B, N, V]
+    (the processed head law each node's child was drawn from). ``resolved``: the draft's sampling (e.g. a draft
+    temperature)."""
     head = head_runner.head
     b, dev = hidden.shape[0], hidden.device
     k = chains
