@@ -33,6 +33,12 @@ def tree_candidates(branch: int, depth: int) -> int:
     return branch + (depth - 1) * branch * branch
 
 
+def _own_slots(width: int, slots: int, depth_t: int, device) -> torch.Tensor:
+    """[1, F, S] bool: frontier node j at depth t owns draft slot (t - 1) F + j (no indexed writes: graph-safe)."""
+    own = (depth_t - 1) * width + torch.arange(width, device=device)
+    return (torch.arange(slots, device=device)[None, :] == own[:, None])[None]
+
+
 def _grow(head_runner, feat, tokens, depth_t: int, width: int, anc_slots, valid, seq_len, write):
     """Head entries of one frontier -> outputs [B, F, d]. feat [B, F, d] the parents' outputs, tokens [B, F],
     anc_slots [B, F, S] draft slots each node sees (its own included)."""
@@ -62,8 +68,7 @@ def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: in
     anc = torch.zeros(b, branch, max(slots, 1), dtype=torch.bool, device=dev)
     base = branch
     for t in range(1, depth):
-        anc = anc.clone()
-        anc[:, torch.arange(branch, device=dev), (t - 1) * branch + torch.arange(branch, device=dev)] = True
+        anc = anc | _own_slots(branch, anc.shape[-1], t, dev)
         out = _grow(head_runner, front_feat, tok, t, branch, anc, valid, seq_len, write)   # [B, k, d]
         lp = torch.log_softmax(head.logits(out).float(), dim=-1)                       # [B, k, Vd]
         s2, i2 = lp.topk(branch, dim=-1)                                                # [B, k, k]
@@ -120,8 +125,7 @@ def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, r
         if t == length:
             probs.append(torch.full((b, k, law.shape[-1]), 1.0 / law.shape[-1], device=dev))   # leaves: unused
             break
-        anc = anc.clone()
-        anc[:, torch.arange(k, device=dev), (t - 1) * k + torch.arange(k, device=dev)] = True
+        anc = anc | _own_slots(k, anc.shape[-1], t, dev)
         feat = _grow(head_runner, feat, tok, t, k, anc, valid, seq_len, write)
         law = torch.exp(log_probs(head.full_logits(head.logits(feat).float()), resolved))  # [B, K, V]
         probs.append(law)
