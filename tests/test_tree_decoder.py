@@ -218,3 +218,17 @@ def test_captured_step_path_repeats_safely(monkeypatch):
     dec.capture_steps = True
     out = dec.generate(prompts, max_new_tokens=16)
     assert out.sequences == ref.sequences and out.stats.graphed and _TwiceGraphs.calls > 0
+
+
+def test_context_trees_greedy_equal_target_only():
+    from tilespec.engine.drafters.context_tree import continuations, trie
+    assert continuations([1, 2, 3, 1, 2, 4, 1, 2], 3, 2) == [[4, 1], [3, 1]]
+    assert continuations([7, 2, 5, 1, 2, 4, 1, 2], 3, 2) == [[4, 1], [5, 1]]   # [5, 1]: from the 1-gram [2]
+    assert trie(2, [[4, 1], [3, 1], [4, 5]], 8) == ([-1, 0, 1, 0, 3, 1], [2, 4, 1, 3, 1, 5])
+    target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
+    prompts = [[3, 9, 4, 3, 9, 5, 3, 9, 4, 3], [5, 2, 5, 2, 5, 2]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=24)
+    dec = TreeDecoder(target, "ngram", tree=(4, 4, 12), sampling=GREEDY, compile="native", eos_token_id=[])
+    out = dec.generate(prompts, max_new_tokens=24)
+    assert out.sequences == ref.sequences
+    assert out.stats.tokens_per_step > 1.0

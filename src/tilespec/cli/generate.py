@@ -242,10 +242,13 @@ def register(sub) -> None:
     p.add_argument("--tp-check", action="store_true",
                    help="with --tp: check that every rank sees and emits the same tokens (debug)")
     p.add_argument("--tree", type=positive_int, default=None, metavar="N",
-                   help="verify a token tree of N nodes (<= 64, root included) per step, proposed by the draft head "
-                        "(--draft head or a head folder): EAGLE-2-style dynamic tree, exact at every temperature")
-    p.add_argument("--tree-branch", type=positive_int, default=8, help="--tree: children per expanded node")
-    p.add_argument("--tree-depth", type=positive_int, default=6, help="--tree: levels of the tree")
+                   help="verify a token tree of N nodes (<= 64, root included) per step, exact at every temperature: "
+                        "the draft head's EAGLE-2-style dynamic tree (--draft head or a head folder) or several "
+                        "n-gram matches of the context as branches (--draft ngram)")
+    p.add_argument("--tree-branch", type=positive_int, default=8,
+                   help="--tree: children per expanded node (ngram: matches)")
+    p.add_argument("--tree-depth", type=positive_int, default=6, help="--tree: levels of the tree (ngram: tokens "
+                   "per match)")
     p.add_argument("--chains", default=None, metavar="K,L",
                    help="verify K chains of L tokens sampled from the head (seed-004 multi-draft; --scheme)")
     p.add_argument("--scheme", default="specinfer", help="--chains: specinfer, spectr, is, is-lp, ... (sd for K=1)")

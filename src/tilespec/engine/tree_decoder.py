@@ -2,7 +2,8 @@
 
 Per step (B requests; state.py's slot layout): a draft head proposes a tree per request -- an EAGLE-2-style dynamic
 tree of ``nodes`` nodes (``tree=(branch, depth, nodes)``, deterministic drafts, any temperature) or K sampled chains
-(``chains=(K, L)``, the seed-004 multi-draft schemes: specinfer / spectr / is) -- ONE target forward scores every
+(``chains=(K, L)``, the seed-004 multi-draft schemes: specinfer / spectr / is), or the context proposes several
+n-gram matches as branches (``draft="ngram"``, drafters/context_tree.py) -- ONE target forward scores every
 node (tree mask, positions = depth; engine/tree_step.py), ``select_tree`` picks the accepted path exactly
 (multidraft/tree.py), the path's K/V are compacted to the next slots, and the head observes the path's features.
 One host read per step. On "native-graphs" (CUDA) a dynamic-tree step runs as ONE CUDA graph per (B, tree shape,
@@ -26,6 +27,8 @@ from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
 from .drafters.head import HeadDrafter
+from .drafters.base import ContextDrafter
+from .drafters.context_tree import context_trees
 from .drafters.head_tree import propose_chains, propose_tree, tree_candidates
 from .generation import eos_ids
 from .graphs import GraphCache
@@ -78,7 +81,9 @@ class TreeDecoder:
 
     Args:
         target: a Llama-family transformers model the native runtime supports.
-        draft: "head" (the target's trained head), a head folder, or a HeadDrafter.
+        draft: "head" (the target's trained head), a head folder, or a HeadDrafter; or "ngram" (a ContextDrafter
+            without a model): several matches of the context as branches (drafters/context_tree.py), with
+            tree=(matches, length, nodes).
         tree: (branch, depth, nodes) of the dynamic tree, nodes <= 64 including the root; chains: (K, L) K sampled
             chains of L tokens instead (then ``scheme`` selects: specinfer, spectr, is, ...).
         sampling: the target's SamplingParams (scalars); draft_sampling: the chains' draft law (default: sampling).
@@ -95,9 +100,14 @@ class TreeDecoder:
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
-        if not isinstance(drafter, HeadDrafter) or drafter.context is not None:
-            raise ValueError("tree decoding drafts with a head: draft='head', a head folder or a HeadDrafter")
-        drafter.attach(target)
+        self.context = isinstance(drafter, ContextDrafter) and drafter.model is None
+        if not self.context and (not isinstance(drafter, HeadDrafter) or drafter.context is not None):
+            raise ValueError("tree decoding drafts with a head (draft='head', a head folder or a HeadDrafter) or "
+                             "from the context (draft='ngram': several n-gram matches as branches)")
+        if self.context and chains is not None:
+            raise ValueError("context trees are deterministic drafts: use tree=(matches, length, nodes), not chains")
+        if not self.context:
+            drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         dev = next(target.parameters()).device
@@ -118,11 +128,11 @@ class TreeDecoder:
             if branch < 1 or depth < 1 or not 2 <= nodes <= 64:
                 raise ValueError(f"tree=(branch, depth, nodes) needs branch, depth >= 1 and 2 <= nodes <= 64, "
                                  f"got {tuple(tree)}")
-            if nodes - 1 > tree_candidates(branch, depth):
+            if not self.context and nodes - 1 > tree_candidates(branch, depth):
                 raise ValueError(f"tree {tuple(tree)}: at most {tree_candidates(branch, depth)} candidates for "
                                  f"{nodes - 1} nodes; raise branch or depth")
             self.tree, self.chains = (branch, depth, nodes), None
-        self.target, self.drafter, self.head = target, drafter, drafter.head
+        self.target, self.drafter, self.head = target, drafter, getattr(drafter, "head", None)
         self.scheme, self.sampling, self.sampler = scheme, sampling, sampler
         self.draft_sampling = draft_sampling or sampling
         self.compile, self.tokenizer, self.chat, self.device = compile, tokenizer, chat, dev
@@ -145,7 +155,8 @@ class TreeDecoder:
 
     def _window(self) -> int:
         """Slots from W that one step writes (target tree, head draft slots, observed path)."""
-        head_slots = (self.depth - 1) * (self.tree[0] if self.tree is not None else self.chains[0])
+        head_slots = 0 if self.context else \
+            (self.depth - 1) * (self.tree[0] if self.tree is not None else self.chains[0])
         return max(self.nodes, head_slots, self.depth + 1) + 1
 
     # ------------------------------------------------------------------ one step
@@ -160,7 +171,14 @@ class TreeDecoder:
                           self.scheme, self.sampler, max_depth=depth)
         return out.num_emitted, out.output_tokens, out.path_tokens, out.hidden
 
-    def _step(self, state: BatchState, target, head, write: torch.Tensor, stats: TreeStats) -> TreeStepOutput:
+    def _step(self, state: BatchState, target, head, write: torch.Tensor, stats: TreeStats,
+              histories: Optional[list] = None) -> TreeStepOutput:
+        if self.context:
+            matches, length, nodes = self.tree
+            tree = context_trees(histories, matches, length, nodes, self.device)
+            logits = score_tree(target, tree, state.valid, state.seq_len, write, write_slot=state.write)
+            return finish_step(target, None, tree, logits, None, state.valid, state.seq_len, state.seeds, write,
+                               self.sampling, self.scheme, self.sampler)
         if self.tree is not None:
             args = (state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write)
             graphs = self._graphs.get((id(target), id(head))) if self.capture_steps else None
@@ -203,14 +221,17 @@ class TreeDecoder:
             capacity = -(-capacity // 256) * 256
         mode = False if self.compile == "eager" else self.compile
         target = shared_runner(self.target, "target", capacity, batch, mode)
-        head = self.drafter.runner(batch, capacity, target.mode)
+        head = None if self.context else self.drafter.runner(batch, capacity, target.mode)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        state.hidden = head.prefill(target, ids, positions, pmask)
-        if self.capture_steps and self.tree is not None and (id(target), id(head)) not in self._graphs:
+        if head is not None:
+            state.hidden = head.prefill(target, ids, positions, pmask)
+        else:
+            target.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
+        if self.capture_steps and self.tree is not None and not self.context and (id(target), id(head)) not in self._graphs:
             self._graphs[id(target), id(head)] = GraphCache(
                 lambda *a, key=None, t=target, h=head: self._device_step(*a, t, h, key=key))
         stats = TreeStats(requests=batch, nodes=self.nodes)
@@ -221,11 +242,12 @@ class TreeDecoder:
             if state.write + self._window() > capacity:
                 slot_index, _ = state.plan_defrag()
                 rows = torch.arange(batch, device=self.device)
-                for runner in (target, head):
+                for runner in (target, head) if head is not None else (target,):
                     runner.select(rows, slot_index)
                 stats.defrags += 1
             write.fill_(state.write)
-            out = self._step(state, target, head, write, stats)
+            histories = [list(lists[i]) + sequences[i] for i in range(batch)] if self.context else None
+            out = self._step(state, target, head, write, stats, histories)
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync
             emitted = host[:, 0].tolist()
             state.commit(out.num_emitted, out.output_tokens, out.path_tokens, max(emitted) - 1)
