@@ -232,3 +232,19 @@ def test_context_trees_greedy_equal_target_only():
     out = dec.generate(prompts, max_new_tokens=24)
     assert out.sequences == ref.sequences
     assert out.stats.tokens_per_step > 1.0
+
+
+def test_defragmenting_mid_generation_keeps_tokens():
+    """No slack for the holes of ragged acceptance (context trees accept much more on the looping rows): the caches
+    are defragmented mid-generation, and finished rows keep no context."""
+    target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
+    prompts = [[3, 9, 4, 3, 9, 5, 3, 9, 4, 3], [5, 2, 7, 1], [8]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=40)
+    dec = TreeDecoder(target, "ngram", tree=(4, 4, 12), sampling=GREEDY, compile="native", eos_token_id=[],
+                      cache_slack=0)
+    out = dec.generate(prompts, max_new_tokens=40)
+    assert out.sequences == ref.sequences and out.stats.defrags > 0
+    head = _random_head(target)
+    dec = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
+                      eos_token_id=[], cache_slack=0)
+    assert dec.generate(prompts, max_new_tokens=40).sequences == ref.sequences and dec.last_stats.defrags > 0

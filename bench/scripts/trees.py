@@ -4,6 +4,7 @@ Systems per temperature (each prompt: one untimed warm-up run, then the timed ru
   ar                       target-only (SpeculativeDecoder without a draft)
   chain-g<G>               the head drafting a chain of G tokens (SpeculativeDecoder, draft="head")
   tree-<b>-<d>-<n>         the head's EAGLE-2-style dynamic tree (TreeDecoder, tree=(b, d, n))
+  ngram-g<G> / ctx-<m>-<l>-<n>   context drafting: one n-gram match as a chain / m matches as a tree (T = 0, 1)
   md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
                            with sd (K = 1), specinfer, spectr or is (TreeDecoder, chains=(K, L))
 Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
@@ -46,6 +47,8 @@ def parse(argv=None):
     ap.add_argument("--chain-gamma", type=int, default=4, help="the chain's draft length")
     ap.add_argument("--trees", type=_triples, default=[(8, 6, 32), (10, 6, 48)],
                     help="';'-separated branch,depth,nodes of the dynamic trees")
+    ap.add_argument("--context-trees", type=_triples, default=[(4, 6, 16)],
+                    help="';'-separated matches,length,nodes of context trees (with an ngram chain; '' = none)")
     ap.add_argument("--chains", type=_triples, default=[(1, 5), (2, 5), (4, 5)], help="';'-separated K,L")
     ap.add_argument("--schemes", default="specinfer,spectr,is", help="schemes for K >= 2 (K = 1 is sd)")
     ap.add_argument("--draft-temperature", type=float, default=1.2, help="the sampled chains' draft temperature")
@@ -66,6 +69,9 @@ def _systems(args, temps, multidraft):
         if not multidraft:
             out += [(temp, "ar", None), (temp, f"chain-g{args.chain_gamma}", None)]
             out += [(temp, "tree-%d-%d-%d" % t, {"tree": t}) for t in args.trees]
+            if args.context_trees:
+                out += [(temp, f"ngram-g{args.chain_gamma}", None)]
+                out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
         if multidraft and temp > 0:
             for k, length in args.chains:
                 for scheme in (["sd"] if k == 1 else args.schemes.split(",")):
@@ -77,11 +83,13 @@ def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
     eos = {"eos_token_id": []} if args.ignore_eos else {}
     if system == "ar":
         return SpeculativeDecoder(target, None, sampling=sampling, tokenizer=tok, compile=compile, **eos)
-    if system.startswith("chain"):
-        return SpeculativeDecoder(target, drafter, gamma=args.chain_gamma, sampling=sampling, tokenizer=tok,
-                                  compile=compile, method=args.methods[0], **eos)
+    if system.startswith(("chain", "ngram")):
+        return SpeculativeDecoder(target, drafter if system.startswith("chain") else "ngram", gamma=args.chain_gamma,
+                                  sampling=sampling, tokenizer=tok, compile=compile, method=args.methods[0], **eos)
+    cfg = dict(cfg)
+    draft = cfg.pop("draft", drafter)
     draft_sampling = SamplingParams(temperature=args.draft_temperature) if "chains" in cfg else None
-    return TreeDecoder(target, drafter, sampling=sampling, tokenizer=tok, compile=compile,
+    return TreeDecoder(target, draft, sampling=sampling, tokenizer=tok, compile=compile,
                        draft_sampling=draft_sampling, **cfg, **eos)
 
 
@@ -152,7 +160,8 @@ def main(argv=None) -> int:
 
 
 def _compare(rows: list) -> None:
-    """speedup_vs_ar / speedup_vs_chain and tau_vs_chain for every row with a baseline at its temperature."""
+    """speedup_vs_ar / speedup_vs_chain and tau_vs_chain for every row with a baseline at its temperature; context
+    trees against the ngram chain, sampled chains against their K = 1 (sd) row."""
     for r in rows:
         for name, key in (("ar", "speedup_vs_ar"), ("chain", "speedup_vs_chain")):
             base = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].startswith(name)
@@ -161,6 +170,11 @@ def _compare(rows: list) -> None:
                 r[key] = r["tokens_per_second"] / base["tokens_per_second"]
                 if name == "chain" and r.get("tau") and base.get("tau"):
                     r["tau_vs_chain"] = r["tau"] / base["tau"]
+        ngram = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].startswith("ngram")
+                      and b.get("tokens_per_second")), None)
+        if ngram is not None and r["system"].startswith("ctx-") and r.get("tokens_per_second"):
+            r["speedup_vs_ngram"] = r["tokens_per_second"] / ngram["tokens_per_second"]
+            r["tau_vs_ngram"] = r["tau"] / ngram["tau"] if r.get("tau") and ngram.get("tau") else None
         sd = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].endswith("-sd")
                    and b.get("tokens_per_second")), None)
         if sd is not None and r["system"].startswith("md-") and r.get("tokens_per_second"):

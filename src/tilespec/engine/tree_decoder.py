@@ -90,13 +90,15 @@ class TreeDecoder:
         compile: False / "eager" (transformers modules), "native" (the native decoder eagerly, any device) or
             "native-graphs" / True (compiled, CUDA graphs; "native" on CPU).
         sampler: the categorical draw of the selection, 'cdf' (one uniform) or 'gumbel'.
+        cache_slack: extra KV slots per request for the holes ragged acceptance leaves (default: max_new_tokens x
+            (depth + 1) when B > 1); when the write pointer reaches the capacity the caches are defragmented.
     """
 
     def __init__(self, target, draft="head", *, tree: Optional[Sequence[int]] = (8, 6, 32),
                  chains: Optional[Sequence[int]] = None, scheme: str = "specinfer",
                  sampling: SamplingParams = SamplingParams(), draft_sampling: Optional[SamplingParams] = None,
                  compile: bool | str = True, tokenizer=None, eos_token_id=None, pad_token_id: Optional[int] = None,
-                 chat: bool = True, sampler: str = "cdf"):
+                 chat: bool = True, sampler: str = "cdf", cache_slack: Optional[int] = None):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
@@ -140,6 +142,7 @@ class TreeDecoder:
         if pad_token_id is None and tokenizer is not None:
             pad_token_id = tokenizer.pad_token_id
         self.pad_id = int(pad_token_id) if pad_token_id is not None else (min(self.eos) if self.eos else 0)
+        self.cache_slack = cache_slack
         self._graphs: dict = {}
         self.capture_steps = compile == "native-graphs"   # dynamic-tree steps as whole-step CUDA graphs
         self.last_stats: Optional[TreeStats] = None
@@ -215,7 +218,8 @@ class TreeDecoder:
         t0 = time.perf_counter()
         ids, is_tok = left_pad(lists, self.pad_id, self.device)
         width = ids.shape[1]
-        slack = 0 if batch == 1 else max_new_tokens * (self.depth + 1)
+        slack = self.cache_slack if self.cache_slack is not None else \
+            (0 if batch == 1 else max_new_tokens * (self.depth + 1))
         capacity = width + max_new_tokens + slack + self._window() + 2
         if self.compile == "native-graphs":   # round up so prompts of similar length reuse the captured graphs
             capacity = -(-capacity // 256) * 256
@@ -261,6 +265,7 @@ class TreeDecoder:
                     sequences[i].append(tok)
                     if tok in self.eos or len(sequences[i]) >= max_new_tokens:
                         done[i] = True
+                        state.valid[i] = False     # a finished row keeps no context: it never fills the cache
                         break
         stats.new_tokens = sum(len(s) for s in sequences)
         stats.wall_time = time.perf_counter() - t0
