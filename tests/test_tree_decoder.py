@@ -159,7 +159,9 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="candidates"):
         TreeDecoder(target, HeadDrafter(head), tree=(2, 2, 20))
     with pytest.raises(ValueError, match="head"):
-        TreeDecoder(target, "ngram")
+        TreeDecoder(target, tiny_lm(1, vocab=VOCAB))             # a draft model: not a tree drafter (yet)
+    with pytest.raises(ValueError, match="chains"):
+        TreeDecoder(target, "ngram", chains=(2, 2))
     with pytest.raises(ValueError, match="scheme"):
         TreeDecoder(target, HeadDrafter(head), chains=(2, 2), scheme="nope")
     with pytest.raises(ValueError, match="compile"):
