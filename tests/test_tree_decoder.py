@@ -137,11 +137,16 @@ LAW_PROMPT = [1, 4, 2, 1, 4, 3, 5, 1, 4]
 @pytest.mark.parametrize("shape,sampling", [
     ({"tree": (2, 3, 6)}, SamplingParams(temperature=1.0, top_k=4)),
     ({"chains": (2, 2), "scheme": "spectr"}, SamplingParams(temperature=1.0)),
+    ({"chains": (2, 2), "scheme": "specinfer", "draft_sampling": SamplingParams(temperature=1.5)},
+     SamplingParams(temperature=1.0)),     # a draft model (its cache resynced every step), hotter drafts
 ])
 def test_tree_decoded_sequences_follow_the_target_law(shape, sampling):
+    from engine_models import layer_skip
     target = tiny_lm(10, vocab=LAW_VOCAB, logit_scale=6.0)
-    head = _random_head(target, vocab_ids=torch.tensor([0, 2, 3, 5]), noise=0.3)
-    dec = TreeDecoder(target, HeadDrafter(head), sampling=sampling, eos_token_id=[], compile="native", **shape)
+    draft = HeadDrafter(_random_head(target, vocab_ids=torch.tensor([0, 2, 3, 5]), noise=0.3))
+    if "draft_sampling" in shape:
+        draft = layer_skip(target, 1)
+    dec = TreeDecoder(target, draft, sampling=sampling, eos_token_id=[], compile="native", **shape)
     out = dec.generate([LAW_PROMPT] * N, max_new_tokens=LENGTH, seed=2024)
     assert 1.05 < dec.last_stats.tokens_per_step < LENGTH           # accepts and rejects
     index = [int(np.ravel_multi_index(q, [LAW_VOCAB] * LENGTH)) for q in out.sequences]
@@ -158,8 +163,12 @@ def test_bad_settings_are_refused():
         TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 80))
     with pytest.raises(ValueError, match="candidates"):
         TreeDecoder(target, HeadDrafter(head), tree=(2, 2, 20))
+    with pytest.raises(ValueError, match="chains"):
+        TreeDecoder(target, tiny_lm(1, vocab=VOCAB))             # a draft model proposes sampled chains
+    with pytest.raises(ValueError, match="vocabulary"):
+        TreeDecoder(target, tiny_lm(1, vocab=VOCAB + 1), chains=(2, 2))
     with pytest.raises(ValueError, match="head"):
-        TreeDecoder(target, tiny_lm(1, vocab=VOCAB))             # a draft model: not a tree drafter (yet)
+        TreeDecoder(target, [tiny_lm(1, vocab=VOCAB), "ngram"])
     with pytest.raises(ValueError, match="chains"):
         TreeDecoder(target, "ngram", chains=(2, 2))
     with pytest.raises(ValueError, match="scheme"):
@@ -250,3 +259,17 @@ def test_defragmenting_mid_generation_keeps_tokens():
     dec = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
                       eos_token_id=[], cache_slack=0)
     assert dec.generate(prompts, max_new_tokens=40).sequences == ref.sequences and dec.last_stats.defrags > 0
+
+
+@pytest.mark.parametrize("scheme,slack", [("specinfer", None), ("is", 0)])
+def test_draft_model_chains_greedy_equal_target_only(scheme, slack):
+    from engine_models import layer_skip
+    target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
+    draft = layer_skip(target, 1)
+    prompts = [[3, 9, 4, 3, 9, 5, 3, 9, 4, 3], [5, 2, 7, 1], [8]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=30)
+    dec = TreeDecoder(target, draft, chains=(2, 3), scheme=scheme, sampling=GREEDY, compile="native",
+                      eos_token_id=[], cache_slack=slack)
+    out = dec.generate(prompts, max_new_tokens=30)
+    assert out.sequences == ref.sequences and out.stats.tokens_per_step > 1.3
+    assert slack is None or out.stats.defrags > 0

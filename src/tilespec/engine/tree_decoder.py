@@ -27,9 +27,10 @@ from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
 from .drafters.head import HeadDrafter
-from .drafters.base import ContextDrafter
+from .drafters.base import ContextDrafter, ModelDrafter
 from .drafters.context_tree import context_trees
 from .drafters.head_tree import propose_chains, propose_tree, tree_candidates
+from .drafters.model_tree import Resync, propose_model_chains, resync_law
 from .generation import eos_ids
 from .graphs import GraphCache
 from .inputs import check_request
@@ -103,12 +104,22 @@ class TreeDecoder:
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
         self.context = isinstance(drafter, ContextDrafter) and drafter.model is None
-        if not self.context and (not isinstance(drafter, HeadDrafter) or drafter.context is not None):
-            raise ValueError("tree decoding drafts with a head (draft='head', a head folder or a HeadDrafter) or "
-                             "from the context (draft='ngram': several n-gram matches as branches)")
+        self.model_draft = isinstance(drafter, ModelDrafter)
+        if not (self.context or self.model_draft) and (not isinstance(drafter, HeadDrafter)
+                                                       or drafter.context is not None):
+            raise ValueError("tree decoding drafts with a head (draft='head', a head folder or a HeadDrafter), a "
+                             "draft model (chains=(K, L)) or from the context (draft='ngram': several n-gram matches "
+                             "as branches)")
         if self.context and chains is not None:
             raise ValueError("context trees are deterministic drafts: use tree=(matches, length, nodes), not chains")
-        if not self.context:
+        if self.model_draft:
+            if chains is None:
+                raise ValueError("a draft model proposes K sampled chains: pass chains=(K, L)")
+            tv = target.get_output_embeddings().weight.shape[0]
+            dv = drafter.model.get_output_embeddings().weight.shape[0]
+            if tv != dv:
+                raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
+        elif not self.context:
             drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -175,7 +186,15 @@ class TreeDecoder:
         return out.num_emitted, out.output_tokens, out.path_tokens, out.hidden
 
     def _step(self, state: BatchState, target, head, write: torch.Tensor, stats: TreeStats,
-              histories: Optional[list] = None) -> TreeStepOutput:
+              histories: Optional[list] = None, draft_law: Optional[torch.Tensor] = None) -> TreeStepOutput:
+        if self.model_draft:
+            k, length = self.chains
+            resolved = resolve_sampling(self.draft_sampling, state.size, self.device)
+            tree = propose_model_chains(head, draft_law, state.pending, state.valid, state.seq_len, state.seeds,
+                                        state.write, resolved, k, length)
+            logits = score_tree(target, tree, state.valid, state.seq_len, write, write_slot=state.write)
+            return finish_step(target, None, tree, logits, None, state.valid, state.seq_len, state.seeds, write,
+                               self.sampling, self.scheme, self.sampler)
         if self.context:
             matches, length, nodes = self.tree
             tree = context_trees(histories, matches, length, nodes, self.device)
@@ -225,16 +244,22 @@ class TreeDecoder:
             capacity = -(-capacity // 256) * 256
         mode = False if self.compile == "eager" else self.compile
         target = shared_runner(self.target, "target", capacity, batch, mode)
-        head = None if self.context else self.drafter.runner(batch, capacity, target.mode)
+        if self.model_draft:     # "head" below is the draft model's runner
+            head = shared_runner(self.drafter.model, "draft", capacity, batch, mode)
+        else:
+            head = None if self.context else self.drafter.runner(batch, capacity, target.mode)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        if head is not None:
+        if head is not None and not self.model_draft:
             state.hidden = head.prefill(target, ids, positions, pmask)
         else:
-            target.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
+            for runner in (target, head) if head is not None else (target,):
+                runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
+        resync = Resync.first(state.pending, state.seq_len, state.valid, state.write) if self.model_draft else None
+        draft_resolved = resolve_sampling(self.draft_sampling, batch, self.device)
         if self.capture_steps and self.tree is not None and not self.context and (id(target), id(head)) not in self._graphs:
             self._graphs[id(target), id(head)] = GraphCache(
                 lambda *a, key=None, t=target, h=head: self._device_step(*a, t, h, key=key))
@@ -243,18 +268,25 @@ class TreeDecoder:
         done = [False] * batch
         write = torch.zeros((), dtype=torch.int64, device=self.device)
         while not all(done):
+            draft_law = resync_law(head, resync, draft_resolved) if resync is not None else None   # before a defrag
             if state.write + self._window() > capacity:
                 slot_index, _ = state.plan_defrag()
                 rows = torch.arange(batch, device=self.device)
                 for runner in (target, head) if head is not None else (target,):
                     runner.select(rows, slot_index)
                 stats.defrags += 1
+                if resync is not None:    # the pending token's draft entry sat in a slot the defrag dropped
+                    draft_law = resync_law(head, Resync.first(state.pending, state.seq_len, state.valid,
+                                                              state.write), draft_resolved)
             write.fill_(state.write)
             histories = [list(lists[i]) + sequences[i] for i in range(batch)] if self.context else None
-            out = self._step(state, target, head, write, stats, histories)
+            out = self._step(state, target, head, write, stats, histories, draft_law)
             host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the one sync
             emitted = host[:, 0].tolist()
+            old = (state.pending, state.seq_len, state.valid, state.write)
             state.commit(out.num_emitted, out.output_tokens, out.path_tokens, max(emitted) - 1)
+            if resync is not None:
+                resync = Resync.after(*old, out.path_tokens, out.num_emitted, state.pending)
             state.hidden = out.hidden
             stats.steps += 1
             for i in range(batch):
