@@ -7,6 +7,7 @@ Systems per temperature (each prompt: one untimed warm-up run, then the timed ru
   ngram-g<G> / ctx-<m>-<l>-<n>   context drafting: one n-gram match as a chain / m matches as a tree (T = 0, 1)
   md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
                            with sd (K = 1), specinfer, spectr or is (TreeDecoder, chains=(K, L))
+  mdm-K<K>-L<L>-<scheme>   the same with the draft MODEL --md-draft (seed 004's setting; skipped if it cannot load)
 Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
 the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ).
 
@@ -52,6 +53,8 @@ def parse(argv=None):
     ap.add_argument("--chains", type=_triples, default=[(1, 5), (2, 5), (4, 5)], help="';'-separated K,L")
     ap.add_argument("--schemes", default="specinfer,spectr,is", help="schemes for K >= 2 (K = 1 is sd)")
     ap.add_argument("--draft-temperature", type=float, default=1.2, help="the sampled chains' draft temperature")
+    ap.add_argument("--md-draft", default="qwen2.5-coder-0.5b-instruct",
+                    help="draft model of the mdm-* rows ('' = none; --tiny: a 1-layer copy of the target)")
     return ap.parse_args(argv)
 
 
@@ -73,10 +76,35 @@ def _systems(args, temps, multidraft):
                 out += [(temp, f"ngram-g{args.chain_gamma}", None)]
                 out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
         if multidraft and temp > 0:
-            for k, length in args.chains:
-                for scheme in (["sd"] if k == 1 else args.schemes.split(",")):
-                    out.append((temp, f"md-K{k}-L{length}-{scheme}", {"chains": (k, length), "scheme": scheme}))
+            out.append((temp, "ar", None))
+            for prefix, extra in (("md", {}), ("mdm", {"draft": "model"})):
+                if prefix == "mdm" and not args.md_draft:
+                    continue
+                for k, length in args.chains:
+                    for scheme in (["sd"] if k == 1 else args.schemes.split(",")):
+                        out.append((temp, f"{prefix}-K{k}-L{length}-{scheme}",
+                                    {"chains": (k, length), "scheme": scheme, **extra}))
     return out
+
+
+def _draft_model(args, target, device, dtype):
+    """The mdm-* rows' draft model (cached on ``args``), or the reason it could not be loaded."""
+    if not hasattr(args, "_md_model"):
+        try:
+            if args.tiny:
+                from transformers import Qwen2ForCausalLM
+                cfg = target.config.to_dict()
+                cfg["num_hidden_layers"] = 1
+                cfg.pop("layer_types", None)
+                model = Qwen2ForCausalLM(type(target.config)(**cfg)).to(device=device, dtype=dtype).eval()
+                model.load_state_dict(target.state_dict(), strict=False)
+            else:
+                from tilespec.api import load
+                model, _ = load(args.md_draft, role="draft", device=device, dtype=dtype)
+            args._md_model = model
+        except Exception as err:      # e.g. its weights are not on this machine: the head's rows still run
+            args._md_model = f"{type(err).__name__}: {err}"
+    return args._md_model
 
 
 def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
@@ -88,6 +116,11 @@ def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
                                   sampling=sampling, tokenizer=tok, compile=compile, method=args.methods[0], **eos)
     cfg = dict(cfg)
     draft = cfg.pop("draft", drafter)
+    if draft == "model":
+        p = next(target.parameters())
+        draft = _draft_model(args, target, p.device, p.dtype)
+        if isinstance(draft, str):
+            raise RuntimeError(f"draft model {args.md_draft!r} not loaded: {draft}")
     draft_sampling = SamplingParams(temperature=args.draft_temperature) if "chains" in cfg else None
     return TreeDecoder(target, draft, sampling=sampling, tokenizer=tok, compile=compile,
                        draft_sampling=draft_sampling, **cfg, **eos)
@@ -175,9 +208,10 @@ def _compare(rows: list) -> None:
         if ngram is not None and r["system"].startswith("ctx-") and r.get("tokens_per_second"):
             r["speedup_vs_ngram"] = r["tokens_per_second"] / ngram["tokens_per_second"]
             r["tau_vs_ngram"] = r["tau"] / ngram["tau"] if r.get("tau") and ngram.get("tau") else None
+        family = r["system"].split("-")[0]
         sd = next((b for b in rows if b["temperature"] == r["temperature"] and b["system"].endswith("-sd")
-                   and b.get("tokens_per_second")), None)
-        if sd is not None and r["system"].startswith("md-") and r.get("tokens_per_second"):
+                   and b["system"].startswith(family + "-") and b.get("tokens_per_second")), None)
+        if sd is not None and family in ("md", "mdm") and r.get("tokens_per_second"):
             r["speedup_vs_sd"] = r["tokens_per_second"] / sd["tokens_per_second"]
 
 
