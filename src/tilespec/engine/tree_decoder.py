@@ -260,7 +260,8 @@ class TreeDecoder:
                 runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)
         resync = Resync.first(state.pending, state.seq_len, state.valid, state.write) if self.model_draft else None
         draft_resolved = resolve_sampling(self.draft_sampling, batch, self.device)
-        if self.capture_steps and self.tree is not None and not self.context and (id(target), id(head)) not in self._graphs:
+        dynamic_tree = self.tree is not None and not self.context
+        if self.capture_steps and dynamic_tree and (id(target), id(head)) not in self._graphs:
             self._graphs[id(target), id(head)] = GraphCache(
                 lambda *a, key=None, t=target, h=head: self._device_step(*a, t, h, key=key))
         stats = TreeStats(requests=batch, nodes=self.nodes)
