@@ -11,7 +11,8 @@
 #   bash bench/gpu/run.sh verify                # verify benchmark with filters, transformers and FlashInfer in one process
 #   bash bench/gpu/run.sh e2e [STAGE ...]       # end-to-end tok/s on the real Qwen pair (runtime-t0|t1, drafters-t0|t1,
 #                                               # schedules-t0|t1: optimal never below 0.97x; schedules-asr: whisper-base;
-#                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed)
+#                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed;
+#                                               # trees-t0|t1|md after heads-train: token trees, multi-draft schemes)
 #   bash bench/gpu/run.sh eval [STAGE ...]      # paper-scale evaluation, resumable (xsum-t0 ... multidraft)
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
