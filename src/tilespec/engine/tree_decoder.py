@@ -134,7 +134,9 @@ class TreeDecoder:
             k, length = (int(x) for x in chains)
             if k < 1 or length < 1 or 1 + k * length > 64:
                 raise ValueError(f"chains=(K, L) needs K, L >= 1 and 1 + K L <= 64 nodes, got {tuple(chains)}")
-            parse_scheme(scheme)
+            # each candidate is judged under the law it was sampled from (its own chain's forward); SpecTr is defined
+            # for identical drafts, so it takes the first alive chain's law for all (equal up to float rounding)
+            self._identical = parse_scheme(scheme).kind == "spectr"
             self.chains, self.tree = (k, length), None
         else:
             branch, depth, nodes = (int(x) for x in tree)
@@ -192,6 +194,7 @@ class TreeDecoder:
             resolved = resolve_sampling(self.draft_sampling, state.size, self.device)
             tree = propose_model_chains(head, draft_law, state.pending, state.valid, state.seq_len, state.seeds,
                                         state.write, resolved, k, length)
+            tree.identical = self._identical
             logits = score_tree(target, tree, state.valid, state.seq_len, write, write_slot=state.write)
             return finish_step(target, None, tree, logits, None, state.valid, state.seq_len, state.seeds, write,
                                self.sampling, self.scheme, self.sampler)
@@ -220,6 +223,7 @@ class TreeDecoder:
         resolved = resolve_sampling(self.draft_sampling, state.size, self.device)
         tree = propose_chains(head, state.hidden, state.pending, state.valid, state.seq_len, state.seeds, write,
                               resolved, k, length)
+        tree.identical = self._identical
         logits, feats = score_tree(target, tree, state.valid, state.seq_len, write, capture=head.features,
                                    write_slot=state.write)
         return finish_step(target, head, tree, logits, feats, state.valid, state.seq_len, state.seeds, write,
