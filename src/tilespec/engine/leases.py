@@ -47,7 +47,9 @@ def in_use(runner) -> bool:
 
 
 def lease(gen, runners) -> None:
-    """Lease to ``gen`` every runner of ``runners`` that is a shared (cached) runner."""
+    """Lease to ``gen`` every runner of ``runners`` that is a shared (cached) runner (a draft model's DraftRunner:
+    its model runner)."""
     for runner in runners:
+        runner = getattr(runner, "model_runner", runner)
         if runner is not None and any(runner is r for r in _COMPILED_RUNNERS.values()):
             _LEASES[id(runner)] = weakref.ref(gen)
