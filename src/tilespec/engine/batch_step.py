@@ -36,8 +36,8 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
               counts: Optional[torch.Tensor], sampling, resolved, method: str, method_options: tuple, pad: int,
               graphs: bool, live: list) -> torch.Tensor:
     """Run one step over rows [0, rows) of ``state`` and return the host copy [rows, 1 + K + 1] of (num_emitted,
-    output tokens); ``state`` is updated (write pointer included). ``draft``: the drafter's DraftRunner (a draft
-    model's: its ``model_runner`` is narrowed too) or None; ``gamma``: tokens it proposes (0: none);
+    output tokens); ``state`` is updated (write pointer included). ``draft``: the drafter's DraftRunner (the model
+    runners it owns are narrowed too) or None; ``gamma``: tokens it proposes (0: none);
     ``context``: [rows, K] drafts from a context drafter (or None); ``counts``: [rows] per-row draft lengths (None:
     no drafts); ``graphs``: run on ``fast`` (StepGraphs); ``live``: the live row indices (they set how far W moves)."""
     sub = BatchState(write=state.write, rows=list(range(rows)), eos=state.eos,
@@ -45,7 +45,7 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
     timer = PhaseTimer(state.valid.device)
     proposal = Proposal(context, counts=counts) if context is not None else None
     caps = counts if context is None else None
-    with first_rows((target, getattr(draft, "model_runner", None)), rows):
+    with first_rows((target, *(draft.runners if draft is not None else ())), rows):
         if graphs:
             out = fast.step(sub, gamma, sampling, resolved, method, timer, context=proposal, counts=caps,
                             method_options=method_options)

@@ -75,6 +75,7 @@ class DraftRunner:
     features: tuple = ()
     observes: bool = False
     scores_context: bool = False
+    runners: tuple = ()       # model runners it owns (leased and narrowed with the target's runner)
     cache_version: int = 0
     compile_seconds: float = 0.0
 

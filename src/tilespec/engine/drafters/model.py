@@ -26,6 +26,7 @@ class ModelDraftRunner(DraftRunner):
 
     def __init__(self, model_runner):
         self.model_runner = model_runner
+        self.runners = (model_runner,)
 
     def __getattr__(self, name):          # mode, cache_version, compile_seconds, capacity, ... of the runner
         if name == "model_runner":
