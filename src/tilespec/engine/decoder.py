@@ -91,7 +91,7 @@ class SpeculativeDecoder:
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
-        if hasattr(drafter, "attach"):     # drafters that belong to one target (a trained head) load / check here
+        if drafter is not None:     # a draft model must match the target; a trained head loads / checks here
             drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -102,17 +102,6 @@ class SpeculativeDecoder:
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
         self.method_options = get_method(method).resolve_options(method_options)  # bad ones fail here, not mid-run
         draft = drafter.model if drafter is not None else None
-        if draft is not None:
-            if is_encoder_decoder(target) != is_encoder_decoder(draft):
-                raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
-            tv = target.get_output_embeddings().weight.shape[0]
-            dv = draft.get_output_embeddings().weight.shape[0]
-            if tv != dv:
-                raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
-            t_dev, d_dev = next(target.parameters()).device, next(draft.parameters()).device
-            if t_dev != d_dev:
-                raise ValueError(f"target is on {t_dev} but draft on {d_dev}: move both to one device, "
-                                 f"e.g. draft.to(target.device)")
         self.target, self.draft, self.drafter = target, draft, drafter
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
         self.fallback_below = fallback_below
@@ -189,7 +178,7 @@ class SpeculativeDecoder:
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        features = () if skip else draft.features     # hidden states the drafter reads (a head), if any
+        features = () if skip else draft.features     # hidden states the drafter reads, if any
         out = target.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and target.mode == "native-graphs",
                              **({"capture": features} if features else {}))
         if not skip:

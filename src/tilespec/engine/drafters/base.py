@@ -147,6 +147,13 @@ class Drafter:
         from .model import model_draft_runner
         return model_draft_runner(self.model, batch, capacity, target=target, compile=compile)
 
+    def attach(self, target) -> None:
+        """Called once by the decoder: check the draft model (if any) against ``target`` (same architecture kind,
+        vocabulary and device)."""
+        if self.model is not None:
+            from .model import check_draft_model
+            check_draft_model(target, self.model)
+
 
 class ModelDrafter(Drafter):
     """Drafts with a model: γ autoregressive draft forwards per step (drafters/model.py)."""

@@ -88,6 +88,22 @@ class ModelDraftRunner(DraftRunner):
                    view.write)
 
 
+def check_draft_model(target, draft) -> None:
+    """A draft model must match its target: both decoder-only or both encoder-decoder, one vocabulary, one device."""
+    from ..runner import is_encoder_decoder
+
+    if is_encoder_decoder(target) != is_encoder_decoder(draft):
+        raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
+    tv = target.get_output_embeddings().weight.shape[0]
+    dv = draft.get_output_embeddings().weight.shape[0]
+    if tv != dv:
+        raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
+    t_dev, d_dev = next(target.parameters()).device, next(draft.parameters()).device
+    if t_dev != d_dev:
+        raise ValueError(f"target is on {t_dev} but draft on {d_dev}: move both to one device, "
+                         f"e.g. draft.to(target.device)")
+
+
 def as_draft_runner(model_runner) -> Optional[ModelDraftRunner]:
     """The one :class:`ModelDraftRunner` of a model runner (kept on it, so a shared compiled runner keeps one
     drafter, and the captured steps keyed by it are reused across generations); None for None."""
