@@ -35,7 +35,7 @@ from .inputs import check_request
 from .leases import lease, release_compiled, shared_runner  # noqa: F401  (release_compiled: public)
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .prompts import prompt_lists, warmup_inputs
-from .runner import is_encoder_decoder, shares_encoder
+from .runner import is_encoder_decoder
 from .state import BatchState, left_pad, prefill_mask
 from .step import drafts_on_device, speculative_step
 from .step_graph import step_graphs_for
@@ -170,7 +170,7 @@ class SpeculativeDecoder:
         if encdec:
             enc = target.encode(input_features)
             if draft is not None:
-                draft.encode(input_features, shared=enc if shares_encoder(self.target, self.draft) else None)
+                draft.encode(input_features, enc)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -220,8 +220,8 @@ class SpeculativeDecoder:
                 gamma = max(len(d) for d in drafts)
             elif gen.draft is None:
                 gamma = 0                                # no match and no model: a target-only step
-        use_model = gen.draft is not None and not fallback
-        runners = (gen.target, gen.draft) if use_model else (gen.target,)  # a fallen-back draft is never used
+        use_draft = gen.draft is not None and not fallback
+        runners = (gen.target, gen.draft) if use_draft else (gen.target,)  # a fallen-back draft is never used
         if fallback:
             stats.fallback_steps += 1
             if stats.fallback_at_step is None:
@@ -234,11 +234,11 @@ class SpeculativeDecoder:
                 runner.select(rows, slot_index)
             stats.defrags += 1
         context = gen.draft_tensors(drafts, gamma, self.pad_id) if drafts is not None else None
-        draft = gen.draft if use_model else None
+        draft = gen.draft if use_draft else None
         committed = gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
         if committed:   # the whole step in captured graphs, commit included (step_graph.py)
             out = gen.fast.step(state, gamma, gen.sampling, gen.resolved, self.method, timer, context=context,
-                                method_options=self.method_options, lagged=lagged, use_draft=use_model)
+                                method_options=self.method_options, lagged=lagged, use_draft=use_draft)
         else:
             out = speculative_step(gen.target, draft, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,

@@ -79,8 +79,8 @@ class DraftRunner:
     cache_version: int = 0
     compile_seconds: float = 0.0
 
-    def encode(self, input_features: torch.Tensor, shared: Optional[torch.Tensor] = None) -> None:
-        """Encoder-decoder targets: the encoder output, ``shared`` when the drafter reuses the target's."""
+    def encode(self, input_features: torch.Tensor, target_encoded: torch.Tensor) -> None:
+        """Encoder-decoder targets: run (or reuse: ``target_encoded``, the target's encoder output) an encoder."""
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 features: Optional[torch.Tensor], short: bool) -> Optional[torch.Tensor]:

@@ -51,8 +51,10 @@ class ModelDraftRunner(DraftRunner):
     def memory_bytes(self) -> int:
         return self.model_runner.memory_bytes()
 
-    def encode(self, input_features: torch.Tensor, shared: Optional[torch.Tensor] = None) -> None:
-        self.model_runner.encode(input_features, shared=shared)
+    shares_encoder = False      # the draft reuses the target's encoder weights (set per target, model_draft_runner)
+
+    def encode(self, input_features: torch.Tensor, target_encoded: torch.Tensor) -> None:
+        self.model_runner.encode(input_features, shared=target_encoded if self.shares_encoder else None)
 
     def prefill(self, ids, positions, mask, features, short: bool):
         p = ids.shape[1] - 1
@@ -118,5 +120,8 @@ def as_draft_runner(model_runner) -> Optional[ModelDraftRunner]:
 def model_draft_runner(model, batch: int, capacity: int, *, target, compile) -> ModelDraftRunner:
     """The draft model's runner for one generation (shared per shape on the compiled paths, engine/leases.py)."""
     from ..leases import shared_runner
+    from ..runner import is_encoder_decoder, shares_encoder
 
-    return as_draft_runner(shared_runner(model, "draft", capacity, batch, compile))
+    runner = as_draft_runner(shared_runner(model, "draft", capacity, batch, compile))
+    runner.shares_encoder = is_encoder_decoder(model) and shares_encoder(target.model, model)
+    return runner
