@@ -251,14 +251,15 @@ class TreeDecoder:
         if self.model_draft:     # "head" below is the draft model's runner
             head = shared_runner(self.drafter.model, "draft", capacity, batch, mode)
         else:
-            head = None if self.context else self.drafter.runner(batch, capacity, target.mode)
+            head = None if self.context else self.drafter.runner(batch, capacity, target=target)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        if head is not None and not self.model_draft:
-            state.hidden = head.prefill(target, ids, positions, pmask)
+        if head is not None and not self.model_draft:   # the target's prefill hands the head its features
+            _, feats = target.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=head.features, compiled=False)
+            state.hidden = head.prefill(ids, positions, pmask, feats, False)
         else:
             for runner in (target, head) if head is not None else (target,):
                 runner.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=False)

@@ -22,6 +22,8 @@ import torch
 from tilespec.multidraft.tree import TokenTree, ancestors, select_tree
 from tilespec.verify.types import SamplingParams
 
+from .drafters.base import StepView
+
 
 @dataclass
 class TreeStepOutput:
@@ -126,8 +128,10 @@ def finish_step(target, head, tree: TokenTree, logits, feats, valid, seq_len, se
     path_tokens = tree.tokens.gather(1, src)[:, 1:]
     path_tokens = torch.where(sel.path[:, 1:] >= 0, path_tokens, torch.full_like(path_tokens, -1))
     hidden = None
-    if head is not None:
+    if head is not None:      # the head's entries for the accepted path, as after a chain of its tokens
         feats_path = feats.gather(1, src[:, :, None].expand(-1, -1, feats.shape[-1]))
-        hidden = head.observe(feats_path, sel.output_tokens, sel.num_emitted, valid, seq_len, write)
+        root = tree.tokens[:, 0]
+        view = StepView(valid=valid, seq_len=seq_len, pending=root, prev=root, seeds=seeds, write=write)
+        hidden = head.observe(view, feats_path, sel.output_tokens, sel.num_emitted, None)
     return TreeStepOutput(num_emitted=sel.num_emitted, output_tokens=sel.output_tokens, path_tokens=path_tokens,
                           hidden=hidden, tree_sizes=tree.sizes)
