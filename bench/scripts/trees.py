@@ -146,6 +146,8 @@ def main(argv=None) -> int:
     prompts = prompt_ids(args, args.task.split(",")[0], tok, target.config.vocab_size)
     systems = [] if multidraft else _systems(args, temps, False)
     systems += _systems(args, temps, True) if multidraft in (None, True) else []
+    seen: set = set()
+    systems = [x for x in systems if not ((x[0], x[1]) in seen or seen.add((x[0], x[1])))]   # one ar per T
     record = {"benchmark": "trees", "env": environment(device), "settings": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "rows": []}
     path = args.out or Path(f"trees-{args.target.split('/')[-1]}-{device.type}.json")
