@@ -77,7 +77,7 @@ def _systems(args, temps, multidraft):
                 out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
         if multidraft and temp > 0:
             out.append((temp, "ar", None))
-            for prefix, extra in (("md", {}), ("mdm", {"draft": "model"})):
+            for prefix, extra in (("mdm", {"draft": "model"}), ("md", {})):     # seed 004's setting first
                 if prefix == "mdm" and not args.md_draft:
                     continue
                 for k, length in args.chains:
@@ -151,15 +151,18 @@ def main(argv=None) -> int:
     record = {"benchmark": "trees", "env": environment(device), "settings": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "rows": []}
     path = args.out or Path(f"trees-{args.target.split('/')[-1]}-{device.type}.json")
+    done = _resume(path, record)
     ar_tokens: dict = {}
     t_start = time.perf_counter()
     for temp, system, cfg in systems:
+        if (system, temp) in done:
+            continue
         if args.budget_s and time.perf_counter() - t_start > args.budget_s:
             print(f"budget: {system} at T={temp} skipped", file=sys.stderr)
             continue
         sampling = SamplingParams(temperature=temp)
         row = {"system": system, "temperature": temp, "batch_size": 1, "prompts": 0, "new_tokens": 0,
-               "target_calls": 0, "wall_time": 0.0, "same_as_ar": 0}
+               "target_calls": 0, "wall_time": 0.0, "same_as_ar": 0, "compared_with_ar": 0}
         try:
             dec = _decoder(args, system, cfg or {}, target, drafter, tok, sampling, compile)
             t_sys = time.perf_counter()
@@ -175,6 +178,7 @@ def main(argv=None) -> int:
                     ar_tokens[temp, i] = seq
                 elif temp == 0 and (temp, i) in ar_tokens:
                     row["same_as_ar"] += int(ar_tokens[temp, i] == seq)
+                    row["compared_with_ar"] += 1
                 if args.max_seconds and time.perf_counter() - t_sys > args.max_seconds:
                     break
             if hasattr(dec, "last_stats") and getattr(dec.last_stats, "graphed", None) is not None:
@@ -192,6 +196,27 @@ def main(argv=None) -> int:
               f"{row.get('speedup_vs_chain') or 0:5.2f}x chain  {row.get('speedup_vs_ar') or 0:5.2f}x ar",
               flush=True)
     return 0
+
+
+RESUME_KEYS = ("target", "task", "num_prompts", "max_new_tokens", "draft_temperature", "chain_gamma", "ignore_eos",
+               "tiny", "stage")
+
+
+def _resume(path: Path, record: dict) -> set:
+    """A rerun with the same settings keeps the rows already measured (those without an error) -> their
+    (system, temperature) keys."""
+    if not path.is_file():
+        return set()
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        return set()
+    if any(old.get("settings", {}).get(k) != record["settings"].get(k) for k in RESUME_KEYS):
+        return set()
+    keep = [r for r in old.get("rows", []) if not r.get("error") and r.get("prompts")]
+    record["rows"] = keep
+    print(f"resuming {path}: {len(keep)} rows kept", file=sys.stderr)
+    return {(r["system"], r["temperature"]) for r in keep}
 
 
 def _compare(rows: list) -> None:
