@@ -94,3 +94,18 @@ def test_bad_trees_are_refused_clearly():
     with pytest.raises(ValueError, match="sizes"):
         select_tree(TokenTree(parents=PARENTS, tokens=torch.zeros(2, 8, dtype=torch.long),
                               sizes=torch.tensor([9, 4])), logits)
+
+
+def test_uniform_tables_are_the_streams_numbers():
+    from tilespec.multidraft.common import Stream
+    from tilespec.multidraft.tree import TableStream, uniform_tables
+    seeds, offs = torch.tensor([3, 99]), torch.tensor([5, 40])
+    acc, smp = uniform_tables(seeds, offs, 3, 4)
+    for t in range(3):
+        plain = Stream(seeds, offs + t, "cdf")
+        table = TableStream(seeds, offs + t, acc[:, t], smp[:, t], "cdf")
+        for k in range(4):
+            assert torch.equal(plain.accept(k), table.accept(k))
+        w = torch.rand(2, 9, generator=torch.Generator().manual_seed(t)).double()
+        assert torch.equal(plain.sample(w), table.sample(w))
+        assert torch.equal(plain.subset(torch.tensor([1])).accept(2), table.subset(torch.tensor([1])).accept(2))

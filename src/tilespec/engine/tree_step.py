@@ -19,10 +19,12 @@ from typing import Optional
 
 import torch
 
-from tilespec.multidraft.tree import TokenTree, ancestors, select_tree
+from tilespec.multidraft.tree import TokenTree, ancestors, select_tree, uniform_tables
+from tilespec.verify import rng
 from tilespec.verify.types import SamplingParams
 
 from .drafters.base import StepView
+from .graphs import GraphCache
 
 
 @dataclass
@@ -117,12 +119,48 @@ def score_tree(target, tree: TokenTree, valid, seq_len, write: torch.Tensor, cap
     return target.raw_forward(tokens, positions, mask, write, capture=capture)
 
 
+_TABLES = GraphCache(lambda seeds, offsets, key=None: uniform_tables(seeds, offsets, *key))
+
+
+def graphed_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
+    """:func:`~tilespec.multidraft.tree.uniform_tables` replayed from a CUDA graph per shape on CUDA (Philox in
+    PyTorch ops is ~180 small kernels per call); eager elsewhere, or where a capture fails."""
+    if seeds.is_cuda:
+        try:
+            acc, smp = _TABLES(seeds, offsets, key=(depth, width))
+            return acc.clone(), smp.clone()
+        except RuntimeError:
+            torch.cuda.synchronize(seeds.device)
+    return uniform_tables(seeds, offsets, depth, width)
+
+
+def _gumbel_argmax(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                   key=None) -> torch.Tensor:
+    noise = rng.gumbel(seeds[:, :, None], positions[:, None, None], rng.PURPOSE_EXTRA, vocab[None, None, :])
+    return vocab[torch.argmax(logq + noise, dim=-1)]
+
+
+_SAMPLES = GraphCache(_gumbel_argmax)
+
+
+def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor):
+    """One token per (request, chain): logq [B, K, V'] log-law over the ids ``vocab`` [V'], Gumbel noise keyed by
+    (chain seed [B, K], position [B], PURPOSE_EXTRA, token id) -> ids [B, K]; replayed from a CUDA graph per shape
+    on CUDA (eager elsewhere or where a capture fails)."""
+    if logq.is_cuda:
+        try:
+            return _SAMPLES(logq, vocab, seeds, positions).clone()
+        except RuntimeError:
+            torch.cuda.synchronize(logq.device)
+    return _gumbel_argmax(logq, vocab, seeds, positions)
+
+
 def finish_step(target, head, tree: TokenTree, logits, feats, valid, seq_len, seeds, write, sampling: SamplingParams,
                 scheme: str, sampler: str, max_depth: Optional[int] = None) -> TreeStepOutput:
     """Selection, compaction of the target's K/V (the head's path entries are rewritten by its observe), and the
     head's observe. ``max_depth``: the trees' depth when static (no host sync in the selection)."""
     sel = select_tree(tree, logits.float(), sampling=sampling, scheme=scheme, seed=seeds, offsets=seq_len,
-                      sampler=sampler, check_values=False, max_depth=max_depth)
+                      sampler=sampler, check_values=False, max_depth=max_depth, uniforms=graphed_uniforms)
     compact_runner(target, write, sel.path)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]

@@ -116,6 +116,42 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return ancestors(parents).sum(dim=-1) - 1
 
 
+class TableStream(Stream):
+    """A :class:`~.common.Stream` whose accept uniforms (PURPOSE_ACCEPT, k < K) and inverse-CDF uniform
+    (PURPOSE_SAMPLE, 0) were drawn in one batch beforehand: the same numbers (same keys), read from tables, so a
+    selection loop launches no Philox of its own per candidate. accept [R, K], sample_u [R]."""
+
+    def __init__(self, seeds, positions, accept_u: torch.Tensor, sample_u: torch.Tensor, sampler: str):
+        super().__init__(seeds, positions, sampler)
+        self.accept_u, self.sample_u = accept_u, sample_u
+
+    def subset(self, rows: torch.Tensor) -> "TableStream":
+        return TableStream(self.seeds[rows], self.positions[rows], self.accept_u[rows], self.sample_u[rows],
+                           self.sampler)
+
+    def accept(self, k: int) -> torch.Tensor:
+        if k < self.accept_u.shape[1]:
+            return self.accept_u[:, k]
+        return super().accept(k)
+
+    def sample(self, weights: torch.Tensor) -> torch.Tensor:
+        if self.sampler != "cdf":
+            return super().sample(weights)
+        cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)
+        idx = torch.searchsorted(cdf, (self.sample_u * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return idx.clamp(max=weights.shape[-1] - 1)
+
+
+def uniform_tables(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
+    """(accept [B, depth, width], sample [B, depth]) float64 uniforms keyed (seed, offsets + t, purpose, k): the
+    numbers :class:`~.common.Stream` would draw at depths t < depth, for candidates k < width."""
+    pos = offsets[:, None] + torch.arange(depth, device=seeds.device)[None, :]
+    k = torch.arange(width, device=seeds.device)
+    acc = rng.uniform(seeds[:, None, None], pos[:, :, None], rng.PURPOSE_ACCEPT, k[None, None, :]).to(DTYPE)
+    smp = rng.uniform(seeds[:, None], pos, rng.PURPOSE_SAMPLE, 0).to(DTYPE)
+    return acc, smp
+
+
 @dataclass
 class TreeSelection:
     """path [B, D+1] accepted node indices (path[:, 0] = 0, -1 padded); output_tokens [B, D+1] the emitted tokens
@@ -151,7 +187,7 @@ def _all_probs(target_logits, target_probs, sampling) -> torch.Tensor:
 def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *,
                 target_probs: Optional[torch.Tensor] = None, sampling: SamplingParams = SamplingParams(),
                 scheme: Union[str, SchemeSpec] = "specinfer", seed=0, offsets=0, sampler: str = "gumbel",
-                check_values: bool = True, max_depth: Optional[int] = None) -> TreeSelection:
+                check_values: bool = True, max_depth: Optional[int] = None, uniforms=uniform_tables) -> TreeSelection:
     """Select the accepted path of every tree; see the module docstring.
 
     Args:
@@ -164,6 +200,8 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         sampler: 'gumbel' or 'cdf' (see :class:`~.common.Stream`).
         max_depth: the trees' deepest level when the caller knows it (distinct trees then need no host sync, so
             the selection can be captured in a CUDA graph); None = read it from the tree.
+        uniforms: :func:`uniform_tables` or a function like it (the engine's replays a CUDA graph): iid trees draw
+            every accept / sample uniform of the selection in one batch.
     """
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
@@ -188,7 +226,7 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         return _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
                                 max_depth=max_depth)
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
-    return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler)
+    return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler, uniforms)
 
 
 def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
@@ -244,7 +282,8 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
     return TreeSelection(path=path, output_tokens=out, num_accepted=n_acc, num_emitted=n_acc + 1)
 
 
-def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler) -> TreeSelection:
+def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler,
+                uniforms=uniform_tables) -> TreeSelection:
     b, n = tree.parents.shape
     dev = tree.parents.device
     parents, real = tree.parents.long(), tree.real()
@@ -259,6 +298,7 @@ def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, 
     going = torch.ones(b, dtype=torch.bool, device=dev)
     n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
     ar = torch.arange(n, device=dev)
+    acc_u, smp_u = uniforms(seeds, offs, max_depth + 1, n)      # every uniform the loop may read, in one batch
     for t in range(max_depth + 1):
         ref = alive.long().argmax(dim=1)                                         # first alive node
         cand = alive.gather(1, parents.clamp(min=0)) & (parents >= 0) & real        # children of alive nodes
@@ -267,7 +307,7 @@ def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, 
         if rows.numel() == 0:
             break
         p_t = _target_probs(target_logits, target_probs, sampling, rows, ref[rows])
-        stream = Stream(seeds[rows], offs[rows] + t, sampler)
+        stream = TableStream(seeds[rows], offs[rows] + t, acc_u[rows, t], smp_u[rows, t], sampler)
         y = torch.full((rows.numel(),), -1, dtype=torch.int64, device=dev)
         leaf = ~has[rows]
         if bool(leaf.any()):                                                     # bonus token

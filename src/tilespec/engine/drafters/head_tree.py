@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 
 from tilespec.multidraft.tree import TokenTree
-from tilespec.verify import rng
 from tilespec.verify.distributions import log_probs
 
-from ..tree_step import window_gather
+from ..tree_step import sample_chains, window_gather
 
 CHAIN_SEED_STRIDE = 1 << 44     # chain k samples with seed + (k + 1) * stride: independent of the verify streams
 
@@ -118,9 +117,8 @@ def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, r
     for t in range(1, length + 1):
         pos = (seq_len - 1 + t)[:, None]
         vocab = head.vocab_ids
-        noise = rng.gumbel(chain_seeds[:, :, None], pos[:, :, None], rng.PURPOSE_EXTRA, vocab[None, None, :])
         logq = torch.log(law.gather(2, vocab[None, None, :].expand(b, k, -1)))
-        tok = vocab[torch.argmax(logq + noise, dim=-1)]                                  # [B, K]
+        tok = sample_chains(logq, vocab, chain_seeds, pos[:, 0])                         # [B, K]
         toks.append(tok)
         if t == length:
             probs.append(torch.full((b, k, law.shape[-1]), 1.0 / law.shape[-1], device=dev))   # leaves: unused

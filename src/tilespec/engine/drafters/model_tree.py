@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from tilespec.multidraft.tree import TokenTree
-from tilespec.verify import rng
 from tilespec.verify.distributions import log_probs
 
-from ..tree_step import window_gather
+from ..tree_step import sample_chains, window_gather
 from .head_tree import CHAIN_SEED_STRIDE, _own_slots
 
 
@@ -69,11 +68,16 @@ class Resync:
         return (self.valid[:, None, :] | window_gather(table, w0, self.valid.shape[1])).unsqueeze(1)
 
 
+_VOCABS: dict = {}
+
+
 def _sample(law: torch.Tensor, seeds: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """law [B, K, V] -> one token per (row, chain) [B, K], Gumbel noise keyed by (chain seed, position, token)."""
-    vocab = torch.arange(law.shape[-1], device=law.device)
-    noise = rng.gumbel(seeds[:, :, None], position[:, None, None], rng.PURPOSE_EXTRA, vocab[None, None, :])
-    return torch.argmax(torch.log(law) + noise, dim=-1)
+    key = (law.shape[-1], law.device)
+    vocab = _VOCABS.get(key)
+    if vocab is None:
+        vocab = _VOCABS[key] = torch.arange(law.shape[-1], device=law.device)
+    return sample_chains(torch.log(law), vocab, seeds, position)
 
 
 def resync_law(draft, resync: Resync, resolved) -> torch.Tensor:
