@@ -109,3 +109,15 @@ def test_uniform_tables_are_the_streams_numbers():
         w = torch.rand(2, 9, generator=torch.Generator().manual_seed(t)).double()
         assert torch.equal(plain.sample(w), table.sample(w))
         assert torch.equal(plain.subset(torch.tensor([1])).accept(2), table.subset(torch.tensor([1])).accept(2))
+
+
+def test_check_exactness_cli_runs_the_tree_suite(tmp_path):
+    import json
+
+    from tilespec.cli import main
+    out = tmp_path / "tree.json"
+    assert main(["check", "exactness", "--method", "tree", "--samples", "3000", "--no-power-check",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert len(rows) == 8 and all(r["method"].startswith("tree:") and r["passed"] for r in rows)
+    assert any(not r["exact_method"] for r in rows)                  # the planted sampler, caught
