@@ -213,7 +213,7 @@ class TreeDecoder:
                     res = graphs(*args, key=(id(target), target.cache_version, id(head), head.cache_version))
                     stats.graphed = True
                     return TreeStepOutput(*(t.clone() for t in res), tree_sizes=None)
-                except RuntimeError as err:   # stay correct where a capture fails: eager from now on
+                except Exception as err:   # noqa: BLE001 - stay correct where a capture fails: eager from now on
                     warnings.warn(f"capturing the tree step failed ({err}); running it eagerly")
                     self._graphs[id(target), id(head)] = None
                     torch.cuda.synchronize(self.device)

@@ -120,16 +120,18 @@ def score_tree(target, tree: TokenTree, valid, seq_len, write: torch.Tensor, cap
 
 
 _TABLES = GraphCache(lambda seeds, offsets, key=None: uniform_tables(seeds, offsets, *key))
+_UNCAPTURED: set = set()      # helpers whose capture failed once: eager from then on
 
 
 def graphed_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
     """:func:`~tilespec.multidraft.tree.uniform_tables` replayed from a CUDA graph per shape on CUDA (Philox in
     PyTorch ops is ~180 small kernels per call); eager elsewhere, or where a capture fails."""
-    if seeds.is_cuda:
+    if seeds.is_cuda and "tables" not in _UNCAPTURED:
         try:
             acc, smp = _TABLES(seeds, offsets, key=(depth, width))
             return acc.clone(), smp.clone()
-        except RuntimeError:
+        except Exception:   # noqa: BLE001 - a capture that fails: the same numbers eagerly
+            _UNCAPTURED.add("tables")
             torch.cuda.synchronize(seeds.device)
     return uniform_tables(seeds, offsets, depth, width)
 
@@ -147,10 +149,11 @@ def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, 
     """One token per (request, chain): logq [B, K, V'] log-law over the ids ``vocab`` [V'], Gumbel noise keyed by
     (chain seed [B, K], position [B], PURPOSE_EXTRA, token id) -> ids [B, K]; replayed from a CUDA graph per shape
     on CUDA (eager elsewhere or where a capture fails)."""
-    if logq.is_cuda:
+    if logq.is_cuda and "samples" not in _UNCAPTURED:
         try:
             return _SAMPLES(logq, vocab, seeds, positions).clone()
-        except RuntimeError:
+        except Exception:   # noqa: BLE001 - a capture that fails: the same draw eagerly
+            _UNCAPTURED.add("samples")
             torch.cuda.synchronize(logq.device)
     return _gumbel_argmax(logq, vocab, seeds, positions)
 
