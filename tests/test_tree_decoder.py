@@ -175,6 +175,8 @@ def test_bad_settings_are_refused():
         TreeDecoder(target, HeadDrafter(head), chains=(2, 2), scheme="nope")
     with pytest.raises(ValueError, match="compile"):
         TreeDecoder(target, HeadDrafter(head), compile="graphs")
+    with pytest.raises(ValueError, match="lenience"):
+        TreeDecoder(target, HeadDrafter(head), sampling=SamplingParams(lenience=0.5))
 
 
 def test_generate_cli_tree_matches_target_only(monkeypatch, tmp_path):

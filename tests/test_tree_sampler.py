@@ -91,6 +91,8 @@ def test_bad_trees_are_refused_clearly():
         select_tree(_tree([[0] * 8, [0] * 8]), torch.full((2, 8, 6), float("nan")))
     with pytest.raises(ValueError, match="nodes"):
         select_tree(_tree([[0] * 8, [0] * 8]), torch.zeros(2, 7, 6))
+    with pytest.raises(ValueError, match="lenience"):
+        select_tree(_tree([[0] * 8, [0] * 8]), logits, sampling=SamplingParams(lenience=0.5))
     with pytest.raises(ValueError, match="sizes"):
         select_tree(TokenTree(parents=PARENTS, tokens=torch.zeros(2, 8, dtype=torch.long),
                               sizes=torch.tensor([9, 4])), logits)

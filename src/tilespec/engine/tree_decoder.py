@@ -123,6 +123,8 @@ class TreeDecoder:
             drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if any(float(x) != 1.0 for x in torch.as_tensor(sampling.lenience).reshape(-1).tolist()):
+            raise ValueError("tree decoding is exact only: lenience < 1 is not supported")
         dev = next(target.parameters()).device
         if compile is True:
             compile = "native-graphs" if dev.type == "cuda" else "native"

@@ -213,6 +213,8 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         raise ValueError(f"target has {b} x {n} nodes but the tree {tuple(tree.parents.shape)}")
     if check_values:
         tree.validate(v)
+        if bool((resolve_sampling(sampling, b, tgt.device).lenience != 1).any()):
+            raise ValueError("tree selection is exact only: lenience < 1 (a lossy acceptance rule) is not supported")
         if target_logits is not None and not bool(torch.isfinite(target_logits.float()).all()):
             raise ValueError("target_logits contain NaN or Inf")
         if target_probs is not None:
