@@ -231,6 +231,13 @@ def test_captured_step_path_repeats_safely(monkeypatch):
     dec.capture_steps = True
     out = dec.generate(prompts, max_new_tokens=16)
     assert out.sequences == ref.sequences and out.stats.graphed and _TwiceGraphs.calls > 0
+    t1 = SamplingParams(temperature=1.0, top_p=0.9)     # keyed randomness: the same tokens on both paths
+    runs = []
+    for capture in (False, True):
+        dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=t1, compile="native", eos_token_id=[])
+        dec.capture_steps = capture
+        runs.append(dec.generate(prompts, max_new_tokens=16, seed=7).sequences)
+    assert runs[0] == runs[1]
 
 
 def test_context_trees_greedy_equal_target_only():
