@@ -109,6 +109,9 @@ def _draft_model(args, target, device, dtype):
 
 def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
     eos = {"eos_token_id": []} if args.ignore_eos else {}
+    uses_head = system.startswith(("chain", "tree", "md-"))
+    if uses_head and isinstance(drafter, str):
+        raise RuntimeError(f"the head could not be loaded: {drafter}")
     if system == "ar":
         return SpeculativeDecoder(target, None, sampling=sampling, tokenizer=tok, compile=compile, **eos)
     if system.startswith(("chain", "ngram")):
@@ -141,8 +144,12 @@ def main(argv=None) -> int:
              "float32": torch.float32, "float16": torch.float16}[args.dtype]
     compile = True if args.compile == "auto" else args.compile
     target, _, tok = load_models(args, device, dtype)
-    drafter = _head(args, target)
-    drafter.attach(target)
+    try:
+        drafter = _head(args, target)
+        drafter.attach(target)
+    except Exception as err:     # no trained head here: the rows without it (ar, ngram, ctx, mdm) still run
+        drafter = f"{type(err).__name__}: {err}"
+        print(f"no head: {drafter}", file=sys.stderr)
     prompts = prompt_ids(args, args.task.split(",")[0], tok, target.config.vocab_size)
     systems = [] if multidraft else _systems(args, temps, False)
     systems += _systems(args, temps, True) if multidraft in (None, True) else []
