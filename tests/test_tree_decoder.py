@@ -282,3 +282,29 @@ def test_draft_model_chains_greedy_equal_target_only(scheme, slack):
     out = dec.generate(prompts, max_new_tokens=30)
     assert out.sequences == ref.sequences and out.stats.tokens_per_step > 1.3
     assert slack is None or out.stats.defrags > 0
+
+
+@torch.inference_mode()
+def test_head_tree_is_a_valid_tree_of_the_best_candidates():
+    from tilespec.engine.drafters.head import HeadRunner
+    from tilespec.engine.drafters.head_tree import propose_tree
+    from tilespec.multidraft.tree import depths
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target, noise=0.2)
+    ids, is_tok = left_pad([[3, 9, 4, 1, 7], [5, 2]], 0, "cpu")
+    p, cap = ids.shape[1] - 1, 64
+    positions = (is_tok[:, :p].long().cumsum(1) - 1).clamp(min=0)
+    pmask = prefill_mask(is_tok[:, :p], cap)
+    runner, hr = NativeRunner(target, cap, mode="native"), HeadRunner(head, 2, cap, "eager")
+    _, feats = runner.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=hr.features)
+    state = BatchState.prefilled(ids, is_tok, cap, [0, 1], 8, [])
+    hidden = hr.prefill(ids, positions, pmask, feats, False)
+    tree = propose_tree(hr, hidden, state.pending, state.valid, state.seq_len, torch.tensor(state.write), 3, 4, 12)
+    tree.validate(VOCAB)                                         # parents earlier, tokens in range, no padding
+    assert tree.tokens[:, 0].tolist() == state.pending.tolist()
+    assert int(depths(tree.parents).max()) <= 4
+    # the root's children are the head's top tokens: the best-scoring candidates always stay in the tree
+    top = head.vocab_ids[torch.log_softmax(head.logits(hidden).float(), -1).topk(3).indices]
+    for b in range(2):
+        kids = tree.tokens[b][(tree.parents[b] == 0)].tolist()
+        assert top[b, 0].item() in kids
