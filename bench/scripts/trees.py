@@ -133,7 +133,8 @@ def _run_one(dec, ids, args, seed):
     out = dec.generate([ids], max_new_tokens=args.max_new_tokens, seed=seed)
     s = out.stats
     calls = s.steps if hasattr(s, "nodes") else s.target_calls
-    return out.sequences[0], s.new_tokens, calls, s.wall_time
+    hist = s.accepted_histogram() if hasattr(s, "accepted_histogram") else None
+    return out.sequences[0], s.new_tokens, calls, s.wall_time, hist
 
 
 def main(argv=None) -> int:
@@ -176,7 +177,12 @@ def main(argv=None) -> int:
             for i, ids in enumerate(prompts):
                 for _ in range(args.warmup):
                     _run_one(dec, ids, args, seed=i)
-                seq, new, calls, wall = _run_one(dec, ids, args, seed=i)
+                seq, new, calls, wall, hist = _run_one(dec, ids, args, seed=i)
+                if hist is not None:    # request-steps per accepted length, summed over the prompts
+                    acc = row.setdefault("accepted_histogram", [])
+                    acc.extend([0] * (len(hist) - len(acc)))
+                    for j, c in enumerate(hist):
+                        acc[j] += c
                 row["prompts"] += 1
                 row["new_tokens"] += new
                 row["target_calls"] += calls

@@ -64,8 +64,16 @@ class TreeStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
+    def accepted_histogram(self) -> list:
+        """[n_0, n_1, ...]: request-steps that accepted 0, 1, ... draft tokens (the tree's depth profile)."""
+        hist = [0] * (max(self.accepted, default=0) + 1)
+        for a in self.accepted:
+            hist[a] += 1
+        return hist
+
     def to_dict(self) -> dict:
         return {"requests": self.requests, "steps": self.steps, "new_tokens": self.new_tokens,
+                "accepted_histogram": self.accepted_histogram(),
                 "tokens_per_step": self.tokens_per_step, "tokens_per_second": self.tokens_per_second,
                 "wall_time": self.wall_time, "nodes": self.nodes, "graphed": self.graphed, "defrags": self.defrags}
 
