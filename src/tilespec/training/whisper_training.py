@@ -122,10 +122,11 @@ def train_whisper_draft(target, processor, *, target_name: str, minutes: float =
                         layers: Optional[Sequence[int]] = None, max_new_tokens: int = 128, label_batch: int = 32,
                         batch: int = 32, lr: float = 3e-4, warmup: int = 50, max_steps: Optional[int] = None,
                         heldout: float = 0.05, resume: bool = True, compile=False, seed: int = 0, language: str = "en",
-                        log=print, prefix: Optional[list] = None) -> tuple:
+                        log=print, prefix: Optional[list] = None, data_share: float = 0.4) -> tuple:
     """Train a distilled draft for the float32 Whisper ``target`` and save it (``out``, default
     ``$TILESPEC_HOME/drafts/<target_name>/``). ``speech``: sources for :func:`training_speech` (or a ready list of
-    ``{id, audio}``); ``prefix``: the decoder prompt (default: transcription in ``language``, no timestamps).
+    ``{id, audio}``); ``prefix``: the decoder prompt (default: transcription in ``language``, no timestamps);
+    ``data_share``: pseudo-labelling stops after that share of the budget (the clips left are not used).
     Returns (draft, report); the report is also the manifest's body."""
     from tilespec.models.whisper import decoder_prompt
     t_start = time.perf_counter()
@@ -144,13 +145,20 @@ def train_whisper_draft(target, processor, *, target_name: str, minutes: float =
     ids = [r["id"] for r in rows]
     saved = torch.load(folder / STATE, map_location="cpu", weights_only=False) \
         if resume and (folder / STATE).is_file() else None
-    if saved is not None and saved["ids"] != ids:
+    if saved is not None and saved["ids"] != ids[:len(saved["ids"])]:
         log(f"{folder / STATE} was made from other speech: starting afresh")
         saved = None
+    elif saved is not None:          # the clips the saved pseudo-labels cover
+        rows, ids = rows[:len(saved["ids"])], saved["ids"]
     prefix = list(prefix) if prefix is not None else decoder_prompt(target, processor, language)
     t_data = time.perf_counter()
     seqs, states = [], []
     for i in range(0, len(rows), label_batch):
+        if saved is None and i and time.perf_counter() - t_start > data_share * budget:
+            log(f"pseudo-labels: {data_share:.0%} of the budget spent, training on {i} of {len(rows)} clips")
+            rows, ids = rows[:i], ids[:i]
+            data["clips_used"] = i
+            break
         feats = _features(processor, [r["audio"] for r in rows[i:i + label_batch]], dev)
         if saved is None:
             seqs += pseudo_labels(target, feats, prefix, max_new_tokens, batch_size=label_batch, compile=compile)
