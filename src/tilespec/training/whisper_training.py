@@ -104,7 +104,8 @@ def training_speech(sources: Optional[Sequence] = None, log=print) -> tuple[list
                                 "benchmarks.synth --text documents --out DIR`), or put LJSpeech in $TILESPEC_DATA "
                                 f"and/or a synthetic set in $TILESPEC_HOME/data/{DEFAULT_SYNTH}")
     seconds = sum(len(r["audio"]) for r in rows) / 16000
-    log(f"training speech: {len(rows)} clips, {seconds / 60:.1f} min of audio")
+    if log:
+        log(f"training speech: {len(rows)} clips, {seconds / 60:.1f} min of audio")
     return rows, {"sources": described, "clips": len(rows), "audio_seconds": round(seconds, 1),
                   "evaluation_excluded": "LJSpeech LJ001-0001..0016; transcripts of the synthetic evaluation set"}
 
