@@ -4,6 +4,7 @@ loaded by path or as ``draft="distilled"``, refused for another target, missing 
 greedy decoding with it equals target-only decoding on the eager and the native runtime."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -70,6 +71,8 @@ def test_round_trip_identity_and_greedy_exactness(trained, monkeypatch):
     loaded = load_distilled(folder, target)
     for (name, a), b in zip(own_state(draft).items(), own_state(loaded).values()):
         assert torch.equal(a, b), name
+    half = copy.deepcopy(target).to(torch.bfloat16)        # trained in fp32, used in half precision: same identity
+    assert next(load_distilled(folder, half).model.decoder.layers.parameters()).dtype == torch.bfloat16
     feats = torch.randn(3, 16, 32, generator=torch.Generator().manual_seed(5))
     prompts = [[1]] * 3
     expected = SpeculativeDecoder(target, None, sampling=GREEDY, eos_token_id=[]).generate(

@@ -86,7 +86,7 @@ def load_distilled(folder, target, *, target_name: Optional[str] = None):
     manifest = json.loads((folder / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
         raise HeadNotFound(f"{folder} holds a {manifest.get('format', 'draft head')!r}, not a distilled Whisper draft")
-    found = target_identity(target)
+    found = target_identity(target, coarse=True)
     if manifest.get("target_id") != found:
         raise HeadMismatch(f"the distilled draft at {folder} was trained for target {manifest.get('target')!r} "
                            f"(identity {manifest.get('target_id')}), not for this model (identity {found}); "

@@ -206,7 +206,7 @@ def train_whisper_draft(target, processor, *, target_name: str, minutes: float =
             "loss_first_last": [round(losses[0], 4), round(sum(losses[-20:]) / len(losses[-20:]), 4)] if losses
             else None, "total_seconds": round(time.perf_counter() - t_start, 1),
             "held_out": report, "held_out_clips": [ids[i] for i in held], "recipe": "distil-whisper KL, shared encoder"}
-    save_distilled(draft, folder, target_id=target_identity(target), target_name=target_name, info=info)
+    save_distilled(draft, folder, target_id=target_identity(target, coarse=True), target_name=target_name, info=info)
     draft.eval()
     for p in trainable(draft):
         p.requires_grad_(False)
