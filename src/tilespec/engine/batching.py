@@ -47,6 +47,7 @@ from .batch_step import row_count, step_rows
 from .slots import ensure_caches, region_mask, row_forward
 from .spec_switch import SpecSwitch
 from .state import BatchState
+from .drafters.model import as_draft_runner
 from .step_graph import step_graphs_for
 
 _SAMPLING = ("temperature", "top_k", "top_p", "min_p")
@@ -149,7 +150,8 @@ class BatchEngine:
         for runner in (self.target, self.draft):
             if runner is not None:
                 ensure_caches(runner, max_batch)
-        self.fast = step_graphs_for(self.target, self.draft)
+        self.drafting = as_draft_runner(self.draft)     # the draft model's device side (drafters/model.py)
+        self.fast = step_graphs_for(self.target, self.drafting)
         b, dev = max_batch, self.device
         self.state = BatchState(valid=torch.zeros((b, cap), dtype=torch.bool, device=dev),
                                 seq_len=torch.ones(b, dtype=torch.int64, device=dev),
@@ -323,7 +325,7 @@ class BatchEngine:
         sampling = self._sampling(live, rows)
         resolved = resolve_sampling(sampling, rows, self.device)
         counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if drafted else None
-        host = step_rows(self.target, self.draft, self.fast, self.state, rows, gamma, context, counts_t, sampling,
+        host = step_rows(self.target, self.drafting, self.fast, self.state, rows, gamma, context, counts_t, sampling,
                          resolved, self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
         if self.switch is not None:
             emitted = host[:, 0].tolist()
