@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..engine.cache import cache_kwarg, output_cache
+from ..models.cache_keyword import cache_kwarg, output_cache
 from ..verify.types import SamplingParams, VerifyResult
 from .chain import sampling_probs, verify_multidraft
 

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..state import chunk_mask
-from .base import DraftRunner, Proposal, StepView
+from .contract import DraftRunner, Proposal, StepView
 
 
 class ModelDraftRunner(DraftRunner):
