@@ -13,7 +13,7 @@ from tilespec.engine.drafters import HeadDrafter
 from tilespec.engine.native.runner import NativeRunner
 from tilespec.engine.state import BatchState, left_pad, prefill_mask
 from tilespec.engine.tree_decoder import TreeDecoder
-from tilespec.engine.tree_step import compact, finish_step, score_tree, tree_mask, tree_positions
+from tilespec.engine.tree_step import compact, tree_mask, tree_positions
 from tilespec.exactness.stats import fit_test
 from tilespec.heads import DraftHead, config_for
 from tilespec.multidraft.tree import TokenTree, ancestors

@@ -28,6 +28,7 @@ from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
+from .drafters.trees import tree_drafter, tree_shape
 from .gamma import GammaSchedule
 from .generation import (GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling,
                          snapshot_outputs)
@@ -80,6 +81,9 @@ class SpeculativeDecoder:
             step is certain (target-only steps; draft-model steps with the constant schedule, see
             ``Generation.may_run_ahead``); same tokens either way. Default: env ``TILESPEC_RUN_AHEAD`` (on unless
             "0"); ``dec.run_ahead`` may be changed between generations.
+        tree / chains: verify a token tree per step instead of a chain (docs/trees.md): tree=(branch, depth, nodes)
+            (a head's dynamic tree; "ngram": (matches, length, nodes)) or chains=(K, L) sampled chains (a head or a
+            draft model) selected with ``scheme`` under ``draft_sampling``; γ = the depth, exact only.
     """
 
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
@@ -87,7 +91,8 @@ class SpeculativeDecoder:
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
                  cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
                  schedule=None, verify_fn=None, method_options: Optional[dict] = None,
-                 chat: bool = True, run_ahead: Optional[bool] = None):
+                 chat: bool = True, run_ahead: Optional[bool] = None, tree=None, chains=None,
+                 scheme: str = "specinfer", draft_sampling: Optional[SamplingParams] = None):
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
@@ -95,6 +100,9 @@ class SpeculativeDecoder:
             drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if tree is not None or chains is not None:   # token trees: the drafter proposes them (drafters/trees.py)
+            shape = tree_shape(tree, chains, scheme, draft_sampling)
+            drafter, gamma = tree_drafter(drafter, shape, sampling, gamma_schedule), shape.depth
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a factory like GammaSchedule, got {type(schedule).__name__}")
         if verify_fn is not None and not callable(verify_fn):
@@ -146,7 +154,7 @@ class SpeculativeDecoder:
         spec = self.drafter is not None
         g_max = self.max_gamma if self.gamma_schedule != "constant" else self.gamma
         slack = self.cache_slack if self.cache_slack is not None else (0 if batch == 1 else max_new_tokens)
-        capacity = width + max_new_tokens + slack + (g_max + 2 if spec else 2)
+        capacity = width + max_new_tokens + slack + (self.drafter.span(g_max) + 2 if spec else 2)
         if self.compile:  # round up so prompts of similar length reuse the same compiled graphs
             capacity = -(-capacity // 256) * 256
         if encdec:
@@ -186,7 +194,8 @@ class SpeculativeDecoder:
         context = self.drafter.start(prompt_lists) if spec else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
-        fast = step_graphs_for(target, draft) if self.graph_verify and self.verify_fn is None else None
+        captures = draft is None or draft.captures       # a runner whose steps need the host: host-commit path
+        fast = step_graphs_for(target, draft) if self.graph_verify and self.verify_fn is None and captures else None
         compile_before = sum(getattr(r, "compile_seconds", 0.0) for r in (target, draft, fast) if r is not None)
         timer.stop("prefill")
         sampling = select_sampling(self.sampling, state.rows)
@@ -226,7 +235,8 @@ class SpeculativeDecoder:
             stats.fallback_steps += 1
             if stats.fallback_at_step is None:
                 stats.fallback_at_step = gen.step_no
-        if state.write + gamma + 1 > gen.capacity:
+        span = gen.draft.span(gamma) if use_draft and gamma > 0 and drafts is None else gamma
+        if state.write + span + 1 > gen.capacity:
             assert not lagged, "Generation.may_run_ahead let a step run ahead into a defrag"
             slot_index, _ = state.plan_defrag()
             rows = torch.arange(state.size, device=self.device)

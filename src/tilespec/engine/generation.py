@@ -218,7 +218,8 @@ class Generation:
           * the budget cannot clip γ: every live row has at least γ_planned + 1 + γ + 1 tokens left, so whatever
             ``planned`` accepts, no row ends there by length and each survivor keeps >= γ + 1 (a row ending there
             by EOS is computed once more and ignored, as with target-only run-ahead);
-          * no defrag is needed: ``planned`` moves W by at most γ_planned + 1, so W + (γ_planned + 1) + (γ + 1) <= C
+          * no defrag is needed: ``planned`` moves W by at most γ_planned + 1, so W + (γ_planned + 1) + (span + 1) <= C
+            (span: the slots past W the next step writes, γ for a chain)
             (``state.write`` is exact here: every earlier step has been read). Otherwise the next step waits for the
             read and defragments then, exactly as without run-ahead.
         """
@@ -228,8 +229,9 @@ class Generation:
                 and self.context is None and self.draft is not None):
             return False
         need = planned.gamma + 1 + gamma + 1
+        slots = planned.gamma + 1 + self.draft.span(gamma) + 1     # a tree step writes more slots than γ + 1
         live = self.live()
-        return bool(live) and min(self.remaining(i) for i in live) >= need and self.state.write + need <= self.capacity
+        return bool(live) and min(self.remaining(i) for i in live) >= need and self.state.write + slots <= self.capacity
 
 
 @dataclass

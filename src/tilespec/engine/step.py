@@ -137,17 +137,26 @@ def target_block(target: ModelRunner, view: StepView, draft_tokens: torch.Tensor
 def verify_phase(target, draft: Optional[DraftRunner], view: StepView, proposal: Proposal,
                  sampling: SamplingParams, method: str, greedy: bool, ex, timer=UNTIMED) -> tuple:
     """Target forward -> verify -> the runner's ``observe`` (when it ``observes``): (num_emitted [B],
-    output_tokens [B, K+1], the runner's new per-row state or None)."""
+    output_tokens [B, K+1], the runner's new per-row state or None, the accepted drafts' tokens [B, K] the commit
+    reads). A tree proposal (``proposal.tree``) is scored with the tree mask and positions, selected by
+    ``select_tree`` and its accepted path's K/V compacted to slots W .. W + accepted (engine/tree_step.py): from
+    there on it is a chain step over the path (the observer sees the path's features and tokens)."""
     observer = draft if draft is not None and draft.observes else None
+    capture = observer.features if observer is not None else ()
     timer.start("target")
     feats = None
-    if observer is not None and observer.features:
-        logits, feats = target_block(target, view, proposal.tokens, ex, capture=observer.features)
+    if proposal.tree is not None:
+        from .tree_step import tree_forward, tree_select     # the tree sampler loads only where trees are used
+        scored = tree_forward(target, view, proposal.tree, ex, capture=capture)
     else:
-        logits = target_block(target, view, proposal.tokens, ex)
+        scored = target_block(target, view, proposal.tokens, ex, capture=capture)
+    logits, feats = scored if capture else (scored, None)
     timer.stop("target")
     timer.start("verify")
-    if greedy and proposal.k == 0:
+    drafts = proposal.tokens
+    if proposal.tree is not None:
+        num_emitted, out, drafts, feats = tree_select(target, view, proposal, logits, feats, sampling)
+    elif greedy and proposal.k == 0:
         out = ex.argmax(logits[:, 0])[:, None]
         num_emitted = torch.ones_like(view.seq_len)
     else:
@@ -159,7 +168,7 @@ def verify_phase(target, draft: Optional[DraftRunner], view: StepView, proposal:
         timer.start("draft")
         state = observer.observe(view, feats, out, num_emitted, ex)
         timer.stop("draft")
-    return num_emitted, out, state
+    return num_emitted, out, state, drafts
 
 
 def speculative_step(target: ModelRunner, draft: Optional[DraftRunner], state: BatchState, gamma: int,
@@ -182,5 +191,6 @@ def speculative_step(target: ModelRunner, draft: Optional[DraftRunner], state: B
     proposal = draft_phase(draft, state, gamma, resolved, greedy, ex, context, counts)
     if timed:
         timer.stop("draft")
-    num_emitted, out, hidden = verify_phase(target, draft, state, proposal, sampling, method, greedy, ex, timer)
-    return StepOutput(draft_tokens=proposal.tokens, num_emitted=num_emitted, output_tokens=out, hidden=hidden)
+    num_emitted, out, hidden, drafts = verify_phase(target, draft, state, proposal, sampling, method, greedy, ex,
+                                                    timer)
+    return StepOutput(draft_tokens=drafts, num_emitted=num_emitted, output_tokens=out, hidden=hidden)

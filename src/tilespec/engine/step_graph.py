@@ -95,6 +95,7 @@ class StepGraphs:
         self.compile_seconds = 0.0      # first-use compile + capture time of new step shapes
         self._versions: tuple = ()
         self._no_draft: dict = {}       # batch size -> an empty [B, 0] draft, made once
+        self._layouts: dict = {}        # graph D key -> the layout of the proposal it returns (Proposal.flatten)
         self._w: Optional[torch.Tensor] = None
 
     def usable(self, method: str, sampling: SamplingParams) -> bool:
@@ -119,21 +120,23 @@ class StepGraphs:
             hidden, *rest = rest
         view = StepView(valid, seq_len, pending, prev, seeds, w, hidden)
         proposal = draft_phase(self.draft, view, gamma, ResolvedSampling(*rest, *flags), greedy, _CAPTURED)
-        return (proposal.tokens,) if proposal.logits is None else (proposal.tokens, proposal.logits)
+        tensors, self._layouts[key] = proposal.flatten()    # recorded while capturing: what the replays return
+        return tensors
 
-    def _target_block(self, valid, seq_len, pending, prev, seeds, w, alive, limit, eos, draft_tokens, *extra, key):
-        """Graph T: verify_phase and the commit."""
-        method, options, sampling, greedy, has_logits, has_counts, observe = key
+    def _target_block(self, valid, seq_len, pending, prev, seeds, w, alive, limit, eos, *extra, key):
+        """Graph T: verify_phase and the commit (``extra``: the proposal's tensors, then the runner's state)."""
+        method, options, sampling, greedy, layout, observe = key
         hidden = None
         if observe:                      # the runner's per-row state rides last
             hidden, extra = extra[-1], extra[:-1]
-        proposal = Proposal(draft_tokens, extra[0] if has_logits else None, extra[-1] if has_counts else None)
+        proposal = Proposal.unflatten(layout, extra)
         view = StepView(valid, seq_len, pending, prev, seeds, w, hidden)
         # logits stay in the model dtype: verify() reads bf16 / fp16 and computes in fp32 (an fp32 copy of
         # [B, K+1, V] would cost a write and a read of twice the bytes)
-        num_emitted, out, new_hidden = verify_phase(self.target, self.draft if observe else None, view, proposal,
-                                                    sampling, method, greedy, CapturedExecution(options))
-        new_valid, new_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, draft_tokens, w)
+        num_emitted, out, new_hidden, drafts = verify_phase(self.target, self.draft if observe else None, view,
+                                                            proposal, sampling, method, greedy,
+                                                            CapturedExecution(options))
+        new_valid, new_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, drafts, w)
         now_alive = still_alive(alive, seq_len, limit, eos, num_emitted, out)
         new_w = w + (num_emitted * alive).amax()     # rows that had ended do not move W (0 when none is live)
         # ended rows: no context, frozen state. torch.where also keeps the outputs from aliasing the graph's inputs
@@ -186,8 +189,10 @@ class StepGraphs:
                 flags = tuple(getattr(resolved, f) for f in SAMPLING_FLAGS)
                 tensors = (resolved.temperature, resolved.top_k, resolved.top_p, resolved.min_p, resolved.lenience)
                 hid = (state.hidden,) if observe else ()
-                outs = self._draft_graphs(*base, *hid, *tensors, key=(gamma, flags, greedy))
-                proposal = Proposal(outs[0], outs[1] if len(outs) > 1 else None, counts)
+                key = (gamma, flags, greedy)
+                outs = self._draft_graphs(*base, *hid, *tensors, key=key)
+                proposal = Proposal.unflatten(self._layouts[key], outs)
+                proposal.counts = counts if counts is not None else proposal.counts
             if len(self._draft_graphs) != n:
                 self.compile_seconds += time.perf_counter() - t0
             timer.stop("draft")
@@ -197,14 +202,11 @@ class StepGraphs:
                 tokens = self._no_draft[state.size] = empty_proposal(state).tokens
             proposal = Proposal(tokens, counts=counts)
         timer.start("target")
-        extra = ((proposal.logits,) if proposal.logits is not None else ()) + \
-                ((proposal.counts,) if proposal.counts is not None else ()) + \
-                ((state.hidden,) if observe else ())
-        key = (method, tuple(method_options), sampling, greedy, proposal.logits is not None,
-               proposal.counts is not None, observe)
+        tensors, layout = proposal.flatten()
+        key = (method, tuple(method_options), sampling, greedy, layout, observe)
         n, t0 = len(self._target_graphs), time.perf_counter()
         num_emitted, out, valid, seq_len, pending, prev, alive, self._w, *hidden = self._target_graphs(
-            *base, state.alive, state.limit, state.eos, proposal.tokens, *extra, key=key)
+            *base, state.alive, state.limit, state.eos, *tensors, *((state.hidden,) if observe else ()), key=key)
         if hidden:
             state.hidden = hidden[0]
         if len(self._target_graphs) != n:

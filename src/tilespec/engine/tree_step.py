@@ -8,13 +8,14 @@ gather per buffer (:func:`compact`; path node j >= j, so reading all sources bef
 the state commits exactly like a chain step (the accepted slots become valid, the rest are holes past the new W).
 A draft head is then fed the target's features along the accepted path (``observe``), as after a chain step.
 
-Every function here is free of host syncs and keeps static shapes for a given (B, N, C, tree depth), so a whole
-step (head tree, target forward, selection of a distinct tree, compaction, observe) can be captured in one CUDA
-graph per shape bucket (engine/tree_decoder.py). ``write`` is a 0-d int64 device tensor throughout.
+The step body (engine/step.py ``verify_phase``) calls :func:`tree_forward` and :func:`tree_select` when the
+proposal is a tree. Both are free of host syncs and keep static shapes for a given (B, N, C, tree depth) (the
+selection of i.i.d. trees excepted: it reads the alive drafts on the host), so a whole dynamic-tree step is captured
+like a chain step (engine/step_graph.py, the tree's shape in the graph keys). ``write`` is W: a host int, or a 0-d
+int64 device tensor inside a captured step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -23,21 +24,7 @@ from tilespec.multidraft.tree import TokenTree, ancestors, select_tree, uniform_
 from tilespec.verify import rng
 from tilespec.verify.types import SamplingParams
 
-from .drafters.base import StepView
 from .graphs import GraphCache
-
-
-@dataclass
-class TreeStepOutput:
-    """num_emitted [B]; output_tokens [B, D+1] (-1 padded); path_tokens [B, D] the accepted draft tokens in order
-    (the ``draft_tokens`` a commit reads ``prev`` from); hidden [B, d] a head's new state or None;
-    tree_sizes [B] nodes scored per request."""
-
-    num_emitted: torch.Tensor
-    output_tokens: torch.Tensor
-    path_tokens: torch.Tensor
-    hidden: Optional[torch.Tensor]
-    tree_sizes: torch.Tensor
 
 
 def window_gather(table: torch.Tensor, write: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -105,20 +92,6 @@ def runner_buffers(runner) -> list:
                     "needs the native runtime (compile='native' or 'native-graphs')")
 
 
-def score_tree(target, tree: TokenTree, valid, seq_len, write: torch.Tensor, capture: tuple = (),
-               write_slot: Optional[int] = None):
-    """The target's ONE forward over every tree node -> logits [B, N, V] (with ``capture``: (logits, features)).
-    ``write_slot`` (W as a host int): through the runner's own ``forward`` (its per-shape CUDA graph on
-    "native-graphs"); None: ``raw_forward`` with the device W (inside a larger captured step, or eagerly)."""
-    anc = ancestors(tree.parents)
-    mask = tree_mask(valid, write, anc)
-    positions = tree_positions(seq_len, anc)
-    tokens = tree.tokens.clamp(min=0)
-    if write_slot is not None:
-        return target.forward(tokens, positions, mask, write_slot, capture=capture)
-    return target.raw_forward(tokens, positions, mask, write, capture=capture)
-
-
 _TABLES = GraphCache(lambda seeds, offsets, key=None: uniform_tables(seeds, offsets, *key))
 _UNCAPTURED: set = set()      # helpers whose capture failed once: eager from then on
 
@@ -158,21 +131,29 @@ def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, 
     return _gumbel_argmax(logq, vocab, seeds, positions)
 
 
-def finish_step(target, head, tree: TokenTree, logits, feats, valid, seq_len, seeds, write, sampling: SamplingParams,
-                scheme: str, sampler: str, max_depth: Optional[int] = None) -> TreeStepOutput:
-    """Selection, compaction of the target's K/V (the head's path entries are rewritten by its observe), and the
-    head's observe. ``max_depth``: the trees' depth when static (no host sync in the selection)."""
-    sel = select_tree(tree, logits.float(), sampling=sampling, scheme=scheme, seed=seeds, offsets=seq_len,
-                      sampler=sampler, check_values=False, max_depth=max_depth, uniforms=graphed_uniforms)
-    compact_runner(target, write, sel.path)
+def tree_forward(target, view, tree: TokenTree, ex, capture: tuple = ()):
+    """The target's ONE forward over every tree node through the execution ``ex`` (engine/execution.py) ->
+    logits [B, N, V] (with ``capture``: (logits, features [B, N, n d])); K/V written at slots W .. W + N - 1."""
+    anc = ancestors(tree.parents)
+    mask = tree_mask(view.valid, view.write, anc)
+    positions = tree_positions(view.seq_len, anc)
+    return ex.forward(target, tree.tokens.clamp(min=0), positions, mask, view.write, capture=capture)
+
+
+def tree_select(target, view, proposal, logits: torch.Tensor, feats: Optional[torch.Tensor],
+                sampling: SamplingParams) -> tuple:
+    """Select the accepted path of ``proposal.tree`` and compact the target's K/V along it, so the step looks like a
+    chain step over the path: (num_emitted [B], output_tokens [B, D+1] (-1 padded), path_tokens [B, D] the accepted
+    draft tokens (-1 padded: the ``draft_tokens`` a commit reads ``prev`` from), the features along the path
+    [B, D+1, n d] or None). A draft head's own path entries are rewritten by its ``observe``."""
+    tree = proposal.tree
+    sel = select_tree(tree, logits.float(), sampling=sampling, scheme=proposal.scheme, seed=view.seeds,
+                      offsets=view.seq_len, sampler=proposal.sampler, check_values=False, max_depth=proposal.depth,
+                      uniforms=graphed_uniforms)
+    compact_runner(target, view.write, sel.path)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]
     path_tokens = torch.where(sel.path[:, 1:] >= 0, path_tokens, torch.full_like(path_tokens, -1))
-    hidden = None
-    if head is not None:      # the head's entries for the accepted path, as after a chain of its tokens
-        feats_path = feats.gather(1, src[:, :, None].expand(-1, -1, feats.shape[-1]))
-        root = tree.tokens[:, 0]
-        view = StepView(valid=valid, seq_len=seq_len, pending=root, prev=root, seeds=seeds, write=write)
-        hidden = head.observe(view, feats_path, sel.output_tokens, sel.num_emitted, None)
-    return TreeStepOutput(num_emitted=sel.num_emitted, output_tokens=sel.output_tokens, path_tokens=path_tokens,
-                          hidden=hidden, tree_sizes=tree.sizes)
+    if feats is not None:
+        feats = feats.gather(1, src[:, :, None].expand(-1, -1, feats.shape[-1]))
+    return sel.num_emitted, sel.output_tokens, path_tokens, feats

@@ -6,6 +6,11 @@ up at every earlier position of the history, most recent first; the tokens that 
 continuations are merged into a trie rooted at the pending token (shared prefixes become one path), nodes in
 insertion order (parents first), at most ``nodes`` nodes. A request without a match gets the root alone (its step
 decodes one token). Host-side, O(history) per request and step.
+
+:class:`ContextTreeDrafter` (``ContextDrafter.for_tree``, ``draft="ngram"``) hands out a
+:class:`ContextTreeRunner`: it keeps every request's history (prompt from the prefill, emitted tokens from
+``observe``, read on the host next to the step's own host read) and proposes these tries as tree proposals (host-commit
+path: the trees are built on the host).
 """
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from typing import Sequence
 import torch
 
 from tilespec.multidraft.tree import TokenTree
+
+from .base import Drafter
+from .contract import DraftRunner, Proposal
 
 
 def continuations(history: Sequence[int], matches: int, length: int, n_min: int = 1, n_max: int = 4) -> list:
@@ -64,3 +72,50 @@ def context_trees(histories: Sequence[Sequence[int]], matches: int, length: int,
         tokens[i, :len(tok)] = torch.tensor(tok)
         sizes[i] = len(tok)
     return TokenTree(parents=parents.to(device), tokens=tokens.to(device), sizes=sizes.to(device))
+
+
+class ContextTreeRunner(DraftRunner):
+    """Per-generation histories and context trees of ``shape.tree`` = (matches, length, nodes)."""
+
+    observes = True
+    captures = False
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.histories: list = []
+
+    def span(self, gamma: int) -> int:
+        return max(self.shape.nodes, self.shape.depth + 1)
+
+    def prefill(self, ids, positions, mask, features, short: bool):
+        real = torch.cat([mask[:, 0, -1, :ids.shape[1] - 1], torch.ones_like(ids[:, :1], dtype=torch.bool)], dim=1)
+        self.histories = [row[keep].tolist() for row, keep in zip(ids.cpu(), real.cpu())]
+        return None
+
+    def propose(self, view, gamma: int, resolved, greedy: bool, ex) -> Proposal:
+        matches, length, nodes = self.shape.tree
+        tree = context_trees(self.histories, matches, length, nodes, view.pending.device)
+        return Proposal.of_tree(tree, sampler=self.shape.sampler)
+
+    def observe(self, view, features, out_tokens, num_emitted, ex):
+        host = torch.cat([num_emitted[:, None], out_tokens], dim=1).tolist()
+        for hist, (n, *toks) in zip(self.histories, host):
+            hist.extend(toks[:n])
+        return None
+
+    def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
+        self.histories = [self.histories[i] for i in rows.tolist()]
+
+
+class ContextTreeDrafter(Drafter):
+    """A context drafter (``base``, no model) proposing several of its matches as a tree of ``shape``."""
+
+    def __init__(self, base, shape):
+        self.base, self.shape = base, shape
+        self.name = "%s:tree-%d-%d-%d" % (base.name, *shape.tree)
+
+    def span(self, gamma: int) -> int:
+        return max(self.shape.nodes, self.shape.depth + 1)
+
+    def runner(self, batch: int, capacity: int, *, target, compile=None) -> ContextTreeRunner:
+        return ContextTreeRunner(self.shape)

@@ -4,24 +4,69 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:     # the tree sampler's package (and its scipy) loads only where trees are used
+    from tilespec.multidraft.tree import TokenTree
+
+_TREE_TENSORS = ("parents", "tokens", "sizes", "draft_probs")
 
 
 @dataclass
 class Proposal:
     """What a step verifies: ``tokens`` [B, K] int64; ``logits`` [B, K, V] fp32, the draft distribution each token
     was sampled from (None: deterministic drafts, q one-hot); ``counts`` [B] int64, per-request draft lengths of a
-    ragged proposal (None: K for every request; tokens past a request's count are padding, never accepted)."""
+    ragged proposal (None: K for every request; tokens past a request's count are padding, never accepted).
+
+    A token tree instead of a chain: ``tree`` (a :class:`~tilespec.multidraft.tree.TokenTree` [B, N], node 0 = the
+    pending token; ``tokens`` is then tree.tokens[:, 1:]), selected exactly by ``select_tree`` with ``scheme`` (its
+    i.i.d. kind) and ``sampler``; ``depth``: the trees' deepest level when static (selection without a host sync,
+    so the step can be captured), else None."""
 
     tokens: torch.Tensor
     logits: Optional[torch.Tensor] = None
     counts: Optional[torch.Tensor] = None
+    tree: Optional["TokenTree"] = None
+    scheme: str = "specinfer"
+    sampler: str = "cdf"
+    depth: Optional[int] = None
 
     @property
     def k(self) -> int:
         return self.tokens.shape[1]
+
+    @classmethod
+    def of_tree(cls, tree: "TokenTree", scheme: str = "specinfer", sampler: str = "cdf",
+                depth: Optional[int] = None) -> "Proposal":
+        return cls(tree.tokens[:, 1:], tree=tree, scheme=scheme, sampler=sampler, depth=depth)
+
+    def flatten(self) -> tuple:
+        """(tensors, layout): the proposal's tensors (what a captured step takes or returns) and a hashable layout
+        that :meth:`unflatten` rebuilds it from (part of the captured steps' keys: the tree's shape bucket)."""
+        tensors = [self.tokens] + [t for t in (self.logits, self.counts) if t is not None]
+        layout = (self.logits is not None, self.counts is not None)
+        if self.tree is not None:
+            tree = self.tree
+            tensors += [getattr(tree, f) for f in _TREE_TENSORS if getattr(tree, f) is not None]
+            layout += (tree.kind, tree.identical, tree.draft_probs is not None, self.scheme, self.sampler,
+                       self.depth)
+        return tuple(tensors), layout
+
+    @classmethod
+    def unflatten(cls, layout: tuple, tensors) -> "Proposal":
+        tensors = list(tensors)
+        tokens = tensors.pop(0)
+        logits = tensors.pop(0) if layout[0] else None
+        counts = tensors.pop(0) if layout[1] else None
+        if len(layout) == 2:
+            return cls(tokens, logits, counts)
+        from tilespec.multidraft.tree import TokenTree
+        kind, identical, has_probs, scheme, sampler, depth = layout[2:]
+        parents, tree_tokens, sizes = tensors[:3]
+        tree = TokenTree(parents, tree_tokens, sizes, kind, tensors[3] if has_probs else None, identical)
+        return cls(tokens, logits, counts, tree, scheme, sampler, depth)
 
 
 @dataclass
@@ -57,8 +102,13 @@ class DraftRunner:
     observes: bool = False
     scores_context: bool = False
     runners: tuple = ()       # model runners it owns (leased and narrowed with the target's runner)
+    captures: bool = True     # propose / observe can run inside a captured whole step (no host syncs)
     cache_version: int = 0
     compile_seconds: float = 0.0
+
+    def span(self, gamma: int) -> int:
+        """Slots past W that one step proposing with ``gamma`` writes in any cache (a chain: γ; a tree: more)."""
+        return gamma
 
     def encode(self, input_features: torch.Tensor, target_encoded: torch.Tensor) -> None:
         """Encoder-decoder targets: run (or reuse: ``target_encoded``, the target's encoder output) an encoder."""

@@ -205,21 +205,28 @@ class HeadDrafter(Drafter):
     def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
         return self.context.start(prompts) if self.context is not None else None
 
+    def for_tree(self, shape):
+        if self.context is not None:
+            return super().for_tree(shape)
+        from .head_tree import HeadTreeDrafter
+        return HeadTreeDrafter(self, shape)
+
     def runner(self, batch: int, capacity: int, *, target, compile=None) -> HeadRunner:
         """The head's runner for one generation, in the target runner's mode; on the compiled paths shared per
         (head, batch, capacity) like the models' runners (engine/leases.py), so captured steps are reused across
         generations."""
+        return self._shared_runner(batch, capacity, target.mode, ("head",), HeadRunner)
+
+    def _shared_runner(self, batch: int, capacity: int, mode: str, role: tuple, make):
         from ..leases import _COMPILED_RUNNERS, in_use
 
-        mode = target.mode
-
         if mode == "eager":
-            return HeadRunner(self.head, batch, capacity, mode)
-        key = (id(self.head), "head", capacity, batch, mode)
+            return make(self.head, batch, capacity, mode)
+        key = (id(self.head), *role, capacity, batch, mode)
         cached = _COMPILED_RUNNERS.get(key)
         if cached is not None and cached.head is self.head and not in_use(cached):
             return cached
-        runner = HeadRunner(self.head, batch, capacity, mode)
+        runner = make(self.head, batch, capacity, mode)
         if cached is None or not in_use(cached):
             _COMPILED_RUNNERS[key] = runner
         return runner

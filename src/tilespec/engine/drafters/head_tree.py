@@ -13,7 +13,11 @@ are overwritten by the ``observe`` that follows verification, so only committed 
 * :func:`propose_chains` (``kind="iid"``): K chains of length L, each token sampled from the head's processed law
   at the draft temperature, independently per chain (Gumbel noise keyed by a per-chain seed, a stream no verify
   scheme uses); the laws are kept as the tree's ``draft_probs`` for the seed-004 schemes.
-Static shapes, no host syncs: both can run inside a captured CUDA graph.
+Static shapes, no host syncs: both can run inside a captured CUDA graph (the selection of sampled chains cannot: it
+reads the alive drafts on the host, so those steps run on the host-commit path).
+:class:`HeadTreeDrafter` (``HeadDrafter.for_tree``) hands out a :class:`HeadTreeRunner`: the head's runner whose
+``propose`` returns these trees as a tree :class:`~.contract.Proposal`; ``observe`` is the chain's (the step body
+hands it the accepted path).
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from tilespec.multidraft.tree import TokenTree
 from tilespec.verify.distributions import log_probs
 
 from ..tree_step import sample_chains, window_gather
+from .base import Drafter
+from .contract import Proposal, StepView
+from .head import HeadRunner
+from .trees import draft_resolved
 
 CHAIN_SEED_STRIDE = 1 << 44     # chain k samples with seed + (k + 1) * stride: independent of the verify streams
 
@@ -136,3 +144,69 @@ def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, r
     return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
                      sizes=torch.full((b,), n, dtype=torch.int64, device=dev), kind="iid", draft_probs=draft_probs,
                      identical=True)
+
+
+def head_span(shape) -> int:
+    """Slots past W a head's tree step writes: the target's nodes, the head's frontier entries, the observed path."""
+    width, depth = shape.tree[:2] if shape.tree is not None else shape.chains
+    return max(shape.nodes, (depth - 1) * width + 1, depth + 1)
+
+
+class HeadTreeRunner(HeadRunner):
+    """A head's runner proposing ``shape``'s trees (dynamic trees: captured with the whole step) or sampled chains
+    (host-commit path)."""
+
+    def __init__(self, head, batch: int, capacity: int, mode: str, shape):
+        super().__init__(head, batch, capacity, mode)
+        self.shape = shape
+        self.captures = shape.tree is not None
+        self._write = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def span(self, gamma: int) -> int:
+        return head_span(self.shape)
+
+    def _device_view(self, view: StepView) -> StepView:
+        """W as a device scalar (the compiled head layer would recompile for every host int)."""
+        if isinstance(view.write, torch.Tensor):
+            return view
+        self._write.fill_(view.write)
+        return StepView(view.valid, view.seq_len, view.pending, view.prev, view.seeds, self._write, view.hidden)
+
+    def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
+        v, shape = self._device_view(view), self.shape
+        if shape.tree is not None:
+            branch, depth, nodes = shape.tree
+            tree = propose_tree(self, v.hidden, v.pending, v.valid, v.seq_len, v.write, branch, depth, nodes)
+            return Proposal.of_tree(tree, sampler=shape.sampler, depth=depth)
+        k, length = shape.chains
+        law = draft_resolved(shape, resolved, v.pending.shape[0], v.pending.device)
+        tree = propose_chains(self, v.hidden, v.pending, v.valid, v.seq_len, v.seeds, v.write, law, k, length)
+        tree.identical = shape.identical
+        return Proposal.of_tree(tree, scheme=shape.scheme, sampler=shape.sampler)
+
+    def observe(self, view: StepView, feats, out_tokens, num_emitted, ex) -> torch.Tensor:
+        return super().observe(self._device_view(view), feats, out_tokens, num_emitted, ex)
+
+
+class HeadTreeDrafter(Drafter):
+    """A head (``base``, a HeadDrafter) proposing trees of ``shape`` (drafters/trees.py)."""
+
+    def __init__(self, base, shape):
+        if shape.tree is not None and shape.nodes - 1 > tree_candidates(*shape.tree[:2]):
+            raise ValueError(f"tree {shape.tree}: at most {tree_candidates(*shape.tree[:2])} candidates for "
+                             f"{shape.nodes - 1} nodes; raise branch or depth")
+        self.base, self.shape = base, shape
+        kind = "tree-%d-%d-%d" % shape.tree if shape.tree is not None else "chains-%d-%d-%s" % (*shape.chains,
+                                                                                                shape.scheme)
+        self.name = f"{base.name}:{kind}"
+
+    def attach(self, target) -> None:
+        self.base.attach(target)
+
+    def span(self, gamma: int) -> int:
+        return head_span(self.shape)
+
+    def runner(self, batch: int, capacity: int, *, target, compile=None) -> HeadTreeRunner:
+        shape = self.shape
+        return self.base._shared_runner(batch, capacity, target.mode, ("head-tree", shape.key()),
+                                        lambda *a: HeadTreeRunner(*a, shape))

@@ -10,10 +10,15 @@ committed tokens survive in the draft's cache.
 
 Tokens are sampled from the processed draft law with Gumbel noise keyed by a per-chain seed (a stream no verify
 scheme uses); the laws become the tree's ``draft_probs``.
+
+:class:`ModelChainsDrafter` (``ModelDrafter.for_tree``) hands out a :class:`ModelChainsRunner`: it ``observe``s
+each step's accepted chunk and resyncs at the next ``propose``; a defrag or a dropped row (``select``) first writes
+the pending chunk in the layout it was committed in, then the pending token is fed again at the new W.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -21,7 +26,11 @@ from tilespec.multidraft.tree import TokenTree
 from tilespec.verify.distributions import log_probs
 
 from ..tree_step import sample_chains, window_gather
+from .base import Drafter
+from .contract import Proposal, StepView
 from .head_tree import CHAIN_SEED_STRIDE, _own_slots
+from .model import ModelDraftRunner
+from .trees import draft_resolved
 
 
 @dataclass
@@ -80,10 +89,13 @@ def _sample(law: torch.Tensor, seeds: torch.Tensor, position: torch.Tensor) -> t
     return sample_chains(torch.log(law), vocab, seeds, position)
 
 
-def resync_law(draft, resync: Resync, resolved) -> torch.Tensor:
-    """Write the committed chunk into the draft's cache -> the processed law [B, V] of the first draft token.
-    (Run before any defragmentation: the chunk's slots are those of the layout it was committed in.)"""
+def resync_law(draft, resync: Resync, resolved) -> Optional[torch.Tensor]:
+    """Write the committed chunk into the draft's cache -> the processed law [B, V] of the first draft token (None
+    when ``resolved`` is None). (Run before any defragmentation: the chunk's slots are those of the layout it was
+    committed in.)"""
     logits = draft.forward(resync.tokens, resync.positions, resync.mask(), resync.w0, keep=1)[:, 0]
+    if resolved is None:
+        return None
     return torch.exp(log_probs(logits[:, None, :].float(), resolved)[:, 0])
 
 
@@ -123,3 +135,67 @@ def propose_model_chains(draft, law, pending, valid, seq_len, seeds, write: int,
     return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
                      sizes=torch.full((b,), n, dtype=torch.int64, device=dev), kind="iid", draft_probs=draft_probs,
                      identical=True)
+
+
+class ModelChainsRunner(ModelDraftRunner):
+    """The draft model's runner proposing ``shape.chains`` sampled chains (host-commit path: W as a host int)."""
+
+    observes = True
+    captures = False
+    scores_context = False
+
+    def __init__(self, model_runner, shape):
+        super().__init__(model_runner)
+        self.shape = shape
+        self._last: Optional[tuple] = None    # the last step: (pending, seq_len, valid, W, out_tokens, num_emitted)
+
+    def span(self, gamma: int) -> int:
+        return self.shape.nodes
+
+    def prefill(self, ids, positions, mask, features, short: bool):
+        self._last = None
+        return super().prefill(ids, positions, mask, features, short)
+
+    def _resync(self, new_pending: Optional[torch.Tensor] = None) -> Optional[Resync]:
+        if self._last is None:
+            return None
+        pending, seq_len, valid, write, out, num_emitted = self._last
+        self._last = None
+        if new_pending is None:
+            new_pending = out.gather(1, (num_emitted - 1)[:, None])[:, 0]
+        return Resync.after(pending, seq_len, valid, write, out[:, :-1], num_emitted, new_pending)
+
+    def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
+        law_of = draft_resolved(self.shape, resolved, view.pending.shape[0], view.pending.device)
+        resync = self._resync(view.pending) or Resync.first(view.pending, view.seq_len, view.valid, view.write)
+        law = resync_law(self.model_runner, resync, law_of)
+        k, length = self.shape.chains
+        tree = propose_model_chains(self.model_runner, law, view.pending, view.valid, view.seq_len, view.seeds,
+                                    view.write, law_of, k, length)
+        tree.identical = self.shape.identical
+        return Proposal.of_tree(tree, scheme=self.shape.scheme, sampler=self.shape.sampler)
+
+    def observe(self, view: StepView, features, out_tokens, num_emitted, ex):
+        self._last = (view.pending, view.seq_len, view.valid, int(view.write), out_tokens, num_emitted)
+        return None
+
+    def select(self, rows: torch.Tensor, slot_index: torch.Tensor) -> None:
+        resync = self._resync()
+        if resync is not None:     # the committed chunk, in the layout it was committed in (any law will do)
+            resync_law(self.model_runner, resync, None)
+        super().select(rows, slot_index)
+
+
+class ModelChainsDrafter(Drafter):
+    """A draft model (``base``, a ModelDrafter) proposing ``shape.chains`` sampled chains."""
+
+    def __init__(self, base, shape):
+        self.base, self.shape, self.model = base, shape, base.model
+        self.name = "%s:chains-%d-%d-%s" % (base.name, *shape.chains, shape.scheme)
+
+    def span(self, gamma: int) -> int:
+        return self.shape.nodes
+
+    def runner(self, batch: int, capacity: int, *, target, compile) -> ModelChainsRunner:
+        from ..leases import shared_runner
+        return ModelChainsRunner(shared_runner(self.model, "draft", capacity, batch, compile), self.shape)

@@ -1,0 +1,101 @@
+"""Token-tree drafting: the shape a drafter proposes trees of, and turning a drafter into a tree drafter.
+
+``SpeculativeDecoder(target, draft, tree=... | chains=...)`` asks the drafter for trees (``Drafter.for_tree``); the
+drafter's runner then proposes a tree :class:`~.contract.Proposal` (``tree`` set) and the one step body verifies it
+(engine/step.py ``verify_phase``: tree mask and positions, ``select_tree``, compaction of the accepted path). Which
+drafters propose trees:
+  * a draft head (``draft="head"``, a head folder, a HeadDrafter; drafters/head_tree.py): ``tree=(branch, depth,
+    nodes)`` an EAGLE-2-style dynamic tree (deterministic drafts, captured whole on native-graphs), or
+    ``chains=(K, L)`` K chains sampled from the head (the seed-004 schemes, ``scheme``);
+  * a context drafter without a model (``draft="ngram"``; drafters/context_tree.py): ``tree=(matches, length,
+    nodes)``, several matches of the context merged into a trie;
+  * a draft model (drafters/model_tree.py): ``chains=(K, L)`` K chains sampled from it.
+The γ of a tree step is the trees' depth (a constant schedule); ``span`` (slots a step writes past W) is larger
+than γ: the target writes every node, a head its frontier's draft entries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from tilespec.verify.types import SamplingParams
+
+MAX_NODES = 64
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """``tree`` (branch or matches, depth, nodes) or ``chains`` (K, L); ``scheme``: the multi-draft scheme of sampled
+    chains (specinfer, spectr, is, ...); ``draft_sampling``: the chains' draft law (None: the target's sampling);
+    ``sampler``: the selection's categorical draw, 'cdf' or 'gumbel'."""
+
+    tree: Optional[tuple] = None
+    chains: Optional[tuple] = None
+    scheme: str = "specinfer"
+    draft_sampling: Optional[SamplingParams] = None
+    sampler: str = "cdf"
+
+    @property
+    def depth(self) -> int:
+        return self.tree[1] if self.tree is not None else self.chains[1]
+
+    @property
+    def nodes(self) -> int:
+        return self.tree[2] if self.tree is not None else 1 + self.chains[0] * self.chains[1]
+
+    @property
+    def identical(self) -> bool:
+        """Sampled chains are judged under one law (SpecTr is defined for identical drafts; the other alive chains'
+        laws equal the first's up to float rounding), else each under its own chain's law."""
+        from tilespec.multidraft.schemes import parse_scheme
+        return parse_scheme(self.scheme).kind == "spectr"
+
+    def key(self) -> tuple:
+        """Hashable identity (runner caches)."""
+        return self.tree, self.chains, self.scheme, repr(self.draft_sampling), self.sampler
+
+
+def tree_shape(tree: Optional[Sequence[int]], chains: Optional[Sequence[int]], scheme: str = "specinfer",
+               draft_sampling: Optional[SamplingParams] = None, sampler: str = "cdf") -> TreeShape:
+    """Validate and build a :class:`TreeShape` (ValueError on bad settings)."""
+    from tilespec.multidraft.schemes import parse_scheme
+    if (tree is None) == (chains is None):
+        raise ValueError("give one of tree=(branch, depth, nodes) and chains=(K, L)")
+    if sampler not in ("cdf", "gumbel"):
+        raise ValueError(f"sampler must be 'cdf' or 'gumbel', got {sampler!r}")
+    if draft_sampling is not None and not isinstance(draft_sampling, SamplingParams):
+        raise TypeError(f"draft_sampling must be a SamplingParams, got {type(draft_sampling).__name__}")
+    if chains is not None:
+        k, length = (int(x) for x in chains)
+        if k < 1 or length < 1 or 1 + k * length > MAX_NODES:
+            raise ValueError(f"chains=(K, L) needs K, L >= 1 and 1 + K L <= {MAX_NODES} nodes, got {tuple(chains)}")
+        parse_scheme(scheme)                     # an unknown scheme fails here
+        return TreeShape(chains=(k, length), scheme=scheme, draft_sampling=draft_sampling, sampler=sampler)
+    branch, depth, nodes = (int(x) for x in tree)
+    if branch < 1 or depth < 1 or not 2 <= nodes <= MAX_NODES:
+        raise ValueError(f"tree=(branch, depth, nodes) needs branch, depth >= 1 and 2 <= nodes <= {MAX_NODES}, "
+                         f"got {tuple(tree)}")
+    return TreeShape(tree=(branch, depth, nodes), scheme=scheme, draft_sampling=draft_sampling, sampler=sampler)
+
+
+def tree_drafter(drafter, shape: TreeShape, sampling: SamplingParams, gamma_schedule: str):
+    """The drafter proposing trees of ``shape`` (``drafter.for_tree``); trees are exact only and use a constant γ
+    (the depth)."""
+    if drafter is None:
+        raise ValueError("tree decoding needs a drafter: draft='head', a draft model (chains) or 'ngram'")
+    if any(float(x) != 1.0 for x in torch.as_tensor(sampling.lenience).reshape(-1).tolist()):
+        raise ValueError("tree decoding is exact only: lenience < 1 is not supported")
+    if gamma_schedule != "constant":
+        raise ValueError(f"tree decoding drafts trees of a fixed depth: gamma_schedule must be 'constant', got "
+                         f"{gamma_schedule!r}")
+    return drafter.for_tree(shape)
+
+
+def draft_resolved(shape: TreeShape, resolved, batch: int, device):
+    """The sampled chains' draft law for ``batch`` rows: ``shape.draft_sampling`` resolved, else the target's."""
+    if shape.draft_sampling is None:
+        return resolved
+    from tilespec.verify.validation import resolve_sampling
+    return resolve_sampling(shape.draft_sampling, batch, device)
