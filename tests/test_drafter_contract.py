@@ -126,8 +126,11 @@ def test_the_step_code_names_no_drafter():
     """No drafter-specific branch in the decoder or the steps: they reach drafters only through the contract."""
     engine = Path(__file__).resolve().parents[1] / "src" / "tilespec" / "engine"
     forbidden = {"head", "HeadRunner", "HeadDrafter", "observes_target", "ModelDrafter", "ModelDraftRunner",
-                 "ContextDrafter", "NgramDrafter", "SuffixDrafter", "model_runner", "draft_block", "propose_head"}
-    for name in ("decoder.py", "step.py", "step_graph.py", "batch_step.py", "execution.py", "generation.py"):
+                 "ContextDrafter", "NgramDrafter", "SuffixDrafter", "model_runner", "draft_block", "propose_head",
+                 "HeadTreeDrafter", "HeadTreeRunner", "ContextTreeDrafter", "ContextTreeRunner", "ModelChainsDrafter",
+                 "ModelChainsRunner", "propose_tree", "propose_chains", "propose_model_chains", "context_trees"}
+    for name in ("decoder.py", "step.py", "step_graph.py", "batch_step.py", "execution.py", "generation.py",
+                 "tree_step.py", "tree_decoder.py"):
         tree = ast.parse((engine / name).read_text())
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -1,7 +1,9 @@
-"""Tree verification in the engine (engine/tree_step.py, drafters/head_tree.py, engine/tree_decoder.py) on tiny random
-models: the tree mask / positions / compaction, oracle trees whose accepted path sits at scattered node indices
-(token-identical to target-only greedy decoding, batched and ragged), the head's dynamic trees and sampled chains
-(token-identical at T = 0 on the eager and native runtimes), and the sequence law at T > 0."""
+"""Tree verification in the one decode loop (engine/step.py's verify_phase with tree proposals, engine/tree_step.py,
+drafters/head_tree.py, context_tree.py, model_tree.py; SpeculativeDecoder(tree=... | chains=...), TreeDecoder its
+subclass) on tiny random models: the tree mask / positions / compaction, oracle trees whose accepted path sits at
+scattered node indices (token-identical to target-only greedy decoding, batched and ragged), the head's dynamic trees
+and sampled chains, context trees and a draft model's chains (token-identical at T = 0 on the eager and native
+runtimes, with finished rows dropped or kept), the whole-step graph path, and the sequence law at T > 0."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +15,9 @@ from tilespec.engine.drafters import HeadDrafter
 from tilespec.engine.native.runner import NativeRunner
 from tilespec.engine.state import BatchState, left_pad, prefill_mask
 from tilespec.engine.tree_decoder import TreeDecoder
+from tilespec.engine.drafters.contract import Proposal
+from tilespec.engine.execution import HostExecution
+from tilespec.engine.step import run_verify, verify_phase
 from tilespec.engine.tree_step import compact, tree_mask, tree_positions
 from tilespec.exactness.stats import fit_test
 from tilespec.heads import DraftHead, config_for
@@ -79,14 +84,13 @@ def test_oracle_trees_are_token_identical_to_target_only(compile):
         trees = [_oracle_tree(ref.sequences[b][len(out[b]):], b, int(state.pending[b])) for b in range(2)]
         tree = TokenTree(parents=torch.tensor([t[0] for t in trees]), tokens=torch.tensor([t[1] for t in trees]),
                          sizes=torch.tensor([8, 6]))
-        write = torch.tensor(state.write)
-        logits = score_tree(runner, tree, state.valid, state.seq_len, write, write_slot=state.write)
-        res = finish_step(runner, None, tree, logits, None, state.valid, state.seq_len, state.seeds, write, GREEDY,
-                          "specinfer", "cdf")
-        emitted = res.num_emitted.tolist()
+        ex = HostExecution(run_verify, graphs=False)      # the step body's verify phase, as the decoder runs it
+        num_emitted, tokens, _, path = verify_phase(runner, None, state, Proposal.of_tree(tree), GREEDY,
+                                                    "reference", True, ex)
+        emitted = num_emitted.tolist()
         for b in range(2):
-            out[b] += res.output_tokens[b, :emitted[b]].tolist()
-        state.commit(res.num_emitted, res.output_tokens, res.path_tokens, max(emitted) - 1)
+            out[b] += tokens[b, :emitted[b]].tolist()
+        state.commit(num_emitted, tokens, path, max(emitted) - 1)
         counts.append(emitted)
     assert [o[:new] for o in out] == ref.sequences
     assert counts[:4] == [[4, 2]] * 4     # 3 drafts + 1 / 1 draft + 1 while the reference lasts: the path is kept
@@ -117,17 +121,24 @@ def test_head_trees_greedy_equal_target_only(compile):
     assert dec.last_stats.steps > 0
 
 
-def test_eos_ends_a_request_early():
+@pytest.mark.parametrize("compile", [False, "native"])
+def test_eos_ends_a_request_early(compile):
+    """EOS ends one request early: the eager path drops its row from every runner (the head's cache, the context
+    tree's histories, the draft model's resync chunk), the native path keeps it ignored."""
+    from engine_models import layer_skip
     target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
     head = _random_head(target)
-    prompts = [[4, 7, 1], [9, 9, 2, 5]]
-    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=16)
+    prompts = [[4, 7, 1, 4, 7, 1, 4], [9, 9, 2, 5], [3, 3]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile=compile).generate(prompts, max_new_tokens=16)
     eos = ref.sequences[1][5]
-    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native",
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile=compile,
                              eos_token_id=eos).generate(prompts, max_new_tokens=16)
-    out = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
-                      eos_token_id=eos).generate(prompts, max_new_tokens=16)
-    assert out.sequences == ref.sequences
+    assert min(map(len, ref.sequences)) < 16 <= max(map(len, ref.sequences))
+    for draft, shape in ((HeadDrafter(head), {"tree": (3, 3, 8)}), ("ngram", {"tree": (3, 3, 8)}),
+                         (layer_skip(target, 1), {"chains": (2, 3)})):
+        out = SpeculativeDecoder(target, draft, sampling=GREEDY, compile=compile, eos_token_id=eos,
+                                 **shape).generate(prompts, max_new_tokens=16)
+        assert out.sequences == ref.sequences, (draft, shape)
 
 
 LAW_VOCAB, LENGTH, N = 6, 3, 3000
@@ -148,7 +159,7 @@ def test_tree_decoded_sequences_follow_the_target_law(shape, sampling):
         draft = layer_skip(target, 1)
     dec = TreeDecoder(target, draft, sampling=sampling, eos_token_id=[], compile="native", **shape)
     out = dec.generate([LAW_PROMPT] * N, max_new_tokens=LENGTH, seed=2024)
-    assert 1.05 < dec.last_stats.tokens_per_step < LENGTH           # accepts and rejects
+    assert 1.05 < dec.last_stats.block_efficiency < LENGTH           # accepts and rejects
     index = [int(np.ravel_multi_index(q, [LAW_VOCAB] * LENGTH)) for q in out.sequences]
     law = exact_sequence_law(target, sampling, LAW_PROMPT, LAW_VOCAB, LENGTH)
     result = fit_test(np.bincount(index, minlength=LAW_VOCAB ** LENGTH), law)
@@ -177,6 +188,12 @@ def test_bad_settings_are_refused():
         TreeDecoder(target, HeadDrafter(head), compile="graphs")
     with pytest.raises(ValueError, match="lenience"):
         TreeDecoder(target, HeadDrafter(head), sampling=SamplingParams(lenience=0.5))
+    with pytest.raises(ValueError, match="constant"):
+        SpeculativeDecoder(target, HeadDrafter(head), tree=(2, 2, 3), gamma_schedule="heuristic")
+    with pytest.raises(ValueError, match="one of"):
+        SpeculativeDecoder(target, HeadDrafter(head), tree=(2, 2, 3), chains=(2, 2))
+    with pytest.raises(ValueError, match="drafter"):
+        SpeculativeDecoder(target, None, tree=(2, 2, 3))
 
 
 def test_generate_cli_tree_matches_target_only(monkeypatch, tmp_path):
@@ -217,26 +234,36 @@ class _TwiceGraphs:
         _TwiceGraphs.calls += 1
         return self.fn(*static, key=key)
 
+    def __len__(self) -> int:
+        return 0
+
+    def clear(self) -> None:
+        pass
+
 
 def test_captured_step_path_repeats_safely(monkeypatch):
-    """The whole-step graph path (warm-up run + replay on the same inputs) gives target-only's tokens."""
-    import tilespec.engine.tree_decoder as td
-    monkeypatch.setattr(td, "GraphCache", _TwiceGraphs)
+    """The whole-step graphs run a dynamic-tree step (graph D: the head's tree; graph T: tree forward, selection,
+    compaction, observe, commit) repeatably (warm-up run + replay on the same inputs): target-only's tokens at T = 0,
+    and at T = 1 the host-commit path's tokens (graph_verify=False keeps the native runners off the graphs)."""
+    import tilespec.engine.step_graph as sg
+    monkeypatch.setattr(sg, "_Direct", _TwiceGraphs)
     target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
     head = _random_head(target)
     prompts = [[3, 8, 1, 9], [2, 2, 7]]
     ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=16)
+    _TwiceGraphs.calls = 0
     dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=GREEDY, compile="native",
                       eos_token_id=[])
-    dec.capture_steps = True
     out = dec.generate(prompts, max_new_tokens=16)
-    assert out.sequences == ref.sequences and out.stats.graphed and _TwiceGraphs.calls > 0
+    assert out.sequences == ref.sequences and _TwiceGraphs.calls > out.stats.steps
     t1 = SamplingParams(temperature=1.0, top_p=0.9)     # keyed randomness: the same tokens on both paths
     runs = []
-    for capture in (False, True):
-        dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=t1, compile="native", eos_token_id=[])
-        dec.capture_steps = capture
+    for graphed in (False, True):
+        _TwiceGraphs.calls = 0
+        dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=t1, compile="native",
+                          eos_token_id=[], graph_verify=graphed)
         runs.append(dec.generate(prompts, max_new_tokens=16, seed=7).sequences)
+        assert (_TwiceGraphs.calls > 0) == graphed
     assert runs[0] == runs[1]
 
 
@@ -251,21 +278,21 @@ def test_context_trees_greedy_equal_target_only():
     dec = TreeDecoder(target, "ngram", tree=(4, 4, 12), sampling=GREEDY, compile="native", eos_token_id=[])
     out = dec.generate(prompts, max_new_tokens=24)
     assert out.sequences == ref.sequences
-    assert out.stats.tokens_per_step > 1.0
+    assert out.stats.block_efficiency > 1.0
 
 
 def test_defragmenting_mid_generation_keeps_tokens():
     """No slack for the holes of ragged acceptance (context trees accept much more on the looping rows): the caches
-    are defragmented mid-generation, and finished rows keep no context."""
+    are defragmented mid-generation (the eager runtime: compiled ones round the capacity up to 256 slots)."""
     target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
     prompts = [[3, 9, 4, 3, 9, 5, 3, 9, 4, 3], [5, 2, 7, 1], [8]]
     ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=40)
-    dec = TreeDecoder(target, "ngram", tree=(4, 4, 12), sampling=GREEDY, compile="native", eos_token_id=[],
+    dec = TreeDecoder(target, "ngram", tree=(4, 4, 12), sampling=GREEDY, compile=False, eos_token_id=[],
                       cache_slack=0)
     out = dec.generate(prompts, max_new_tokens=40)
     assert out.sequences == ref.sequences and out.stats.defrags > 0
     head = _random_head(target)
-    dec = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
+    dec = TreeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile=False,
                       eos_token_id=[], cache_slack=0)
     assert dec.generate(prompts, max_new_tokens=40).sequences == ref.sequences and dec.last_stats.defrags > 0
 
@@ -277,10 +304,10 @@ def test_draft_model_chains_greedy_equal_target_only(scheme, slack):
     draft = layer_skip(target, 1)
     prompts = [[3, 9, 4, 3, 9, 5, 3, 9, 4, 3], [5, 2, 7, 1], [8]]
     ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=30)
-    dec = TreeDecoder(target, draft, chains=(2, 3), scheme=scheme, sampling=GREEDY, compile="native",
-                      eos_token_id=[], cache_slack=slack)
+    dec = TreeDecoder(target, draft, chains=(2, 3), scheme=scheme, sampling=GREEDY,
+                      compile="native" if slack is None else False, eos_token_id=[], cache_slack=slack)
     out = dec.generate(prompts, max_new_tokens=30)
-    assert out.sequences == ref.sequences and out.stats.tokens_per_step > 1.3
+    assert out.sequences == ref.sequences and out.stats.block_efficiency > 1.3
     assert slack is None or out.stats.defrags > 0
 
 

@@ -171,10 +171,11 @@ def run(args) -> int:
     extra = {"tp": tp, "tp_check": args.tp_check or None} if tp is not None else {}
     target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
     if args.tree or args.chains:
-        return run_tree(args, target, draft, tok, texts)
-    dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
-                             method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
-                             compile=args.compile)
+        dec = tree_decoder(args, target, draft, tok)
+    else:
+        dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
+                                 method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
+                                 compile=args.compile)
     ids = encode_prompts(tok, texts, not args.no_chat)
     quiet = open(os.devnull, "w") if not main else None
     with torch.inference_mode():
@@ -202,30 +203,16 @@ def run(args) -> int:
     return 0
 
 
-def run_tree(args, target, draft, tok, texts) -> int:
-    """``--tree N`` / ``--chains K,L``: tree-verified decoding with the head (engine/tree_decoder.py)."""
+def tree_decoder(args, target, draft, tok):
+    """``--tree N`` / ``--chains K,L``: the decoder verifying a token tree per step (docs/trees.md), drafted by the
+    head (default), ``--draft ngram`` (context trees) or a draft model (chains)."""
     from tilespec.engine.tree_decoder import TreeDecoder
     if args.tp > 1:
         raise ValueError("--tree / --chains run on one GPU (no --tp)")
     shape = {"tree": (args.tree_branch, args.tree_depth, args.tree)} if args.tree else \
         {"chains": tuple(int(x) for x in args.chains.split(",")), "scheme": args.scheme}
-    dec = TreeDecoder(target, draft if draft is not None else "head", sampling=sampling_from_args(args),
-                      tokenizer=tok, compile=True if args.compile else "native", **shape)
-    ids = encode_prompts(tok, texts, not args.no_chat)
-    out = dec.generate(ids, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    for i, s in enumerate(out.sequences):
-        print((f"--- [{i}] {texts[i][:60]!r}\n" if len(texts) > 1 else "") + tok.decode(s, skip_special_tokens=True))
-    stats = out.stats.to_dict()
-    print(f"tree decoding {shape}: {stats['new_tokens']} tokens in {stats['steps']} target forwards "
-          f"({stats['tokens_per_step']:.2f} per forward), {stats['tokens_per_second']:.1f} tok/s", file=sys.stderr)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "target": args.target, "draft": args.draft, "prompts": texts,
-            "outputs": out.texts, "tokens": out.sequences,
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-            "stats": stats}, indent=2))
-    return 0
+    return TreeDecoder(target, draft if draft is not None else "head", sampling=sampling_from_args(args),
+                       tokenizer=tok, compile=True if args.compile else "native", method=args.method, **shape)
 
 
 def register(sub) -> None:

@@ -149,7 +149,7 @@ def tree_select(target, view, proposal, logits: torch.Tensor, feats: Optional[to
     tree = proposal.tree
     sel = select_tree(tree, logits.float(), sampling=sampling, scheme=proposal.scheme, seed=view.seeds,
                       offsets=view.seq_len, sampler=proposal.sampler, check_values=False, max_depth=proposal.depth,
-                      uniforms=graphed_uniforms)
+                      uniforms=graphed_uniforms, depth_cap=proposal.counts)
     compact_runner(target, view.write, sel.path)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]

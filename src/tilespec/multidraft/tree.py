@@ -187,7 +187,8 @@ def _all_probs(target_logits, target_probs, sampling) -> torch.Tensor:
 def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *,
                 target_probs: Optional[torch.Tensor] = None, sampling: SamplingParams = SamplingParams(),
                 scheme: Union[str, SchemeSpec] = "specinfer", seed=0, offsets=0, sampler: str = "gumbel",
-                check_values: bool = True, max_depth: Optional[int] = None, uniforms=uniform_tables) -> TreeSelection:
+                check_values: bool = True, max_depth: Optional[int] = None, uniforms=uniform_tables,
+                depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
     """Select the accepted path of every tree; see the module docstring.
 
     Args:
@@ -202,6 +203,8 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
             the selection can be captured in a CUDA graph); None = read it from the tree.
         uniforms: :func:`uniform_tables` or a function like it (the engine's replays a CUDA graph): iid trees draw
             every accept / sample uniform of the selection in one batch.
+        depth_cap: [B] int64 or None: request b's nodes deeper than depth_cap[b] count as padding (a smaller tree:
+            at most depth_cap[b] draft tokens are accepted; the engine caps trees near a request's token limit).
     """
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
@@ -226,21 +229,23 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
     offs = torch.as_tensor(offsets, dtype=torch.int64, device=dev).expand(b)
     if tree.kind == "distinct":
         return _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
-                                max_depth=max_depth)
+                                max_depth=max_depth, depth_cap=depth_cap)
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
-    return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler, uniforms)
+    return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler, uniforms, depth_cap)
 
 
 def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
-                     renormalise: bool = True, max_depth: Optional[int] = None) -> TreeSelection:
+                     renormalise: bool = True, max_depth: Optional[int] = None,
+                     depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
     """``renormalise=False`` drops the division by the rejected siblings' mass: a wrong sampler, kept only as the
     exactness suite's power check."""
     b, n = tree.parents.shape
     dev = tree.parents.device
-    parents, real = tree.parents.long(), tree.real()
-    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))   # padding: any id
+    parents = tree.parents.long()
     anc = ancestors(parents)
     depth = anc.sum(dim=-1) - 1
+    real = _capped(tree.real(), depth, depth_cap)
+    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))   # padding: any id
     probs = _all_probs(target_logits, target_probs, sampling)                        # [B, N, V]
     # p(x_n) under the law of n's parent
     p_node = probs[torch.arange(b, device=dev)[:, None], parents.clamp(min=0), tokens]
@@ -284,11 +289,17 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
     return TreeSelection(path=path, output_tokens=out, num_accepted=n_acc, num_emitted=n_acc + 1)
 
 
+def _capped(real: torch.Tensor, depth: torch.Tensor, depth_cap: Optional[torch.Tensor]) -> torch.Tensor:
+    """The real nodes no deeper than ``depth_cap`` [B] (None: all real nodes)."""
+    return real if depth_cap is None else real & (depth <= depth_cap[:, None])
+
+
 def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler,
-                uniforms=uniform_tables) -> TreeSelection:
+                uniforms=uniform_tables, depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
     b, n = tree.parents.shape
     dev = tree.parents.device
-    parents, real = tree.parents.long(), tree.real()
+    parents = tree.parents.long()
+    real = _capped(tree.real(), depths(parents), depth_cap)
     tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))
     q_all = tree.draft_probs.to(DTYPE)
     max_depth = int(depths(parents).max()) if n > 1 else 0

@@ -22,6 +22,7 @@ from tilespec.multidraft.tree import TokenTree
 
 from .base import Drafter
 from .contract import DraftRunner, Proposal
+from .trees import capped
 
 
 def continuations(history: Sequence[int], matches: int, length: int, n_min: int = 1, n_max: int = 4) -> list:
@@ -95,7 +96,7 @@ class ContextTreeRunner(DraftRunner):
     def propose(self, view, gamma: int, resolved, greedy: bool, ex) -> Proposal:
         matches, length, nodes = self.shape.tree
         tree = context_trees(self.histories, matches, length, nodes, view.pending.device)
-        return Proposal.of_tree(tree, sampler=self.shape.sampler)
+        return capped(Proposal.of_tree(tree, sampler=self.shape.sampler), gamma, length)
 
     def observe(self, view, features, out_tokens, num_emitted, ex):
         host = torch.cat([num_emitted[:, None], out_tokens], dim=1).tolist()

@@ -23,7 +23,8 @@ class Proposal:
     A token tree instead of a chain: ``tree`` (a :class:`~tilespec.multidraft.tree.TokenTree` [B, N], node 0 = the
     pending token; ``tokens`` is then tree.tokens[:, 1:]), selected exactly by ``select_tree`` with ``scheme`` (its
     i.i.d. kind) and ``sampler``; ``depth``: the trees' deepest level when static (selection without a host sync,
-    so the step can be captured), else None."""
+    so the step can be captured), else None; ``counts`` [B] of a tree: per-request depth caps (deeper nodes count as
+    padding), or None."""
 
     tokens: torch.Tensor
     logits: Optional[torch.Tensor] = None

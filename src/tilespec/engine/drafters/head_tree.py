@@ -30,7 +30,7 @@ from ..tree_step import sample_chains, window_gather
 from .base import Drafter
 from .contract import Proposal, StepView
 from .head import HeadRunner
-from .trees import draft_resolved
+from .trees import capped, draft_resolved
 
 CHAIN_SEED_STRIDE = 1 << 44     # chain k samples with seed + (k + 1) * stride: independent of the verify streams
 
@@ -177,12 +177,12 @@ class HeadTreeRunner(HeadRunner):
         if shape.tree is not None:
             branch, depth, nodes = shape.tree
             tree = propose_tree(self, v.hidden, v.pending, v.valid, v.seq_len, v.write, branch, depth, nodes)
-            return Proposal.of_tree(tree, sampler=shape.sampler, depth=depth)
+            return capped(Proposal.of_tree(tree, sampler=shape.sampler, depth=depth), gamma, depth)
         k, length = shape.chains
         law = draft_resolved(shape, resolved, v.pending.shape[0], v.pending.device)
         tree = propose_chains(self, v.hidden, v.pending, v.valid, v.seq_len, v.seeds, v.write, law, k, length)
         tree.identical = shape.identical
-        return Proposal.of_tree(tree, scheme=shape.scheme, sampler=shape.sampler)
+        return capped(Proposal.of_tree(tree, scheme=shape.scheme, sampler=shape.sampler), gamma, length)
 
     def observe(self, view: StepView, feats, out_tokens, num_emitted, ex) -> torch.Tensor:
         return super().observe(self._device_view(view), feats, out_tokens, num_emitted, ex)

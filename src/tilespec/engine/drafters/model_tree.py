@@ -30,7 +30,7 @@ from .base import Drafter
 from .contract import Proposal, StepView
 from .head_tree import CHAIN_SEED_STRIDE, _own_slots
 from .model import ModelDraftRunner
-from .trees import draft_resolved
+from .trees import capped, draft_resolved
 
 
 @dataclass
@@ -173,7 +173,7 @@ class ModelChainsRunner(ModelDraftRunner):
         tree = propose_model_chains(self.model_runner, law, view.pending, view.valid, view.seq_len, view.seeds,
                                     view.write, law_of, k, length)
         tree.identical = self.shape.identical
-        return Proposal.of_tree(tree, scheme=self.shape.scheme, sampler=self.shape.sampler)
+        return capped(Proposal.of_tree(tree, scheme=self.shape.scheme, sampler=self.shape.sampler), gamma, length)
 
     def observe(self, view: StepView, features, out_tokens, num_emitted, ex):
         self._last = (view.pending, view.seq_len, view.valid, int(view.write), out_tokens, num_emitted)

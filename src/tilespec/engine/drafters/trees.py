@@ -99,3 +99,13 @@ def draft_resolved(shape: TreeShape, resolved, batch: int, device):
         return resolved
     from tilespec.verify.validation import resolve_sampling
     return resolve_sampling(shape.draft_sampling, batch, device)
+
+
+def capped(proposal, gamma: int, depth: int):
+    """``proposal`` (a tree of ``depth`` levels) capped at γ < depth levels (near a request's token limit the step
+    may accept at most γ drafts): ``counts`` [B] = γ, the selection's depth cap; unchanged when γ >= depth."""
+    if gamma >= depth:
+        return proposal
+    rows = proposal.tokens.shape[0]
+    proposal.counts = torch.full((rows,), gamma, dtype=torch.int64, device=proposal.tokens.device)
+    return proposal
