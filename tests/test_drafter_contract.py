@@ -130,7 +130,7 @@ def test_the_step_code_names_no_drafter():
                  "HeadTreeDrafter", "HeadTreeRunner", "ContextTreeDrafter", "ContextTreeRunner", "ModelChainsDrafter",
                  "ModelChainsRunner", "propose_tree", "propose_chains", "propose_model_chains", "context_trees"}
     for name in ("decoder.py", "step.py", "step_graph.py", "batch_step.py", "execution.py", "generation.py",
-                 "tree_step.py", "tree_decoder.py"):
+                 "tree_step.py"):
         tree = ast.parse((engine / name).read_text())
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
