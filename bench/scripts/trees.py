@@ -3,10 +3,10 @@
 Systems per temperature (each prompt: one untimed warm-up run, then the timed run; tok/s = new tokens / wall time):
   ar                       target-only (SpeculativeDecoder without a draft)
   chain-g<G>               the head drafting a chain of G tokens (SpeculativeDecoder, draft="head")
-  tree-<b>-<d>-<n>         the head's EAGLE-2-style dynamic tree (TreeDecoder, tree=(b, d, n))
+  tree-<b>-<d>-<n>         the head's EAGLE-2-style dynamic tree (SpeculativeDecoder, tree=(b, d, n))
   ngram-g<G> / ctx-<m>-<l>-<n>   context drafting: one n-gram match as a chain / m matches as a tree (T = 0, 1)
   md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
-                           with sd (K = 1), specinfer, spectr or is (TreeDecoder, chains=(K, L))
+                           with sd (K = 1), specinfer, spectr or is (SpeculativeDecoder, chains=(K, L))
   mdm-K<K>-L<L>-<scheme>   the same with the draft MODEL --md-draft (seed 004's setting; skipped if it cannot load)
 Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
 the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ).
@@ -27,7 +27,6 @@ import torch
 from tilespec.bench.e2e import add_arguments, environment, load_models, prompt_ids
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.drafters import HeadDrafter
-from tilespec.engine.tree_decoder import TreeDecoder
 from tilespec.verify import SamplingParams
 
 STAGES = {"t0": ([0.0], False), "t1": ([1.0], False), "md": ([1.0], True)}
@@ -125,16 +124,14 @@ def _decoder(args, system, cfg, target, drafter, tok, sampling, compile):
         if isinstance(draft, str):
             raise RuntimeError(f"draft model {args.md_draft!r} not loaded: {draft}")
     draft_sampling = SamplingParams(temperature=args.draft_temperature) if "chains" in cfg else None
-    return TreeDecoder(target, draft, sampling=sampling, tokenizer=tok, compile=compile,
-                       draft_sampling=draft_sampling, **cfg, **eos)
+    return SpeculativeDecoder(target, draft, sampling=sampling, tokenizer=tok, compile=compile,
+                              draft_sampling=draft_sampling, **cfg, **eos)
 
 
 def _run_one(dec, ids, args, seed):
     out = dec.generate([ids], max_new_tokens=args.max_new_tokens, seed=seed)
     s = out.stats
-    calls = s.steps if hasattr(s, "nodes") else s.target_calls
-    hist = s.accepted_histogram() if hasattr(s, "accepted_histogram") else None
-    return out.sequences[0], s.new_tokens, calls, s.wall_time, hist
+    return out.sequences[0], s.new_tokens, s.target_calls, s.wall_time, s.accepted_histogram
 
 
 def main(argv=None) -> int:
@@ -194,8 +191,7 @@ def main(argv=None) -> int:
                     row["compared_with_ar"] += 1
                 if args.max_seconds and time.perf_counter() - t_sys > args.max_seconds:
                     break
-            if hasattr(dec, "last_stats") and getattr(dec.last_stats, "graphed", None) is not None:
-                row["graphed"] = dec.last_stats.graphed
+            row["graphed"] = dec.last_stats.graphed_steps > 0     # whole-step graphs (dynamic trees, chains)
         except Exception as err:     # one failing system must not lose the others' numbers
             row["error"] = f"{type(err).__name__}: {err}"
             print(f"{system} T={temp}: FAILED {row['error']}", file=sys.stderr)

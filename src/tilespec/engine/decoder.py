@@ -312,6 +312,7 @@ class SpeculativeDecoder:
         ks = [len(planned.drafts[i]) if planned.drafts is not None else gamma for i in live]
         new_tokens, finished, keep = gen.take(host, emitted_all, live, self.eos)
         stats.count_step(gamma, planned.draft_forwards, ks, emitted, context=planned.drafts is not None)
+        stats.graphed_steps += planned.committed
         if gamma > 0:
             gen.feed_schedule(planned, emitted, ks, [state.rows[i] for i in live])
         gen.feed_rate(gamma, emitted, planned)

@@ -124,6 +124,9 @@ class RunStats:
     match_request_steps: int = 0   # request-steps whose context matched (drafted >= 1 token)
     ahead_steps: int = 0           # steps launched before the previous step's host read (run-ahead; incl. a last
                                    # one computed after every request had ended, which counts only its forwards)
+    graphed_steps: int = 0         # steps run as whole-step graphs (step_graph.py; replayed captures on CUDA)
+    accepted_histogram: list = field(default_factory=list)   # [n_0, n_1, ...]: request-steps that accepted 0, 1,
+                                   # ... draft tokens (a tree's depth profile)
 
     def count_step(self, gamma: int, draft_forwards: int, ks: list, emitted: list, context: bool) -> None:
         """Count one step: ``ks`` tokens drafted and ``emitted`` tokens emitted per live request (same order)."""
@@ -136,6 +139,10 @@ class RunStats:
         self.request_steps += len(emitted)
         self.drafted += sum(ks)
         self.accepted += sum(e - 1 for e in emitted)
+        for e in emitted:
+            if e > len(self.accepted_histogram):
+                self.accepted_histogram.extend([0] * (e - len(self.accepted_histogram)))
+            self.accepted_histogram[e - 1] += 1
         self.tested += sum(min(e, k) for e, k in zip(emitted, ks))
         self.emitted += sum(emitted)
         self.gammas.append(gamma)
@@ -187,13 +194,17 @@ class RunStats:
         for r in runs:
             for name in ("requests", "new_tokens", "steps", "target_calls", "draft_calls", "request_steps", "drafted",
                          "accepted", "tested", "emitted", "defrags", "fallback_steps", "context_steps",
-                         "match_request_steps", "ahead_steps"):
+                         "match_request_steps", "ahead_steps", "graphed_steps"):
                 setattr(total, name, getattr(total, name) + getattr(r, name))
             total.wall_time += r.wall_time
             total.compile_seconds += r.compile_seconds
             for phase, t in r.times.items():
                 total.times[phase] = total.times.get(phase, 0.0) + t
             total.gammas += list(r.gammas)
+            hist = total.accepted_histogram
+            hist.extend([0] * (len(r.accepted_histogram) - len(hist)))
+            for a, n in enumerate(r.accepted_histogram):
+                hist[a] += n
             total.peak_memory_bytes = max(total.peak_memory_bytes, r.peak_memory_bytes)
             total.kv_cache_bytes = max(total.kv_cache_bytes, r.kv_cache_bytes)
         return total
