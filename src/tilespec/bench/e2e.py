@@ -50,7 +50,7 @@ SHAPES = {
 }
 # a resumed run must have been made with the same values of these settings
 SAME_SETTINGS = ("target", "draft", "num_prompts", "max_new_tokens", "dtype", "tiny", "random_init", "whisper",
-                 "document_chars", "lookup_tokens", "prompts_file", "warmup", "ignore_eos")
+                 "document_chars", "lookup_tokens", "prompts_file", "warmup", "ignore_eos", "tree")
 def _csv(kind):
     def parse(text: str) -> list:
         try:
@@ -101,6 +101,11 @@ def add_arguments(p) -> None:
                    help="comma list of engine step modes to run our engine in: eager, auto (compile=True: the "
                         "engine's default fast path), graphs (CUDA-graph replay), native-graphs, or a torch.compile "
                         "mode (reduce-overhead, ...); --compile alone means graphs")
+    p.add_argument("--tree", type=int, default=None, metavar="N",
+                   help="our speculative systems verify a token tree of N nodes per step (docs/trees.md; --draft head: "
+                        "the head's dynamic tree, ngram: context trees) with --tree-branch / --tree-depth")
+    p.add_argument("--tree-branch", type=int, default=8, help="--tree: children per expanded node (ngram: matches)")
+    p.add_argument("--tree-depth", type=int, default=6, help="--tree: levels of the tree (the γ of its rows)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each batch before its timed run")
     p.add_argument("--device", default="auto")
     p.add_argument("--tp", type=int, default=1, help="target sharded over N GPUs (torchrun --nproc-per-node N)")

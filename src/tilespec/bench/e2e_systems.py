@@ -228,6 +228,8 @@ def make_decoder(cfg: Config, target, draft, args):
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
     if getattr(args, "ignore_eos", False):
         kw["eos_token_id"] = []          # no stop token: exactly max_new_tokens per request
+    if getattr(args, "tree", None) and the_draft is not None:     # token trees (drafters/trees.py)
+        kw.update(tree=(args.tree_branch, args.tree_depth, args.tree), gamma_schedule="constant")
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
     except (TypeError, ValueError) as err:
