@@ -2,7 +2,7 @@
 
 Loop per step (B active requests, write pointer W; see state.py for the cache layout and invariants):
   1. drafts: the drafter's host-side context drafts (ragged, matched over the tokens read in the previous step's
-     host sync) or γ tokens from its device side (drafters/base.py: the one contract every drafter implements);
+     host sync) or γ tokens / a token tree from its device side (drafters/base.py: the one contract);
   2. the step body (step.py; captured whole on native runners, step_graph.py): one target forward over
      [pending, d_1..d_K] at slots [W, W+K], ``verify()`` keyed by per-request seeds and absolute positions, the
      drafter's ``observe``;

@@ -6,7 +6,8 @@ through its contract (drafters/base.py):
   * :func:`draft_phase` -- the step's :class:`Proposal`: drafts proposed elsewhere (a context drafter, ragged; the
     draft runner ``score``s them if it keeps a cache of its own), or γ tokens ``propose``d by the draft runner, or
     none (a target-only step);
-  * :func:`verify_phase` -- one target forward over [pending, d_1 .. d_K] at slots [W, W + K] (returning the hidden
+  * :func:`verify_phase` -- one target forward over [pending, d_1 .. d_K] at slots [W, W + K] (a token tree: over
+    its nodes, then its accepted path compacted into a chain step, tree_step.py; returning the hidden
     states the runner names in ``features``), ``verify()`` (or the greedy argmax of a target-only step), and the
     runner's ``observe`` -> its new per-row state.
 :func:`speculative_step` runs them on the host-commit path (the caller commits after its one host read); the

@@ -12,9 +12,12 @@ the one host read. Here everything between two host reads is captured:
     of accepted tokens become valid, and seq_len / pending / prev advance.
 Two graphs rather than one so the draft and target phases keep their own CUDA-event times (the ``optimal`` γ
 schedule estimates the cost ratio c from them). Drafts from elsewhere (context drafters) enter graph T as
-``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged). Nothing here knows which drafter it runs: it asks
-the runner's contract (drafters/base.py: ``observes`` -- its per-row state rides through both graphs;
-``scores_context``).
+``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged). A token tree (``Proposal.tree``, a dynamic tree
+from a head) rides the same way: graph D returns the proposal's tensors (``Proposal.flatten``; its layout -- the
+tree's kind, depth, scheme -- is recorded at capture and is part of graph T's key) and graph T verifies it with the
+step body's tree branch. Nothing here knows which drafter it runs: it asks the runner's contract
+(drafters/contract.py: ``observes`` -- its per-row state rides through both graphs; ``scores_context``; runners
+with ``captures = False`` never get here).
 
 The write pointer W is a device scalar here: the draft writes at W-1 .. W+γ-1 and the target at W .. W+K inside one
 capture. Keys: graph D (γ, the sampling flags, greedy) or ("score",); graph T (method, its options, sampling,

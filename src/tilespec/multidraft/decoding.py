@@ -131,7 +131,7 @@ def commit(target_cache, draft_cache, committed_len: int) -> None:
 class MultiDraftDecoder:
     """Multi-draft speculative decoding of one request with prefix KV caches: the research reference (eager
     transformers forwards, host-side selection; any draft model, per-draft temperatures). The fast path for the same
-    schemes is :class:`tilespec.engine.tree_decoder.TreeDecoder` with ``chains=(K, L)`` (docs/trees.md).
+    schemes is :class:`tilespec.engine.SpeculativeDecoder` with ``chains=(K, L)`` (docs/trees.md).
 
     draft_temperatures: K floats (equal: i.i.d. drafts; different: non-identical drafts); ``sampling`` is the
     target's SamplingParams (its top-k / top-p also apply to the drafts); ``scheme``: a selection scheme name.
