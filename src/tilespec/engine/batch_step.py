@@ -36,16 +36,20 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
               counts: Optional[torch.Tensor], sampling, resolved, method: str, method_options: tuple, pad: int,
               graphs: bool, live: list) -> torch.Tensor:
     """Run one step over rows [0, rows) of ``state`` and return the host copy [rows, 1 + K + 1] of (num_emitted,
-    output tokens); ``state`` is updated (write pointer included). ``draft``: the drafter's DraftRunner (the model
-    runners it owns are narrowed too) or None; ``gamma``: tokens it proposes (0: none);
+    output tokens); ``state`` is updated (write pointer included, and ``state.hidden``, the runner's per-row
+    state). ``draft``: the drafter's DraftRunner (the model runners it owns and its own ``row_buffers`` are narrowed
+    too; it observes every step that ``observes``, drafted or not) or None; ``gamma``: tokens it proposes (0: none);
     ``context``: [rows, K] drafts from a context drafter (or None); ``counts``: [rows] per-row draft lengths (None:
     no drafts); ``graphs``: run on ``fast`` (StepGraphs); ``live``: the live row indices (they set how far W moves)."""
     sub = BatchState(write=state.write, rows=list(range(rows)), eos=state.eos,
                      **{f: getattr(state, f)[:rows] for f in _FIELDS})
+    if state.hidden is not None:
+        sub.hidden = state.hidden[:rows]
     timer = PhaseTimer(state.valid.device)
     proposal = Proposal(context, counts=counts) if context is not None else None
     caps = counts if context is None else None
-    with first_rows((target, *(draft.runners if draft is not None else ())), rows):
+    own = (draft,) if draft is not None and draft.row_buffers else ()
+    with first_rows((target, *(draft.runners if draft is not None else ()), *own), rows):
         if graphs:
             out = fast.step(sub, gamma, sampling, resolved, method, timer, context=proposal, counts=caps,
                             method_options=method_options)
@@ -58,6 +62,8 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
         fast.advance(sub, max(emitted[b] for b in live))
     else:
         sub.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted[b] for b in live) - 1)
+        if out.hidden is not None:
+            sub.hidden = out.hidden
         dead = ~sub.alive
         sub.valid = sub.valid & sub.alive[:, None]
         sub.seq_len = torch.where(dead, torch.ones_like(sub.seq_len), sub.seq_len)
@@ -65,5 +71,7 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
         sub.prev = torch.where(dead, torch.full_like(sub.prev, pad), sub.prev)
     for f in ("valid", "seq_len", "pending", "prev", "alive"):
         getattr(state, f)[:rows].copy_(getattr(sub, f))
+    if state.hidden is not None:       # the runner's new per-row state (rows not live: garbage, reset at go-live)
+        state.hidden[:rows].copy_(sub.hidden)
     state.write = sub.write
     return host

@@ -62,6 +62,11 @@ class ModelDraftRunner(DraftRunner):
                                   compiled=short and self.model_runner.mode == "native-graphs")
         return None
 
+    def prefill_row(self, row, ids, positions, mask, write, features):
+        from ..slots import row_forward
+        row_forward(self.model_runner, row, ids[:, :-1], positions, mask, write)
+        return None
+
     def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
         """γ tokens -> Proposal(tokens [B, γ], logits [B, γ, V] fp32 or None when greedy); γ forwards."""
         runner, w, pos0 = self.model_runner, view.write, view.seq_len - 1   # pos0 [B]: position of pending
