@@ -60,7 +60,7 @@ def test_greedy_tokens_equal_the_decoder_target_only(target, draft, runtime):
     assert draft == "none" or engine.counters["accepted"] > 0
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("draft", DRAFTS + ["model+ngram"])
 def test_seeded_request_alone_equals_amid_traffic_and_defrags(target, draft):
     """The same sampled request (seed 7, T=1, top-p 0.9) alone, amid 9 other requests with other parameters, and
     amid them in caches so small that they defragment: the same tokens."""

@@ -126,20 +126,27 @@ def test_the_head_stays_current_while_nothing_is_drafted(trained, runtime):
     assert x.drafted > 0 and x.accepted > 0       # drafted only after y and z ended, from a current head
 
 
-@pytest.mark.parametrize("method", ["coupled", "reference"])
-def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, method):
-    """The same sampled request (seed 7, T=1, top-p 0.9) with head drafts alone, amid 7 other requests (other
-    temperatures, γ = 0 for some), and amid them in caches so small that they defragment: the same tokens."""
+@pytest.mark.parametrize("draft,method,repeats", [("head", "coupled", False), ("head", "reference", False),
+                                                  ("head+ngram", "coupled", False), ("head+ngram", "coupled", True)])
+def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, draft, method, repeats):
+    """The same sampled request (seed 7, T=1, top-p 0.9) with head (and context) drafts alone, amid 9 other requests
+    (other temperatures, γ = 0 for some), and amid them in caches so small that they defragment: the same tokens.
+    With head+ngram a request verifies its own context drafts where it matches (``repeats``: its prompt does at
+    once) and the head's elsewhere, whatever the other rows draft."""
     target, head, _, train_prompts = trained
+    context = "ngram" if draft == "head+ngram" else None
 
     def run(others: int, capacity=None):
-        engine = BatchEngine(target, HeadDrafter(head), max_batch=4, gamma=3, max_len=48, capacity=capacity,
-                             prefill_chunk=3, method=method)
+        engine = BatchEngine(target, HeadDrafter(head, context=context), max_batch=4, gamma=3, max_len=48,
+                             capacity=capacity, prefill_chunk=3, method=method)
         rng = random.Random(1)
-        reqs = [BatchRequest(prompt=[rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 16))],
+        reqs = [BatchRequest(prompt=([rng.randrange(3, VOCAB) for _ in range(3)] * 5)[:rng.randrange(1, 16)],
                              max_tokens=rng.randrange(1, 20), temperature=rng.choice([0.0, 0.7, 1.0]), seed=i,
-                             gamma=rng.choice([None, 0, 2])) for i in range(others)]
-        x = BatchRequest(prompt=train_prompts[11], max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+                             gamma=rng.choice([None, 0, 2, 3])) for i in range(others)]   # repeats: n-gram matches
+        if others:      # greedy companions whose output loops: context drafts while x (no match) drafts the head's
+            reqs[:0] = [BatchRequest(prompt=train_prompts[5], max_tokens=19, temperature=0.0) for _ in range(2)]
+        prompt = [31, 32, 33] * 3 if repeats else train_prompts[11]
+        x = BatchRequest(prompt=prompt, max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
         reqs.insert(others // 2, x)
         for r in reqs[:len(reqs) // 2]:
             engine.submit(r)

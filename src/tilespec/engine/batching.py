@@ -24,21 +24,18 @@ when the runner names ``features``) and then ``runner.prefill_row`` into the sam
 state (a head's output at its last prompt entry: ``state.hidden`` of that row, written at go-live). Every decode step
 passes the runner to the step body, which lets it ``observe`` the verify forward whether or not anything was drafted
 (per-request γ = 0, the load switch, no context match), so a head stays current; ``select`` moves its K/V with the
-target's at a defragmentation. Context drafters with a runner (``head+ngram``, ``MODEL+ngram``) step as the decoder
-does: context drafts where a live request matches (0 tokens for the others), else the runner proposes up to each
-request's cap.
+target's at a defragmentation. Context drafters with a runner (``head+ngram``, ``MODEL+ngram``) choose per request
+(batch_step.choose_drafts): its context drafts where it matches, the runner's up to its cap elsewhere, in one step.
 
 Exactness under batching: a request's random numbers are keyed by its own seed and absolute positions (Philox, as in
 the engine), its rows of every forward depend only on its own tokens, and its draft lengths are decided from its own
 history only (:meth:`BatchEngine._gamma`), so its tokens do not depend on what else is in the batch. With the
 default ``coupled`` verification (verify/methods/coupled.py) and a context drafter (or none), a request's tokens are
 even those of target-only decoding, whatever is drafted: ``spec_max_batch`` (drafting off while more rows are live)
-changes no token then. With sampled drafts (a draft model, a head) ``coupled`` is ``reference``: a request's tokens
-still depend only on its own history (no load switch by default), but turning drafting on or off by load keeps
-greedy tokens and the target's exact law only, not a sampled request's tokens. A context drafter with a runner
-(``head+ngram``, ``MODEL+ngram``) decides per step whether context or runner drafts are verified, over every live
-request: greedy tokens are target-only decoding's and the law is exact, but a sampled request's tokens may depend
-on what else is in the batch (use ``head``, ``ngram`` or a draft model alone for batch-independent sampled tokens).
+changes no token then. With sampled drafts (a draft model, a head; with a context drafter too, whose drafts are then
+verified with a one-hot q: batch_step.mixed_proposal) ``coupled`` is ``reference``: a request's tokens still depend
+only on its own history (no load switch by default), but turning drafting on or off by load keeps greedy tokens and
+the target's exact law only, not a sampled request's tokens.
 """
 from __future__ import annotations
 
@@ -54,7 +51,7 @@ from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
 from .batch_request import _SAMPLING, BatchEvent, BatchRequest, check_request
-from .batch_step import row_count, step_rows
+from .batch_step import choose_drafts, row_count, step_rows
 from .drafters import resolve_drafter
 from .generation import eos_ids
 from .inputs import context_limit, vocab_limit
@@ -111,6 +108,7 @@ class BatchEngine:
         if cap < self.max_len + self.gamma + 2:
             raise ValueError(f"capacity {cap} is below max_len + gamma + 2 = {self.max_len + self.gamma + 2}")
         self.capacity, self.vocab = cap, vocab_limit(target)
+        self.out_vocab = target.get_output_embeddings().weight.shape[0]
         self.device = next(target.parameters()).device
         self.eos = eos_ids(target, tokenizer, eos_token_id)
         self.pad = int(pad_token_id)
@@ -286,26 +284,16 @@ class BatchEngine:
         allow = self.switch is None or self.switch.draft(rows)
         caps = {b: self._gamma(self.rows[b], len(live)) if allow else 0 for b in live}
         compiled = self._compile_seconds()
-        counts = [caps.get(b, 0) for b in range(rows)]
-        context, gamma = None, 0
-        if self.drafter is not None and self.drafter.has_context and max(counts) > 0:
-            drafts = [self.rows[b].context.propose(0, caps[b]) if caps.get(b, 0) > 0 else [] for b in range(rows)]
-            k = max(map(len, drafts))
-            if k > 0:       # context drafts where a request matches (0 tokens where not), as the decoder steps
-                counts = [len(d) for d in drafts]
-                context = torch.tensor([d + [self.pad] * (k - len(d)) for d in drafts], dtype=torch.int64,
-                                       device=self.device)
-        if context is None:
-            if self.drafting is not None:        # the runner proposes up to each request's cap
-                gamma = max(counts)
-            else:
-                counts = [0] * rows
-        drafted = context is not None or gamma > 0
+        caps_rows = [caps.get(b, 0) for b in range(rows)]
+        contexts = None
+        if self.drafter is not None and self.drafter.has_context and max(caps_rows) > 0:
+            contexts = [self.rows[b].context.propose(0, c) if c > 0 else [] for b, c in enumerate(caps_rows)]
+        drafts = choose_drafts(caps_rows, contexts, self.drafting is not None, self.pad, self.out_vocab, self.device)
         sampling = self._sampling(live, rows)
         resolved = resolve_sampling(sampling, rows, self.device)
-        counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if drafted else None
-        host = step_rows(self.target, self.drafting, self.fast, self.state, rows, gamma, context, counts_t, sampling,
-                         resolved, self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+        host = step_rows(self.target, self.drafting, self.fast, self.state, rows, drafts, sampling, resolved,
+                         self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+        drafted, counts = drafts.drafted, drafts.counts
         if self.switch is not None:
             emitted = host[:, 0].tolist()
             self.switch.observe(rows, drafted, time.perf_counter() - started, sum(emitted[b] for b in live) / len(live),
