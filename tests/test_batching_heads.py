@@ -1,10 +1,11 @@
 """Continuous batching (engine/batching.py) and ``tilespec serve`` with a trained draft head (``head``,
 ``head+ngram``) on CPU: requests joining mid-flight, ending early and cancelled get target-only decoding's greedy
 tokens, a seeded sampled request gets the same tokens alone and amid traffic, the head stays current in steps that
-draft nothing (per-request γ = 0, the load switch), and the server answers with a head folder as its drafter."""
+draft nothing (per-request γ = 0, the load switch), and the server answers with ``--draft head``."""
 from __future__ import annotations
 
 import random
+import shutil
 
 import httpx
 import pytest
@@ -165,7 +166,10 @@ def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, d
     assert drafted > 0 and defrags >= 1
 
 
-def test_server_answers_with_a_head_folder_as_its_drafter(trained):
+def test_server_answers_with_the_targets_head(trained, tmp_path, monkeypatch):
+    """``--draft head``: the head found under $TILESPEC_HOME/heads/<target>/, served end to end (greedy text equals
+    target-only decoding's, streaming, drafted and accepted tokens in /metrics); a head folder (+ngram) resolves
+    too."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     openai = pytest.importorskip("openai")
@@ -173,7 +177,11 @@ def test_server_answers_with_a_head_folder_as_its_drafter(trained):
     from test_serve import CharTokenizer, Server
 
     target, head, folder, _ = trained
-    app = build_server(target, CharTokenizer(), draft=str(folder), model_name="tiny", max_batch=2, gamma=3,
+    assert BatchEngine(target, f"{folder}+ngram", max_batch=1, max_len=16).drafter.name == "head+ngram"
+    monkeypatch.setenv("TILESPEC_HOME", str(tmp_path))
+    shutil.copytree(folder, tmp_path / "heads" / "tiny")
+    monkeypatch.setattr(target, "tilespec_name", "tiny", raising=False)
+    app = build_server(target, CharTokenizer(), draft="head", model_name="tiny", max_batch=2, gamma=3,
                        max_len=96, default_max_tokens=16, prefill_chunk=8)
     srv = Server(app)
     try:

@@ -74,6 +74,8 @@ class HeadRunner(DraftRunner):
 
     def entries(self, feat, tokens, positions, mask, write_pos):
         if self._entries is not self.head.entries:
+            if not isinstance(write_pos, torch.Tensor):     # the host path's int W: a tensor, or every W recompiles
+                write_pos = torch.tensor(write_pos, dtype=torch.int64, device=tokens.device)
             try:
                 return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
             except Exception as err:     # stay correct where inductor fails: the eager layer from now on
