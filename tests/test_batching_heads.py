@@ -166,6 +166,12 @@ def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, d
     assert drafted > 0 and defrags >= 1
 
 
+def test_a_head_on_a_runtime_without_hidden_states_fails_at_construction(trained):
+    target, head, _, _ = trained
+    with pytest.raises(ValueError, match="reads the target's hidden states"):
+        BatchEngine(target, HeadDrafter(head), max_batch=2, max_len=16, compile="debug")
+
+
 def test_server_answers_with_the_targets_head(trained, tmp_path, monkeypatch):
     """``--draft head``: the head found under $TILESPEC_HOME/heads/<target>/, served end to end (greedy text equals
     target-only decoding's, streaming, drafted and accepted tokens in /metrics); a head folder (+ngram) resolves

@@ -9,7 +9,7 @@ from typing import Optional
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
-_SAMPLING = ("temperature", "top_k", "top_p", "min_p")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # a request's sampling, in SamplingParams order
 
 
 @dataclass
@@ -46,7 +46,7 @@ class BatchRequest:
 
     @property
     def sampling(self) -> tuple:
-        return tuple(getattr(self, f) for f in _SAMPLING)
+        return tuple(getattr(self, f) for f in SAMPLING_FIELDS)
 
 
 @dataclass

@@ -50,7 +50,7 @@ from tilespec.verify.registry import get_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
-from .batch_request import _SAMPLING, BatchEvent, BatchRequest, check_request
+from .batch_request import SAMPLING_FIELDS, BatchEvent, BatchRequest, check_request
 from .batch_step import choose_drafts, row_count, step_rows
 from .drafters import resolve_drafter
 from .generation import eos_ids
@@ -311,7 +311,7 @@ class BatchEngine:
         (each captures its own graphs), then run other settings on the host-commit path."""
         if self.fast is None or not self.fast.usable(self.method, sampling):
             return False
-        key = tuple(getattr(sampling, f) for f in _SAMPLING)
+        key = tuple(getattr(sampling, f) for f in SAMPLING_FIELDS)
         if key not in self._graph_sampling and len(self._graph_sampling) >= 8:
             return False
         self._graph_sampling.add(key)
