@@ -129,6 +129,18 @@ def test_continuous_batching_serves_a_contract_only_drafter(target, compile, con
     assert engine.counters["accepted"] > 0
 
 
+def test_continuous_batching_names_a_missing_empty_state(target):
+    from tilespec.engine.batching import BatchEngine
+
+    class Stateless(RepeatLast):
+        empty_state = DraftRunner.empty_state       # the contract's default: no per-row state
+
+    drafter = RepeatLastDrafter()
+    drafter.runner = lambda batch, capacity, *, target, compile: Stateless(target.mode)
+    with pytest.raises(TypeError, match="empty_state"):
+        BatchEngine(target, drafter, max_batch=2, max_len=16)
+
+
 def test_host_and_graphed_steps_give_the_same_sampled_tokens(target):
     """One step body: the host-commit step (graph_verify=False keeps the native runners off the whole-step graphs)
     and the graphed step draw the same tokens at T=1."""

@@ -138,6 +138,9 @@ class BatchEngine:
                                 eos=torch.tensor(sorted(self.eos), dtype=torch.int64, device=dev))
         if self.drafting is not None:     # the runner's per-row state (a head's last output), per row at go-live
             self.state.hidden = self.drafting.empty_state(b)
+            if self.drafting.observes and self.state.hidden is None:
+                raise TypeError(f"{type(self.drafting).__name__} observes the verify forwards but gives no "
+                                f"empty_state(batch): continuous batching needs each row's state before its prompt")
         self.rows: list = [None] * b          # row -> BatchRequest (prefilling or live) or None (free)
         self.waiting: deque = deque()
         self._ids = itertools.count()
