@@ -102,11 +102,28 @@ def test_batched_head_drafts_and_accepts_what_it_does_alone(trained):
     assert sum(r.accepted for r in reqs) > 0
 
 
+def _run_checking_the_head(engine, target, head, reqs, defrag_every: int = 0) -> int:
+    """Run ``engine`` to the end; after every step each live request's head state must equal the head rebuilt from
+    scratch over its prompt and tokens. Returns how many states were checked."""
+    checked = 0
+    while engine.has_work:
+        engine.step()
+        if defrag_every and engine.counters["steps"] % defrag_every == 0:
+            with torch.inference_mode():
+                engine._defrag()           # moves the head's K/V with the target's (the next step reads them)
+        for r in reqs:
+            if r.finish_reason is None and r.tokens:
+                want = _reference_hidden(target, head, r.prompt + r.tokens)
+                torch.testing.assert_close(engine.state.hidden[r.row], want, rtol=1e-4, atol=1e-4)
+                checked += 1
+    return checked
+
+
 @pytest.mark.parametrize("runtime", [False, "native"])
 def test_the_head_stays_current_while_nothing_is_drafted(trained, runtime):
     """Drafting off by load (``spec_max_batch=1`` while two requests decode) and by request (γ = 0): after every
-    step each live row's head state equals the head rebuilt from scratch over its prompt and tokens; once alone,
-    the request drafts and its drafts are accepted."""
+    step each live row's head state is the head rebuilt from scratch; once alone, the request drafts and its drafts
+    are accepted."""
     target, head, _, train_prompts = trained
     engine = BatchEngine(target, HeadDrafter(head), max_batch=4, gamma=3, max_len=64, compile=runtime,
                          prefill_chunk=5, spec_max_batch=1)
@@ -115,23 +132,31 @@ def test_the_head_stays_current_while_nothing_is_drafted(trained, runtime):
     z = BatchRequest(prompt=[7], max_tokens=6, temperature=0.0)
     for r in (x, y, z):
         engine.submit(r)
-    checked = 0
-    while engine.has_work:
-        engine.step()
-        for r in (x, y, z):
-            if r.finish_reason is None and r.tokens:
-                want = _reference_hidden(target, head, r.prompt + r.tokens)
-                torch.testing.assert_close(engine.state.hidden[r.row], want, rtol=1e-4, atol=1e-4)
-                checked += 1
-    assert checked >= 10 and y.drafted == 0 and z.drafted == 0
+    assert _run_checking_the_head(engine, target, head, (x, y, z)) >= 10
+    assert y.drafted == 0 and z.drafted == 0
     assert x.drafted > 0 and x.accepted > 0       # drafted only after y and z ended, from a current head
 
 
-@pytest.mark.parametrize("draft,method,repeats", [("head", "coupled", False), ("head", "reference", False),
-                                                  ("head+ngram", "coupled", False), ("head+ngram", "coupled", True)])
-def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, draft, method, repeats):
+@pytest.mark.parametrize("runtime", [False, "native"])
+def test_the_heads_cache_moves_with_the_targets_at_a_defragmentation(trained, runtime):
+    """Three drafting requests accept different lengths (holes in the shorter rows), the caches defragmented every
+    third step: every row's head state stays the head rebuilt from scratch."""
+    target, head, _, train_prompts = trained
+    engine = BatchEngine(target, HeadDrafter(head), max_batch=4, gamma=3, max_len=64, compile=runtime,
+                         prefill_chunk=8, min_alpha=0.0)
+    reqs = [BatchRequest(prompt=train_prompts[i], max_tokens=20, temperature=0.0) for i in (12, 13, 14)]
+    for r in reqs:
+        engine.submit(r)
+    assert _run_checking_the_head(engine, target, head, reqs, defrag_every=3) >= 20
+    assert engine.counters["defrags"] >= 3 and sum(r.accepted for r in reqs) > 0
+
+
+@pytest.mark.parametrize("draft,method,repeats,runtime", [
+    ("head", "coupled", False, False), ("head", "reference", False, False), ("head", "coupled", False, "native"),
+    ("head+ngram", "coupled", False, False), ("head+ngram", "coupled", True, "native")])
+def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, draft, method, repeats, runtime):
     """The same sampled request (seed 7, T=1, top-p 0.9) with head (and context) drafts alone, amid 9 other requests
-    (other temperatures, γ = 0 for some), and amid them in caches so small that they defragment: the same tokens.
+    (other temperatures, γ = 0 for some), and amid them with the caches defragmented mid-flight: the same tokens.
     With head+ngram a request verifies its own context drafts where it matches (``repeats``: its prompt does at
     once) and the head's elsewhere, whatever the other rows draft."""
     target, head, _, train_prompts = trained
@@ -139,7 +164,7 @@ def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, d
 
     def run(others: int, capacity=None):
         engine = BatchEngine(target, HeadDrafter(head, context=context), max_batch=4, gamma=3, max_len=48,
-                             capacity=capacity, prefill_chunk=3, method=method)
+                             capacity=capacity, prefill_chunk=3, method=method, compile=runtime)
         rng = random.Random(1)
         reqs = [BatchRequest(prompt=([rng.randrange(3, VOCAB) for _ in range(3)] * 5)[:rng.randrange(1, 16)],
                              max_tokens=rng.randrange(1, 20), temperature=rng.choice([0.0, 0.7, 1.0]), seed=i,
@@ -156,6 +181,9 @@ def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, d
             engine.submit(r)
         while engine.has_work:
             engine.step()
+            if capacity and runtime and engine.counters["steps"] % 8 == 0:    # compiled capacities round up to
+                with torch.inference_mode():                                   # 256 slots: defragment anyway
+                    engine._defrag()
         assert all(len(r.tokens) == r.max_tokens for r in reqs)
         return x.tokens, x.drafted, engine.counters["defrags"]
 
