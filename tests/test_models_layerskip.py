@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilespec.engine.cache import cache_kwarg, output_cache
+from tilespec.models.cache_keyword import cache_kwarg, output_cache
 from tilespec.models import layer_skip_draft, num_decoder_layers, shares_weights
 
 

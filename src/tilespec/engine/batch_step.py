@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .drafters.base import DraftRunner, Proposal
+from .drafters.contract import DraftRunner, Proposal
 from .execution import HostExecution
 from .metrics import PhaseTimer
 from .slots import first_rows

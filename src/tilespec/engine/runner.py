@@ -17,7 +17,9 @@ from typing import Optional
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .cache import SlotCache, cache_kwarg, gather_slots
+from tilespec.models.cache_keyword import cache_kwarg
+
+from .cache import SlotCache, gather_slots
 from .graphs import GraphCache
 from .native.runner import NATIVE_MODES, NativeRunner, native_reason, raise_recompile_limits
 

@@ -15,7 +15,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .cache import SlotCache, SlotLayer, cache_kwarg
+from tilespec.models.cache_keyword import cache_kwarg
+
+from .cache import SlotCache, SlotLayer
 from .native import NativeRunner
 
 

@@ -41,7 +41,9 @@ def head_spec(name) -> "HeadDrafter | None":
     if base == HEAD_NAME:
         return HeadDrafter(context=context)
     if base and (Path(base) / "manifest.json").is_file():
-        return HeadDrafter(base, context=context)
+        from tilespec.heads.distilled import is_distilled_folder
+        if not is_distilled_folder(base):      # a distilled Whisper draft is a model (heads/distilled.py)
+            return HeadDrafter(base, context=context)
     return None
 
 __all__ = ["Drafter", "DraftRunner", "Proposal", "StepView", "ModelDrafter", "ModelDraftRunner", "ContextDrafter",

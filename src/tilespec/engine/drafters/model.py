@@ -13,8 +13,9 @@ from typing import Optional
 
 import torch
 
+from ..slots import row_forward
 from ..state import chunk_mask
-from .base import DraftRunner, Proposal, StepView
+from .contract import DraftRunner, Proposal, StepView
 
 
 class ModelDraftRunner(DraftRunner):
@@ -63,7 +64,6 @@ class ModelDraftRunner(DraftRunner):
         return None
 
     def prefill_row(self, row, ids, positions, mask, write, features):
-        from ..slots import row_forward
         row_forward(self.model_runner, row, ids[:, :-1], positions, mask, write)
         return None
 
