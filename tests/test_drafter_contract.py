@@ -1,6 +1,6 @@
 """The drafter contract (engine/drafters/base.py): a drafter written against it alone runs through the host-commit
-step and the whole-step graphs (their eager twin, the "native" CPU mode), and the engine's step code names no
-drafter."""
+step and the whole-step graphs (their eager twin, the "native" CPU mode) and through continuous batching, and the
+engine's step code names no drafter."""
 from __future__ import annotations
 
 import ast
@@ -37,6 +37,14 @@ class RepeatLast(DraftRunner):
         self.calls["prefill"] += 1
         assert features.shape[:2] == positions.shape
         return ids[:, -1:].float()
+
+    def prefill_row(self, row, ids, positions, mask, write, features):     # continuous batching: one row's chunk
+        self.calls["prefill_row"] += 1
+        assert features.shape[:2] == positions.shape == (1, ids.shape[1] - 1)
+        return ids[:, -1:].float()
+
+    def empty_state(self, batch):
+        return torch.zeros((batch, 1))
 
     def propose(self, view, gamma, resolved, greedy, ex):
         self.calls["propose"] += 1
@@ -99,6 +107,40 @@ def test_a_contract_only_drafter_gives_target_only_greedy_tokens(target, compile
     assert out.stats.drafted > 0
 
 
+@pytest.mark.parametrize("compile", [False, "native"])
+@pytest.mark.parametrize("context", [False, True])
+def test_continuous_batching_serves_a_contract_only_drafter(target, compile, context):
+    """BatchEngine (``tilespec serve``) drives the same drafter through the contract alone: rows prefilled one chunk
+    at a time (``prefill_row``), observed every step; target-only greedy tokens."""
+    from tilespec.engine.batching import BatchEngine, BatchRequest
+
+    prompts = PROMPTS + [[3], [20, 21, 22, 20, 21, 22]]
+    reference = SpeculativeDecoder(target, None, sampling=GREEDY).generate(prompts, max_new_tokens=10).sequences
+    drafter = RepeatLastDrafter(context)
+    engine = BatchEngine(target, drafter, max_batch=2, gamma=3, max_len=32, compile=compile, prefill_chunk=3)
+    reqs = [BatchRequest(prompt=p, max_tokens=10, temperature=0.0) for p in prompts]
+    for r in reqs:
+        engine.submit(r)
+    while engine.has_work:
+        engine.step()
+    assert [r.tokens for r in reqs] == reference
+    calls = drafter.made[-1].calls
+    assert calls["prefill_row"] >= 5 and calls["propose"] > 0 and calls["observe"] == engine.counters["steps"]
+    assert engine.counters["accepted"] > 0
+
+
+def test_continuous_batching_names_a_missing_empty_state(target):
+    from tilespec.engine.batching import BatchEngine
+
+    class Stateless(RepeatLast):
+        empty_state = DraftRunner.empty_state       # the contract's default: no per-row state
+
+    drafter = RepeatLastDrafter()
+    drafter.runner = lambda batch, capacity, *, target, compile: Stateless(target.mode)
+    with pytest.raises(TypeError, match="empty_state"):
+        BatchEngine(target, drafter, max_batch=2, max_len=16)
+
+
 def test_host_and_graphed_steps_give_the_same_sampled_tokens(target):
     """One step body: the host-commit step (graph_verify=False keeps the native runners off the whole-step graphs)
     and the graphed step draw the same tokens at T=1."""
@@ -129,8 +171,8 @@ def test_the_step_code_names_no_drafter():
                  "ContextDrafter", "NgramDrafter", "SuffixDrafter", "model_runner", "draft_block", "propose_head",
                  "HeadTreeDrafter", "HeadTreeRunner", "ContextTreeDrafter", "ContextTreeRunner", "ModelChainsDrafter",
                  "ModelChainsRunner", "propose_tree", "propose_chains", "propose_model_chains", "context_trees"}
-    for name in ("decoder.py", "step.py", "step_graph.py", "batch_step.py", "execution.py", "generation.py",
-                 "tree_step.py"):
+    for name in ("decoder.py", "step.py", "step_graph.py", "batching.py", "batch_step.py", "execution.py",
+                 "generation.py", "slots.py", "tree_step.py"):
         tree = ast.parse((engine / name).read_text())
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -1,6 +1,7 @@
 """The device side of the drafter contract (drafters/base.py says who implements it): what a step verifies
 (:class:`Proposal`), the batch tensors a step reads (:class:`StepView`) and a drafter's per-generation device state
-(:class:`DraftRunner`), driven by the step body on the host-commit path and inside the captured whole step."""
+(:class:`DraftRunner`), driven by the step body on the host-commit path and inside the captured whole step, and by
+continuous batching (engine/batching.py: ``prefill_row`` / ``empty_state`` for rows that join mid-flight)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ class DraftRunner:
     scores_context: bool = False
     runners: tuple = ()       # model runners it owns (leased and narrowed with the target's runner)
     captures: bool = True     # propose / observe can run inside a captured whole step (no host syncs)
+    row_buffers: tuple = ()   # attribute names of its own per-row buffers [B, ...] (narrowed likewise, slots.py)
     cache_version: int = 0
     compile_seconds: float = 0.0
 
@@ -119,6 +121,20 @@ class DraftRunner:
         """After the target's prefill of the left-padded prompts ids [B, P+1] at slots [0, P) (positions [B, P],
         mask [B, 1, P, C]; ``features`` [B, P, n d] when ``features`` were asked for; ``short``: a short forced
         prefix that may run as a captured graph): the initial per-row state, or None."""
+        return None
+
+    def prefill_row(self, row: int, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, write: int,
+                    features: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Continuous batching (engine/batching.py): one chunk of one request's prompt into batch row ``row`` only
+        (other rows untouched), after the target's forward of that chunk: ids [1, q+1] (the chunk's q tokens and the
+        token after it), positions [1, q], mask [1, 1, q, C], ``write``: the chunk's first slot (host int),
+        ``features`` [1, q, n d] of the target's forward when ``features`` were asked for -> the row's state after
+        the chunk [1, ...] (the state of its last entry), or None."""
+        return None
+
+    def empty_state(self, batch: int) -> Optional[torch.Tensor]:
+        """The per-row state of rows with no entry yet [batch, ...] (zeros; a one-token prompt has no prompt entry
+        before its first step), or None for a runner without per-row state."""
         return None
 
     def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:

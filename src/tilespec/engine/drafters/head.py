@@ -56,6 +56,7 @@ class HeadRunner(DraftRunner):
     never scores a chunk itself (context drafts are covered by ``observe``)."""
 
     observes = True
+    row_buffers = ("k", "v")
 
     def __init__(self, head, batch: int, capacity: int, mode: str):
         self.head = head
@@ -73,6 +74,8 @@ class HeadRunner(DraftRunner):
 
     def entries(self, feat, tokens, positions, mask, write_pos):
         if self._entries is not self.head.entries:
+            if not isinstance(write_pos, torch.Tensor):     # the host path's int W: a tensor, or every W recompiles
+                write_pos = torch.tensor(write_pos, dtype=torch.int64, device=tokens.device)
             try:
                 return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
             except Exception as err:     # stay correct where inductor fails: the eager layer from now on
@@ -91,6 +94,18 @@ class HeadRunner(DraftRunner):
         # eager: prompt lengths vary, a compiled copy would recompile per length
         h = self.head.entries(self.head.fuse(feats), next_tokens, positions, mask, write, self.k, self.v)
         return h[:, -1].clone()
+
+    def prefill_row(self, row, ids, positions, mask, write, features) -> torch.Tensor:
+        """One prompt chunk of batch row ``row``: the head's entries at slots [write, write + q) of that row from the
+        target's features [1, q, n d] of the chunk, each with the token after it (ids [1, q+1]) -> the output of
+        the last entry [1, d]."""
+        slot = torch.full((), write, dtype=torch.int64, device=ids.device)
+        h = self.head.entries(self.head.fuse(features), ids[:, 1:], positions, mask, slot,
+                              self.k[row:row + 1], self.v[row:row + 1])
+        return h[:, -1].clone()
+
+    def empty_state(self, batch: int) -> torch.Tensor:
+        return torch.zeros((batch, self.head.cfg.hidden), dtype=self.k.dtype, device=self.device)
 
     def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
         """γ draft tokens from ``view.hidden`` -> Proposal(tokens [B, γ], logits [B, γ, V] fp32 or None when

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from ..slots import row_forward
 from ..state import chunk_mask
 from .contract import DraftRunner, Proposal, StepView
 
@@ -60,6 +61,10 @@ class ModelDraftRunner(DraftRunner):
         p = ids.shape[1] - 1
         self.model_runner.forward(ids[:, :p], positions, mask, 0, keep=1,
                                   compiled=short and self.model_runner.mode == "native-graphs")
+        return None
+
+    def prefill_row(self, row, ids, positions, mask, write, features):
+        row_forward(self.model_runner, row, ids[:, :-1], positions, mask, write)
         return None
 
     def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
