@@ -115,9 +115,15 @@ def test_head_trees_greedy_equal_target_only(compile):
     prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (6, 3, 9)]
     ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile=compile).generate(prompts, max_new_tokens=20)
     for shape in ({"tree": (4, 3, 12)}, {"tree": (2, 2, 3)}, {"chains": (2, 3)}):
-        dec = TreeDecoder(target, HeadDrafter(head), sampling=GREEDY, compile=compile, eos_token_id=[], **shape)
+        dec = TreeDecoder(target, HeadDrafter(head), sampling=GREEDY, compile=compile, eos_token_id=[],
+                          run_ahead=True, **shape)
         out = dec.generate(prompts, max_new_tokens=20)
         assert out.sequences == ref.sequences, shape
+        # dynamic trees on native runners: every step in the whole-step graphs, launched ahead of the host read
+        # where the chain would be; sampled chains read the host in their selection: host-commit steps
+        graphed = compile == "native" and "tree" in shape
+        assert out.stats.graphed_steps == (out.stats.steps if graphed else 0), shape
+        assert (out.stats.ahead_steps > 0) == graphed, shape
     assert dec.last_stats.steps > 0
 
 
