@@ -105,3 +105,15 @@ def test_generate_with_a_context_drafter(pair):
     ref = SpeculativeDecoder(target, "ngram", tokenizer=tok).generate(encode_prompts(tok, "abcabcabc"),
                                                                       max_new_tokens=6)
     assert out.sequences == ref.sequences and out.stats.drafter == ref.stats.drafter
+
+
+def test_generate_verifies_token_trees(pair):
+    """tree= / chains= pass through to the one decoder: context trees and a draft model's sampled chains, greedy,
+    give target-only's tokens."""
+    target, draft = pair
+    tok = ChatTokenizer()
+    ref = tilespec.generate("abcabcabc", target=target, tokenizer=tok, max_new_tokens=8, temperature=0.0)
+    for extra in ({"draft": "ngram", "tree": (3, 3, 8)}, {"draft": draft, "chains": (2, 2)}):
+        out = tilespec.generate("abcabcabc", target=target, tokenizer=tok, max_new_tokens=8, temperature=0.0,
+                                **extra)
+        assert out.sequences == ref.sequences and ":" in out.stats.drafter, extra
