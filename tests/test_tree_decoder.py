@@ -341,3 +341,39 @@ def test_head_tree_is_a_valid_tree_of_the_best_candidates():
     for b in range(2):
         kids = tree.tokens[b][(tree.parents[b] == 0)].tolist()
         assert top[b, 0].item() in kids
+
+
+def test_a_failing_whole_step_graph_hands_over_to_the_host_commit_step(monkeypatch):
+    """Where the whole-step graphs fail (on CUDA: a step shape that cannot be captured) the generation goes on with
+    host-commit steps and the same tokens (the failed step changed no state)."""
+    import tilespec.engine.generation as generation
+    from tilespec.engine.step_graph import StepGraphs
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target)
+    prompts = [[3, 8, 1, 9], [2, 2, 7]]
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY, compile="native").generate(prompts, max_new_tokens=12)
+    step, calls = StepGraphs.step, []
+
+    def fail_third(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) != 3:
+            return step(self, *args, **kwargs)
+        graphs = self._target_graphs
+
+        def capture_fails(*inputs, key=None):
+            self._target_block(*inputs, key=key)    # the warm-up ran (K/V and head entries written past W) ...
+            raise RuntimeError("operation not permitted when stream is capturing")    # ... then the capture failed
+
+        self._target_graphs = capture_fails
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            self._target_graphs = graphs
+
+    monkeypatch.setattr(StepGraphs, "step", fail_third)
+    monkeypatch.setattr(generation, "FALLBACK_DEVICES", ("cpu", "cuda"))
+    dec = SpeculativeDecoder(target, HeadDrafter(head), tree=(3, 3, 8), sampling=GREEDY, compile="native",
+                             eos_token_id=[], run_ahead=False)
+    with pytest.warns(UserWarning, match="host-commit"):
+        out = dec.generate(prompts, max_new_tokens=12)
+    assert out.sequences == ref.sequences and out.stats.graphed_steps == 2 < out.stats.steps

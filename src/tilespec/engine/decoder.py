@@ -246,10 +246,11 @@ class SpeculativeDecoder:
         context = gen.draft_tensors(drafts, gamma, self.pad_id) if drafts is not None else None
         draft = gen.draft if use_draft else None
         committed = gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
-        if committed:   # the whole step in captured graphs, commit included (step_graph.py)
-            out = gen.fast.step(state, gamma, gen.sampling, gen.resolved, self.method, timer, context=context,
-                                method_options=self.method_options, lagged=lagged, use_draft=use_draft)
-        else:
+        if committed:   # the whole step in captured graphs, commit included (step_graph.py); None: it failed
+            out = gen.graphed_step(lagged, state, gamma, gen.sampling, gen.resolved, self.method, timer,
+                                   context=context, method_options=self.method_options, use_draft=use_draft)
+            committed = out is not None
+        if not committed:
             out = speculative_step(gen.target, draft, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
                                    method_options=self.method_options)

@@ -16,6 +16,7 @@ current one. Target-only steps move W by exactly one; speculative steps with a d
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -68,6 +69,9 @@ def eos_ids(model, tokenizer, eos_token_id) -> set:
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+FALLBACK_DEVICES = ("cuda",)     # where a failing whole-step graph hands over to the host-commit step
 
 
 @dataclass
@@ -143,6 +147,22 @@ class Generation:
         out = Proposal(padded.to(device, non_blocking=True), counts=counts.to(device, non_blocking=True))
         self.timer.stop("draft")
         return out
+
+    def graphed_step(self, lagged: bool, *args, **kwargs):
+        """``fast.step`` (the whole step in captured graphs, step_graph.py), or None where it fails on CUDA (e.g. a
+        new step shape that cannot be captured): the rest of the generation runs host-commit steps. Safe because the
+        failed step changed no state and wrote only slots past W, which the host-commit step rewrites. A lagged step
+        re-raises (the host's W is one step behind)."""
+        try:
+            return self.fast.step(*args, lagged=lagged, **kwargs)
+        except Exception as err:    # noqa: BLE001 - stay correct where a capture fails
+            if lagged or self.state.valid.device.type not in FALLBACK_DEVICES:
+                raise
+            warnings.warn(f"the whole-step graph failed ({type(err).__name__}: {err}); host-commit steps from now on")
+            if self.state.valid.is_cuda:
+                torch.cuda.synchronize(self.state.valid.device)
+            self.fast = None
+            return None
 
     def read_done(self, event: "StepEvent") -> "StepEvent":
         """End a commit (the bookkeeping phase) and note when, for the next step's wall time."""
