@@ -56,6 +56,29 @@ def test_selection_is_reproducible_and_keyed_by_seed():
     assert len(many) > 3
 
 
+@pytest.mark.parametrize("kind", ["distinct", "iid"])
+def test_a_depth_cap_is_the_tree_without_its_deeper_nodes(kind):
+    """depth_cap [B] (the engine caps trees near a request's token limit) selects exactly as the tree whose nodes
+    deeper than the cap are padding: same paths and tokens for every seed."""
+    torch.manual_seed(1)
+    v = 6
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5, 2, 0], [0, 3, 4, 1, 0, 0, 0, 0]])
+    logits = torch.randn(2, 8, v)
+    probs = torch.softmax(torch.randn(2, 8, v, dtype=torch.float64), -1) if kind == "iid" else None
+    full = TokenTree(parents=PARENTS, tokens=tokens, sizes=SIZES, kind=kind, draft_probs=probs)
+    pruned_parents = PARENTS.clone()
+    pruned_parents[0, 3:] = -1
+    pruned_parents[1, 3:] = -1
+    pruned = TokenTree(parents=pruned_parents, tokens=tokens, sizes=torch.tensor([3, 3]), kind=kind,
+                       draft_probs=probs)
+    cap = torch.tensor([1, 2])
+    for seed in range(30):
+        a = select_tree(full, logits, seed=seed, offsets=[4, 9], depth_cap=cap)
+        b = select_tree(pruned, logits, seed=seed, offsets=[4, 9])
+        assert torch.equal(a.output_tokens[:, :3], b.output_tokens) and (a.output_tokens[:, 3:] == -1).all()
+        assert torch.equal(a.path[:, :3], b.path) and (a.num_accepted <= cap).all()
+
+
 def test_distinct_tree_law_1e5_samples_with_filters():
     r = tree_case("2-2-1", "distinct", "rrs", SamplingParams(temperature=0.8, top_k=3, top_p=0.95), 100_000, 1e-6, 7)
     assert r.passed, r
