@@ -238,8 +238,8 @@ class Generation:
           * the budget cannot clip γ: every live row has at least γ_planned + 1 + γ + 1 tokens left, so whatever
             ``planned`` accepts, no row ends there by length and each survivor keeps >= γ + 1 (a row ending there
             by EOS is computed once more and ignored, as with target-only run-ahead);
-          * no defrag is needed: ``planned`` moves W by at most γ_planned + 1, so W + (γ_planned + 1) + (span + 1) <= C
-            (span: the slots past W the next step writes, γ for a chain)
+          * no defrag is needed: ``planned`` moves W by at most γ_planned + 1, so W + (γ_planned + 1) + (span + 1)
+            <= C (span: the slots past W the next step writes, γ for a chain)
             (``state.write`` is exact here: every earlier step has been read). Otherwise the next step waits for the
             read and defragments then, exactly as without run-ahead.
         """

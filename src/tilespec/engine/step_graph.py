@@ -21,7 +21,8 @@ with ``captures = False`` never get here).
 
 The write pointer W is a device scalar here: the draft writes at W-1 .. W+γ-1 and the target at W .. W+K inside one
 capture. Keys: graph D (γ, the sampling flags, greedy) or ("score",); graph T (method, its options, sampling,
-greedy, and whether draft logits, per-request counts and the runner's state ride along). Shapes: B, C fixed per
+greedy, the proposal's layout -- draft logits, per-request counts, a tree's kind / depth / scheme -- and whether
+the runner's state rides along). Shapes: B, C fixed per
 generation. The device commit matches :meth:`BatchState.commit` for the live rows; graph T also applies the host's
 end-of-request rule (``state.still_alive``) and advances W by the longest block among the rows live at the step
 (0 when none is), the rule the host applies one read later (:meth:`StepGraphs.advance`). Rows that ended keep their
