@@ -15,7 +15,6 @@ from typing import Optional, Sequence
 from tilespec.verify.types import SamplingParams
 
 from .decoder import SpeculativeDecoder
-from .drafters.trees import MAX_NODES  # noqa: F401  (public here too)
 
 TREE_MODES = ("eager", "native", "native-graphs")
 
