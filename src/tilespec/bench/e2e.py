@@ -144,6 +144,8 @@ def configs(args, tasks: list) -> list:
     engines = [e for e in str(args.compile).split(",") if e]
     spec = [("constant", g) for g in args.gamma] if "constant" in args.gamma_schedule else []
     spec += [(s, args.gamma[0]) for s in args.gamma_schedule if s != "constant"]
+    if getattr(args, "tree", None):     # a tree's γ is its depth, drafted every step (a constant schedule)
+        spec = [("constant", args.tree_depth)]
     out = []
     for task in tasks:
         for t in args.temperatures:
