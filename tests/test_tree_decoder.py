@@ -212,17 +212,18 @@ def test_generate_cli_tree_matches_target_only(monkeypatch, tmp_path):
     target = tiny_lm(0, logit_scale=20.0)
     target.generation_config.eos_token_id = None
     head = HeadDrafter(_random_head(target))
-    monkeypatch.setattr(gen, "load_pair", lambda t, d, device, dtype, log=None: (target, head if d else None,
+    monkeypatch.setattr(gen, "load_pair", lambda t, d, device, dtype, log=None: (target, head if d == "head" else d,
                                                                               ToyTokenizer()))
     outs = {}
     for name, extra in (("ar", []), ("tree", ["--draft", "head", "--tree", "8", "--tree-branch", "3",
                                               "--tree-depth", "3"]),
-                        ("chains", ["--draft", "head", "--chains", "2,3", "--scheme", "spectr"])):
+                        ("chains", ["--draft", "head", "--chains", "2,3", "--scheme", "spectr"]),
+                        ("context", ["--draft", "ngram", "--tree", "8", "--tree-branch", "3", "--tree-depth", "3"])):
         path = tmp_path / f"{name}.json"
         assert main(["generate", "--target", "t", "--prompt", "hello", "--max-new-tokens", "10", "--json", str(path),
                      "--device", "cpu", *extra]) == 0
         outs[name] = json.loads(path.read_text())["tokens"]
-    assert outs["tree"] == outs["ar"] == outs["chains"]
+    assert outs["tree"] == outs["ar"] == outs["chains"] == outs["context"]
 
 
 class _TwiceGraphs:
