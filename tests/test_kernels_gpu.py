@@ -260,3 +260,18 @@ def test_topk16_top_p_thresholds_keep_the_sorted_set():
                                         temperature=[0.7, 1.0, 1.3, 0.0] * 16), 64, target.device)
     got = top_k_thresholds16(target, s.top_k, s.temperature, s.top_p, k_max=1000)
     assert torch.equal(got, keep_threshold(target, s, method="sort"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_topp16_thresholds_keep_the_sorted_set(dtype):
+    # the key-count window at the real vocabulary, with flat rows that take the gated fallback
+    from tilespec.verify.filters import scaled_logits, top_p_threshold_sorted
+    from tilespec.verify.kernels.topp16 import top_p_thresholds16
+    target, _, _ = _case(64, 5, 151936, dtype=dtype, seed=8)
+    target[::8] = (target[::8].float() * 0.05).to(dtype)
+    top_p = torch.tensor([0.8, 0.9, 0.95, 0.5] * 16, device="cuda")
+    temperature = torch.tensor([0.7, 1.0, 1.3, 0.0] * 16, device="cuda")
+    got = top_p_thresholds16(target, top_p, temperature)
+    z = scaled_logits(target, temperature)
+    want = top_p_threshold_sorted(z, top_p)
+    assert torch.equal(z >= got[..., None], z >= want[..., None])

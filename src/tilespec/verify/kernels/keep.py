@@ -11,6 +11,7 @@ from ..distributions import filtered_logits
 from ..filters import keep_threshold
 from ..types import VerifyInputs
 from .topk16 import TOP_P_K_MAX, supports as _topk16_ok, top_k_thresholds16
+from .topp16 import top_p_thresholds16
 
 # top-k (and top-k then top-p) on bf16 / fp16 rows on a GPU: the kernels of topk16. Not on CPU: under the Triton
 # interpreter every (row, chunk) program is a Python call, and the exactness suite's batches have ~10^6 rows, where
@@ -21,7 +22,8 @@ TOPK16_ON_CPU = False
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
+    Top-p alone on bf16 / fp16 rows on a GPU: :func:`.topp16.top_p_thresholds16` (a count histogram of the keys
+    below the row's largest). Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
     compacting pass, an exact digit-counting fallback); top-k then top-p there too when every k is known on the
     host and in [1, min(V, 1025)). Top-k alone otherwise, with every k known on the host and in [1, V):
     :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Top-k / top-p without min-p:
@@ -35,6 +37,9 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """
     s = inputs.sampling
     bounds = s.top_k_range
+    if (s.has_top_p and not s.has_top_k and not s.has_min_p and _topk16_ok(logits)
+            and (logits.is_cuda or TOPK16_ON_CPU)):
+        return top_p_thresholds16(logits, s.top_p, s.temperature)
     if s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
         if not s.has_top_p:
             return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)

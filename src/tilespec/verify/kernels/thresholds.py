@@ -56,9 +56,14 @@ def _load_z(row, offs, vocab, scale):
 
 
 @triton.jit
-def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stride_b, stride_r,
-                       DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
+def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, vocab, stride_b, stride_r,
+                       gate_stride, DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
+                       GATED: tl.constexpr):
+    """GATED: only rows n whose gate_ptr[n * gate_stride] is non-zero run (top-p only); the others keep out[n]."""
     pid = tl.program_id(0)
+    run = True
+    if GATED:
+        run = tl.load(gate_ptr + pid * gate_stride) != 0
     b = pid // rows
     r = pid % rows
     row = x_ptr + b.to(tl.int64) * stride_b + r.to(tl.int64) * stride_r
@@ -84,7 +89,7 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stri
             thr = _key_float(base)
     if DO_P:
         top_p = tl.load(p_ptr + b)
-        if top_p < 1.0:
+        if (top_p < 1.0) & run:
             m = tl.full([BLOCK], float("-inf"), tl.float32)
             for start in range(0, vocab, BLOCK):
                 m = tl.maximum(m, _load_z(row, start + ar, vocab, scale))
@@ -109,7 +114,8 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stri
                 best = tl.max(tl.where(ok, ways, 0), axis=0)
                 base = base + (best << (32 - BITS * (p + 1)))
             thr = tl.maximum(thr, _key_float(base + 1))
-    tl.store(out_ptr + pid, thr)
+    if run:
+        tl.store(out_ptr + pid, thr)
 
 
 def prepare_thresholds(logits: torch.Tensor, do_k: bool, do_p: bool, bits: int) -> tuple:
@@ -141,7 +147,19 @@ def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     batch, rows, vocab = logits.shape
     block = min(block, max(16, triton.next_power_of_2(vocab)))
     _thresholds_kernel[(batch * rows,)](
-        logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), rows, vocab,
-        logits.stride(0), logits.stride(1), DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
-        num_warps=num_warps)
+        logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), out, rows,
+        vocab, logits.stride(0), logits.stride(1), 0, DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
+        GATED=False, num_warps=num_warps)
     return out
+
+
+def gated_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, gate: torch.Tensor,
+                gate_stride: int, out: torch.Tensor, block: int = 2048, num_warps: int = 8) -> None:
+    """Top-p thresholds (as :func:`filter_thresholds`) written to ``out`` [B, R] only for rows n whose
+    ``gate[n * gate_stride]`` (int32) is non-zero: the exact fallback of :mod:`.topp16`. ``logits`` [B, R, V] with
+    unit stride over V; one launch, no host sync."""
+    batch, rows, vocab = logits.shape
+    block = min(block, max(16, triton.next_power_of_2(vocab)))
+    _thresholds_kernel[(batch * rows,)](
+        logits, out, temperature, top_p, top_p, gate, rows, vocab, logits.stride(0), logits.stride(1), gate_stride,
+        DO_K=False, DO_P=True, BLOCK=block, BITS=BITS, GATED=True, num_warps=num_warps)
