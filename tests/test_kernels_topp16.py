@@ -94,5 +94,16 @@ def test_keep_thresholds_routes_16_bit_top_p_here(monkeypatch):
     sampling = SamplingParams(top_p=[0.8, 0.95], temperature=[0.7, 1.2])
     ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=3)
     got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
-    assert len(calls) == 2                                 # target rows and draft rows
+    assert len(calls) == 1                                 # target and draft rows in one launch set
     assert torch.equal(got.output_tokens, ref.output_tokens)
+
+
+def test_target_and_draft_rows_in_one_call():
+    gen = torch.Generator().manual_seed(7)
+    target = (torch.randn(2, 3, 2500, generator=gen) * 3).bfloat16()
+    draft = (torch.randn(2, 2, 2500, generator=gen) * 3).bfloat16()
+    top_p, temperature = torch.tensor([0.9, 0.7]), torch.tensor([1.0, 0.6])
+    got_t, got_d = topp16.top_p_thresholds16(target, top_p, temperature, draft, chunk=1024)
+    assert torch.equal(got_t, topp16.top_p_thresholds16(target, top_p, temperature, chunk=1024))
+    assert torch.equal(got_d, topp16.top_p_thresholds16(draft, top_p, temperature, chunk=1024))
+    _check(draft, top_p, temperature, chunk=1024)

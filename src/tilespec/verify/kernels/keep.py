@@ -19,6 +19,22 @@ from .topp16 import top_p_thresholds16
 TOPK16_ON_CPU = False
 
 
+def _top_p16(logits: torch.Tensor, s) -> bool:
+    """Whether these rows take :func:`.topp16.top_p_thresholds16`: top-p alone on bf16 / fp16 rows on a GPU."""
+    return (s.has_top_p and not s.has_top_k and not s.has_min_p and _topk16_ok(logits)
+            and (logits.is_cuda or TOPK16_ON_CPU))
+
+
+def keep_thresholds_pair(target: torch.Tensor, draft, inputs: VerifyInputs) -> tuple:
+    """(:func:`keep_thresholds` of the target rows, of the draft rows or None when ``draft`` is None): one launch
+    set for both where the kernels allow it (top-p alone on 16-bit rows of one dtype), else two calls."""
+    s = inputs.sampling
+    if (draft is not None and _top_p16(target, s) and _top_p16(draft, s) and draft.dtype == target.dtype
+            and draft.shape[-1] == target.shape[-1]):
+        return top_p_thresholds16(target, s.top_p, s.temperature, draft)
+    return keep_thresholds(target, inputs), (keep_thresholds(draft, inputs) if draft is not None else None)
+
+
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
@@ -37,8 +53,7 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """
     s = inputs.sampling
     bounds = s.top_k_range
-    if (s.has_top_p and not s.has_top_k and not s.has_min_p and _topk16_ok(logits)
-            and (logits.is_cuda or TOPK16_ON_CPU)):
+    if _top_p16(logits, s):
         return top_p_thresholds16(logits, s.top_p, s.temperature)
     if s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
         if not s.has_top_p:

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..order_keys import KEY_NAN, KEY_NEG_INF
+from . import direct
 
 # Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold); fewer bits
 # mean more passes over the row but fewer compares per element. On the H100 2 bits and blocks of 2048 were fastest.
@@ -57,13 +58,17 @@ def _load_z(row, offs, vocab, scale):
 
 @triton.jit
 def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, vocab, stride_b, stride_r,
-                       gate_stride, DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr,
-                       GATED: tl.constexpr):
-    """GATED: only rows n whose gate_ptr[n * gate_stride] is non-zero run (top-p only); the others keep out[n]."""
+                       gate_off, gate_stride, DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr,
+                       BITS: tl.constexpr, GATED: tl.constexpr):
+    """GATED: only rows n whose gate word gate_ptr[gate_off + n * gate_stride] is non-zero run (top-p only), and
+    reset it to 0; the others keep out[n]."""
     pid = tl.program_id(0)
     run = True
     if GATED:
-        run = tl.load(gate_ptr + pid * gate_stride) != 0
+        gate = gate_ptr + gate_off + pid.to(tl.int64) * gate_stride
+        run = tl.load(gate) != 0
+        if run:
+            tl.store(gate, 0)
     b = pid // rows
     r = pid % rows
     row = x_ptr + b.to(tl.int64) * stride_b + r.to(tl.int64) * stride_r
@@ -148,18 +153,18 @@ def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     block = min(block, max(16, triton.next_power_of_2(vocab)))
     _thresholds_kernel[(batch * rows,)](
         logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), out, rows,
-        vocab, logits.stride(0), logits.stride(1), 0, DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
+        vocab, logits.stride(0), logits.stride(1), 0, 0, DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
         GATED=False, num_warps=num_warps)
     return out
 
 
 def gated_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, gate: torch.Tensor,
-                gate_stride: int, out: torch.Tensor, block: int = 2048, num_warps: int = 8) -> None:
-    """Top-p thresholds (as :func:`filter_thresholds`) written to ``out`` [B, R] only for rows n whose
-    ``gate[n * gate_stride]`` (int32) is non-zero: the exact fallback of :mod:`.topp16`. ``logits`` [B, R, V] with
-    unit stride over V; one launch, no host sync."""
+                gate_off: int, gate_stride: int, out: torch.Tensor, block: int = 2048, num_warps: int = 8) -> None:
+    """Top-p thresholds (as :func:`filter_thresholds`) written to ``out`` [B, R] only for rows n whose gate word
+    ``gate.view(-1)[gate_off + n * gate_stride]`` (int32) is non-zero, which it resets to 0: the exact fallback of
+    :mod:`.topp16`. ``logits`` [B, R, V] with unit stride over V; one launch, no host sync."""
     batch, rows, vocab = logits.shape
     block = min(block, max(16, triton.next_power_of_2(vocab)))
-    _thresholds_kernel[(batch * rows,)](
-        logits, out, temperature, top_p, top_p, gate, rows, vocab, logits.stride(0), logits.stride(1), gate_stride,
-        DO_K=False, DO_P=True, BLOCK=block, BITS=BITS, GATED=True, num_warps=num_warps)
+    direct.launch(_thresholds_kernel, (batch * rows, 1, 1), (logits, out, temperature, top_p, top_p, gate),
+                  (rows, vocab, logits.stride(0), logits.stride(1), gate_off, gate_stride),
+                  dict(DO_K=False, DO_P=True, BLOCK=block, BITS=BITS, GATED=True, num_warps=num_warps))

@@ -9,7 +9,7 @@ for greedy rows) and M the row's largest z. Counts are integers: the per-key mas
 2. ``_window_kernel``, grid (N, C): per chunk, the fp32 sum of exp(z - M) over its ids (the row total is the sum
    of these in chunk order: it depends on V and CHUNK only, batch invariant), and the count of every key in the
    window of WINDOW keys below the largest (one integer atomic per id in the window).
-3. ``_finish_kernel``, grid (N,): per window key u, from the top: S(u) = the mass of the keys above u (an
+3. ``_finish_kernel``, grid (N,) (and resets the row's work area for the next call): per window key u, from the top: S(u) = the mass of the keys above u (an
    exclusive cumulative sum in key order, as the sort-based reference sums in sorted order); t_p = the value of
    the smallest present key with S(u) / total < top_p (``filters``' definition: ties are one key, kept together).
    The window decides the row when some present key in it is not kept (every key below it has a larger S) or when
@@ -24,6 +24,8 @@ top-k is :mod:`.topk16`'s; min-p is not handled here.
 from __future__ import annotations
 
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
+
+from typing import Optional
 
 import torch
 import triton
@@ -42,36 +44,51 @@ _HEAD = tl.constexpr(HEAD_WORDS)
 
 
 @triton.jit
-def _row_keys(x_ptr, n, c, R, V, stride_b, stride_r, CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
+def _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
+    """Row n of the target rows (n < NT, RT per request) then the draft rows (RD per request): its ids of chunk c,
+    their order keys (-0.0 -> +0.0: one value, one key) and the row's request."""
+    if n < NT:
+        b = n // RT
+        row = t_ptr + b.to(tl.int64) * sbt + (n % RT).to(tl.int64) * srt
+    else:
+        b = (n - NT) // RD
+        row = d_ptr + b.to(tl.int64) * sbd + ((n - NT) % RD).to(tl.int64) * srd
+    if ALIGNED:
+        row = tl.multiple_of(row, 16)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    s = load_bits(x_ptr, n, offs, R, V, stride_b, stride_r, ALIGNED)
-    u = bits_to_key(s)
-    return offs, s, tl.where(u == 32767, 32768, u)        # -0.0 -> +0.0 (one value, one key)
+    u = bits_to_key(tl.load(row + offs, mask=offs < V, other=0).to(tl.int32))
+    return offs, tl.where(u == 32767, 32768, u), b
 
 
-@triton.jit(do_not_specialize=["R", "V", "stride_b", "stride_r"])
-def _max_kernel(x_ptr, area_ptr, p_ptr, R, V, stride_b, stride_r, CHUNK: tl.constexpr, ALIGNED: tl.constexpr,
-                AREA: tl.constexpr):
+@triton.jit
+def _request(n, NT, RT, RD):
+    return tl.where(n < NT, n // RT, (n - NT) // RD)
+
+
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
+def _max_kernel(t_ptr, d_ptr, area_ptr, p_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr,
+                ALIGNED: tl.constexpr, AREA: tl.constexpr):
     n = tl.program_id(0)
     c = tl.program_id(1)
-    if tl.load(p_ptr + n // R) < 1.0:
-        offs, _, u = _row_keys(x_ptr, n, c, R, V, stride_b, stride_r, CHUNK, ALIGNED)
+    if tl.load(p_ptr + _request(n, NT, RT, RD)) < 1.0:
+        offs, u, _ = _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK, ALIGNED)
         tl.atomic_max(area_ptr + n.to(tl.int64) * AREA + _MAX, tl.max(tl.where(offs < V, u, 0), axis=0))
 
 
-@triton.jit(do_not_specialize=["R", "V", "stride_b", "stride_r", "n_chunks"])
-def _window_kernel(x_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, R, V, stride_b, stride_r, n_chunks,
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks"])
+def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, n_chunks,
                    CHUNK: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
                    AREA: tl.constexpr):
     n = tl.program_id(0)
     c = tl.program_id(1)
-    if tl.load(p_ptr + n // R) < 1.0:
+    b = _request(n, NT, RT, RD)
+    if tl.load(p_ptr + b) < 1.0:
         area = area_ptr + n.to(tl.int64) * AREA
         kmax = tl.load(area + _MAX)
-        t = tl.load(temp_ptr + n // R)
+        t = tl.load(temp_ptr + b)
         m = key_to_z(kmax, t, FP16)
         m = tl.where(m == float("-inf"), 0.0, m)
-        offs, s, u = _row_keys(x_ptr, n, c, R, V, stride_b, stride_r, CHUNK, ALIGNED)
+        offs, u, _ = _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK, ALIGNED)
         valid = offs < V
         z = key_to_z(u, t, FP16)
         tl.store(tot_ptr + n.to(tl.int64) * n_chunks + c, tl.sum(tl.where(valid, tl.exp(z - m), 0.0), axis=0))
@@ -79,16 +96,19 @@ def _window_kernel(x_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, R, V, stride_b, st
         tl.atomic_add(area + _HEAD + d, 1, mask=valid & (d < WINDOW))
 
 
-@triton.jit(do_not_specialize=["R", "V", "n_chunks"])
-def _finish_kernel(area_ptr, tot_ptr, p_ptr, temp_ptr, thr_ptr, R, V, n_chunks, NC_PAD: tl.constexpr,
-                   FP16: tl.constexpr, WINDOW: tl.constexpr, AREA: tl.constexpr):
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "n_chunks", "t_stride"])
+def _finish_kernel(area_ptr, tot_ptr, p_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, n_chunks, t_stride,
+                   NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr, AREA: tl.constexpr):
+    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]); resets the row's
+    largest key and counts to 0 for the next call (the flag is reset by the fallback)."""
     n = tl.program_id(0)
-    p = tl.load(p_ptr + n // R)
+    b = _request(n, NT, RT, RD)
+    p = tl.load(p_ptr + b)
     thr = float("-inf")
     if p < 1.0:
         area = area_ptr + n.to(tl.int64) * AREA
         kmax = tl.load(area + _MAX)
-        t = tl.load(temp_ptr + n // R)
+        t = tl.load(temp_ptr + b)
         m = key_to_z(kmax, t, FP16)
         m = tl.where(m == float("-inf"), 0.0, m)
         cs = tl.arange(0, NC_PAD)
@@ -107,28 +127,26 @@ def _finish_kernel(area_ptr, tot_ptr, p_ptr, temp_ptr, thr_ptr, R, V, n_chunks, 
         thr = tl.where(total > 0, key_to_z(kmax - tl.maximum(last, 0), t, FP16), float("-inf"))
         decided = decided | ~(total > 0)
         tl.store(area + _FLAG, (~decided).to(tl.int32))
-    tl.store(thr_ptr + n, thr)
+        tl.store(area + _MAX, 0)
+        tl.store(area + _HEAD + d, tl.zeros([WINDOW], tl.int32))
+    tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
 
 
-class _Cache:
-    """Compiled kernels of the direct launches (see :class:`.direct._Launcher`), per argument signature."""
-    direct: dict = {}
+_BUFFERS: dict = {}
+BUFFER_LIMIT = 256    # shapes whose work areas stay allocated (a captured CUDA graph may hold their addresses)
 
 
-def _key(tensors: tuple, ints: tuple, consts: dict, device: torch.device):
-    if not direct._DIRECT or device.type != "cuda" or device.index != torch.cuda.current_device():
-        return None
-    ptr = 0
-    for t in tensors:
-        ptr |= t.data_ptr()
-    if ptr & direct._ALIGN_MASK or max(ints) > direct._INT32_MAX:
-        return None
-    return (tuple(t.dtype for t in tensors), ints, tuple(sorted(consts.items())))
-
-
-def _launch(kernel, grid, tensors: tuple, ints: tuple, consts: dict) -> None:
-    direct._launcher(kernel)(_Cache, grid, (*tensors, *ints), consts, _key(tensors, ints, consts,
-                                                                           tensors[0].device))
+def _buffers(device: torch.device, n_rows: int, n_chunks: int, window: int) -> tuple:
+    """(area [N, HEAD_WORDS + window] int32 (zero between calls: the kernels reset what they use), tot [N, C])."""
+    key = (device, n_rows, n_chunks, window)
+    bufs = _BUFFERS.get(key)
+    if bufs is None:
+        bufs = (torch.zeros((n_rows, HEAD_WORDS + window), device=device, dtype=torch.int32),
+                torch.empty((n_rows, n_chunks), device=device, dtype=torch.float32))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if len(_BUFFERS) < BUFFER_LIMIT and not capturing:
+            _BUFFERS[key] = bufs
+    return bufs
 
 
 def supports(logits: torch.Tensor) -> bool:
@@ -136,12 +154,7 @@ def supports(logits: torch.Tensor) -> bool:
     return logits.dtype in (torch.bfloat16, torch.float16) and logits.stride(-1) == 1
 
 
-def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor, *,
-                       window: int = 0, chunk: int = 0, fallback: bool = True) -> torch.Tensor:
-    """Top-p keep thresholds float32 [B, R] of logits [B, R, V] (bf16 / fp16, unit stride over V): keep
-    z = logit / T >= thr; -inf where top_p >= 1. ``top_p`` / ``temperature``: float32 [B] on the logits' device.
-    ``window`` / ``chunk``: :data:`WINDOW` / :data:`CHUNK` when 0 (powers of two). ``fallback=False`` (tests)
-    leaves flagged rows with the window's value. Four launches and a memset; no host sync."""
+def _check(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor) -> None:
     if not supports(logits):
         raise ValueError(f"top_p_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                          f"{logits.dtype} with strides {tuple(logits.stride())}")
@@ -149,31 +162,57 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
         if t.shape != logits.shape[:1] or t.device != logits.device or t.dtype != torch.float32:
             raise ValueError(f"{name} must be float32 [B] = [{logits.shape[0]}] on {logits.device}, got "
                              f"{t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor,
+                       draft: Optional[torch.Tensor] = None, *, window: int = 0, chunk: int = 0,
+                       fallback: bool = True):
+    """Top-p keep thresholds float32 [B, R] of logits [B, R, V] (bf16 / fp16, unit stride over V): keep
+    z = logit / T >= thr; -inf where top_p >= 1. ``top_p`` / ``temperature``: float32 [B] on the logits' device.
+    ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same launches and the result is the pair
+    (thr [B, R], thr_draft [B, R_d]). ``window`` / ``chunk``: :data:`WINDOW` / :data:`CHUNK` when 0 (powers of
+    two). ``fallback=False`` (tests) leaves flagged rows with the window's value. Four launches (five with a
+    draft); no host sync. Work areas are cached per shape and reset by the kernels: calls of one shape must not
+    run concurrently on different streams (as :mod:`.launch`'s plans)."""
+    _check(logits, top_p, temperature)
+    if draft is not None:
+        _check(draft, top_p, temperature)
+        if draft.dtype != logits.dtype or draft.shape[-1] != logits.shape[-1]:
+            raise ValueError("draft logits must have the target's dtype and vocabulary size")
     window, chunk = window or WINDOW, chunk or CHUNK
     if window & (window - 1) or chunk & (chunk - 1):
         raise ValueError(f"window and chunk must be powers of 2, got {window}, {chunk}")
     batch, rows, vocab = logits.shape
-    thr = torch.empty((batch, rows), device=logits.device, dtype=torch.float32)
-    n_rows = batch * rows
-    if n_rows == 0:
-        return thr
+    rows_d = draft.shape[1] if draft is not None else 0
+    n_t, n_d = batch * rows, batch * rows_d
+    t_stride = -(-n_t // 4) * 4                       # draft thresholds start 16-byte aligned
+    thr = torch.empty(t_stride + n_d, device=logits.device, dtype=torch.float32)
+    thr_t, thr_d = thr[:n_t].view(batch, rows), thr[t_stride:].view(batch, rows_d)
+    if n_t + n_d == 0:
+        return thr_t if draft is None else (thr_t, thr_d)
     n_chunks = triton.cdiv(vocab, chunk)
     bits = logits.view(torch.int16)
-    area_words = HEAD_WORDS + window
-    area = torch.zeros((n_rows, area_words), device=logits.device, dtype=torch.int32)
-    tot = torch.empty((n_rows, n_chunks), device=logits.device, dtype=torch.float32)
-    strides = (bits.stride(0), bits.stride(1))
-    aligned = bits.data_ptr() % 16 == 0 and vocab % 8 == 0 and all(s % 8 == 0 for s in strides)
+    bits_d = draft.view(torch.int16) if draft is not None else bits
+    area, tot = _buffers(logits.device, n_t + n_d, n_chunks, window)
+    strides = (bits.stride(0), bits.stride(1), bits_d.stride(0), bits_d.stride(1))
+    aligned = ((bits.data_ptr() | bits_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
+               and all(s % 8 == 0 for s in strides))
     fp16 = logits.dtype == torch.float16
-    grid = (n_rows, n_chunks, 1)
-    sizes = (rows, vocab, *strides)
-    _launch(_max_kernel, grid, (bits, area, top_p), sizes,
-            dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, num_warps=NUM_WARPS))
-    _launch(_window_kernel, grid, (bits, area, tot, top_p, temperature), (*sizes, n_chunks),
-            dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words, num_warps=NUM_WARPS))
-    _launch(_finish_kernel, (n_rows, 1, 1), (area, tot, top_p, temperature, thr), (rows, vocab, n_chunks),
-            dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
-                 num_warps=4))
+    grid = (n_t + n_d, n_chunks, 1)
+    sizes = (n_t, rows, max(rows_d, 1), vocab, *strides)
+    area_words = HEAD_WORDS + window
+    direct.launch(_max_kernel, grid, (bits, bits_d, area, top_p), sizes,
+                  dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, num_warps=NUM_WARPS))
+    direct.launch(_window_kernel, grid, (bits, bits_d, area, tot, top_p, temperature), (*sizes, n_chunks),
+                  dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words,
+                       num_warps=NUM_WARPS))
+    direct.launch(_finish_kernel, (n_t + n_d, 1, 1), (area, tot, top_p, temperature, thr),
+                  (n_t, rows, max(rows_d, 1), vocab, n_chunks, t_stride),
+                  dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
+                       num_warps=4))
     if fallback:
-        thresholds.gated_top_p(logits, temperature, top_p, area[:, 1:], area_words, thr)
-    return thr
+        thresholds.gated_top_p(logits, temperature, top_p, area, _FLAG.value, area_words, thr_t)
+        if draft is not None:
+            thresholds.gated_top_p(draft, temperature, top_p, area, n_t * area_words + _FLAG.value, area_words,
+                                   thr_d)
+    return thr_t if draft is None else (thr_t, thr_d)
