@@ -107,3 +107,24 @@ def test_target_and_draft_rows_in_one_call():
     assert torch.equal(got_t, topp16.top_p_thresholds16(target, top_p, temperature, chunk=1024))
     assert torch.equal(got_d, topp16.top_p_thresholds16(draft, top_p, temperature, chunk=1024))
     _check(draft, top_p, temperature, chunk=1024)
+
+
+# window 16: some rows take the fallback, which keeps the max of its t_p and min-p's threshold
+@pytest.mark.parametrize("dtype, window", [(torch.bfloat16, 0), (torch.float16, 16)])
+def test_min_p_alone_and_after_top_p(dtype, window):
+    from tilespec.verify.distributions import filtered_logits
+    from tilespec.verify.validation import resolve_sampling
+    gen = torch.Generator().manual_seed(8)
+    logits = (torch.randn(4, 2, 1500, generator=gen) * 3).to(dtype)
+    logits[1, 0, :700] = -math.inf
+    logits[3, 1] = 0.25                                                    # all equal
+    temp, top_p, min_p = [1.0, 0.7, 0.0, 1.3], [1.0, 0.9, 0.5, 1.0], [0.05, 0.1, 0.2, 0.0]
+    s = resolve_sampling(SamplingParams(temperature=temp, top_p=top_p, min_p=min_p), 4, "cpu")
+    got = topp16.top_p_thresholds16(logits, s.top_p, s.temperature, min_p=s.min_p, chunk=1024, window=window)
+    z = scaled_logits(logits, s.temperature)
+    kept = (z >= got[..., None]) & torch.isfinite(logits)
+    want, near = _brute_keep(logits, temp, [0] * 4, top_p, min_p)
+    assert torch.equal(kept[~near], (want & torch.isfinite(logits))[~near])
+    ref = torch.isfinite(filtered_logits(logits, s, method="sort")) & torch.isfinite(logits)
+    assert torch.equal(kept, ref)
+    assert torch.isneginf(got[3]).all()                                      # no filter on

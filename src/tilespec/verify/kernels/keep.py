@@ -20,8 +20,9 @@ TOPK16_ON_CPU = False
 
 
 def _top_p16(logits: torch.Tensor, s) -> bool:
-    """Whether these rows take :func:`.topp16.top_p_thresholds16`: top-p alone on bf16 / fp16 rows on a GPU."""
-    return (s.has_top_p and not s.has_top_k and not s.has_min_p and _topk16_ok(logits)
+    """Whether these rows take :func:`.topp16.top_p_thresholds16`: top-p and / or min-p without top-k on bf16 /
+    fp16 rows on a GPU."""
+    return ((s.has_top_p or s.has_min_p) and not s.has_top_k and _topk16_ok(logits)
             and (logits.is_cuda or TOPK16_ON_CPU))
 
 
@@ -31,15 +32,15 @@ def keep_thresholds_pair(target: torch.Tensor, draft, inputs: VerifyInputs) -> t
     s = inputs.sampling
     if (draft is not None and _top_p16(target, s) and _top_p16(draft, s) and draft.dtype == target.dtype
             and draft.shape[-1] == target.shape[-1]):
-        return top_p_thresholds16(target, s.top_p, s.temperature, draft)
+        return top_p_thresholds16(target, s.top_p, s.temperature, draft, min_p=s.min_p if s.has_min_p else None)
     return keep_thresholds(target, inputs), (keep_thresholds(draft, inputs) if draft is not None else None)
 
 
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    Top-p alone on bf16 / fp16 rows on a GPU: :func:`.topp16.top_p_thresholds16` (a count histogram of the keys
-    below the row's largest). Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
+    Top-p and / or min-p without top-k on bf16 / fp16 rows on a GPU: :func:`.topp16.top_p_thresholds16` (a count
+    histogram of the keys below the row's largest; min-p's threshold from the row max alone). Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
     compacting pass, an exact digit-counting fallback); top-k then top-p there too when every k is known on the
     host and in [1, min(V, 1025)). Top-k alone otherwise, with every k known on the host and in [1, V):
     :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Top-k / top-p without min-p:
@@ -54,7 +55,7 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     s = inputs.sampling
     bounds = s.top_k_range
     if _top_p16(logits, s):
-        return top_p_thresholds16(logits, s.top_p, s.temperature)
+        return top_p_thresholds16(logits, s.top_p, s.temperature, min_p=s.min_p if s.has_min_p else None)
     if s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
         if not s.has_top_p:
             return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)

@@ -61,7 +61,7 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, v
                        gate_off, gate_stride, DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr,
                        BITS: tl.constexpr, GATED: tl.constexpr):
     """GATED: only rows n whose gate word gate_ptr[gate_off + n * gate_stride] is non-zero run (top-p only), and
-    reset it to 0; the others keep out[n]."""
+    reset it to 0; out[n] becomes the max of t_p and out[n] (another filter's threshold); the others keep out[n]."""
     pid = tl.program_id(0)
     run = True
     if GATED:
@@ -119,6 +119,8 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, v
                 best = tl.max(tl.where(ok, ways, 0), axis=0)
                 base = base + (best << (32 - BITS * (p + 1)))
             thr = tl.maximum(thr, _key_float(base + 1))
+    if GATED:
+        thr = tl.maximum(thr, tl.load(out_ptr + pid))
     if run:
         tl.store(out_ptr + pid, thr)
 
@@ -160,7 +162,7 @@ def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
 
 def gated_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, gate: torch.Tensor,
                 gate_off: int, gate_stride: int, out: torch.Tensor, block: int = 2048, num_warps: int = 8) -> None:
-    """Top-p thresholds (as :func:`filter_thresholds`) written to ``out`` [B, R] only for rows n whose gate word
+    """Top-p thresholds (as :func:`filter_thresholds`), max'ed into ``out`` [B, R], only for rows n whose gate word
     ``gate.view(-1)[gate_off + n * gate_stride]`` (int32) is non-zero, which it resets to 0: the exact fallback of
     :mod:`.topp16`. ``logits`` [B, R, V] with unit stride over V; one launch, no host sync."""
     batch, rows, vocab = logits.shape

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import digits16, pivot16
+from . import digits16, direct, pivot16
 from .keys16 import ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, top_on
 
 CHUNK = 2048         # ids per program of the passes over the logits
@@ -91,7 +91,8 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     sizes the buffer of collected ids, and with ``top_p`` it is required, at most :data:`TOP_P_K_MAX`.
     ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` / :data:`NUM_WARPS` when not
     given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Six
-    launches (a memset, three for the pivot path, the fallback, the finish). No host sync."""
+    launches (a memset, three for the pivot path, the fallback, the finish; direct launches after the
+    first call of a shape, see :func:`.direct.launch`). No host sync."""
     if not supports(logits):
         raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                          f"{logits.dtype} with strides {tuple(logits.stride())}")
@@ -119,23 +120,25 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     thr = torch.empty((batch, rows), device=device, dtype=torch.float32)
     strides = (bits.stride(0), bits.stride(1))
     aligned = bits.data_ptr() % 16 == 0 and vocab % 8 == 0 and all(s % 8 == 0 for s in strides)
-    grid = (n_rows, n_chunks)
+    grid = (n_rows, n_chunks, 1)
     fp16 = logits.dtype == torch.float16
-    rows_args = (top_k, rows, vocab, *strides)
+    sizes = (rows, vocab, *strides)
     common = dict(CHUNK=chunk, ALIGNED=aligned, num_warps=num_warps)
     if pivot:
         n_seg = n_chunks * (chunk // SEG)
         seg = torch.empty((n_rows, n_seg), device=device, dtype=torch.int32)
-        pivot16.segment_max_kernel[grid](bits, seg, *rows_args, n_seg, SEG=SEG, FP16=fp16, **common)
-        pivot16.pivot_kernel[(n_rows,)](seg, hist, top_k, rows, vocab, n_seg,
-                                        SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4)
-        pivot16.collect_pivot_kernel[grid](bits, hist, vals, *rows_args, CAP=cap, FP16=fp16, **common)
+        direct.launch(pivot16.segment_max_kernel, grid, (bits, seg, top_k), (*sizes, n_seg),
+                      dict(SEG=SEG, FP16=fp16, **common))
+        direct.launch(pivot16.pivot_kernel, (n_rows, 1, 1), (seg, hist, top_k), (rows, vocab, n_seg),
+                      dict(SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4))
+        direct.launch(pivot16.collect_pivot_kernel, grid, (bits, hist, vals, top_k), sizes,
+                      dict(CAP=cap, FP16=fp16, **common))
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
-    digits16.fallback_kernel[(n_rows,)](bits, hist, vals, *rows_args, CHUNK=chunk, CAP=cap, ALIGNED=aligned,
-                                        COLLECT=top_p is not None, num_warps=num_warps,
-                                        **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0))))
-    _finish_kernel[(n_rows,)](vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr, rows,
-                              vocab, CAP=cap, HAS_P=top_p is not None, FP16=fp16,
-                              num_warps=4)
+    direct.launch(digits16.fallback_kernel, (n_rows, 1, 1), (bits, hist, vals, top_k), sizes,
+                  dict(CHUNK=chunk, CAP=cap, ALIGNED=aligned, COLLECT=top_p is not None, num_warps=num_warps,
+                       **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))
+    direct.launch(_finish_kernel, (n_rows, 1, 1),
+                  (vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr), (rows, vocab),
+                  dict(CAP=cap, HAS_P=top_p is not None, FP16=fp16, num_warps=4))
     return thr

@@ -19,7 +19,13 @@ for greedy rows) and M the row's largest z. Counts are integers: the per-key mas
 
 The fp32 mass sums differ from the reference's in order only, so the kept set equals the reference's unless some
 S(z) is within float rounding of top_p (as for :mod:`.radix`). Rows whose top_p >= 1 get -inf. Top-p after
-top-k is :mod:`.topk16`'s; min-p is not handled here.
+top-k is :mod:`.topk16`'s.
+
+Min-p (``min_p``): log p(x) - max log p = z - M for every filtered row (the normaliser cancels, and top-p keeps
+the largest z), so its keep set is {fl(z - M) >= fl(log min_p)}: ``_finish_kernel`` finds the smallest such fp32
+z by bisection over order keys (scalars only) and keeps the max of both thresholds. The reference evaluates the
+same inequality through log_softmax, whose rounding of the normaliser can move a z within float rounding of the
+boundary (as the top-p sums).
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ import triton
 import triton.language as tl
 
 from . import direct, thresholds
-from .keys16 import bits_to_key, key_to_z, load_bits
+from .keys16 import bits_to_key, key_to_z
+from .thresholds import _KEY_NEG_INF, _float_key, _key_float
 
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
@@ -65,12 +72,20 @@ def _request(n, NT, RT, RD):
     return tl.where(n < NT, n // RT, (n - NT) // RD)
 
 
+@triton.jit
+def _row_on(p_ptr, mp_ptr, b, MIN_P: tl.constexpr):
+    on = tl.load(p_ptr + b) < 1.0
+    if MIN_P:
+        on = on | (tl.load(mp_ptr + b) > 0.0)
+    return on
+
+
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
-def _max_kernel(t_ptr, d_ptr, area_ptr, p_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr,
-                ALIGNED: tl.constexpr, AREA: tl.constexpr):
+def _max_kernel(t_ptr, d_ptr, area_ptr, p_ptr, mp_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr,
+                ALIGNED: tl.constexpr, AREA: tl.constexpr, MIN_P: tl.constexpr):
     n = tl.program_id(0)
     c = tl.program_id(1)
-    if tl.load(p_ptr + _request(n, NT, RT, RD)) < 1.0:
+    if _row_on(p_ptr, mp_ptr, _request(n, NT, RT, RD), MIN_P):
         offs, u, _ = _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK, ALIGNED)
         tl.atomic_max(area_ptr + n.to(tl.int64) * AREA + _MAX, tl.max(tl.where(offs < V, u, 0), axis=0))
 
@@ -96,17 +111,40 @@ def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD,
         tl.atomic_add(area + _HEAD + d, 1, mask=valid & (d < WINDOW))
 
 
+@triton.jit
+def _min_p_threshold(m, mp):
+    """The smallest fp32 z with fl(z - m) >= fl(log(mp)): min-p's keep set {log p(x) - max log p >= log min_p}
+    = {z - m >= log min_p} (the normaliser cancels), by bisection over fp32 order keys (-inf fails, m holds)."""
+    lmp = tl.log(mp)
+    lo = tl.full((), _KEY_NEG_INF, tl.int64)
+    hi = _float_key(m).to(tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        ok = (_key_float(mid) - m) >= lmp
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return tl.where((mp > 0.0) & (m > float("-inf")), _key_float(hi), float("-inf"))
+
+
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "n_chunks", "t_stride"])
-def _finish_kernel(area_ptr, tot_ptr, p_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, n_chunks, t_stride,
-                   NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr, AREA: tl.constexpr):
-    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]); resets the row's
+def _finish_kernel(area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, n_chunks, t_stride,
+                   NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr, AREA: tl.constexpr,
+                   MIN_P: tl.constexpr):
+    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]): max(t_p, t_minp),
+    t_minp alone for rows the window did not decide (the fallback takes the max with its t_p); resets the row's
     largest key and counts to 0 for the next call (the flag is reset by the fallback)."""
     n = tl.program_id(0)
     b = _request(n, NT, RT, RD)
     p = tl.load(p_ptr + b)
+    area = area_ptr + n.to(tl.int64) * AREA
     thr = float("-inf")
+    if MIN_P:
+        mp = tl.load(mp_ptr + b)
+        if mp > 0.0:
+            thr = _min_p_threshold(key_to_z(tl.load(area + _MAX), tl.load(temp_ptr + b), FP16), mp)
+            if p >= 1.0:
+                tl.store(area + _MAX, 0)
     if p < 1.0:
-        area = area_ptr + n.to(tl.int64) * AREA
         kmax = tl.load(area + _MAX)
         t = tl.load(temp_ptr + b)
         m = key_to_z(kmax, t, FP16)
@@ -124,8 +162,9 @@ def _finish_kernel(area_ptr, tot_ptr, p_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, n
         last = tl.max(tl.where(kept & present, d, -1), axis=0)
         decided = (tl.max(tl.where(~kept & present, 1, 0), axis=0) > 0) | (tl.sum(cnt, axis=0) >= V)
         # a row of -inf only (no mass): keep it all
-        thr = tl.where(total > 0, key_to_z(kmax - tl.maximum(last, 0), t, FP16), float("-inf"))
+        t_p = tl.where(total > 0, key_to_z(kmax - tl.maximum(last, 0), t, FP16), float("-inf"))
         decided = decided | ~(total > 0)
+        thr = tl.where(decided, tl.maximum(thr, t_p), thr)
         tl.store(area + _FLAG, (~decided).to(tl.int32))
         tl.store(area + _MAX, 0)
         tl.store(area + _HEAD + d, tl.zeros([WINDOW], tl.int32))
@@ -154,29 +193,30 @@ def supports(logits: torch.Tensor) -> bool:
     return logits.dtype in (torch.bfloat16, torch.float16) and logits.stride(-1) == 1
 
 
-def _check(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor) -> None:
+def _check(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor, min_p) -> None:
     if not supports(logits):
         raise ValueError(f"top_p_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                          f"{logits.dtype} with strides {tuple(logits.stride())}")
-    for name, t in (("top_p", top_p), ("temperature", temperature)):
-        if t.shape != logits.shape[:1] or t.device != logits.device or t.dtype != torch.float32:
+    for name, t in (("top_p", top_p), ("temperature", temperature), ("min_p", min_p)):
+        if t is not None and (t.shape != logits.shape[:1] or t.device != logits.device or t.dtype != torch.float32):
             raise ValueError(f"{name} must be float32 [B] = [{logits.shape[0]}] on {logits.device}, got "
                              f"{t.dtype} {tuple(t.shape)} on {t.device}")
 
 
 def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor,
-                       draft: Optional[torch.Tensor] = None, *, window: int = 0, chunk: int = 0,
-                       fallback: bool = True):
-    """Top-p keep thresholds float32 [B, R] of logits [B, R, V] (bf16 / fp16, unit stride over V): keep
-    z = logit / T >= thr; -inf where top_p >= 1. ``top_p`` / ``temperature``: float32 [B] on the logits' device.
+                       draft: Optional[torch.Tensor] = None, *, min_p: Optional[torch.Tensor] = None,
+                       window: int = 0, chunk: int = 0, fallback: bool = True):
+    """Top-p (then min-p) keep thresholds float32 [B, R] of logits [B, R, V] (bf16 / fp16, unit stride over V):
+    keep z = logit / T >= thr; -inf where top_p >= 1 and min_p = 0 (or None). ``top_p`` / ``temperature`` /
+    ``min_p``: float32 [B] on the logits' device.
     ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same launches and the result is the pair
     (thr [B, R], thr_draft [B, R_d]). ``window`` / ``chunk``: :data:`WINDOW` / :data:`CHUNK` when 0 (powers of
     two). ``fallback=False`` (tests) leaves flagged rows with the window's value. Four launches (five with a
     draft); no host sync. Work areas are cached per shape and reset by the kernels: calls of one shape must not
     run concurrently on different streams (as :mod:`.launch`'s plans)."""
-    _check(logits, top_p, temperature)
+    _check(logits, top_p, temperature, min_p)
     if draft is not None:
-        _check(draft, top_p, temperature)
+        _check(draft, top_p, temperature, min_p)
         if draft.dtype != logits.dtype or draft.shape[-1] != logits.shape[-1]:
             raise ValueError("draft logits must have the target's dtype and vocabulary size")
     window, chunk = window or WINDOW, chunk or CHUNK
@@ -201,15 +241,17 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     grid = (n_t + n_d, n_chunks, 1)
     sizes = (n_t, rows, max(rows_d, 1), vocab, *strides)
     area_words = HEAD_WORDS + window
-    direct.launch(_max_kernel, grid, (bits, bits_d, area, top_p), sizes,
-                  dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, num_warps=NUM_WARPS))
+    mp = min_p if min_p is not None else top_p
+    direct.launch(_max_kernel, grid, (bits, bits_d, area, top_p, mp), sizes,
+                  dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, MIN_P=min_p is not None,
+                       num_warps=NUM_WARPS))
     direct.launch(_window_kernel, grid, (bits, bits_d, area, tot, top_p, temperature), (*sizes, n_chunks),
                   dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words,
                        num_warps=NUM_WARPS))
-    direct.launch(_finish_kernel, (n_t + n_d, 1, 1), (area, tot, top_p, temperature, thr),
+    direct.launch(_finish_kernel, (n_t + n_d, 1, 1), (area, tot, top_p, mp, temperature, thr),
                   (n_t, rows, max(rows_d, 1), vocab, n_chunks, t_stride),
                   dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
-                       num_warps=4))
+                       MIN_P=min_p is not None, num_warps=4))
     if fallback:
         thresholds.gated_top_p(logits, temperature, top_p, area, _FLAG.value, area_words, thr_t)
         if draft is not None:
