@@ -275,3 +275,17 @@ def test_topp16_thresholds_keep_the_sorted_set(dtype):
     z = scaled_logits(target, temperature)
     want = top_p_threshold_sorted(z, top_p)
     assert torch.equal(z >= got[..., None], z >= want[..., None])
+
+
+def test_topp16_min_p_keeps_the_reference_set():
+    from tilespec.verify.distributions import filtered_logits
+    from tilespec.verify.filters import scaled_logits
+    from tilespec.verify.kernels.topp16 import top_p_thresholds16
+    from tilespec.verify.validation import resolve_sampling
+    target, _, _ = _case(64, 5, 151936, seed=9)
+    s = resolve_sampling(SamplingParams(top_p=[1.0, 0.9, 0.8, 1.0] * 16, min_p=[0.05, 0.1, 0.0, 0.2] * 16,
+                                        temperature=[0.7, 1.0, 1.3, 0.0] * 16), 64, target.device)
+    got = top_p_thresholds16(target, s.top_p, s.temperature, min_p=s.min_p)
+    z = scaled_logits(target, s.temperature)
+    want = torch.isfinite(filtered_logits(target, s, method="sort"))
+    assert torch.equal(z >= got[..., None], want)

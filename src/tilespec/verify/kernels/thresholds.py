@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from ..order_keys import KEY_NAN, KEY_NEG_INF
-from . import direct
 
 # Key bits fixed per pass (2^BITS candidates incl. the current base, 32 / BITS passes per threshold); fewer bits
 # mean more passes over the row but fewer compares per element. On the H100 2 bits and blocks of 2048 were fastest.
@@ -57,18 +56,41 @@ def _load_z(row, offs, vocab, scale):
 
 
 @triton.jit
-def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, vocab, stride_b, stride_r,
-                       gate_off, gate_stride, DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr,
-                       BITS: tl.constexpr, GATED: tl.constexpr):
-    """GATED: only rows n whose gate word gate_ptr[gate_off + n * gate_stride] is non-zero run (top-p only), and
-    reset it to 0; out[n] becomes the max of t_p and out[n] (another filter's threshold); the others keep out[n]."""
+def top_p_search(row, vocab, scale, top_p, thr_k, BLOCK: tl.constexpr, BITS: tl.constexpr):
+    """t_p of one row (pointer ``row``, ``vocab`` ids, z = logit / scale) over the ids with z >= thr_k: one pass for
+    the max, then 32 / BITS passes of the 2^BITS-way key search (see the module docstring)."""
+    ar = tl.arange(0, BLOCK)
+    ways = tl.arange(0, 1 << BITS).to(tl.int64)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        m = tl.maximum(m, _load_z(row, start + ar, vocab, scale))
+    m_row = tl.max(m, axis=0)
+    m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
+    base = tl.full((), _KEY_NEG_INF - 1, tl.int64)
+    total = tl.zeros((), tl.float32)
+    for p in tl.static_range(32 // BITS):
+        cand = _key_float(base + (ways << (32 - BITS * (p + 1))))
+        mass = tl.zeros([1 << BITS], tl.float32)
+        tot = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            offs = start + ar
+            z = _load_z(row, offs, vocab, scale)
+            e = tl.where((offs < vocab) & (z >= thr_k), tl.exp(z - m_row), 0.0)
+            mass += tl.sum(tl.where(z[None, :] > cand[:, None], e[None, :], 0.0), axis=1)
+            if p == 0:
+                tot += e
+        if p == 0:
+            total = tl.sum(tot, axis=0)
+        ok = tl.div_rn(mass, tl.zeros([1 << BITS], tl.float32) + total) >= top_p
+        best = tl.max(tl.where(ok, ways, 0), axis=0)
+        base = base + (best << (32 - BITS * (p + 1)))
+    return _key_float(base + 1)
+
+
+@triton.jit
+def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stride_b, stride_r,
+                       DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
     pid = tl.program_id(0)
-    run = True
-    if GATED:
-        gate = gate_ptr + gate_off + pid.to(tl.int64) * gate_stride
-        run = tl.load(gate) != 0
-        if run:
-            tl.store(gate, 0)
     b = pid // rows
     r = pid % rows
     row = x_ptr + b.to(tl.int64) * stride_b + r.to(tl.int64) * stride_r
@@ -94,35 +116,9 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, gate_ptr, rows, v
             thr = _key_float(base)
     if DO_P:
         top_p = tl.load(p_ptr + b)
-        if (top_p < 1.0) & run:
-            m = tl.full([BLOCK], float("-inf"), tl.float32)
-            for start in range(0, vocab, BLOCK):
-                m = tl.maximum(m, _load_z(row, start + ar, vocab, scale))
-            m_row = tl.max(m, axis=0)
-            m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
-            base = tl.full((), _KEY_NEG_INF - 1, tl.int64)
-            total = tl.zeros((), tl.float32)
-            for p in tl.static_range(32 // BITS):
-                cand = _key_float(base + (ways << (32 - BITS * (p + 1))))
-                mass = tl.zeros([1 << BITS], tl.float32)
-                tot = tl.zeros([BLOCK], tl.float32)
-                for start in range(0, vocab, BLOCK):
-                    offs = start + ar
-                    z = _load_z(row, offs, vocab, scale)
-                    e = tl.where((offs < vocab) & (z >= thr), tl.exp(z - m_row), 0.0)
-                    mass += tl.sum(tl.where(z[None, :] > cand[:, None], e[None, :], 0.0), axis=1)
-                    if p == 0:
-                        tot += e
-                if p == 0:
-                    total = tl.sum(tot, axis=0)
-                ok = tl.div_rn(mass, tl.zeros([1 << BITS], tl.float32) + total) >= top_p
-                best = tl.max(tl.where(ok, ways, 0), axis=0)
-                base = base + (best << (32 - BITS * (p + 1)))
-            thr = tl.maximum(thr, _key_float(base + 1))
-    if GATED:
-        thr = tl.maximum(thr, tl.load(out_ptr + pid))
-    if run:
-        tl.store(out_ptr + pid, thr)
+        if top_p < 1.0:
+            thr = tl.maximum(thr, top_p_search(row, vocab, scale, top_p, thr, BLOCK, BITS))
+    tl.store(out_ptr + pid, thr)
 
 
 def prepare_thresholds(logits: torch.Tensor, do_k: bool, do_p: bool, bits: int) -> tuple:
@@ -154,19 +150,7 @@ def filter_thresholds(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     batch, rows, vocab = logits.shape
     block = min(block, max(16, triton.next_power_of_2(vocab)))
     _thresholds_kernel[(batch * rows,)](
-        logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), out, rows,
-        vocab, logits.stride(0), logits.stride(1), 0, 0, DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
-        GATED=False, num_warps=num_warps)
+        logits, out, temperature.float().contiguous(), top_k.contiguous(), top_p.float().contiguous(), rows, vocab,
+        logits.stride(0), logits.stride(1), DO_K=bool(do_k), DO_P=bool(do_p), BLOCK=block, BITS=bits,
+        num_warps=num_warps)
     return out
-
-
-def gated_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, gate: torch.Tensor,
-                gate_off: int, gate_stride: int, out: torch.Tensor, block: int = 2048, num_warps: int = 8) -> None:
-    """Top-p thresholds (as :func:`filter_thresholds`), max'ed into ``out`` [B, R], only for rows n whose gate word
-    ``gate.view(-1)[gate_off + n * gate_stride]`` (int32) is non-zero, which it resets to 0: the exact fallback of
-    :mod:`.topp16`. ``logits`` [B, R, V] with unit stride over V; one launch, no host sync."""
-    batch, rows, vocab = logits.shape
-    block = min(block, max(16, triton.next_power_of_2(vocab)))
-    direct.launch(_thresholds_kernel, (batch * rows, 1, 1), (logits, out, temperature, top_p, top_p, gate),
-                  (rows, vocab, logits.stride(0), logits.stride(1), gate_off, gate_stride),
-                  dict(DO_K=False, DO_P=True, BLOCK=block, BITS=BITS, GATED=True, num_warps=num_warps))

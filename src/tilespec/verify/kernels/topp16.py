@@ -9,13 +9,14 @@ for greedy rows) and M the row's largest z. Counts are integers: the per-key mas
 2. ``_window_kernel``, grid (N, C): per chunk, the fp32 sum of exp(z - M) over its ids (the row total is the sum
    of these in chunk order: it depends on V and CHUNK only, batch invariant), and the count of every key in the
    window of WINDOW keys below the largest (one integer atomic per id in the window).
-3. ``_finish_kernel``, grid (N,) (and resets the row's work area for the next call): per window key u, from the top: S(u) = the mass of the keys above u (an
-   exclusive cumulative sum in key order, as the sort-based reference sums in sorted order); t_p = the value of
+3. ``_finish_kernel``, grid (N,), which also resets the row's work area for the next call: per window key u, from
+   the top, S(u) = the mass of the keys above u (an exclusive cumulative sum in key order, as the sort-based
+   reference sums in sorted order); t_p = the value of
    the smallest present key with S(u) / total < top_p (``filters``' definition: ties are one key, kept together).
    The window decides the row when some present key in it is not kept (every key below it has a larger S) or when
-   it holds every id of the row; otherwise the row is flagged.
-4. Flagged rows only (thresholds far below the largest logit: a flat row): :mod:`.thresholds`' one-program-per-row
-   search, gated by the flag (one launch that returns at once for every other row).
+   it holds every id of the row.
+   Rows the window does not decide (thresholds far below the largest logit: flat rows) run :mod:`.thresholds`'
+   exact key search on their row in the same program (slow, but only for such rows).
 
 The fp32 mass sums differ from the reference's in order only, so the kept set equals the reference's unless some
 S(z) is within float rounding of top_p (as for :mod:`.radix`). Rows whose top_p >= 1 get -inf. Top-p after
@@ -44,9 +45,10 @@ from .thresholds import _KEY_NEG_INF, _float_key, _key_float
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
 NUM_WARPS = 8
+SEARCH_BLOCK = 2048   # ids per step of the exact search for rows the window does not decide
 HEAD_WORDS = 2
 _MAX = tl.constexpr(0)     # work-area words per row: the largest key, the fallback flag, then WINDOW counts
-_FLAG = tl.constexpr(1)
+_FLAG = tl.constexpr(1)   # set by the finish when the row needed the exact search (benchmarks count them)
 _HEAD = tl.constexpr(HEAD_WORDS)
 
 
@@ -126,13 +128,14 @@ def _min_p_threshold(m, mp):
     return tl.where((mp > 0.0) & (m > float("-inf")), _key_float(hi), float("-inf"))
 
 
-@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "n_chunks", "t_stride"])
-def _finish_kernel(area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, n_chunks, t_stride,
-                   NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr, AREA: tl.constexpr,
-                   MIN_P: tl.constexpr):
-    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]): max(t_p, t_minp),
-    t_minp alone for rows the window did not decide (the fallback takes the max with its t_p); resets the row's
-    largest key and counts to 0 for the next call (the flag is reset by the fallback)."""
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks", "t_stride"])
+def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, sbt, srt, sbd,
+                   srd, n_chunks, t_stride, NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
+                   AREA: tl.constexpr, MIN_P: tl.constexpr, SEARCH: tl.constexpr, BLOCK: tl.constexpr,
+                   BITS: tl.constexpr):
+    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]): max(t_p, t_minp); rows
+    the window does not decide run :func:`.thresholds.top_p_search` on their logits (SEARCH; ``t_ptr`` /
+    ``d_ptr`` are the float rows here) and set their flag word. Resets the row's largest key and counts to 0."""
     n = tl.program_id(0)
     b = _request(n, NT, RT, RD)
     p = tl.load(p_ptr + b)
@@ -164,7 +167,14 @@ def _finish_kernel(area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, 
         # a row of -inf only (no mass): keep it all
         t_p = tl.where(total > 0, key_to_z(kmax - tl.maximum(last, 0), t, FP16), float("-inf"))
         decided = decided | ~(total > 0)
-        thr = tl.where(decided, tl.maximum(thr, t_p), thr)
+        if SEARCH:
+            if ~decided:
+                if n < NT:
+                    row = t_ptr + (n // RT).to(tl.int64) * sbt + (n % RT).to(tl.int64) * srt
+                else:
+                    row = d_ptr + ((n - NT) // RD).to(tl.int64) * sbd + ((n - NT) % RD).to(tl.int64) * srd
+                t_p = thresholds.top_p_search(row, V, tl.where(t > 0, t, 1.0), p, float("-inf"), BLOCK, BITS)
+        thr = tl.maximum(thr, t_p)
         tl.store(area + _FLAG, (~decided).to(tl.int32))
         tl.store(area + _MAX, 0)
         tl.store(area + _HEAD + d, tl.zeros([WINDOW], tl.int32))
@@ -211,8 +221,8 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     ``min_p``: float32 [B] on the logits' device.
     ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same launches and the result is the pair
     (thr [B, R], thr_draft [B, R_d]). ``window`` / ``chunk``: :data:`WINDOW` / :data:`CHUNK` when 0 (powers of
-    two). ``fallback=False`` (tests) leaves flagged rows with the window's value. Four launches (five with a
-    draft); no host sync. Work areas are cached per shape and reset by the kernels: calls of one shape must not
+    two). ``fallback=False`` (tests) leaves rows the window does not decide with its value. Three launches for
+    target and draft rows together; no host sync. Work areas are cached per shape and reset by the kernels: calls of one shape must not
     run concurrently on different streams (as :mod:`.launch`'s plans)."""
     _check(logits, top_p, temperature, min_p)
     if draft is not None:
@@ -248,13 +258,10 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     direct.launch(_window_kernel, grid, (bits, bits_d, area, tot, top_p, temperature), (*sizes, n_chunks),
                   dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words,
                        num_warps=NUM_WARPS))
-    direct.launch(_finish_kernel, (n_t + n_d, 1, 1), (area, tot, top_p, mp, temperature, thr),
-                  (n_t, rows, max(rows_d, 1), vocab, n_chunks, t_stride),
+    direct.launch(_finish_kernel, (n_t + n_d, 1, 1),
+                  (logits, draft if draft is not None else logits, area, tot, top_p, mp, temperature, thr),
+                  (n_t, rows, max(rows_d, 1), vocab, *strides, n_chunks, t_stride),
                   dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
-                       MIN_P=min_p is not None, num_warps=4))
-    if fallback:
-        thresholds.gated_top_p(logits, temperature, top_p, area, _FLAG.value, area_words, thr_t)
-        if draft is not None:
-            thresholds.gated_top_p(draft, temperature, top_p, area, n_t * area_words + _FLAG.value, area_words,
-                                   thr_d)
+                       MIN_P=min_p is not None, SEARCH=fallback, BLOCK=SEARCH_BLOCK, BITS=thresholds.BITS,
+                       num_warps=4))
     return thr_t if draft is None else (thr_t, thr_d)
