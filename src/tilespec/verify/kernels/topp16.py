@@ -146,6 +146,7 @@ def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr
         if mp > 0.0:
             thr = _min_p_threshold(key_to_z(tl.load(area + _MAX), tl.load(temp_ptr + b), FP16), mp)
             if p >= 1.0:
+                tl.debug_barrier()          # every warp has read the largest key before it is reset
                 tl.store(area + _MAX, 0)
     if p < 1.0:
         kmax = tl.load(area + _MAX)
@@ -176,6 +177,7 @@ def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr
                 t_p = thresholds.top_p_search(row, V, tl.where(t > 0, t, 1.0), p, float("-inf"), BLOCK, BITS)
         thr = tl.maximum(thr, t_p)
         tl.store(area + _FLAG, (~decided).to(tl.int32))
+        tl.debug_barrier()                  # every warp has read the work area before it is reset
         tl.store(area + _MAX, 0)
         tl.store(area + _HEAD + d, tl.zeros([WINDOW], tl.int32))
     tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
