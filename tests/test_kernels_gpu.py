@@ -289,3 +289,24 @@ def test_topp16_min_p_keeps_the_reference_set():
     z = scaled_logits(target, s.temperature)
     want = torch.isfinite(filtered_logits(target, s, method="sort"))
     assert torch.equal(z >= got[..., None], want)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(top_p=0.9), SamplingParams(temperature=0.7, top_p=0.8),
+                                      SamplingParams(min_p=0.05), SamplingParams(top_p=0.95, min_p=0.1),
+                                      SamplingParams(top_k=20), SamplingParams(temperature=0.7, top_k=20, top_p=0.8)],
+                         ids=["p0.9", "t0.7-p0.8", "minp0.05", "p0.95-minp0.1", "k20", "qwen"])
+def test_filtered_fused_matches_reference_and_graph_replay(sampling):
+    # 16-bit keep thresholds of target and draft rows in one launch set (topp16 / topk16), eager and replayed
+    target, draft, tokens = _case(64, 5, 151936, seed=10)
+    kw = dict(draft_logits=draft, sampling=sampling, seed=torch.arange(64, device="cuda"), offsets=7,
+              check_values=False)
+    ref = verify(target, tokens, method="reference", **kw)
+    got = verify(target, tokens, method="fused", **kw)
+    assert _same_rows(got, ref) >= 0.99
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = verify(target, tokens, method="fused", **kw)
+    graph.replay()
+    again = verify(target, tokens, method="fused", **kw)
+    assert torch.equal(captured.output_tokens, got.output_tokens)
+    assert torch.equal(again.output_tokens, got.output_tokens)

@@ -26,13 +26,29 @@ def _top_p16(logits: torch.Tensor, s) -> bool:
             and (logits.is_cuda or TOPK16_ON_CPU))
 
 
+def _top_k16(logits: torch.Tensor, s) -> dict | None:
+    """The arguments of :func:`.topk16.top_k_thresholds16` for these rows, or None when they do not take it."""
+    bounds = s.top_k_range
+    if not (s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU)):
+        return None
+    if not s.has_top_p:
+        return dict(k_max=bounds[1] if bounds else 0)
+    if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:
+        return dict(top_p=s.top_p, k_max=bounds[1])
+    return None
+
+
 def keep_thresholds_pair(target: torch.Tensor, draft, inputs: VerifyInputs) -> tuple:
     """(:func:`keep_thresholds` of the target rows, of the draft rows or None when ``draft`` is None): one launch
-    set for both where the kernels allow it (top-p alone on 16-bit rows of one dtype), else two calls."""
+    set for both where the 16-bit kernels take both (same dtype and V), else two calls."""
     s = inputs.sampling
-    if (draft is not None and _top_p16(target, s) and _top_p16(draft, s) and draft.dtype == target.dtype
-            and draft.shape[-1] == target.shape[-1]):
-        return top_p_thresholds16(target, s.top_p, s.temperature, draft, min_p=s.min_p if s.has_min_p else None)
+    if draft is not None and draft.dtype == target.dtype and draft.shape[::2] == target.shape[::2]:
+        if _top_p16(target, s) and _top_p16(draft, s):
+            return top_p_thresholds16(target, s.top_p, s.temperature, draft,
+                                      min_p=s.min_p if s.has_min_p else None)
+        args = _top_k16(target, s)       # depends on the sampling, dtype and V only: the draft's are the same
+        if args is not None:
+            return top_k_thresholds16(target, s.top_k, s.temperature, draft=draft, **args)
     return keep_thresholds(target, inputs), (keep_thresholds(draft, inputs) if draft is not None else None)
 
 
@@ -56,11 +72,9 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     bounds = s.top_k_range
     if _top_p16(logits, s):
         return top_p_thresholds16(logits, s.top_p, s.temperature, min_p=s.min_p if s.has_min_p else None)
-    if s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU):
-        if not s.has_top_p:
-            return top_k_thresholds16(logits, s.top_k, s.temperature, k_max=bounds[1] if bounds else 0)
-        if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:
-            return top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p, bounds[1])
+    args = _top_k16(logits, s)
+    if args is not None:
+        return top_k_thresholds16(logits, s.top_k, s.temperature, **args)
     if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
             and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
         return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])

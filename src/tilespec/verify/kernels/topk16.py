@@ -6,8 +6,8 @@ Rows whose request has k = 0 or k >= V get -inf.
 
 1. :mod:`.pivot16`: per-segment maxima, a pivot <= u* per row (the k-th largest segment max), and one pass that
    collects every key >= pivot into ``vals`` [N, CAP] (one read of the logits for the maxima, one for the keys).
-2. :mod:`.digits16`, only for rows that collected more than CAP keys: u* digit by digit from counting passes, and
-   (for top-p) the keys above it.
+2. :mod:`.digits16`, only for rows that collected more than CAP keys (run by the finish kernel, in the row's
+   program): u* digit by digit from counting passes, and (for top-p) the keys above it.
 3. ``_finish_kernel``, grid (N,): sorts the row's collected keys; u* = the k-th of them (pivot rows) or the
    fallback's; t_k; then, with top-p, t_p over the top-k-kept set (``filters``' definition: the softmax of the kept
    logits only): the smallest kept value whose mass strictly above it, over the kept total, is below top_p (ties
@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 
 from . import digits16, direct, pivot16
-from .keys16 import ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, top_on
+from .keys16 import (ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, row_of,
+                     top_on)
 
 CHUNK = 2048         # ids per program of the passes over the logits
 SEG = 512            # ids per segment of the pivot pass (k above the number of segments: the fallback)
@@ -40,13 +41,20 @@ NUM_WARPS = 4
 TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must fit in CAP)
 
 
-@triton.jit(do_not_specialize=["R", "V"])
-def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CAP: tl.constexpr,
-                   HAS_P: tl.constexpr, FP16: tl.constexpr):
-    """thr[n] = t_k, or with top-p max(t_k, t_p), from row n's collected ids (pivot rows: every id >= the pivot,
-    so every id >= u*; fallback rows: the ids above u*, with u* and its count from the work area)."""
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "t_stride"])
+def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, NT, RT, RD, V, sbt, srt,
+                   sbd, srd, t_stride, CAP: tl.constexpr, HAS_P: tl.constexpr, FP16: tl.constexpr,
+                   CHUNK: tl.constexpr, ALIGNED: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr,
+                   B2: tl.constexpr, B3: tl.constexpr):
+    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]) = t_k, or with top-p
+    max(t_k, t_p), from row n's collected ids (pivot rows: every id >= the pivot, so every id >= u*; fallback
+    rows, which run :func:`.digits16.fallback_row` first: the ids above u*, with u* and its count from the work
+    area). Resets the row's work area to 0 for the next call."""
     n = tl.program_id(0)
-    k, on = top_on(k_ptr, n, R, V)
+    row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
+    digits16.fallback_row(row, b, hist_ptr, vals_ptr, k_ptr, n, V, CHUNK, CAP, HAS_P, B0, B1, B2, B3)
+    tl.debug_barrier()                     # the fallback's work area and ids are visible to every warp
+    k, on = top_on(k_ptr, b, V)
     thr = float("-inf")
     if on:
         area = hist_ptr + n * ROW_WORDS
@@ -58,10 +66,10 @@ def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CA
         keys = tl.sort(keys, descending=True)
         u_star = tl.where(fallback, tl.load(area + W_USTAR), tl.sum(tl.where(i == k - 1, keys, 0), axis=0))
         at = tl.where(fallback, tl.load(area + W_AT), tl.sum((keys == u_star).to(tl.int32), axis=0))
-        t = tl.load(temp_ptr + n // R)
+        t = tl.load(temp_ptr + b)
         thr = key_to_z(u_star, t, FP16)
         if HAS_P:
-            p = tl.load(p_ptr + n // R)
+            p = tl.load(p_ptr + b)
             above = keys > u_star
             z = tl.where(above, key_to_z(keys, t, FP16), float("-inf"))      # sorted descending, as the keys
             top = tl.maximum(tl.max(z, axis=0), thr)
@@ -72,7 +80,28 @@ def _finish_kernel(vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, R, V, CA
             t_p = tl.min(tl.where(kept, z, float("inf")), axis=0)
             # the boundary value t_k stays kept iff the mass above it is < top_p (a row of -inf only: nothing to do)
             thr = tl.where((p < 1.0) & (top > float("-inf")) & ~(mass_above / total < p), t_p, thr)
-    tl.store(thr_ptr + n, thr)
+    tl.debug_barrier()                     # every warp has read the work area before it is reset
+    tl.store(hist_ptr + n * ROW_WORDS + tl.arange(0, ROW_WORDS), tl.zeros([ROW_WORDS], tl.int32))
+    tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
+
+
+_BUFFERS: dict = {}
+BUFFER_LIMIT = 256    # shapes whose buffers stay allocated (a captured CUDA graph may hold their addresses)
+
+
+def _buffers(device: torch.device, n_rows: int, cap: int, n_seg: int) -> tuple:
+    """(work areas [N, ROW_WORDS] int32, zero between calls: the finish kernel resets them; collected ids [N, CAP];
+    segment keys [N, n_seg]), cached per shape."""
+    key = (device, n_rows, cap, n_seg)
+    bufs = _BUFFERS.get(key)
+    if bufs is None:
+        bufs = (torch.zeros((n_rows, ROW_WORDS_INT), device=device, dtype=torch.int32),
+                torch.empty((n_rows, cap), device=device, dtype=torch.int32),
+                torch.empty((n_rows, n_seg), device=device, dtype=torch.int32))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if len(_BUFFERS) < BUFFER_LIMIT and not capturing:
+            _BUFFERS[key] = bufs
+    return bufs
 
 
 def supports(logits: torch.Tensor) -> bool:
@@ -81,21 +110,26 @@ def supports(logits: torch.Tensor) -> bool:
 
 
 def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor,
-                       top_p: Optional[torch.Tensor] = None, k_max: int = 0, *, digits: Sequence[int] = (),
-                       chunk: int = 0, num_warps: int = 0, pivot: bool = True) -> torch.Tensor:
+                       top_p: Optional[torch.Tensor] = None, k_max: int = 0, *, draft: Optional[torch.Tensor] = None,
+                       digits: Sequence[int] = (), chunk: int = 0, num_warps: int = 0, pivot: bool = True):
     """Keep thresholds float32 [B, R] of top-k (then top-p over the kept set when ``top_p`` is given): -inf where
     k = 0 or k >= V.
 
     ``logits`` [B, R, V] bf16 / fp16 with unit stride over V; ``top_k`` [B] int64, ``temperature`` and ``top_p``
-    [B] float32, on the logits' device. ``k_max``: a bound on every k when the caller knows one (0: unknown); it
-    sizes the buffer of collected ids, and with ``top_p`` it is required, at most :data:`TOP_P_K_MAX`.
-    ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` / :data:`NUM_WARPS` when not
-    given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Six
-    launches (a memset, three for the pivot path, the fallback, the finish; direct launches after the
-    first call of a shape, see :func:`.direct.launch`). No host sync."""
-    if not supports(logits):
-        raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
-                         f"{logits.dtype} with strides {tuple(logits.stride())}")
+    [B] float32, on the logits' device. ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same
+    launches and the result is the pair (thr [B, R], thr_draft [B, R_d]). ``k_max``: a bound on every k when the
+    caller knows one (0: unknown); it sizes the buffer of collected ids, and with ``top_p`` it is required, at most
+    :data:`TOP_P_K_MAX`. ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` /
+    :data:`NUM_WARPS` when not given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Four
+    launches (three for the pivot path, the fallback and finish; direct launches after the first call of a
+    shape, see :func:`.direct.launch`); work areas cached per shape and reset by the finish kernel, so calls of
+    one shape must not run concurrently on different streams. No host sync."""
+    for x in (logits, draft):
+        if x is not None and not supports(x):
+            raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
+                             f"{x.dtype} with strides {tuple(x.stride())}")
+    if draft is not None and (draft.dtype != logits.dtype or draft.shape[::2] != logits.shape[::2]):
+        raise ValueError("draft logits must have the target's dtype, batch and vocabulary size")
     for name, t in (("top_k", top_k), ("temperature", temperature), ("top_p", top_p)):
         if t is not None and (t.shape != logits.shape[:1] or t.device != logits.device):
             raise ValueError(f"{name} must have shape [B] = [{logits.shape[0]}] on {logits.device}, got "
@@ -108,37 +142,43 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     if sum(digits) != 16 or not 1 <= len(digits) <= 4 or not all(1 <= d <= 8 for d in digits):
         raise ValueError(f"digits must be 1 to 4 widths in [1, 8] summing to 16, got {digits}")
     batch, rows, vocab = logits.shape
-    n_rows, n_chunks = batch * rows, triton.cdiv(vocab, chunk)
+    rows_d = draft.shape[1] if draft is not None else 0
+    n_t = batch * rows
+    n_rows, n_chunks = n_t + batch * rows_d, triton.cdiv(vocab, chunk)
     bits = logits.view(torch.int16)
+    bits_d = draft.view(torch.int16) if draft is not None else bits
     device = logits.device
-    hist = torch.zeros((n_rows, ROW_WORDS_INT), device=device, dtype=torch.int32)   # per-row work areas
     cap = (min(max(triton.next_power_of_2(4 * k_max), CAP_MIN), CAP_MAX) if k_max > 0 else CAP_MAX) \
         if logits.is_cuda else CAP_INTERPRETER
     if top_p is not None:
         cap = max(cap, triton.next_power_of_2(k_max))   # the keys above u* (< k of them) must fit
-    vals = torch.empty((n_rows, cap), device=device, dtype=torch.int32)
-    thr = torch.empty((batch, rows), device=device, dtype=torch.float32)
-    strides = (bits.stride(0), bits.stride(1))
-    aligned = bits.data_ptr() % 16 == 0 and vocab % 8 == 0 and all(s % 8 == 0 for s in strides)
+    n_seg = n_chunks * (chunk // SEG)
+    t_stride = -(-n_t // 4) * 4                       # draft thresholds start 16-byte aligned
+    thr = torch.empty(t_stride + n_rows - n_t, device=device, dtype=torch.float32)
+    thr_t, thr_d = thr[:n_t].view(batch, rows), thr[t_stride:].view(batch, rows_d)
+    if n_rows == 0:
+        return thr_t if draft is None else (thr_t, thr_d)
+    hist, vals, seg = _buffers(device, n_rows, cap, n_seg)
+    strides = (bits.stride(0), bits.stride(1), bits_d.stride(0), bits_d.stride(1))
+    aligned = ((bits.data_ptr() | bits_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
+               and all(s % 8 == 0 for s in strides))
     grid = (n_rows, n_chunks, 1)
     fp16 = logits.dtype == torch.float16
-    sizes = (rows, vocab, *strides)
+    geometry = (n_t, rows, max(rows_d, 1), vocab)
+    sizes = (*geometry, *strides)
     common = dict(CHUNK=chunk, ALIGNED=aligned, num_warps=num_warps)
     if pivot:
-        n_seg = n_chunks * (chunk // SEG)
-        seg = torch.empty((n_rows, n_seg), device=device, dtype=torch.int32)
-        direct.launch(pivot16.segment_max_kernel, grid, (bits, seg, top_k), (*sizes, n_seg),
+        direct.launch(pivot16.segment_max_kernel, grid, (bits, bits_d, seg, top_k), (*sizes, n_seg),
                       dict(SEG=SEG, FP16=fp16, **common))
-        direct.launch(pivot16.pivot_kernel, (n_rows, 1, 1), (seg, hist, top_k), (rows, vocab, n_seg),
+        direct.launch(pivot16.pivot_kernel, (n_rows, 1, 1), (seg, hist, top_k), (*geometry, n_seg),
                       dict(SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4))
-        direct.launch(pivot16.collect_pivot_kernel, grid, (bits, hist, vals, top_k), sizes,
+        direct.launch(pivot16.collect_pivot_kernel, grid, (bits, bits_d, hist, vals, top_k), sizes,
                       dict(CAP=cap, FP16=fp16, **common))
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
-    direct.launch(digits16.fallback_kernel, (n_rows, 1, 1), (bits, hist, vals, top_k), sizes,
-                  dict(CHUNK=chunk, CAP=cap, ALIGNED=aligned, COLLECT=top_p is not None, num_warps=num_warps,
-                       **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))
     direct.launch(_finish_kernel, (n_rows, 1, 1),
-                  (vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr), (rows, vocab),
-                  dict(CAP=cap, HAS_P=top_p is not None, FP16=fp16, num_warps=4))
-    return thr
+                  (bits, bits_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr),
+                  (*sizes, t_stride),
+                  dict(CAP=cap, HAS_P=top_p is not None, FP16=fp16, CHUNK=chunk, ALIGNED=aligned,
+                       num_warps=num_warps, **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))
+    return thr_t if draft is None else (thr_t, thr_d)
