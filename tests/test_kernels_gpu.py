@@ -298,8 +298,8 @@ def test_topp16_min_p_keeps_the_reference_set():
 def test_filtered_fused_matches_reference_and_graph_replay(sampling):
     # 16-bit keep thresholds of target and draft rows in one launch set (topp16 / topk16), eager and replayed
     target, draft, tokens = _case(64, 5, 151936, seed=10)
-    kw = dict(draft_logits=draft, sampling=sampling, seed=torch.arange(64, device="cuda"), offsets=7,
-              check_values=False)
+    kw = dict(draft_logits=draft, sampling=sampling, seed=torch.arange(64, device="cuda"),
+              offsets=torch.full((64,), 7, device="cuda"), check_values=False)
     ref = verify(target, tokens, method="reference", **kw)
     got = verify(target, tokens, method="fused", **kw)
     assert _same_rows(got, ref) >= 0.99
