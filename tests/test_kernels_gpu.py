@@ -293,8 +293,9 @@ def test_topp16_min_p_keeps_the_reference_set():
 
 @pytest.mark.parametrize("sampling", [SamplingParams(top_p=0.9), SamplingParams(temperature=0.7, top_p=0.8),
                                       SamplingParams(min_p=0.05), SamplingParams(top_p=0.95, min_p=0.1),
-                                      SamplingParams(top_k=20), SamplingParams(temperature=0.7, top_k=20, top_p=0.8)],
-                         ids=["p0.9", "t0.7-p0.8", "minp0.05", "p0.95-minp0.1", "k20", "qwen"])
+                                      SamplingParams(top_k=20), SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+                                      SamplingParams(top_k=50, min_p=0.05)],
+                         ids=["p0.9", "t0.7-p0.8", "minp0.05", "p0.95-minp0.1", "k20", "qwen", "k50-minp0.05"])
 def test_filtered_fused_matches_reference_and_graph_replay(sampling):
     # 16-bit keep thresholds of target and draft rows in one launch set (topp16 / topk16), eager and replayed
     target, draft, tokens = _case(64, 5, 151936, seed=10)

@@ -176,3 +176,18 @@ def test_cpu_calls_keep_torch_topk_by_default(monkeypatch):
     logits = _logits(1, 2, 64, torch.bfloat16, seed=15)
     verify(logits, torch.tensor([[3]]), method="fused", sampling=SamplingParams(top_k=5), seed=0)
     assert not calls
+
+
+def test_min_p_after_top_k_and_top_p():
+    from tilespec.verify.distributions import filtered_logits
+    from tilespec.verify.filters import scaled_logits
+    from tilespec.verify.validation import resolve_sampling
+    logits = _logits(3, 2, 3000, torch.bfloat16, seed=12)
+    logits[1, 1] = 0.5                                     # flat: the fallback, whose u* is the row max
+    for top_p in (1.0, [1.0, 0.9, 0.8]):
+        sp = SamplingParams(top_k=[30, 5, 200], top_p=top_p, min_p=[0.05, 0.2, 0.0], temperature=[1.0, 0.7, 1.2])
+        s = resolve_sampling(sp, 3, "cpu")
+        got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p if s.has_top_p else None, 200,
+                                        min_p=s.min_p)
+        want = torch.isfinite(filtered_logits(logits, s, method="sort"))
+        assert torch.equal(scaled_logits(logits, s.temperature) >= got[..., None], want)

@@ -1,7 +1,8 @@
 """Direct launches of the verification kernels: call the CompiledKernel Triton returned for a launch plan instead of
 going through the JIT dispatcher (argument binding, specialisation and cache-key hashing on every call).
 
-Used by :mod:`tilespec.verify.kernels.launch` (per plan) and the keep-threshold kernels (:func:`launch`); see :class:`_Launcher` for when a direct call is safe.
+Used by :mod:`tilespec.verify.kernels.launch` (per plan) and the keep-threshold kernels (:func:`launch`); see
+:class:`_Launcher` for when a direct call is safe.
 """
 from __future__ import annotations
 

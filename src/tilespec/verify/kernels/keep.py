@@ -29,12 +29,13 @@ def _top_p16(logits: torch.Tensor, s) -> bool:
 def _top_k16(logits: torch.Tensor, s) -> dict | None:
     """The arguments of :func:`.topk16.top_k_thresholds16` for these rows, or None when they do not take it."""
     bounds = s.top_k_range
-    if not (s.has_top_k and not s.has_min_p and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU)):
+    if not (s.has_top_k and _topk16_ok(logits) and (logits.is_cuda or TOPK16_ON_CPU)):
         return None
-    if not s.has_top_p:
+    if not (s.has_top_p or s.has_min_p):
         return dict(k_max=bounds[1] if bounds else 0)
     if bounds is not None and 1 <= bounds[0] and bounds[1] < logits.shape[-1] and bounds[1] <= TOP_P_K_MAX:
-        return dict(top_p=s.top_p, k_max=bounds[1])
+        return dict(top_p=s.top_p if s.has_top_p else None, min_p=s.min_p if s.has_min_p else None,
+                    k_max=bounds[1])
     return None
 
 
@@ -55,18 +56,20 @@ def keep_thresholds_pair(target: torch.Tensor, draft, inputs: VerifyInputs) -> t
 def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """Exact selection pass for top-k / top-p / min-p: per row, the smallest scaled logit that the filters keep.
 
-    Top-p and / or min-p without top-k on bf16 / fp16 rows on a GPU: :func:`.topp16.top_p_thresholds16` (a count
-    histogram of the keys below the row's largest; min-p's threshold from the row max alone). Top-k alone on bf16 / fp16 rows on a GPU: :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one
-    compacting pass, an exact digit-counting fallback); top-k then top-p there too when every k is known on the
-    host and in [1, min(V, 1025)). Top-k alone otherwise, with every k known on the host and in [1, V):
-    :func:`_top_k_thresholds`, the same thresholds from one ``torch.topk``. Top-k / top-p without min-p:
+    On bf16 / fp16 rows on a GPU: top-p and / or min-p without top-k, :func:`.topp16.top_p_thresholds16` (a count
+    histogram of the keys below the row's largest; min-p's threshold from the row max alone); top-k alone, or top-k
+    then top-p / min-p when every k is known on the host and in [1, min(V, 1025)),
+    :func:`.topk16.top_k_thresholds16` (a segment-max pivot and one compacting pass, an exact digit-counting
+    fallback). Top-k alone otherwise, with every k known on the host and in [1, V): :func:`_top_k_thresholds`, the
+    same thresholds from one ``torch.topk``. Top-k / top-p without min-p otherwise:
     :func:`tilespec.verify.filters.keep_threshold` itself (on a GPU the radix / row kernels, which scale the raw
     logits on the fly: no fp32 copy of the rows); its ``z >= thr`` is by definition the set ``filtered_logits``
-    keeps. With min-p: the smallest z that ``filtered_logits`` keeps (the reference semantics on a full fp32 copy
-    of every row). In every case the kernels' mask ``z / T >= thr`` keeps
-    exactly the reference's set (for top-p, tokens tied with the last kept one are also kept). Returns float32
-    [B, R]; a row with no filter on gets -inf (keep all) or, with min-p, its smallest finite z: the same set but
-    for -inf tokens, which have no mass either way.
+    keeps. With min-p otherwise: the smallest z that ``filtered_logits`` keeps (the reference semantics on a full
+    fp32 copy of every row). The kernels' mask ``z / T >= thr`` keeps the reference's set (for top-p, tokens tied
+    with the last kept one are also kept; the 16-bit top-p / min-p sums differ from the reference's in rounding
+    only, see :mod:`.topp16`). Returns float32 [B, R]; a row with no filter on gets -inf (keep all) or, on the
+    reference path with min-p, its smallest finite z: the same set but for -inf tokens, which have no mass either
+    way.
     """
     s = inputs.sampling
     bounds = s.top_k_range

@@ -56,6 +56,21 @@ def _load_z(row, offs, vocab, scale):
 
 
 @triton.jit
+def min_p_threshold(m, mp):
+    """The smallest fp32 z with fl(z - m) >= fl(log(mp)): min-p's keep set {log p(x) - max log p >= log min_p}
+    = {z - m >= log min_p} (the normaliser cancels), by bisection over fp32 order keys (-inf fails, m holds)."""
+    lmp = tl.log(mp)
+    lo = tl.full((), _KEY_NEG_INF, tl.int64)
+    hi = _float_key(m).to(tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        ok = (_key_float(mid) - m) >= lmp
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return tl.where((mp > 0.0) & (m > float("-inf")), _key_float(hi), float("-inf"))
+
+
+@triton.jit
 def top_p_search(row, vocab, scale, top_p, thr_k, BLOCK: tl.constexpr, BITS: tl.constexpr):
     """t_p of one row (pointer ``row``, ``vocab`` ids, z = logit / scale) over the ids with z >= thr_k: one pass for
     the max, then 32 / BITS passes of the 2^BITS-way key search (see the module docstring)."""

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import digits16, direct, pivot16
+from . import digits16, direct, pivot16, thresholds
 from .keys16 import (ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, row_of,
                      top_on)
 
@@ -42,17 +42,18 @@ TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must 
 
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "t_stride"])
-def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr_ptr, NT, RT, RD, V, sbt, srt,
-                   sbd, srd, t_stride, CAP: tl.constexpr, HAS_P: tl.constexpr, FP16: tl.constexpr,
-                   CHUNK: tl.constexpr, ALIGNED: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr,
-                   B2: tl.constexpr, B3: tl.constexpr):
-    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]) = t_k, or with top-p
-    max(t_k, t_p), from row n's collected ids (pivot rows: every id >= the pivot, so every id >= u*; fallback
-    rows, which run :func:`.digits16.fallback_row` first: the ids above u*, with u* and its count from the work
-    area). Resets the row's work area to 0 for the next call."""
+def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, mp_ptr, thr_ptr, NT, RT, RD, V, sbt,
+                   srt, sbd, srd, t_stride, CAP: tl.constexpr, HAS_P: tl.constexpr, MIN_P: tl.constexpr,
+                   FP16: tl.constexpr, CHUNK: tl.constexpr, ALIGNED: tl.constexpr, B0: tl.constexpr,
+                   B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr):
+    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]) = t_k, with top-p
+    max(t_k, t_p), with min-p also max'ed with min-p's threshold from the row max, from row n's collected ids
+    (pivot rows: every id >= the pivot, so every id >= u*; fallback rows, which run
+    :func:`.digits16.fallback_row` first: the ids above u*, with u* and its count from the work area). Resets the
+    row's work area to 0 for the next call."""
     n = tl.program_id(0)
     row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
-    digits16.fallback_row(row, b, hist_ptr, vals_ptr, k_ptr, n, V, CHUNK, CAP, HAS_P, B0, B1, B2, B3)
+    digits16.fallback_row(row, b, hist_ptr, vals_ptr, k_ptr, n, V, CHUNK, CAP, HAS_P | MIN_P, B0, B1, B2, B3)
     tl.debug_barrier()                     # the fallback's work area and ids are visible to every warp
     k, on = top_on(k_ptr, b, V)
     thr = float("-inf")
@@ -61,7 +62,7 @@ def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr
         fallback = tl.load(area + W_PIVOT_N) > CAP
         count = tl.where(fallback, tl.load(area + W_ABOVE_N), tl.load(area + W_PIVOT_N))
         i = tl.arange(0, CAP)
-        valid = (i < count) & (HAS_P | ~fallback)
+        valid = (i < count) & (HAS_P | MIN_P | ~fallback)
         keys = tl.where(valid, bits_to_key(tl.load(vals_ptr + n.to(tl.int64) * CAP + i, mask=valid, other=0)), -1)
         keys = tl.sort(keys, descending=True)
         u_star = tl.where(fallback, tl.load(area + W_USTAR), tl.sum(tl.where(i == k - 1, keys, 0), axis=0))
@@ -80,6 +81,9 @@ def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, thr
             t_p = tl.min(tl.where(kept, z, float("inf")), axis=0)
             # the boundary value t_k stays kept iff the mass above it is < top_p (a row of -inf only: nothing to do)
             thr = tl.where((p < 1.0) & (top > float("-inf")) & ~(mass_above / total < p), t_p, thr)
+        if MIN_P:   # the row max: the largest collected key (every id above u* is collected), or u*
+            m = key_to_z(tl.maximum(tl.max(keys, axis=0), u_star), t, FP16)
+            thr = tl.maximum(thr, thresholds.min_p_threshold(m, tl.load(mp_ptr + b)))
     tl.debug_barrier()                     # every warp has read the work area before it is reset
     tl.store(hist_ptr + n * ROW_WORDS + tl.arange(0, ROW_WORDS), tl.zeros([ROW_WORDS], tl.int32))
     tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
@@ -111,31 +115,32 @@ def supports(logits: torch.Tensor) -> bool:
 
 def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor,
                        top_p: Optional[torch.Tensor] = None, k_max: int = 0, *, draft: Optional[torch.Tensor] = None,
-                       digits: Sequence[int] = (), chunk: int = 0, num_warps: int = 0, pivot: bool = True):
-    """Keep thresholds float32 [B, R] of top-k (then top-p over the kept set when ``top_p`` is given): -inf where
-    k = 0 or k >= V.
+                       min_p: Optional[torch.Tensor] = None, digits: Sequence[int] = (), chunk: int = 0,
+                       num_warps: int = 0, pivot: bool = True):
+    """Keep thresholds float32 [B, R] of top-k (then top-p over the kept set when ``top_p`` is given, then min-p
+    when ``min_p`` is, see :mod:`.topp16`): -inf where k = 0 or k >= V.
 
-    ``logits`` [B, R, V] bf16 / fp16 with unit stride over V; ``top_k`` [B] int64, ``temperature`` and ``top_p``
-    [B] float32, on the logits' device. ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same
-    launches and the result is the pair (thr [B, R], thr_draft [B, R_d]). ``k_max``: a bound on every k when the
-    caller knows one (0: unknown); it sizes the buffer of collected ids, and with ``top_p`` it is required, at most
-    :data:`TOP_P_K_MAX`. ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` / :data:`CHUNK` /
-    :data:`NUM_WARPS` when not given; ``pivot=False`` sends every row to the fallback (benchmarks, tests). Four
-    launches (three for the pivot path, the fallback and finish; direct launches after the first call of a
-    shape, see :func:`.direct.launch`); work areas cached per shape and reset by the finish kernel, so calls of
-    one shape must not run concurrently on different streams. No host sync."""
+    ``logits`` [B, R, V] bf16 / fp16 with unit stride over V; ``top_k`` [B] int64, ``temperature``, ``top_p`` and
+    ``min_p`` [B] float32, on the logits' device. ``draft`` [B, R_d, V] (same dtype and V): its rows go through the
+    same launches and the result is the pair (thr [B, R], thr_draft [B, R_d]). ``k_max``: a bound on every k when
+    the caller knows one (0: unknown); it sizes the buffer of collected ids, and with ``top_p`` / ``min_p`` it is
+    required, at most :data:`TOP_P_K_MAX`. ``digits`` / ``chunk`` / ``num_warps``: :data:`digits16.DIGITS` /
+    :data:`CHUNK` / :data:`NUM_WARPS` when not given; ``pivot=False`` sends every row to the fallback (benchmarks,
+    tests). Four launches (three for the pivot path, the fallback and finish; direct launches after the first call
+    of a shape, see :func:`.direct.launch`); work areas cached per shape and reset by the finish kernel, so calls
+    of one shape must not run concurrently on different streams. No host sync."""
     for x in (logits, draft):
         if x is not None and not supports(x):
             raise ValueError(f"top_k_thresholds16 takes bf16 / fp16 logits with unit stride over V, got "
                              f"{x.dtype} with strides {tuple(x.stride())}")
     if draft is not None and (draft.dtype != logits.dtype or draft.shape[::2] != logits.shape[::2]):
         raise ValueError("draft logits must have the target's dtype, batch and vocabulary size")
-    for name, t in (("top_k", top_k), ("temperature", temperature), ("top_p", top_p)):
+    for name, t in (("top_k", top_k), ("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
         if t is not None and (t.shape != logits.shape[:1] or t.device != logits.device):
             raise ValueError(f"{name} must have shape [B] = [{logits.shape[0]}] on {logits.device}, got "
                              f"{tuple(t.shape)} on {t.device}")
-    if top_p is not None and not 1 <= k_max <= TOP_P_K_MAX:
-        raise ValueError(f"top-p after top-k needs 1 <= k_max <= {TOP_P_K_MAX}, got {k_max}")
+    if (top_p is not None or min_p is not None) and not 1 <= k_max <= TOP_P_K_MAX:
+        raise ValueError(f"top-p / min-p after top-k needs 1 <= k_max <= {TOP_P_K_MAX}, got {k_max}")
     digits, chunk, num_warps = tuple(digits or digits16.DIGITS), chunk or CHUNK, num_warps or NUM_WARPS
     if chunk % SEG or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of 2 and a multiple of {SEG}, got {chunk}")
@@ -150,7 +155,7 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     device = logits.device
     cap = (min(max(triton.next_power_of_2(4 * k_max), CAP_MIN), CAP_MAX) if k_max > 0 else CAP_MAX) \
         if logits.is_cuda else CAP_INTERPRETER
-    if top_p is not None:
+    if top_p is not None or min_p is not None:
         cap = max(cap, triton.next_power_of_2(k_max))   # the keys above u* (< k of them) must fit
     n_seg = n_chunks * (chunk // SEG)
     t_stride = -(-n_t // 4) * 4                       # draft thresholds start 16-byte aligned
@@ -177,8 +182,9 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
     direct.launch(_finish_kernel, (n_rows, 1, 1),
-                  (bits, bits_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p, thr),
-                  (*sizes, t_stride),
-                  dict(CAP=cap, HAS_P=top_p is not None, FP16=fp16, CHUNK=chunk, ALIGNED=aligned,
+                  (bits, bits_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p,
+                   temperature if min_p is None else min_p, thr), (*sizes, t_stride),
+                  dict(CAP=cap, HAS_P=top_p is not None, MIN_P=min_p is not None, FP16=fp16, CHUNK=chunk,
+                       ALIGNED=aligned,
                        num_warps=num_warps, **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))
     return thr_t if draft is None else (thr_t, thr_d)

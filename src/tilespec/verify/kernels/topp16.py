@@ -40,7 +40,6 @@ import triton.language as tl
 
 from . import direct, thresholds
 from .keys16 import bits_to_key, key_to_z
-from .thresholds import _KEY_NEG_INF, _float_key, _key_float
 
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
@@ -113,21 +112,6 @@ def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD,
         tl.atomic_add(area + _HEAD + d, 1, mask=valid & (d < WINDOW))
 
 
-@triton.jit
-def _min_p_threshold(m, mp):
-    """The smallest fp32 z with fl(z - m) >= fl(log(mp)): min-p's keep set {log p(x) - max log p >= log min_p}
-    = {z - m >= log min_p} (the normaliser cancels), by bisection over fp32 order keys (-inf fails, m holds)."""
-    lmp = tl.log(mp)
-    lo = tl.full((), _KEY_NEG_INF, tl.int64)
-    hi = _float_key(m).to(tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo) // 2
-        ok = (_key_float(mid) - m) >= lmp
-        hi = tl.where(ok, mid, hi)
-        lo = tl.where(ok, lo, mid)
-    return tl.where((mp > 0.0) & (m > float("-inf")), _key_float(hi), float("-inf"))
-
-
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks", "t_stride"])
 def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, sbt, srt, sbd,
                    srd, n_chunks, t_stride, NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
@@ -144,7 +128,7 @@ def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr
     if MIN_P:
         mp = tl.load(mp_ptr + b)
         if mp > 0.0:
-            thr = _min_p_threshold(key_to_z(tl.load(area + _MAX), tl.load(temp_ptr + b), FP16), mp)
+            thr = thresholds.min_p_threshold(key_to_z(tl.load(area + _MAX), tl.load(temp_ptr + b), FP16), mp)
             if p >= 1.0:
                 tl.debug_barrier()          # every warp has read the largest key before it is reset
                 tl.store(area + _MAX, 0)
@@ -220,12 +204,12 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
                        window: int = 0, chunk: int = 0, fallback: bool = True):
     """Top-p (then min-p) keep thresholds float32 [B, R] of logits [B, R, V] (bf16 / fp16, unit stride over V):
     keep z = logit / T >= thr; -inf where top_p >= 1 and min_p = 0 (or None). ``top_p`` / ``temperature`` /
-    ``min_p``: float32 [B] on the logits' device.
-    ``draft`` [B, R_d, V] (same dtype and V): its rows go through the same launches and the result is the pair
-    (thr [B, R], thr_draft [B, R_d]). ``window`` / ``chunk``: :data:`WINDOW` / :data:`CHUNK` when 0 (powers of
-    two). ``fallback=False`` (tests) leaves rows the window does not decide with its value. Three launches for
-    target and draft rows together; no host sync. Work areas are cached per shape and reset by the kernels: calls of one shape must not
-    run concurrently on different streams (as :mod:`.launch`'s plans)."""
+    ``min_p``: float32 [B] on the logits' device. ``draft`` [B, R_d, V] (same dtype and V): its rows go through the
+    same launches and the result is the pair (thr [B, R], thr_draft [B, R_d]). ``window`` / ``chunk``:
+    :data:`WINDOW` / :data:`CHUNK` when 0 (powers of two). ``fallback=False`` (tests) leaves rows the window does
+    not decide with its value. Three launches for target and draft rows together; no host sync. Work areas are
+    cached per shape and reset by the kernels: calls of one shape must not run concurrently on different streams
+    (as :mod:`.launch`'s plans)."""
     _check(logits, top_p, temperature, min_p)
     if draft is not None:
         _check(draft, top_p, temperature, min_p)
