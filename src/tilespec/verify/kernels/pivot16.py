@@ -24,7 +24,10 @@ from .keys16 import (ROW_WORDS, W_PIVOT, W_PIVOT_N, bits_to_float, bits_to_key, 
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_seg"])
 def segment_max_kernel(t_ptr, d_ptr, seg_ptr, k_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, n_seg,
-                       CHUNK: tl.constexpr, SEG: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr):
+                       CHUNK: tl.constexpr, SEG: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr,
+                       PDL: tl.constexpr):
+    if PDL:   # the pivot kernel (a programmatic dependent) may get resident; it waits for this grid to finish
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
     row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
@@ -43,7 +46,10 @@ def segment_max_kernel(t_ptr, d_ptr, seg_ptr, k_ptr, NT, RT, RD, V, sbt, srt, sb
 
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "n_seg"])
-def pivot_kernel(seg_ptr, hist_ptr, k_ptr, NT, RT, RD, V, n_seg, SEG_PAD: tl.constexpr):
+def pivot_kernel(seg_ptr, hist_ptr, k_ptr, NT, RT, RD, V, n_seg, SEG_PAD: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # a programmatic dependent of the segment-max kernel: wait for it, let the next kernel get resident
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     k, on = top_on(k_ptr, request_of(n, NT, RT, RD), V)
     if on:
@@ -55,7 +61,11 @@ def pivot_kernel(seg_ptr, hist_ptr, k_ptr, NT, RT, RD, V, n_seg, SEG_PAD: tl.con
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
 def collect_pivot_kernel(t_ptr, d_ptr, hist_ptr, vals_ptr, k_ptr, NT, RT, RD, V, sbt, srt, sbd, srd,
-                         CHUNK: tl.constexpr, CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr):
+                         CHUNK: tl.constexpr, CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr,
+                         PDL: tl.constexpr):
+    if PDL:   # a programmatic dependent of the pivot kernel: wait for it, let the finish get resident
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
     row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)

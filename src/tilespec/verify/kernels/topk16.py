@@ -39,18 +39,23 @@ CAP_MIN, CAP_MAX = 256, 2048   # ids collected per row: 4 k_max within these bou
 CAP_INTERPRETER = 128   # under TRITON_INTERPRET (CPU tests): its sort and scans are Python loops over CAP keys
 NUM_WARPS = 4
 TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must fit in CAP)
+# the pivot, collect and finish kernels as programmatic dependents of the kernel before them (GPU, compute
+# capability >= 9, a Triton with launch_pdl; each waits for its predecessor first): shorter launch gaps only
+PDL = True
 
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "t_stride"])
 def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, mp_ptr, thr_ptr, NT, RT, RD, V, sbt,
                    srt, sbd, srd, t_stride, CAP: tl.constexpr, HAS_P: tl.constexpr, MIN_P: tl.constexpr,
                    FP16: tl.constexpr, CHUNK: tl.constexpr, ALIGNED: tl.constexpr, B0: tl.constexpr,
-                   B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr):
+                   B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, PDL: tl.constexpr):
     """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]) = t_k, with top-p
     max(t_k, t_p), with min-p also max'ed with min-p's threshold from the row max, from row n's collected ids
     (pivot rows: every id >= the pivot, so every id >= u*; fallback rows, which run
     :func:`.digits16.fallback_row` first: the ids above u*, with u* and its count from the work area). Resets the
     row's work area to 0 for the next call."""
+    if PDL:   # a programmatic dependent of the collect kernel
+        tl.extra.cuda.gdc_wait()
     n = tl.program_id(0)
     row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
     digits16.fallback_row(row, b, hist_ptr, vals_ptr, k_ptr, n, V, CHUNK, CAP, HAS_P | MIN_P, B0, B1, B2, B3)
@@ -172,19 +177,21 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     geometry = (n_t, rows, max(rows_d, 1), vocab)
     sizes = (*geometry, *strides)
     common = dict(CHUNK=chunk, ALIGNED=aligned, num_warps=num_warps)
+    from .launch import _pdl
+    pdl = dict(launch_pdl=True, PDL=True) if pivot and PDL and logits.is_cuda and _pdl(device) else dict(PDL=False)
     if pivot:
         direct.launch(pivot16.segment_max_kernel, grid, (bits, bits_d, seg, top_k), (*sizes, n_seg),
-                      dict(SEG=SEG, FP16=fp16, **common))
+                      dict(SEG=SEG, FP16=fp16, PDL=pdl["PDL"], **common))
         direct.launch(pivot16.pivot_kernel, (n_rows, 1, 1), (seg, hist, top_k), (*geometry, n_seg),
-                      dict(SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4))
+                      dict(SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4, **pdl))
         direct.launch(pivot16.collect_pivot_kernel, grid, (bits, bits_d, hist, vals, top_k), sizes,
-                      dict(CAP=cap, FP16=fp16, **common))
+                      dict(CAP=cap, FP16=fp16, **common, **pdl))
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
     direct.launch(_finish_kernel, (n_rows, 1, 1),
                   (bits, bits_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p,
                    temperature if min_p is None else min_p, thr), (*sizes, t_stride),
                   dict(CAP=cap, HAS_P=top_p is not None, MIN_P=min_p is not None, FP16=fp16, CHUNK=chunk,
-                       ALIGNED=aligned,
+                       ALIGNED=aligned, **pdl,
                        num_warps=num_warps, **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))
     return thr_t if draft is None else (thr_t, thr_d)

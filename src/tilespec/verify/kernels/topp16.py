@@ -45,6 +45,9 @@ CHUNK = 4096          # ids per program of the two passes over the logits (fixed
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
 NUM_WARPS = 8
 SEARCH_BLOCK = 2048   # ids per step of the exact search for rows the window does not decide
+# the window and finish kernels as programmatic dependents of the kernel before them (GPU, compute capability >= 9,
+# a Triton with launch_pdl; each waits for its predecessor before reading what it wrote): shorter launch gaps only
+PDL = True
 HEAD_WORDS = 2
 _MAX = tl.constexpr(0)     # work-area words per row: the largest key, the fallback flag, then WINDOW counts
 _FLAG = tl.constexpr(1)   # set by the finish when the row needed the exact search (benchmarks count them)
@@ -83,7 +86,9 @@ def _row_on(p_ptr, mp_ptr, b, MIN_P: tl.constexpr):
 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
 def _max_kernel(t_ptr, d_ptr, area_ptr, p_ptr, mp_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr,
-                ALIGNED: tl.constexpr, AREA: tl.constexpr, MIN_P: tl.constexpr):
+                ALIGNED: tl.constexpr, AREA: tl.constexpr, MIN_P: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # the window kernel (a programmatic dependent) may get resident; it waits for this grid to finish
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
     if _row_on(p_ptr, mp_ptr, _request(n, NT, RT, RD), MIN_P):
@@ -94,7 +99,10 @@ def _max_kernel(t_ptr, d_ptr, area_ptr, p_ptr, mp_ptr, NT, RT, RD, V, sbt, srt, 
 @triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks"])
 def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, n_chunks,
                    CHUNK: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
-                   AREA: tl.constexpr):
+                   AREA: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # launched as a programmatic dependent of the max kernel: wait for it (and let the finish get resident)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
     b = _request(n, NT, RT, RD)
@@ -116,10 +124,12 @@ def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD,
 def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, sbt, srt, sbd,
                    srd, n_chunks, t_stride, NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
                    AREA: tl.constexpr, MIN_P: tl.constexpr, SEARCH: tl.constexpr, BLOCK: tl.constexpr,
-                   BITS: tl.constexpr):
+                   BITS: tl.constexpr, PDL: tl.constexpr):
     """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]): max(t_p, t_minp); rows
     the window does not decide run :func:`.thresholds.top_p_search` on their logits (SEARCH; ``t_ptr`` /
     ``d_ptr`` are the float rows here) and set their flag word. Resets the row's largest key and counts to 0."""
+    if PDL:   # launched as a programmatic dependent of the window kernel
+        tl.extra.cuda.gdc_wait()
     n = tl.program_id(0)
     b = _request(n, NT, RT, RD)
     p = tl.load(p_ptr + b)
@@ -210,6 +220,7 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     not decide with its value. Three launches for target and draft rows together; no host sync. Work areas are
     cached per shape and reset by the kernels: calls of one shape must not run concurrently on different streams
     (as :mod:`.launch`'s plans)."""
+    from .launch import _pdl
     _check(logits, top_p, temperature, min_p)
     if draft is not None:
         _check(draft, top_p, temperature, min_p)
@@ -238,16 +249,17 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     sizes = (n_t, rows, max(rows_d, 1), vocab, *strides)
     area_words = HEAD_WORDS + window
     mp = min_p if min_p is not None else top_p
+    pdl = dict(launch_pdl=True, PDL=True) if PDL and logits.is_cuda and _pdl(logits.device) else dict(PDL=False)
     direct.launch(_max_kernel, grid, (bits, bits_d, area, top_p, mp), sizes,
                   dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, MIN_P=min_p is not None,
-                       num_warps=NUM_WARPS))
+                       PDL=pdl["PDL"], num_warps=NUM_WARPS))
     direct.launch(_window_kernel, grid, (bits, bits_d, area, tot, top_p, temperature), (*sizes, n_chunks),
                   dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words,
-                       num_warps=NUM_WARPS))
+                       num_warps=NUM_WARPS, **pdl))
     direct.launch(_finish_kernel, (n_t + n_d, 1, 1),
                   (logits, draft if draft is not None else logits, area, tot, top_p, mp, temperature, thr),
                   (n_t, rows, max(rows_d, 1), vocab, *strides, n_chunks, t_stride),
                   dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
                        MIN_P=min_p is not None, SEARCH=fallback, BLOCK=SEARCH_BLOCK, BITS=thresholds.BITS,
-                       num_warps=4))
+                       num_warps=4, **pdl))
     return thr_t if draft is None else (thr_t, thr_d)
