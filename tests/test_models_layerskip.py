@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilespec.models.cache_keyword import cache_kwarg, output_cache
 from tilespec.models import layer_skip_draft, num_decoder_layers, shares_weights
 
 
@@ -47,10 +48,11 @@ def test_causal_lm_truncated_computation_and_cache():
     hidden = t(ids, output_hidden_states=True).hidden_states[2]          # output of layer index 1
     assert torch.allclose(d(ids).logits, t.lm_head(t.model.norm(hidden)), atol=1e-6)
     full = d(ids).logits
-    out = d(ids[:, :4], past_key_values=DynamicCache(config=d.config), use_cache=True)
-    step = d(ids[:, 4:], past_key_values=out.past_key_values, use_cache=True)
+    kw = cache_kwarg(d)                 # the current keyword: our calls print no deprecation warning
+    out = d(ids[:, :4], use_cache=True, **{kw: DynamicCache(config=d.config)})
+    step = d(ids[:, 4:], use_cache=True, **{kw: output_cache(out)})
     assert torch.allclose(step.logits, full[:, 4:], atol=1e-5)
-    assert out.past_key_values.get_seq_length() == 7
+    assert output_cache(out).get_seq_length() == 7
     g = d.generate(ids, max_new_tokens=3, do_sample=False)
     assert g.shape == (2, 10)
 
@@ -72,8 +74,9 @@ def test_whisper_draft_shares_encoder_output_and_truncates_decoder():
     got = d(encoder_outputs=enc, decoder_input_ids=dec).logits
     assert torch.allclose(got, want, atol=1e-6)
     cache = EncoderDecoderCache(DynamicCache(config=d.config), DynamicCache(config=d.config))
-    o1 = d(encoder_outputs=enc, decoder_input_ids=dec[:, :3], past_key_values=cache, use_cache=True)
-    o2 = d(encoder_outputs=enc, decoder_input_ids=dec[:, 3:], past_key_values=o1.past_key_values, use_cache=True)
+    kw = cache_kwarg(d)
+    o1 = d(encoder_outputs=enc, decoder_input_ids=dec[:, :3], use_cache=True, **{kw: cache})
+    o2 = d(encoder_outputs=enc, decoder_input_ids=dec[:, 3:], use_cache=True, **{kw: output_cache(o1)})
     assert torch.allclose(o2.logits, got[:, 3:], atol=1e-5)
     assert d.generate(input_features=feats, max_new_tokens=3).shape[1] >= 2
 

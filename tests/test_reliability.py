@@ -26,6 +26,21 @@ def test_workspace_clear_makes_graph_caches_capture_again(monkeypatch):
     assert calls == [1, 1] and graphs.workspace_epoch() == epoch + 2
 
 
+def test_graph_cache_evicts_the_least_recently_replayed_graph(monkeypatch):
+    """A long-lived server meets more step shapes than the bound: the cache evicts, it never raises."""
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    cache = graphs.GraphCache(lambda x, key=None: x, max_graphs=3)
+    monkeypatch.setattr(cache, "_record", lambda static, key: (FakeGraph(), key))   # CPU: no capture
+    x = torch.ones(2)
+    for key in ("a", "b", "c", "a", "d"):             # "a" replayed after "c": "b" is the least recent when "d" comes
+        assert cache(x, key=key) == key
+    assert len(cache) == 3 and cache.evictions == 1
+    assert [k[0] for k in cache._graphs] == ["c", "a", "d"]
+
+
 # ------------------------------------------------------------------------------ errors that misled or came late
 import warnings                                              # noqa: E402
 

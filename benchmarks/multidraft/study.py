@@ -88,7 +88,7 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
     import torch
     from transformers import DynamicCache
 
-    from tilespec.engine.cache import cache_kwarg
+    from tilespec.models.cache_keyword import cache_kwarg
     from tilespec.multidraft.decoding import commit, draft_and_score
     from benchmarks.multidraft.experiments import round_block_efficiency, token_acceptance
 

@@ -48,6 +48,7 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
     a draft model is loaded whole on this rank's device (replicated)."""
     from . import models
     from .engine.drafters import draft_spec, split_draft_name
+    from .heads.distilled import find_folder, is_distilled_name, load_distilled
     check_draft_name(draft_name)
     draft_name, context = split_draft_name(draft_name)
     if tp is not None:
@@ -63,7 +64,11 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
         from .engine.native.tensor_parallel import shard
         shard(target, tp, check=tp_check)
     draft = None
-    if draft_name:
+    if draft_name and is_distilled_name(draft_name):
+        if log:
+            log(f"loading distilled draft {draft_name} ...")
+        draft = load_distilled(find_folder(draft_name, str(target_name)), target, target_name=str(target_name))
+    elif draft_name:
         if log:
             log(f"loading draft {draft_name} ...")
         base = str(draft_name).split(":", 1)[0]
@@ -79,12 +84,13 @@ def check_draft_name(name) -> None:
     from pathlib import Path
 
     from .engine.drafters import drafter_names, split_draft_name
+    from .heads.distilled import DISTILLED_NAME
     from .models.registry import REGISTRY, closest_name
     if not isinstance(name, str):
         return
     model, _ = split_draft_name(name)         # "MODEL+unknown" raises here, naming the context drafters
     base = model.split(":", 1)[0] if model else None
-    if not base or base in REGISTRY or "/" in base or "\\" in base or Path(base).expanduser().exists():
+    if not base or base == DISTILLED_NAME or base in REGISTRY or "/" in base or "\\" in base or Path(base).expanduser().exists():
         return
     names = drafter_names()
     close = difflib.get_close_matches(base.lower(), names, n=1, cutoff=0.6)
@@ -131,9 +137,13 @@ def _models(target, draft, tokenizer, device, dtype, tp: int = 1):
 def _draft_for_loaded(target, name: str):
     from . import models
     from .engine.drafters import draft_spec, split_draft_name
+    from .heads.distilled import find_folder, is_distilled_name, load_distilled
     model_name, context = split_draft_name(name)
     if model_name is None:
         return draft_spec(None, context)
+    if is_distilled_name(model_name):
+        own = getattr(target, "tilespec_name", None)
+        return draft_spec(load_distilled(find_folder(model_name, own), target, target_name=own), context)
     param = next(target.parameters())
     on_target = target if ":" in model_name else None
     draft, _ = models.load(model_name, role="draft", dtype=param.dtype, device=param.device, download=True,

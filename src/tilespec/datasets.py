@@ -10,6 +10,7 @@ Where the data comes from:
     editing instruction; rebuilt by the repository's ``python -m benchmarks.make_code_edit``, which records the
     CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
+    :func:`ljspeech_split`: clips LJ001-0001 .. 0016 are for evaluation, 0017 .. 0032 may train drafts.
   * synthetic: a set folder of English sentences spoken by ``espeak-ng`` (``clips/``, ``manifest.jsonl`` with the
     exact ``transcript`` of each clip, ``meta.json``), read from ``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``. The
     speech is robotic: it is NOT LibriSpeech and its WER is not comparable with the paper's. The set is written by
@@ -135,6 +136,19 @@ def load_ljspeech(folder: Path | None = None) -> list[dict]:
         cid, text = parts[0], parts[2] if len(parts) > 2 and parts[2] else parts[1]
         out.append(dict(id=cid, reference=text, audio=load_audio(folder / "wavs" / f"{cid}.flac")))
     return out
+
+
+LJSPEECH_EVAL_CLIPS = 16
+
+
+def ljspeech_split(folder: Path | None = None) -> tuple[list, list]:
+    """(evaluation, training) clip paths of the LJSpeech folder (``wavs/`` of ``folder``, default the shared data):
+    sorted by name, the first ``LJSPEECH_EVAL_CLIPS`` (LJ001-0001 .. LJ001-0016, the 8 transcribed ones included)
+    are evaluation clips, the rest (LJ001-0017 .. LJ001-0032) may train a draft and are never evaluated on."""
+    folder = Path(folder) if folder is not None else data_root() / "ljspeech"
+    wavs = folder / "wavs" if (folder / "wavs").is_dir() else folder
+    clips = sorted(p for p in wavs.iterdir() if p.suffix in (".flac", ".wav")) if wavs.is_dir() else []
+    return clips[:LJSPEECH_EVAL_CLIPS], clips[LJSPEECH_EVAL_CLIPS:]
 
 
 def synthetic_dir(path: Path | None = None) -> Path | None:

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from .asr_inputs import ASR_TASKS, asr_tasks, whisper_defaults, whisper_inputs
 from .e2e_systems import (BATCH1_ONLY, DEFAULT_SYSTEMS, DRAFT_MODEL, HF_KINDS, SYSTEMS_HELP, Config, is_engine_kind,
                           needs_draft_model, output_hash, run_engine, run_hf, system_rank)
 
@@ -91,8 +92,11 @@ def add_arguments(p) -> None:
     p.add_argument("--random-init", action="store_true", help="Qwen-shaped models with random weights")
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke test)")
     p.add_argument("--whisper", action="store_true", help="ASR: --target/--draft default to whisper-base and "
-                   "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir)")
+                   "whisper-base:layers=2, prompts are LJSpeech clips (--audio-dir) or, with --task "
+                   "ljspeech,synthetic, also the synthetic set; --draft distilled: the trained draft")
     p.add_argument("--audio-dir", type=Path, default=None, help="clips folder (default $TILESPEC_DATA/ljspeech/wavs)")
+    p.add_argument("--synthetic-dir", type=Path, default=None,
+                   help="--whisper --task synthetic: the synthetic set (default $TILESPEC_SYNTH_DIR)")
     p.add_argument("--compile", nargs="?", const="graphs", default="eager",
                    help="comma list of engine step modes to run our engine in: eager, auto (compile=True: the "
                         "engine's default fast path), graphs (CUDA-graph replay), native-graphs, or a torch.compile "
@@ -115,6 +119,8 @@ def check_args(args) -> None:
     tasks = [t for t in str(args.task).split(",") if t]
     if not args.whisper and (not tasks or any(t not in TASKS for t in tasks)):
         raise ValueError(f"--task must be a comma list of {', '.join(TASKS)}, got {args.task!r}")
+    if args.whisper and any(t not in ASR_TASKS + TASKS for t in tasks):
+        raise ValueError(f"--whisper --task must be a comma list of {', '.join(ASR_TASKS)}, got {args.task!r}")
     for name, vals, low in (("--batch", args.batch_sizes, 1), ("--gamma", args.gamma, 1),
                             ("--prompts", [args.num_prompts], 1), ("--max-new-tokens", [args.max_new_tokens], 1)):
         if not vals or min(vals) < low:
@@ -170,19 +176,6 @@ def prompt_ids(args, task: str, tok, vocab: int) -> list:
     return encode_prompts(tok, texts[:args.num_prompts], True)
 
 
-def whisper_inputs(args, target, proc, device, dtype):
-    """(decoder prompts [N], input_features [N, mels, frames]) for the first N LJSpeech clips."""
-    from tilespec.env import data_root
-    from tilespec.models.whisper import decoder_prompt, features, load_audio
-    folder = args.audio_dir or data_root() / "ljspeech" / "wavs"
-    clips = sorted(p for p in folder.iterdir() if p.suffix in (".flac", ".wav"))[:args.num_prompts] \
-        if folder.is_dir() else []
-    if not clips:
-        raise FileNotFoundError(f"no .flac/.wav clips in {folder} (pass --audio-dir or set TILESPEC_DATA)")
-    prefix = decoder_prompt(target, proc)
-    return [list(prefix) for _ in clips], features(proc, [load_audio(c) for c in clips], device, dtype)
-
-
 def load_models(args, device, dtype, tp=None):
     """(target, draft or None, tokenizer or None); ``tp``: a named target is loaded sharded (draft replicated)."""
     import torch
@@ -200,15 +193,6 @@ def load_models(args, device, dtype, tp=None):
         return out[0], draft_spec(out[1] if model else None, context), None
     from tilespec.api import load_pair
     return load_pair(args.target, args.draft or None, device, dtype, log=lambda m: print(m, file=sys.stderr), tp=tp)
-
-
-def whisper_defaults(args) -> None:
-    """--whisper: replace the text defaults of --target / --draft (keep what the user chose); idempotent."""
-    if args.whisper:
-        if args.target == "qwen2.5-coder-1.5b-instruct":
-            args.target = "whisper-base"
-        if args.draft == "qwen2.5-coder-0.5b-instruct":
-            args.draft = f"{args.target}:layers=2"
 
 
 # ------------------------------------------------------------------------------------------------- results
@@ -331,7 +315,7 @@ def run(args) -> int:
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     settings["dtype"] = str(dtype)
     results = load_previous(out, settings)
-    tasks = ["ljspeech"] if args.whisper else [t for t in args.task.split(",") if t]
+    tasks = asr_tasks(args) if args.whisper else [t for t in args.task.split(",") if t]
     todo = [c for c in configs(args, tasks) if c.key not in {r["key"] for r in results}]
     if results:
         print(f"[e2e] resuming {out}: {len(results)} configurations done, {len(todo)} to run", file=sys.stderr)
@@ -339,12 +323,17 @@ def run(args) -> int:
         print(f"nothing to run: {out} holds every configuration")
         return 0
     target, draft, tok = load_models(args, device, dtype, tp)
+    from tilespec.engine.drafters import draft_model
+    trained = getattr(draft_model(draft), "tilespec_manifest", None)   # a trained (distilled) draft: how it was made
+    if trained is not None:
+        settings["draft_manifest"] = trained
     if tp is not None and getattr(target, "_tilespec_tp", None) is None:   # --tiny / --random-init: built here
         shard(target, tp)
     vocab = target.get_output_embeddings().weight.shape[0]
-    feats, prompts = None, {}
+    feats, prompts = {}, {}
     if args.whisper:
-        prompts["ljspeech"], feats = whisper_inputs(args, target, tok, device, dtype)
+        for task in tasks:
+            prompts[task], feats[task] = whisper_inputs(args, target, tok, device, dtype, task)
         tok = getattr(tok, "tokenizer", tok)
     skipped = sorted({k for k in args.systems if k in BATCH1_ONLY} if max(args.batch_sizes) > 1 else set())
     if skipped:
@@ -376,7 +365,7 @@ def run(args) -> int:
                     prompts[cfg.task] = prompt_ids(args, cfg.task, tok, vocab)
                 p = prompts[cfg.task]
                 batches = [p[i:i + cfg.batch_size] for i in range(0, len(p), cfg.batch_size)]
-                err, r = None, _measure(cfg, target, draft, batches, args, device, tok, feats)
+                err, r = None, _measure(cfg, target, draft, batches, args, device, tok, feats.get(cfg.task))
             except Exception as e:  # noqa: BLE001 - record the failure, keep benchmarking the rest
                 err = e
                 print(f"[e2e]   failed: {err}", file=sys.stderr)

@@ -173,7 +173,9 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
             kw = {k: v for k, v in {**gen, **over}.items() if k != "pad_token_id"}
             _sync(device)
             t0 = time.perf_counter()
-            out = target.generate(input_features=f, language="en", task="transcribe", **kw).tolist()
+            lang = dict(language="en", task="transcribe") \
+                if getattr(target.generation_config, "is_multilingual", True) else {}   # .en models: no language
+            out = target.generate(input_features=f, **lang, **kw).tolist()
             _sync(device)
             rows = [_truncate(r[len(p):] if r[:len(p)] == p else r, eos) for r, p in zip(out, batch)]
             # Whisper's generate drops the end-of-text token of a request that ended alone (B=1); a row shorter

@@ -40,7 +40,8 @@ def environment(device: torch.device) -> dict:
 
 def load_models(cfg: EvalConfig):
     """(target, draft, processor) from the model registry; the draft may be ``NAME:layers=N`` (shares weights),
-    "ngram" / "suffix" or MODEL+ngram (then ``draft`` is the engine's ``draft=`` argument)."""
+    "distilled" or a distilled draft's folder (the target's trained Whisper draft), "ngram" / "suffix" or MODEL+ngram
+    (then ``draft`` is the engine's ``draft=`` argument)."""
     from tilespec.engine.drafters import draft_spec, split_draft_name
     from tilespec.models import load
 
@@ -48,7 +49,10 @@ def load_models(cfg: EvalConfig):
                         device=cfg.device)
     draft = None
     spec, context = split_draft_name(cfg.draft)
-    if spec:
+    from tilespec.heads.distilled import find_folder, is_distilled_name, load_distilled
+    if spec and is_distilled_name(spec):       # the target's trained draft (tilespec draft train)
+        draft = load_distilled(find_folder(spec, str(cfg.target)), target, target_name=str(cfg.target))
+    elif spec:
         shares = spec.split(":", 1)[0] == cfg.target and ":layers=" in spec
         draft, _ = load(spec, role="draft", dtype=cfg.dtype, device=cfg.device, target=target if shares else None)
     return target, draft_spec(draft, context), proc

@@ -22,7 +22,8 @@ def register(sub) -> None:
     check_sub = check.add_subparsers(dest="check", metavar="CHECK")
     ex = check_sub.add_parser("exactness", help="statistical exactness suite (exact law vs sampled, G-test)")
     ex.add_argument("--method", action="append", dest="methods", metavar="NAME",
-                    help="method to check (repeatable; 'multidraft' runs every multi-draft scheme). "
+                    help="method to check (repeatable; 'multidraft' runs every multi-draft scheme, 'tree' the tree "
+                         "sampler's cases). "
                          "Default: reference")
     ex.add_argument("--samples", type=positive_int, default=1_000_000, help="requests sampled per case (default 1e6)")
     ex.add_argument("--alpha", type=float, default=1e-6, help="significance level of each test (default 1e-6)")
@@ -76,8 +77,9 @@ def run_exactness(args) -> int:
     methods = args.methods or ["reference"]
     started = time.perf_counter()
     results, distortions = [], []
-    plain = [m for m in methods if m != "multidraft" and get_method(m).exact]
-    non_exact = [m for m in methods if m != "multidraft" and not get_method(m).exact]
+    suites = ("multidraft", "tree")
+    plain = [m for m in methods if m not in suites and get_method(m).exact]
+    non_exact = [m for m in methods if m not in suites and not get_method(m).exact]
     console.print(f"exactness suite: methods={methods} samples={args.samples:,} alpha={args.alpha:g} "
                   f"device={args.device}")
     if plain or not args.no_power_check:
@@ -89,6 +91,13 @@ def run_exactness(args) -> int:
         for r in run_multidraft_exactness(args.samples, args.alpha, args.seed):
             if not r.exact_method and r.note.startswith("power"):
                 r.passed = not r.passed   # a planted bias passes the suite's own check by being caught
+            _print_row(console, r)
+            results.append(r)
+    if "tree" in methods:
+        from ..multidraft.tree_exactness import run_tree_exactness
+        for r in run_tree_exactness(args.samples, args.alpha, args.seed, device=args.device):
+            if not r.exact_method:
+                r.passed = not r.passed   # the planted bias passes the suite's own check by being caught
             _print_row(console, r)
             results.append(r)
     for m in non_exact:

@@ -13,7 +13,8 @@ def run_train(args) -> int:
     from tilespec.env import pick_device, pick_dtype
 
     device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
+    whisper = _names_whisper(args.target)
+    dtype = pick_dtype("float32" if whisper and args.dtype == "auto" else args.dtype, device)
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     prompts, source = None, None
     if args.prompts_file is not None:     # prompts built elsewhere (an offline GPU machine without the wheel)
@@ -21,10 +22,12 @@ def run_train(args) -> int:
         prompts, source = saved["prompts"][:args.prompts], saved.get("source")
     log(f"loading target {args.target} ({dtype}, {device}) ...")
     target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
+    if getattr(target.config, "model_type", None) == "whisper":
+        return _train_whisper(args, target.float(), tok, device, log)
     _, report = train_head(
         target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes, out=args.out,
-        num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens,
-        gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch,
+        num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens or 256,
+        gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch or 8,
         lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight,
         ignore_eos=args.ignore_eos, max_steps=args.max_steps, resume=not args.fresh,
         compile="native" if device.type == "cuda" else False, log=log)
@@ -33,6 +36,37 @@ def run_train(args) -> int:
         from tilespec.env import run_record
         args.json.write_text(json.dumps({"environment": run_record(device), "target": args.target,
                                          "dtype": str(dtype), **report}, indent=1, default=str))
+    return 0
+
+
+def _names_whisper(name) -> bool:
+    """Whether ``name`` is a Whisper model by its registry entry or its folder's config (before loading it)."""
+    from tilespec.models.registry import REGISTRY, parse_model_spec
+    try:
+        base = parse_model_spec(str(name)).name
+    except ValueError:
+        return False
+    if base in REGISTRY:
+        return REGISTRY[base].kind == "ct2-whisper"
+    config = Path(base).expanduser() / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "whisper"
+
+
+def _train_whisper(args, target, processor, device, log) -> int:
+    """A Whisper target: a distilled decoder draft (tilespec.training.whisper_training), trained in float32."""
+    from tilespec.training.whisper_training import train_whisper_draft
+
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    _, report = train_whisper_draft(
+        target, processor, target_name=args.target, minutes=args.minutes, out=args.out, speech=args.speech,
+        layers=layers, max_new_tokens=args.max_new_tokens or 128, batch=args.batch or 32, lr=args.lr,
+        max_steps=args.max_steps, resume=not args.fresh, label_batch=args.gen_batch if args.gen_batch != 64 else 32,
+        log=log)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        from tilespec.env import run_record
+        args.json.write_text(json.dumps({"environment": run_record(device), "target": args.target,
+                                         "dtype": "float32", **report}, indent=1, default=str))
     return 0
 
 
@@ -48,20 +82,23 @@ def run_prompts(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("draft", help="draft heads: train one for a target")
+    p = sub.add_parser("draft", help="trained drafts: train a head for a target (a distilled draft for Whisper)")
     dsub = p.add_subparsers(dest="draft_command", required=True)
-    t = dsub.add_parser("train", help="train an EAGLE-style draft head on the target's own responses")
+    t = dsub.add_parser("train", help="train an EAGLE-style draft head on the target's own responses; for a Whisper "
+                                      "target a distilled 2-layer decoder draft on its own transcripts")
     t.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
     t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, data generation included")
-    t.add_argument("--out", type=Path, default=None, help="head folder (default $TILESPEC_HOME/heads/<target>)")
+    t.add_argument("--out", type=Path, default=None, help="head folder (default $TILESPEC_HOME/heads/<target>; "
+                   "Whisper: $TILESPEC_HOME/drafts/<target>)")
     t.add_argument("--prompts", type=int, default=512, help="prompts from the offline training sources")
     t.add_argument("--prompts-file", type=Path, default=None,
                    help="JSON {prompts: [user messages], source: {...}} (`tilespec draft prompts` writes one)")
-    t.add_argument("--max-new-tokens", type=int, default=256, help="response length per prompt")
+    t.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response length per prompt (default 256; Whisper: transcript length, 128)")
     t.add_argument("--gen-batch", type=int, default=64, help="batch size of the response generation")
     t.add_argument("--draft-vocab", type=int, default=32000, help="reduced draft vocabulary (0 = the full vocabulary)")
     t.add_argument("--ttt-steps", type=int, default=4, help="training-time-test steps (draft depth trained)")
-    t.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
+    t.add_argument("--batch", type=int, default=None, help="sequences per optimiser step (default 8; Whisper 32)")
     t.add_argument("--seq-len", type=int, default=640, help="training sequence length (prompt cut on the left)")
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (responses: 1)")
@@ -71,6 +108,12 @@ def register(sub) -> None:
     t.add_argument("--ignore-eos", action="store_true",
                    help="responses continue past the EOS to --max-new-tokens (for benchmarks that ignore EOS)")
     t.add_argument("--fresh", action="store_true", help="ignore a saved training state in the folder")
+    t.add_argument("--speech", type=Path, action="append", default=None,
+                   help="Whisper: training speech, a folder of audio files or a synthetic set (manifest.jsonl); "
+                        "repeatable (default: LJSpeech LJ001-0017..0032 and $TILESPEC_HOME/data/synth-train; "
+                        "evaluation clips are always dropped)")
+    t.add_argument("--layers", default=None, help="Whisper: the target's decoder layers the draft copies, e.g. 0,5 "
+                                                  "(default: the first and the last)")
     t.add_argument("--device", default="auto")
     t.add_argument("--dtype", default="auto")
     t.add_argument("--json", type=Path, default=None, help="write the training report here")

@@ -34,8 +34,9 @@ def add_eval_arguments(p, task: str) -> None:
                                                    "registered method marked evaluate: " + ", ".join(default_methods())
                                                    + ")")
     p.add_argument("--target", default=d["target"])
-    p.add_argument("--draft", default=d["draft"], help="registry name, NAME:layers=N, ngram, suffix or "
-                                                          "MODEL+ngram; 'none' for target-only")
+    p.add_argument("--draft", default=d["draft"], help="registry name, NAME:layers=N, distilled (ASR: the "
+                                                          "target's trained draft), ngram, suffix or MODEL+ngram; "
+                                                          "'none' for target-only")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) / bfloat16 (CUDA default) / float16")
     p.add_argument("--max-new-tokens", type=int, default=100 if task == "summarization" else 128)

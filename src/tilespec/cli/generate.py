@@ -170,6 +170,8 @@ def run(args) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if main else (lambda m: None)  # noqa: E731
     extra = {"tp": tp, "tp_check": args.tp_check or None} if tp is not None else {}
     target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
+    if args.tree or args.chains:
+        return run_tree(args, target, draft, tok, texts)
     dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
                              method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
                              compile=args.compile)
@@ -200,6 +202,32 @@ def run(args) -> int:
     return 0
 
 
+def run_tree(args, target, draft, tok, texts) -> int:
+    """``--tree N`` / ``--chains K,L``: tree-verified decoding with the head (engine/tree_decoder.py)."""
+    from tilespec.engine.tree_decoder import TreeDecoder
+    if args.tp > 1:
+        raise ValueError("--tree / --chains run on one GPU (no --tp)")
+    shape = {"tree": (args.tree_branch, args.tree_depth, args.tree)} if args.tree else \
+        {"chains": tuple(int(x) for x in args.chains.split(",")), "scheme": args.scheme}
+    dec = TreeDecoder(target, draft if draft is not None else "head", sampling=sampling_from_args(args),
+                      tokenizer=tok, compile=True if args.compile else "native", **shape)
+    ids = encode_prompts(tok, texts, not args.no_chat)
+    out = dec.generate(ids, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    for i, s in enumerate(out.sequences):
+        print((f"--- [{i}] {texts[i][:60]!r}\n" if len(texts) > 1 else "") + tok.decode(s, skip_special_tokens=True))
+    stats = out.stats.to_dict()
+    print(f"tree decoding {shape}: {stats['new_tokens']} tokens in {stats['steps']} target forwards "
+          f"({stats['tokens_per_step']:.2f} per forward), {stats['tokens_per_second']:.1f} tok/s", file=sys.stderr)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "target": args.target, "draft": args.draft, "prompts": texts,
+            "outputs": out.texts, "tokens": out.sequences,
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+            "stats": stats}, indent=2))
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="speculative text generation with a target and a draft model")
     p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
@@ -213,5 +241,17 @@ def register(sub) -> None:
                    help="shard the target over N GPUs (tensor parallel); launch with torchrun --nproc-per-node N")
     p.add_argument("--tp-check", action="store_true",
                    help="with --tp: check that every rank sees and emits the same tokens (debug)")
+    p.add_argument("--tree", type=positive_int, default=None, metavar="N",
+                   help="verify a token tree of N nodes (<= 64, root included) per step, exact at every temperature: "
+                        "the draft head's EAGLE-2-style dynamic tree (--draft head or a head folder) or several "
+                        "n-gram matches of the context as branches (--draft ngram)")
+    p.add_argument("--tree-branch", type=positive_int, default=8,
+                   help="--tree: children per expanded node (ngram: matches)")
+    p.add_argument("--tree-depth", type=positive_int, default=6, help="--tree: levels of the tree (ngram: tokens "
+                   "per match)")
+    p.add_argument("--chains", default=None, metavar="K,L",
+                   help="verify K chains of L tokens sampled from the head or the draft model (seed-004 multi-draft; "
+                        "--scheme)")
+    p.add_argument("--scheme", default="specinfer", help="--chains: specinfer, spectr, is, is-lp, ... (sd for K=1)")
     add_decoding_arguments(p)
     p.set_defaults(func=run)

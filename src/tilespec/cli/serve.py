@@ -34,7 +34,8 @@ def register(sub) -> None:
                                    "stream=true, /v1/models, /health, /metrics); see docs/serve.md.")
     p.add_argument("--target", required=True, help="registry name, model folder, .gguf file or hub id")
     p.add_argument("--draft", default=None,
-                   help="none (default), ngram, suffix, or a draft model name (e.g. NAME:layers=8)")
+                   help="none (default), ngram, suffix, head (the target's trained draft head), head+ngram, a head "
+                        "folder (optionally +ngram), a draft model name (e.g. NAME:layers=8), or MODEL+ngram")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --target)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=positive_int, default=8000)
@@ -48,7 +49,7 @@ def register(sub) -> None:
                    help="draft nothing while more requests than this are decoding (default: always draft)")
     p.add_argument("--adaptive-spec", choices=("auto", "on", "off"), default="auto",
                    help="draft per step row count only where it measures faster than target-only steps (auto: on "
-                        "for ngram / suffix with --method coupled, where it changes no token)")
+                        "for ngram / suffix alone with --method coupled, where it changes no token)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "

@@ -4,7 +4,8 @@ Defaults never lose to target-only decoding: no draft (no trained Whisper draft 
 self-drafts accept almost nothing -- the 2-layer one's greedy tokens agree with the full decoder's at 0 % of positions,
 in fp32 as in bf16), and with a ``--draft`` the ``optimal`` γ schedule, which stops drafting where the
 measured acceptance and costs do not pay. The encoder runs once per batch; a layer-skip draft
-(``whisper-base:layers=N``) reuses the target's encoder output.
+(``whisper-base:layers=N``) and the distilled draft ``tilespec draft train --target whisper-base`` saves
+(``--draft distilled`` or its folder) reuse the target's encoder output.
 No logits processors are applied (HF ``generate`` suppresses some special tokens); the decoder prompt forces
 <|startoftranscript|><|lang|><|transcribe|><|notimestamps|> (or <|startoftranscript|><|notimestamps|> for .en models).
 """
@@ -57,8 +58,10 @@ def register(sub) -> None:
     p = sub.add_parser("transcribe", help="speculative Whisper transcription of audio files")
     p.add_argument("audio", nargs="+", help="audio files (wav, flac, ...)")
     p.add_argument("--target", default="whisper-base", help="Whisper target (default whisper-base)")
-    p.add_argument("--draft", default=None, help="draft model, e.g. whisper-base:layers=4; also ngram, suffix or "
-                                                 "MODEL+ngram (default: none, target-only decoding)")
+    p.add_argument("--draft", default=None, help="draft: distilled (the target's trained draft, `tilespec draft "
+                                                 "train --target NAME`) or its folder, a model such as "
+                                                 "whisper-base:layers=4, ngram, suffix or MODEL+ngram (default: none, "
+                                                 "target-only decoding)")
     p.add_argument("--language", default="en")
     p.add_argument("--batch-size", type=positive_int, default=8)
     add_decoding_arguments(p)

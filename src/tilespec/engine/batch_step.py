@@ -1,23 +1,33 @@
 """One decode step of continuous batching (engine/batching.py) over the first ``rows`` rows of the fixed batch.
 
 This is the one place where continuous batching calls the engine's step functions: the whole-step graphs of
-step_graph.py on native runners (scalar sampling), else the host-commit blocks of step.py (draft_block /
-target_block / run_verify with per-row draft lengths, or speculative_step). The batch state and the runners' K/V
+step_graph.py on native runners (scalar sampling), else the host-commit step of step.py; both run the same step
+body with per-row draft lengths. The batch state and the runners' K/V
 buffers are narrowed to their first ``rows`` rows (views, no copy; slots.first_rows), so a step costs what its
 live rows need, rounded up to a power of two (each row count captures its own graphs); the state is written back
 into the full-size tensors afterwards. Rows in range that are not live (free or prefilling) end the step with no
 valid slot and a frozen length, as step_graph.py leaves ended rows.
+
+Draft sources per request (:func:`choose_drafts`): a request's drafts come from its own history only, so its tokens
+do not depend on the batch. With a context drafter and a draft runner (``head+ngram``, ``MODEL+ngram``) a request
+with a context match verifies its context drafts and the others the runner's (:func:`mixed_proposal`): at T > 0
+every context draft is verified with a one-hot draft distribution (q = 1 at the drafted token: exact, and the same
+verification whatever the other rows draft).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
+from .drafters.contract import DraftRunner, Proposal
+from .execution import HostExecution
 from .metrics import PhaseTimer
 from .slots import first_rows
 from .state import BatchState
-from .step import StepOutput, draft_block, run_verify, speculative_step, target_block
+from .step import run_verify, speculative_step
 
 _FIELDS = ("valid", "seq_len", "pending", "prev", "seeds", "alive", "limit")
 
@@ -30,39 +40,100 @@ def row_count(live: list, max_batch: int) -> int:
     return min(n, max_batch)
 
 
+@dataclass
+class StepDrafts:
+    """What one step drafts: ``gamma`` tokens from the draft runner (0: none), ``context`` [rows, Kc] context drafts
+    (or None), ``counts`` per-row draft lengths (list), ``use_context`` [rows] bool: the rows verifying their context
+    drafts while the others verify the runner's (None: one source for the whole step); ``vocab``: V of the target's
+    logits (the one-hot draft logits of a mixed step)."""
+
+    gamma: int = 0
+    context: Optional[torch.Tensor] = None
+    counts: Optional[list] = None
+    use_context: Optional[torch.Tensor] = None
+    vocab: int = 0
+
+    @property
+    def drafted(self) -> bool:
+        return self.context is not None or self.gamma > 0
+
+
+def choose_drafts(caps: list, contexts: Optional[list], runner: bool, pad: int, vocab: int, device) -> StepDrafts:
+    """Per row b: ``caps[b]`` draft tokens at most; ``contexts[b]``: its context drafts ([] = no match; None: no
+    context drafter); ``runner``: a draft runner proposes for rows without context drafts."""
+    if contexts is None or not any(contexts):
+        return StepDrafts(gamma=max(caps), counts=list(caps)) if runner else StepDrafts(counts=[0] * len(caps))
+    k = max(map(len, contexts))
+    context = torch.tensor([d + [pad] * (k - len(d)) for d in contexts], dtype=torch.int64, device=device)
+    if not runner:
+        return StepDrafts(context=context, counts=[len(d) for d in contexts])
+    counts = [len(d) if d else c for d, c in zip(contexts, caps)]
+    gamma = max((c for d, c in zip(contexts, caps) if not d), default=0)
+    use = torch.tensor([bool(d) for d in contexts], device=device)
+    return StepDrafts(gamma=gamma, context=context, counts=counts, use_context=use, vocab=vocab)
+
+
+def mixed_proposal(draft: DraftRunner, view: BatchState, drafts: StepDrafts, counts: torch.Tensor, resolved,
+                   greedy: bool, pad: int) -> Proposal:
+    """One proposal from two sources: ``drafts.context`` for the rows in ``drafts.use_context``, the runner's
+    ``drafts.gamma`` tokens (proposed here, on the host path) for the others -> tokens [B, K], K = max(γ, Kc);
+    logits [B, K, V] fp32 when sampling: the runner's for its tokens, one-hot (0 at the token, -inf elsewhere) for
+    context drafts and padding; None when greedy. The step then treats it as drafts proposed elsewhere (the runner
+    ``score``s them when it keeps a cache of its own)."""
+    ctx, use, gamma = drafts.context, drafts.use_context, drafts.gamma
+    k = max(gamma, ctx.shape[1])
+    tokens = F.pad(ctx, (0, k - ctx.shape[1]), value=pad)
+    own = None
+    if gamma > 0:
+        own = draft.propose(view, gamma, resolved, greedy, HostExecution(run_verify, False))
+        tokens = torch.where(use[:, None], tokens, F.pad(own.tokens, (0, k - gamma), value=pad))
+    logits = None
+    if not greedy:
+        logits = torch.full((*tokens.shape, drafts.vocab), float("-inf"), device=tokens.device)
+        logits.scatter_(-1, tokens[..., None], 0.0)
+        if own is not None and own.logits is not None:
+            logits[:, :gamma] = torch.where(use[:, None, None], logits[:, :gamma], own.logits.float())
+    return Proposal(tokens, logits, counts)
+
+
 @torch.inference_mode()
-def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, context: Optional[torch.Tensor],
-              counts: Optional[torch.Tensor], sampling, resolved, method: str, method_options: tuple, pad: int,
-              graphs: bool, live: list) -> torch.Tensor:
+def step_rows(target, draft, fast, state: BatchState, rows: int, drafts: StepDrafts, sampling, resolved, method: str,
+              method_options: tuple, pad: int, graphs: bool, live: list) -> torch.Tensor:
     """Run one step over rows [0, rows) of ``state`` and return the host copy [rows, 1 + K + 1] of (num_emitted,
-    output tokens); ``state`` is updated (write pointer included). ``gamma``: draft-model tokens (0: none);
-    ``context``: [rows, K] drafts from a context drafter (or None); ``counts``: [rows] per-row draft lengths (None:
-    no drafts); ``graphs``: run on ``fast`` (StepGraphs); ``live``: the live row indices (they set how far W moves)."""
+    output tokens); ``state`` is updated (write pointer included, and ``state.hidden``, the runner's per-row
+    state). ``draft``: the drafter's DraftRunner (the model runners it owns and its own ``row_buffers`` are narrowed
+    too; it observes every step that ``observes``, drafted or not) or None; ``drafts``: what the step verifies
+    (:func:`choose_drafts`); ``graphs``: run on ``fast`` (StepGraphs); ``live``: the live row indices (they set how
+    far W moves)."""
     sub = BatchState(write=state.write, rows=list(range(rows)), eos=state.eos,
                      **{f: getattr(state, f)[:rows] for f in _FIELDS})
+    if state.hidden is not None:
+        sub.hidden = state.hidden[:rows]
     timer = PhaseTimer(state.valid.device)
-    with first_rows((target, draft), rows):
+    counts = torch.tensor(drafts.counts, dtype=torch.int64, device=state.valid.device) if drafts.drafted else None
+    own = (draft,) if draft is not None and draft.row_buffers else ()
+    with first_rows((target, *(draft.runners if draft is not None else ()), *own), rows):
+        gamma, proposal = drafts.gamma, None
+        if drafts.use_context is not None:
+            proposal = mixed_proposal(draft, sub, drafts, counts, resolved, resolved.all_greedy, pad)
+            gamma = 0
+        elif drafts.context is not None:
+            proposal = Proposal(drafts.context, counts=counts)
+        caps = counts if proposal is None else None
         if graphs:
-            out = fast.step(sub, gamma, sampling, resolved, method, timer, draft_tokens=context,
-                            num_draft_tokens=counts, method_options=method_options)
-        elif context is not None:
-            out = speculative_step(target, None, sub, context.shape[1], sampling, resolved, method, timer,
-                                   graph_verify=False, context=(context, counts), method_options=method_options)
-        elif gamma > 0:
-            tokens, logits = draft_block(draft, sub, gamma, resolved, resolved.all_greedy)
-            target_logits = target_block(target, sub, tokens)
-            n, o = run_verify(target_logits, tokens, logits, sampling, method, sub.seeds, sub.seq_len, graphs=False,
-                              num_draft_tokens=counts, options=method_options)
-            out = StepOutput(draft_tokens=tokens, num_emitted=n, output_tokens=o)
+            out = fast.step(sub, gamma, sampling, resolved, method, timer, context=proposal, counts=caps,
+                            method_options=method_options)
         else:
-            out = speculative_step(target, None, sub, 0, sampling, resolved, method, timer, graph_verify=False,
-                                   method_options=method_options)
+            out = speculative_step(target, draft, sub, gamma, sampling, resolved, method, timer, graph_verify=False,
+                                   context=proposal, counts=caps, method_options=method_options)
     host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the step's one host read
     emitted = host[:, 0].tolist()
     if graphs:
         fast.advance(sub, max(emitted[b] for b in live))
     else:
         sub.commit(out.num_emitted, out.output_tokens, out.draft_tokens, max(emitted[b] for b in live) - 1)
+        if out.hidden is not None:
+            sub.hidden = out.hidden
         dead = ~sub.alive
         sub.valid = sub.valid & sub.alive[:, None]
         sub.seq_len = torch.where(dead, torch.ones_like(sub.seq_len), sub.seq_len)
@@ -70,5 +141,7 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, gamma: int, con
         sub.prev = torch.where(dead, torch.full_like(sub.prev, pad), sub.prev)
     for f in ("valid", "seq_len", "pending", "prev", "alive"):
         getattr(state, f)[:rows].copy_(getattr(sub, f))
+    if state.hidden is not None:       # the runner's new per-row state (rows not live: garbage, reset at go-live)
+        state.hidden[:rows].copy_(sub.hidden)
     state.write = sub.write
     return host

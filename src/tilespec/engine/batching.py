@@ -17,20 +17,31 @@ step_graph.py's whole-step graphs for native runners); this module only decides,
   * When W would pass C the caches are defragmented as the decoder does (state.plan_defrag, one gather); prefills in
     progress are finished first so no half-written region moves.
 
+Every drafter is served through its contract (drafters/base.py): the engine holds the drafter's ``DraftRunner``
+(``drafter.runner``: a draft model's, a trained head's, or None for context drafts alone) for its whole life.
+A prompt chunk runs through the target's row forward (returning the target's hidden states at the prompt positions
+when the runner names ``features``) and then ``runner.prefill_row`` into the same row only, which returns the row's
+state (a head's output at its last prompt entry: ``state.hidden`` of that row, written at go-live). Every decode step
+passes the runner to the step body, which lets it ``observe`` the verify forward whether or not anything was drafted
+(per-request γ = 0, the load switch, no context match), so a head stays current; ``select`` moves its K/V with the
+target's at a defragmentation. Context drafters with a runner (``head+ngram``, ``MODEL+ngram``) choose per request
+(batch_step.choose_drafts): its context drafts where it matches, the runner's up to its cap elsewhere, in one step.
+
 Exactness under batching: a request's random numbers are keyed by its own seed and absolute positions (Philox, as in
 the engine), its rows of every forward depend only on its own tokens, and its draft lengths are decided from its own
 history only (:meth:`BatchEngine._gamma`), so its tokens do not depend on what else is in the batch. With the
 default ``coupled`` verification (verify/methods/coupled.py) and a context drafter (or none), a request's tokens are
 even those of target-only decoding, whatever is drafted: ``spec_max_batch`` (drafting off while more rows are live)
-changes no token then. With a sampled draft model ``coupled`` is ``reference``: the load switch keeps greedy tokens
-and the target's exact law, but a sampled request may then get other tokens than alone.
+changes no token then. With sampled drafts (a draft model, a head; with a context drafter too, whose drafts are then
+verified with a one-hot q: batch_step.mixed_proposal) ``coupled`` is ``reference``: a request's tokens still depend
+only on its own history (no load switch by default), but turning drafting on or off by load keeps greedy tokens and
+the target's exact law only, not a sampled request's tokens.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -39,77 +50,36 @@ from tilespec.verify.registry import get_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
+from .batch_request import SAMPLING_FIELDS, BatchEvent, BatchRequest, check_request
+from .batch_step import choose_drafts, row_count, step_rows
 from .drafters import resolve_drafter
 from .generation import eos_ids
 from .inputs import context_limit, vocab_limit
+from .leases import lease
 from .runner import make_runner
-from .batch_step import row_count, step_rows
 from .slots import ensure_caches, region_mask, row_forward
 from .spec_switch import SpecSwitch
 from .state import BatchState
 from .step_graph import step_graphs_for
 
-_SAMPLING = ("temperature", "top_k", "top_p", "min_p")
-
-
-@dataclass
-class BatchRequest:
-    """One request: ``prompt`` token ids (>= 1), at most ``max_tokens`` new tokens, its sampling parameters and seed;
-    ``gamma``: cap on its draft tokens per step (0: never speculate; None or above the engine's gamma: the engine's).
-    Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
-    ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
-
-    prompt: list
-    max_tokens: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-    gamma: Optional[int] = None
-    rid: int = -1
-    tokens: list = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    drafted: int = 0
-    accepted: int = 0
-    steps: int = 0
-    t_submit: float = 0.0
-    t_first: Optional[float] = None
-    t_end: Optional[float] = None
-    # engine-private
-    row: Optional[int] = None
-    start: int = 0            # first slot of the prompt region
-    done: int = 0             # prompt tokens (of the first P - 1) already in the caches
-    context: object = None    # the context drafter's per-request state
-    cap: int = 0              # resolved draft cap
-    live: bool = False        # prefill done: the row decodes
-
-    @property
-    def sampling(self) -> tuple:
-        return tuple(getattr(self, f) for f in _SAMPLING)
-
-
-@dataclass
-class BatchEvent:
-    """New tokens of request ``rid`` after one engine iteration; ``finish_reason`` set when it ended."""
-
-    rid: int
-    tokens: list
-    finish_reason: Optional[str] = None
+__all__ = ["BatchEngine", "BatchEvent", "BatchRequest"]
 
 
 class BatchEngine:
     """Continuous batching over ``max_batch`` rows of ``capacity`` slots (see the module docstring).
 
-    target: a decoder-only transformers model; draft: None, a draft model, "ngram" / "suffix" or a Drafter (one
-    drafter: context drafters with a fallback model are not served). gamma: default draft cap per request and step;
+    target: a decoder-only transformers model; draft: anything ``SpeculativeDecoder`` takes (None, a draft model,
+    "ngram" / "suffix", "head" / "head+ngram" / a head folder, [model, "ngram"], a Drafter). gamma: default draft cap
+    per request and step;
     max_len: the longest prompt + max_tokens accepted (default: the model's context, at most 2048); capacity: slots
     per row (default 2 max_len + gamma + 2, so defragmentation is rare). adaptive: drafting on / off per step row
-    count as measured (:class:`~tilespec.engine.spec_switch.SpecSwitch`; default on for context drafters verified
-    with ``coupled``, where it changes no token). compile: as SpeculativeDecoder's
+    count as measured (:class:`~tilespec.engine.spec_switch.SpecSwitch`; default on for context drafters alone
+    verified with ``coupled``, where it changes no token). compile: as SpeculativeDecoder's
     (True on CUDA: native runners with whole-step CUDA graphs). Not thread-safe: one thread calls :meth:`submit`,
     :meth:`cancel` and :meth:`step` (the server's engine thread).
     """
+
+    finished = False     # a long-lived lease holder (engine/leases.py): its runners are never handed to others
 
     def __init__(self, target, draft=None, *, max_batch: int = 8, gamma: int = 4, max_len: Optional[int] = None,
                  capacity: Optional[int] = None, method: str = "coupled", compile: bool | str = False,
@@ -123,15 +93,12 @@ class BatchEngine:
         if not (isinstance(prefill_chunk, int) and prefill_chunk >= 1):
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
         drafter = resolve_drafter(draft)
-        if drafter is not None and drafter.has_context and drafter.model is not None:
-            raise ValueError("serving takes one drafter: a draft model, 'ngram' or 'suffix' (not MODEL+ngram)")
+        if drafter is not None:     # a draft model must match the target; a trained head loads / checks here
+            drafter.attach(target)
         self.drafter = drafter
         self.method_options = tuple(get_method(method).resolve_options(None))
         self.method, self.gamma, self.max_batch = method, gamma if drafter is not None else 0, max_batch
         self.prefill_chunk, self.spec_max_batch, self.min_alpha = prefill_chunk, spec_max_batch, min_alpha
-        if adaptive is None:        # on where switching changes no token: coupled verification of context drafts
-            adaptive = drafter is not None and drafter.has_context and method == "coupled"
-        self.switch = SpecSwitch() if adaptive and drafter is not None else None
         model = drafter.model if drafter is not None else None
         limit = min(context_limit(m) or 4096 for m in (target, model) if m is not None)   # the draft sees them too
         self.max_len = min(max_len or min(limit, 2048), limit)
@@ -141,15 +108,25 @@ class BatchEngine:
         if cap < self.max_len + self.gamma + 2:
             raise ValueError(f"capacity {cap} is below max_len + gamma + 2 = {self.max_len + self.gamma + 2}")
         self.capacity, self.vocab = cap, vocab_limit(target)
+        self.out_vocab = target.get_output_embeddings().weight.shape[0]
         self.device = next(target.parameters()).device
         self.eos = eos_ids(target, tokenizer, eos_token_id)
         self.pad = int(pad_token_id)
         self.target = make_runner(target, cap, compile=compile)
-        self.draft = make_runner(model, cap, compile=compile) if model is not None else None
-        for runner in (self.target, self.draft):
-            if runner is not None:
-                ensure_caches(runner, max_batch)
-        self.fast = step_graphs_for(self.target, self.draft)
+        # the drafter's device side through its contract (drafters/base.py), or None (context drafts only)
+        self.drafting = drafter.runner(max_batch, cap, target=self.target, compile=compile) \
+            if drafter is not None else None
+        self.features = tuple(self.drafting.features) if self.drafting is not None else ()
+        if self.features and self.target.mode not in ("eager", "native", "native-graphs"):
+            raise ValueError(f"{drafter.name} reads the target's hidden states: serve it with compile off, 'native' "
+                             f"or 'native-graphs' (compile=True on CUDA), not {self.target.mode!r}")
+        for runner in (self.target, *(self.drafting.runners if self.drafting is not None else ())):
+            ensure_caches(runner, max_batch)
+        lease(self, (self.drafting,))      # shared compiled draft runners stay this engine's for its whole life
+        if adaptive is None:        # on where switching changes no token: coupled verification of context drafts
+            adaptive = drafter is not None and drafter.has_context and self.drafting is None and method == "coupled"
+        self.switch = SpecSwitch() if adaptive and drafter is not None else None
+        self.fast = step_graphs_for(self.target, self.drafting)
         b, dev = max_batch, self.device
         self.state = BatchState(valid=torch.zeros((b, cap), dtype=torch.bool, device=dev),
                                 seq_len=torch.ones(b, dtype=torch.int64, device=dev),
@@ -159,6 +136,11 @@ class BatchEngine:
                                 alive=torch.zeros(b, dtype=torch.bool, device=dev),
                                 limit=torch.ones(b, dtype=torch.int64, device=dev),
                                 eos=torch.tensor(sorted(self.eos), dtype=torch.int64, device=dev))
+        if self.drafting is not None:     # the runner's per-row state (a head's last output), per row at go-live
+            self.state.hidden = self.drafting.empty_state(b)
+            if self.drafting.observes and self.state.hidden is None:
+                raise TypeError(f"{type(self.drafting).__name__} observes the verify forwards but gives no "
+                                f"empty_state(batch): continuous batching needs each row's state before its prompt")
         self.rows: list = [None] * b          # row -> BatchRequest (prefilling or live) or None (free)
         self.waiting: deque = deque()
         self._ids = itertools.count()
@@ -169,21 +151,7 @@ class BatchEngine:
     # ------------------------------------------------------------------------------------------------ requests
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (empty / too long / bad ids or values)."""
-        if not req.prompt:
-            raise ValueError("the prompt is empty: every request needs at least one token")
-        if not (isinstance(req.max_tokens, int) and req.max_tokens >= 1):
-            raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
-        if len(req.prompt) + req.max_tokens > self.max_len:
-            raise ValueError(f"the prompt has {len(req.prompt)} tokens and max_tokens is {req.max_tokens}: together "
-                             f"more than this server's {self.max_len} positions; shorten the prompt or lower "
-                             f"max_tokens to at most {self.max_len - len(req.prompt)}")
-        if self.vocab is not None and not all(0 <= t < self.vocab for t in req.prompt):
-            raise ValueError(f"the prompt holds token ids outside the vocabulary [0, {self.vocab})")
-        if req.gamma is not None and not (isinstance(req.gamma, int) and 0 <= req.gamma <= 32):
-            raise ValueError(f"gamma must be an integer in [0, 32], got {req.gamma!r}")
-        if not -2**63 <= req.seed < 2**63:
-            raise ValueError(f"seed {req.seed} does not fit int64")
-        resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks
+        check_request(req, self.max_len, self.vocab)
 
     def submit(self, req: BatchRequest) -> int:
         """Queue a request (checked first); returns its id."""
@@ -245,12 +213,7 @@ class BatchEngine:
             need = len(req.prompt) - 1 - req.done
             n = need if budget is None else min(need, budget)
             if n > 0:
-                ids = torch.tensor([req.prompt[req.done:req.done + n]], dtype=torch.int64, device=self.device)
-                pos = torch.arange(req.done, req.done + n, device=self.device)[None]
-                mask = region_mask(self.capacity, req.start, req.done, n, self.device)
-                for runner in (self.target, self.draft):
-                    if runner is not None:
-                        row_forward(runner, req.row, ids, pos, mask, req.start + req.done)
+                self._prefill_chunk(req, n)
                 req.done += n
                 self.counters["prefill_tokens"] += n
                 if budget is not None:
@@ -259,6 +222,20 @@ class BatchEngine:
                 self._go_live(req)
             if budget is not None and budget <= 0:
                 break
+
+    def _prefill_chunk(self, req: BatchRequest, n: int) -> None:
+        """Prompt tokens [done, done + n) of ``req`` into its row's region of the target's caches and then the draft
+        runner's (with the target's features of the chunk when the runner reads them); the runner's state after
+        the chunk goes to the row's ``state.hidden`` (the last chunk's is the row's state at go-live)."""
+        ids = torch.tensor([req.prompt[req.done:req.done + n + 1]], dtype=torch.int64, device=self.device)
+        pos = torch.arange(req.done, req.done + n, device=self.device)[None]
+        mask = region_mask(self.capacity, req.start, req.done, n, self.device)
+        write = req.start + req.done
+        out = row_forward(self.target, req.row, ids[:, :n], pos, mask, write, capture=self.features)
+        if self.drafting is not None:
+            h = self.drafting.prefill_row(req.row, ids, pos, mask, write, out[1] if self.features else None)
+            if h is not None:
+                self.state.hidden[req.row] = h[0].to(self.state.hidden.dtype)
 
     def _go_live(self, req: BatchRequest) -> None:
         s, b, p = self.state, req.row, len(req.prompt)
@@ -270,6 +247,8 @@ class BatchEngine:
         s.seeds[b] = req.seed
         s.alive[b] = True
         s.limit[b] = p + req.max_tokens
+        if p == 1 and s.hidden is not None:      # no prompt entry: the runner starts from its empty state
+            s.hidden[b] = self.drafting.empty_state(1)[0]
         req.live = True
 
     def _retire(self, req: BatchRequest, reason: str) -> None:
@@ -308,23 +287,16 @@ class BatchEngine:
         allow = self.switch is None or self.switch.draft(rows)
         caps = {b: self._gamma(self.rows[b], len(live)) if allow else 0 for b in live}
         compiled = self._compile_seconds()
-        counts = [caps.get(b, 0) for b in range(rows)]
-        context, gamma = None, 0
-        if self.drafter is not None and self.drafter.has_context:
-            drafts = [self.rows[b].context.propose(0, caps[b]) if caps.get(b, 0) > 0 else [] for b in range(rows)]
-            counts = [len(d) for d in drafts]
-            k = max(counts)
-            if k > 0:
-                context = torch.tensor([d + [self.pad] * (k - len(d)) for d in drafts], dtype=torch.int64,
-                                       device=self.device)
-        elif self.draft is not None:
-            gamma = max(counts)
-        drafted = context is not None or gamma > 0
+        caps_rows = [caps.get(b, 0) for b in range(rows)]
+        contexts = None
+        if self.drafter is not None and self.drafter.has_context and max(caps_rows) > 0:
+            contexts = [self.rows[b].context.propose(0, c) if c > 0 else [] for b, c in enumerate(caps_rows)]
+        drafts = choose_drafts(caps_rows, contexts, self.drafting is not None, self.pad, self.out_vocab, self.device)
         sampling = self._sampling(live, rows)
         resolved = resolve_sampling(sampling, rows, self.device)
-        counts_t = torch.tensor(counts, dtype=torch.int64, device=self.device) if drafted else None
-        host = step_rows(self.target, self.draft, self.fast, self.state, rows, gamma, context, counts_t, sampling,
-                         resolved, self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+        host = step_rows(self.target, self.drafting, self.fast, self.state, rows, drafts, sampling, resolved,
+                         self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+        drafted, counts = drafts.drafted, drafts.counts
         if self.switch is not None:
             emitted = host[:, 0].tolist()
             self.switch.observe(rows, drafted, time.perf_counter() - started, sum(emitted[b] for b in live) / len(live),
@@ -334,14 +306,15 @@ class BatchEngine:
         return self._take(live, host, host[:, 0].tolist(), counts)
 
     def _compile_seconds(self) -> float:
-        return sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r is not None)
+        return sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.drafting, self.fast)
+                   if r is not None)
 
     def _graph_ok(self, sampling: SamplingParams) -> bool:
         """The whole-step graphs take scalar sampling baked into their key: allow a handful of distinct settings
         (each captures its own graphs), then run other settings on the host-commit path."""
         if self.fast is None or not self.fast.usable(self.method, sampling):
             return False
-        key = tuple(getattr(sampling, f) for f in _SAMPLING)
+        key = tuple(getattr(sampling, f) for f in SAMPLING_FIELDS)
         if key not in self._graph_sampling and len(self._graph_sampling) >= 8:
             return False
         self._graph_sampling.add(key)
@@ -351,7 +324,7 @@ class BatchEngine:
         self._prefill(None)                       # a region half written must not move
         slot_index, _ = self.state.plan_defrag()
         rows = torch.arange(self.max_batch, device=self.device)
-        for runner in (self.target, self.draft):
+        for runner in (self.target, self.drafting):    # the runner's own K/V (a head's) move with the target's
             if runner is not None:
                 runner.select(rows, slot_index)
         self.counters["defrags"] += 1

@@ -13,10 +13,9 @@ finished requests from the batch), which is rare.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
 
 
 class SlotLayer(CacheLayerMixin):
@@ -122,22 +121,3 @@ def gather_slots(caches: list[SlotCache], rows: torch.Tensor, slot_index: torch.
                 continue
             for name in ("keys", "values"):
                 gather_attr(layer, name, rows, slot_index)
-
-
-_CACHE_KW: dict = {}
-
-
-def cache_kwarg(model) -> str:
-    """The keyword under which ``model``'s transformers forward takes its KV cache: ``cache`` (recent transformers,
-    which deprecate ``past_key_values`` with a warning) or ``past_key_values`` (older 5.x releases)."""
-    cls = type(model)
-    name = _CACHE_KW.get(cls)
-    if name is None:
-        name = _CACHE_KW[cls] = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
-    return name
-
-
-def output_cache(out):
-    """The KV cache a transformers forward returned, under either name (see :func:`cache_kwarg`)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values

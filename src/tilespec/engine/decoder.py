@@ -1,14 +1,14 @@
 """``SpeculativeDecoder``: exact speculative decoding over Hugging Face models, batched and streaming.
 
 Loop per step (B active requests, write pointer W; see state.py for the cache layout and invariants):
-  1. draft γ tokens autoregressively with the draft's slot cache (first forward re-feeds [prev, pending]);
-  2. one target forward over [pending, d_1..d_γ] at slots [W, W+γ];
-  3. ``verify()`` (any registered method), keyed by per-request seeds and absolute positions;
-  4. one host read of the emitted counts and tokens; mark the accepted slots valid, advance W by max accepted + 1.
+  1. drafts: the drafter's host-side context drafts (ragged, matched over the tokens read in the previous step's
+     host sync) or γ tokens from its device side (drafters/base.py: the one contract every drafter implements);
+  2. the step body (step.py; captured whole on native runners, step_graph.py): one target forward over
+     [pending, d_1..d_K] at slots [W, W+K], ``verify()`` keyed by per-request seeds and absolute positions, the
+     drafter's ``observe``;
+  3. one host read of the emitted counts and tokens; mark the accepted slots valid, advance W by max accepted + 1.
      Rejected slots become masked holes (rollback copies nothing); finished requests (EOS / length) leave the batch.
-With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks. A context
-drafter ("ngram", "suffix"; drafters/) replaces step 1 by host-side matching over the tokens read in the previous
-step's host sync: ragged per-request drafts (0 tokens where nothing matches), verified without draft logits.
+With no draft (``draft=None``) the same machinery decodes target-only, the baseline of the benchmarks.
 The loop is split into ``prefill`` / ``step`` / ``commit`` / ``finish`` over a per-generation
 :class:`~tilespec.engine.generation.Generation` (``stream`` drives them), so generations never share results.
 A step with γ = 0 (nothing left to draft, or ``optimal`` fell back for good: speculation predicted or measured
@@ -35,9 +35,9 @@ from .inputs import check_request
 from .leases import lease, release_compiled, shared_runner  # noqa: F401  (release_compiled: public)
 from .metrics import PhaseTimer, RunStats, peak_memory
 from .prompts import prompt_lists, warmup_inputs
-from .runner import is_encoder_decoder, shares_encoder
+from .runner import is_encoder_decoder
 from .state import BatchState, left_pad, prefill_mask
-from .step import speculative_step
+from .step import drafts_on_device, speculative_step
 from .step_graph import step_graphs_for
 
 
@@ -91,7 +91,7 @@ class SpeculativeDecoder:
         if not hasattr(target, "config"):
             raise TypeError(f"target must be a Hugging Face model, got {type(target).__name__}")
         drafter = resolve_drafter(draft)
-        if hasattr(drafter, "attach"):     # drafters that belong to one target (a trained head) load / check here
+        if drafter is not None:     # a draft model must match the target; a trained head loads / checks here
             drafter.attach(target)
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -102,17 +102,6 @@ class SpeculativeDecoder:
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
         self.method_options = get_method(method).resolve_options(method_options)  # bad ones fail here, not mid-run
         draft = drafter.model if drafter is not None else None
-        if draft is not None:
-            if is_encoder_decoder(target) != is_encoder_decoder(draft):
-                raise ValueError("target and draft must both be decoder-only or both encoder-decoder")
-            tv = target.get_output_embeddings().weight.shape[0]
-            dv = draft.get_output_embeddings().weight.shape[0]
-            if tv != dv:
-                raise ValueError(f"vocabulary mismatch: target has {tv} output tokens, draft has {dv}")
-            t_dev, d_dev = next(target.parameters()).device, next(draft.parameters()).device
-            if t_dev != d_dev:
-                raise ValueError(f"target is on {t_dev} but draft on {d_dev}: move both to one device, "
-                                 f"e.g. draft.to(target.device)")
         self.target, self.draft, self.drafter = target, draft, drafter
         self.gamma, self.gamma_schedule, self.max_gamma = gamma, gamma_schedule, max_gamma
         self.fallback_below = fallback_below
@@ -177,12 +166,11 @@ class SpeculativeDecoder:
 
         timer.start("prefill")
         target = self._runner("target", self.target, capacity, batch)
-        draft = (self.drafter.runner(batch, capacity, target.mode) if spec and getattr(self.drafter, "features", ())
-                 else self._runner("draft", self.draft, capacity, batch) if self.draft is not None else None)
+        draft = self.drafter.runner(batch, capacity, target=target, compile=self.compile) if spec else None
         if encdec:
             enc = target.encode(input_features)
             if draft is not None:
-                draft.encode(input_features, shared=enc if shares_encoder(self.target, self.draft) else None)
+                draft.encode(input_features, enc)
         p = width - 1
         pad_valid = is_tok[:, :p]
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -190,13 +178,12 @@ class SpeculativeDecoder:
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
         skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
-        if getattr(draft, "observes_target", False) and not skip:   # the head's entries from the prefill's features
-            state.hidden = draft.prefill(target, ids, positions, pmask)
-        else:
-            for runner in (target,) if skip else (target, draft):
-                runner.forward(ids[:, :p], positions, pmask, 0, keep=1,
-                               compiled=short and runner.mode == "native-graphs")
-        context = self.drafter.start(prompt_lists) if spec and self.drafter.has_context else None
+        features = () if skip else draft.features     # hidden states the drafter reads, if any
+        out = target.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and target.mode == "native-graphs",
+                             **({"capture": features} if features else {}))
+        if not skip:
+            state.hidden = draft.prefill(ids, positions, pmask, out[1] if features else None, short)
+        context = self.drafter.start(prompt_lists) if spec else None
         stats.runtime = target.mode
         stats.draft_runtime = draft.mode if draft is not None else ""
         fast = step_graphs_for(target, draft) if self.graph_verify and self.verify_fn is None else None
@@ -233,8 +220,8 @@ class SpeculativeDecoder:
                 gamma = max(len(d) for d in drafts)
             elif gen.draft is None:
                 gamma = 0                                # no match and no model: a target-only step
-        use_model = gen.draft is not None and not fallback
-        runners = (gen.target, gen.draft) if use_model else (gen.target,)  # a fallen-back draft is never used
+        use_draft = gen.draft is not None and not fallback
+        runners = (gen.target, gen.draft) if use_draft else (gen.target,)  # a fallen-back draft is never used
         if fallback:
             stats.fallback_steps += 1
             if stats.fallback_at_step is None:
@@ -247,19 +234,16 @@ class SpeculativeDecoder:
                 runner.select(rows, slot_index)
             stats.defrags += 1
         context = gen.draft_tensors(drafts, gamma, self.pad_id) if drafts is not None else None
-        observes = getattr(gen.draft, "observes_target", False)   # a head: fed by every verify forward
-        draft_runner = gen.draft if use_model and (gamma > 0 or context is not None or observes) else None
-        committed = (gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
-                     and (context is None or draft_runner is None or observes))
+        draft = gen.draft if use_draft else None
+        committed = gen.fast is not None and gen.fast.usable(self.method, gen.sampling)
         if committed:   # the whole step in captured graphs, commit included (step_graph.py)
-            out = gen.fast.step(state, gamma if draft_runner is not None else 0, gen.sampling, gen.resolved,
-                                self.method, timer, *(context or ()), method_options=self.method_options,
-                                lagged=lagged, observe=use_model)
+            out = gen.fast.step(state, gamma, gen.sampling, gen.resolved, self.method, timer, context=context,
+                                method_options=self.method_options, lagged=lagged, use_draft=use_draft)
         else:
-            out = speculative_step(gen.target, draft_runner, state, gamma, gen.sampling, gen.resolved, self.method,
+            out = speculative_step(gen.target, draft, state, gamma, gen.sampling, gen.resolved, self.method,
                                    timer, graph_verify=self.graph_verify, verify_fn=self.verify_fn, context=context,
                                    method_options=self.method_options)
-        forwards = 0 if draft_runner is None else (int(not observes) if context is not None else gamma)
+        forwards = 0 if not drafts_on_device(draft, gamma, context) else 1 if context is not None else gamma
         # target-only (no drafter, or the optimal schedule's fallback, for good): W moves by one slot, known now
         advanced = committed and (not spec or fallback) and gamma == 0 and drafts is None
         if advanced:

@@ -25,6 +25,7 @@ from tilespec.verify.types import SamplingParams
 
 from .metrics import PhaseTimer, RunStats
 from .state import BatchState
+from .drafters.base import Proposal
 from .step import StepOutput
 
 
@@ -73,7 +74,7 @@ def eos_ids(model, tokenizer, eos_token_id) -> set:
 class Generation:
     state: BatchState
     target: object                      # ModelRunner of the target
-    draft: Optional[object]             # ModelRunner of the draft model (None: no model, or never used)
+    draft: Optional[object]             # the drafter's DraftRunner (drafters/base.py; None: no device side)
     schedule: object                    # next() / update(...) (gamma.py's GammaSchedule or an injected one)
     timer: PhaseTimer
     stats: RunStats
@@ -131,15 +132,15 @@ class Generation:
                 keep.append(i)
         return new_tokens, finished, keep
 
-    def draft_tensors(self, drafts: list, gamma: int, pad_id: int) -> tuple:
-        """Context drafts (per batch position, ragged) -> device (tokens [B, γ] padded with ``pad_id``, counts [B]),
-        timed as the draft phase; copied from pinned memory on CUDA, so asynchronously."""
+    def draft_tensors(self, drafts: list, gamma: int, pad_id: int) -> Proposal:
+        """Context drafts (per batch position, ragged) -> a device Proposal (tokens [B, γ] padded with ``pad_id``,
+        counts [B]), timed as the draft phase; copied from pinned memory on CUDA, so asynchronously."""
         self.timer.start("draft")
         device = self.state.valid.device
         pin = device.type == "cuda"
         padded = torch.tensor([d + [pad_id] * (gamma - len(d)) for d in drafts], dtype=torch.int64, pin_memory=pin)
         counts = torch.tensor([len(d) for d in drafts], dtype=torch.int64, pin_memory=pin)
-        out = (padded.to(device, non_blocking=True), counts.to(device, non_blocking=True))
+        out = Proposal(padded.to(device, non_blocking=True), counts=counts.to(device, non_blocking=True))
         self.timer.stop("draft")
         return out
 

@@ -21,9 +21,15 @@ such workspace; torch.compile's CUDA-graph trees (``mode="reduce-overhead"``, wh
 replayed after it writes into freed memory: silent corruption, or ``an illegal memory access`` once the memory was
 returned to the driver. So every clear bumps :func:`workspace_epoch`, and a cache whose graphs are older than the
 current epoch drops them and captures again (a few ms per shape; the compiled code is kept).
+
+A cache holds at most ``max_graphs`` graphs and evicts the least recently replayed one to capture a new shape: a
+long-lived server meets many (row count, draft length, sampling) keys over a day, and a bound that raised instead
+would take its engine down; ``evictions`` counts how often that happened (a steadily rising count means shapes are
+not bounded and every step captures).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -83,7 +89,8 @@ class GraphCache:
     def __init__(self, fn: Callable, max_graphs: int = 256):
         self.fn = fn
         self.max_graphs = max_graphs
-        self._graphs: dict = {}
+        self.evictions = 0
+        self._graphs: OrderedDict = OrderedDict()      # least recently replayed first
         self._pool = None
         self._epoch = workspace_epoch()
 
@@ -98,6 +105,7 @@ class GraphCache:
         if entry is None:
             entry = self._capture(sig, args, key)
         else:
+            self._graphs.move_to_end(sig)
             for dst, src in zip(entry.inputs, args):
                 if dst.data_ptr() != src.data_ptr():
                     dst.copy_(src)
@@ -105,13 +113,19 @@ class GraphCache:
         return entry.output
 
     def _capture(self, sig, args, key) -> _Captured:
-        if len(self._graphs) >= self.max_graphs:
-            raise RuntimeError(f"more than {self.max_graphs} CUDA graphs captured for one function; shapes are not "
-                               "static (check the batch size, slot capacity and gamma range)")
-        device = args[0].device
+        static = tuple(a.clone() for a in args)
+        graph, output = self._record(static, key)
+        entry = self._graphs[sig] = _Captured(graph=graph, inputs=static, output=output)
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+            self.evictions += 1
+        return entry
+
+    def _record(self, static: tuple, key):
+        """Warm up on a side stream, then capture one run of ``fn`` on ``static`` -> (graph, its output buffers)."""
+        device = static[0].device
         if device.type != "cuda":
             raise RuntimeError("CUDA graphs need CUDA tensors")
-        static = tuple(a.clone() for a in args)
         side = _capture_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -122,9 +136,7 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, stream=side):
             output = self.fn(*static, key=key)
-        entry = _Captured(graph=graph, inputs=static, output=output)
-        self._graphs[sig] = entry
-        return entry
+        return graph, output
 
     def clear(self) -> None:
         self._graphs.clear()

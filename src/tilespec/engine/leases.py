@@ -47,7 +47,8 @@ def in_use(runner) -> bool:
 
 
 def lease(gen, runners) -> None:
-    """Lease to ``gen`` every runner of ``runners`` that is a shared (cached) runner."""
-    for runner in runners:
-        if runner is not None and any(runner is r for r in _COMPILED_RUNNERS.values()):
+    """Lease to ``gen`` every runner of ``runners`` that is a shared (cached) runner, and the model runners a
+    drafter's DraftRunner owns (its ``runners``)."""
+    for runner in [r for o in runners if o is not None for r in (o, *getattr(o, "runners", ()))]:
+        if any(runner is r for r in _COMPILED_RUNNERS.values()):
             _LEASES[id(runner)] = weakref.ref(gen)

@@ -17,7 +17,9 @@ from typing import Optional
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .cache import SlotCache, cache_kwarg, gather_slots
+from tilespec.models.cache_keyword import cache_kwarg
+
+from .cache import SlotCache, gather_slots
 from .graphs import GraphCache
 from .native.runner import NATIVE_MODES, NativeRunner, native_reason, raise_recompile_limits
 
@@ -217,8 +219,8 @@ class ModelRunner:
         """The eager forward with transformers' ``output_hidden_states``: (logits, features [B, q, n d])."""
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
-        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive,
-                         past_key_values=self.past, use_cache=True, output_hidden_states=True)
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=additive, use_cache=True,
+                         output_hidden_states=True, **{cache_kwarg(self.model): self.past})
         return out.logits, torch.cat([out.hidden_states[i] for i in capture], dim=-1)
 
     @torch.inference_mode()

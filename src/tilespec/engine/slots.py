@@ -15,7 +15,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .cache import SlotCache, SlotLayer, cache_kwarg
+from tilespec.models.cache_keyword import cache_kwarg
+
+from .cache import SlotCache, SlotLayer
 from .native import NativeRunner
 
 
@@ -41,17 +43,21 @@ def _row_slot_cache(runner, row: int) -> SlotCache:
 
 @torch.inference_mode()
 def row_forward(runner, row: int, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                write_slot: int) -> torch.Tensor:
+                write_slot: int, capture: tuple = ()):
     """Run ``tokens`` [1, q] at ``positions`` [1, q] with bool ``mask`` [1, 1, q, C] through row ``row`` of the
     runner's caches, writing their K/V at slots [write_slot, write_slot + q) of that row only -> float logits of the
-    last token [1, V]."""
+    last token [1, V]; with ``capture`` (hidden-state indices, as ``runner.forward`` takes them, for a draft head):
+    (logits [1, V], features [1, q, n d])."""
     q = tokens.shape[1]
     if write_slot < 0 or write_slot + q > runner.capacity:
         raise RuntimeError(f"cache overflow: writing {q} slots at {write_slot} into a capacity of {runner.capacity}")
+    capture = tuple(capture)
     if isinstance(runner, NativeRunner):
         caches = [tuple(buf[row:row + 1] if j < 2 else buf for j, buf in enumerate(entry)) for entry in runner.caches]
         pos = torch.full((), write_slot, dtype=torch.int64, device=runner.device)
-        return runner.native.forward(tokens, positions, mask, pos, caches, keep=1).float()[:, -1]
+        out = runner.native.forward(tokens, positions, mask, pos, caches, keep=1,
+                                    **({"capture": capture} if capture else {}))
+        return (out[0].float()[:, -1], out[1]) if capture else out.float()[:, -1]
     if runner.encdec:
         raise TypeError("continuous batching serves decoder-only models")
     cache = _row_slot_cache(runner, row)
@@ -59,8 +65,11 @@ def row_forward(runner, row: int, tokens: torch.Tensor, positions: torch.Tensor,
     additive = torch.zeros(mask.shape, dtype=runner.dtype, device=mask.device)
     additive.masked_fill_(~mask, torch.finfo(runner.dtype).min)
     out = runner.model(input_ids=tokens, position_ids=positions, attention_mask=additive, use_cache=True,
-                       logits_to_keep=1, **{cache_kwarg(runner.model): cache})
-    return out.logits[:, -1].float()
+                       logits_to_keep=1, output_hidden_states=bool(capture), **{cache_kwarg(runner.model): cache})
+    logits = out.logits[:, -1].float()
+    if not capture:
+        return logits
+    return logits, torch.cat([out.hidden_states[i] for i in capture], dim=-1)
 
 
 def region_mask(capacity: int, start: int, done: int, q: int, device) -> torch.Tensor:
@@ -75,12 +84,18 @@ def region_mask(capacity: int, start: int, done: int, q: int, device) -> torch.T
 def first_rows(runners, rows: int):
     """Within the block, every runner's K/V buffers are the views ``buf[:rows]`` of its batch buffers (no copy):
     a step over the first ``rows`` rows only, with its own captured graphs per row count (the views start at the
-    same address, so a graph captured for a row count stays valid)."""
+    same address, so a graph captured for a row count stays valid). Runners: model runners, or objects naming their
+    per-row buffers in ``row_buffers`` (a draft runner's own cache, e.g. a head's K/V: attribute names)."""
     saved = []
     for runner in runners:
         if runner is None:
             continue
-        if isinstance(runner, NativeRunner):
+        names = getattr(runner, "row_buffers", ())
+        if names:
+            for name in names:
+                saved.append((runner, name, getattr(runner, name)))
+                setattr(runner, name, getattr(runner, name)[:rows])
+        elif isinstance(runner, NativeRunner):
             saved.append((runner, "caches", runner.caches))
             runner.caches = [tuple(buf[:rows] for buf in entry) for entry in runner.caches]
         else:

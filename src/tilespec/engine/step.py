@@ -1,25 +1,32 @@
-"""One decoding step: draft γ tokens, score γ+1 positions with the target, verify. No host syncs in here.
+"""One decoding step: the step body both paths share, and the host-commit step. No host syncs in here.
 
-All functions take the :class:`~tilespec.engine.state.BatchState` (B active requests, write pointer W) and return
-device tensors; the caller reads the emitted counts once per step.
-
-Random streams: the draft samples token i (logical position seq_len - 1 + i) with Gumbel noise keyed by
-(seed, position, PURPOSE_EXTRA, vocab id) -- a stream ``verify()`` never uses -- while ``verify()`` keys its
-acceptance uniforms and residual/bonus samples by (seed, position, PURPOSE_ACCEPT / PURPOSE_SAMPLE). Positions only
-ever move forward, so each random number influences the output at most once and the output law is exact.
+The body is two phases of device work over a :class:`~tilespec.engine.drafters.base.StepView` of the batch
+(B active requests, write pointer W), with the drafter's device side (a ``DraftRunner`` or None) reached only
+through its contract (drafters/base.py):
+  * :func:`draft_phase` -- the step's :class:`Proposal`: drafts proposed elsewhere (a context drafter, ragged; the
+    draft runner ``score``s them if it keeps a cache of its own), or γ tokens ``propose``d by the draft runner, or
+    none (a target-only step);
+  * :func:`verify_phase` -- one target forward over [pending, d_1 .. d_K] at slots [W, W + K] (returning the hidden
+    states the runner names in ``features``), ``verify()`` (or the greedy argmax of a target-only step), and the
+    runner's ``observe`` -> its new per-row state.
+:func:`speculative_step` runs them on the host-commit path (the caller commits after its one host read); the
+whole-step graphs (step_graph.py) capture the same two phases, as graph D and graph T with the commit on device.
+Forwards, samplers and verification go through the execution (engine/execution.py), which is all that differs.
+Random streams: see execution.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 
-from tilespec.verify import rng, verify
-from tilespec.verify.distributions import log_probs
+from tilespec.verify import verify
 from tilespec.verify.registry import get_method
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
+from .drafters.base import DraftRunner, Proposal, StepView
+from .execution import HostExecution, sample_draft  # noqa: F401  (sample_draft: public here too)
 from .graphs import GraphCache
 from .metrics import PhaseTimer
 from .runner import CUDA_GRAPH_MODES, ModelRunner
@@ -28,60 +35,13 @@ from .state import BatchState, chunk_mask
 
 @dataclass
 class StepOutput:
-    """draft_tokens [B, γ]; num_emitted [B]; output_tokens [B, γ+1] (-1 padded); hidden [B, d]: a draft head's new
-    state (drafters/head.py), applied at the commit, or None."""
+    """draft_tokens [B, K]; num_emitted [B]; output_tokens [B, K+1] (-1 padded); hidden: the draft runner's new
+    per-row state (``observe``), applied at the commit, or None."""
 
     draft_tokens: torch.Tensor
     num_emitted: torch.Tensor
     output_tokens: torch.Tensor
     hidden: Optional[torch.Tensor] = None
-
-
-def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.Tensor, positions: torch.Tensor,
-                 greedy: bool) -> torch.Tensor:
-    """Sample one token per row from the processed draft distribution: logits [B, V] -> tokens [B] int64.
-
-    Samples exactly from exp(log_probs(logits, resolved)), the law reported to verify() as draft_logits.
-    """
-    if greedy:
-        return logits.argmax(dim=-1)
-    logp = log_probs(logits[:, None, :], resolved)[:, 0]
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
-    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab[None, :])
-    return torch.argmax(logp + noise, dim=-1)
-
-
-_COMPILED_SAMPLER = None
-_FLAG_NAMES = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
-
-
-def _graph_sample(logits, seeds, positions, temperature, top_k, top_p, min_p, lenience, *, key):
-    resolved = ResolvedSampling(temperature, top_k, top_p, min_p, lenience, *key)
-    return sample_draft(logits, resolved, seeds, positions, greedy=False)
-
-
-_SAMPLER_GRAPHS = GraphCache(_graph_sample)
-
-
-def _graphed_sampler(logits, resolved, seeds, positions, greedy):
-    if greedy:
-        return logits.argmax(dim=-1)
-    out = _SAMPLER_GRAPHS(logits, seeds, positions, resolved.temperature, resolved.top_k, resolved.top_p,
-                          resolved.min_p, resolved.lenience, key=tuple(getattr(resolved, f) for f in _FLAG_NAMES))
-    return out.clone()  # the graph's output buffer is reused by the next draft position
-
-
-def _sampler(mode: str):
-    """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
-    paths run it as one CUDA graph or one compiled function)."""
-    global _COMPILED_SAMPLER
-    if mode in CUDA_GRAPH_MODES:
-        return _graphed_sampler
-    if mode == "eager":
-        return sample_draft
-    if _COMPILED_SAMPLER is None:
-        _COMPILED_SAMPLER = torch.compile(sample_draft, dynamic=False)
-    return _COMPILED_SAMPLER
 
 
 def _graph_verify(target_logits, draft_tokens, seeds, offsets, *extra, key):
@@ -121,101 +81,106 @@ def run_verify(target_logits, draft_tokens, draft_logits, sampling: SamplingPara
     return res.num_emitted, res.output_tokens
 
 
-def draft_block(draft: ModelRunner, state: BatchState, gamma: int, resolved: ResolvedSampling, greedy: bool,
-                timer: Optional[PhaseTimer] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Draft γ tokens autoregressively -> (tokens [B, γ], logits [B, γ, V] or None when greedy).
+class _Untimed:
+    """PhaseTimer's interface for a captured body (the enclosing step times the graph)."""
 
-    The first forward re-feeds [prev, pending] at slots [W-1, W] (see state.py); forward i >= 1 feeds draft token i
-    at slot W + i. γ forwards in all; slot W + γ (the last draft token) is filled by the next step's re-feed.
-    """
-    w, pos0 = state.write, state.seq_len - 1                         # pos0 [B]: position of the pending token
-    tokens_in = torch.stack([state.prev, state.pending], dim=1)
-    positions = torch.stack([(pos0 - 1).clamp(min=0), pos0], dim=1)
-    mask = chunk_mask(state.valid, w, w - 1, 2)
-    logits = draft.forward(tokens_in, positions, mask, w - 1, keep=1)[:, 0]
-    tokens, all_logits = [], []
-    sample = _sampler(draft.mode)
-    for i in range(1, gamma + 1):
-        tok = sample(logits, resolved, state.seeds, pos0 + i, greedy)
-        tokens.append(tok)
-        if not greedy:
-            all_logits.append(logits)
-        if i < gamma:
-            mask = chunk_mask(state.valid, w, w + i, 1)
-            logits = draft.forward(tok[:, None], (pos0 + i)[:, None], mask, w + i)[:, 0]
-    draft_tokens = torch.stack(tokens, dim=1)
-    return draft_tokens, (torch.stack(all_logits, dim=1) if all_logits else None)
+    @staticmethod
+    def start(name: str) -> None:
+        pass
+
+    stop = start
 
 
-def target_block(target: ModelRunner, state: BatchState, draft_tokens: torch.Tensor, capture: tuple = ()):
-    """Score [pending, d_1 .. d_γ] at slots [W, W+γ] in one target forward -> logits [B, γ+1, V] (with ``capture``:
-    (logits, features [B, γ+1, n d]) for a draft head)."""
-    k = draft_tokens.shape[1]
-    tokens_in = torch.cat([state.pending[:, None], draft_tokens], dim=1)
-    positions = (state.seq_len - 1)[:, None] + torch.arange(k + 1, device=tokens_in.device)[None, :]
-    mask = chunk_mask(state.valid, state.write, state.write, k + 1)
-    if capture:
-        return target.forward(tokens_in, positions, mask, state.write, capture=capture)
-    return target.forward(tokens_in, positions, mask, state.write)
+UNTIMED = _Untimed()
 
 
-def speculative_step(target: ModelRunner, draft: Optional[ModelRunner], state: BatchState, gamma: int,
-                     sampling: SamplingParams, resolved: ResolvedSampling, method: str,
-                     timer: PhaseTimer, graph_verify: bool = True, verify_fn=None,
-                     context: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                     method_options: tuple = ()) -> StepOutput:
-    """One step of speculative decoding (γ >= 1 with a draft) or plain decoding (γ = 0 or no draft).
+def empty_proposal(view: StepView, counts: Optional[torch.Tensor] = None) -> Proposal:
+    """No drafts: tokens [B, 0]."""
+    return Proposal(torch.zeros((view.pending.shape[0], 0), dtype=torch.int64, device=view.pending.device),
+                    counts=counts)
 
-    context: (draft_tokens [B, K], num_draft_tokens [B]) proposed on the host by a context drafter (deterministic,
-    ragged); then ``draft`` (a fallback model's runner, or None) only scores the same chunk as the target, so its
-    cache stays complete for later model-drafted steps. A draft head's runner (``observes_target``) drafts with its
-    ``propose`` and is fed the target's features after verification (``observe``; StepOutput.hidden).
-    verify_fn: replaces :func:`run_verify` (same signature). method_options: the method's resolved options,
-    ((name, value), ...).
-    """
-    verify_fn = verify_fn or run_verify
-    greedy = resolved.all_greedy
-    b = state.size
-    counts = None
-    head = draft if getattr(draft, "observes_target", False) else None
+
+def drafts_on_device(draft: Optional[DraftRunner], gamma: int, context: Optional[Proposal]) -> bool:
+    """Whether :func:`draft_phase` runs device work: the runner proposes (γ > 0, no context drafts) or scores the
+    context drafts (``scores_context``)."""
+    if draft is None:
+        return False
+    return draft.scores_context if context is not None else gamma > 0
+
+
+def draft_phase(draft: Optional[DraftRunner], view: StepView, gamma: int, resolved: Optional[ResolvedSampling],
+                greedy: bool, ex, context: Optional[Proposal] = None,
+                counts: Optional[torch.Tensor] = None) -> Proposal:
+    """The step's proposal: ``context`` (drafts proposed elsewhere; the runner scores them when it
+    ``scores_context``), else γ tokens from ``draft`` capped per request by ``counts`` [B] (None: γ each), else
+    none."""
     if context is not None:
-        draft_tokens, counts = context
-        draft_logits = None
-        if draft is not None and head is None:
-            timer.start("draft")
-            target_block(draft, state, draft_tokens)
-            timer.stop("draft")
-    elif draft is not None and gamma > 0:
-        timer.start("draft")
-        if head is not None:
-            draft_tokens, draft_logits = head.propose(state.hidden, state.valid, state.seq_len, state.seeds,
-                                                      state.write, resolved, gamma, greedy, _sampler(head.mode))
-        else:
-            draft_tokens, draft_logits = draft_block(draft, state, gamma, resolved, greedy)
-        timer.stop("draft")
-    else:
-        draft_tokens = torch.zeros((b, 0), dtype=torch.int64, device=state.pending.device)
-        draft_logits = None
+        if draft is not None and draft.scores_context:
+            draft.score(view, context, ex)
+        return context
+    if draft is None or gamma == 0:
+        return empty_proposal(view, counts)
+    proposal = draft.propose(view, gamma, resolved, greedy, ex)
+    return proposal if counts is None else replace(proposal, counts=counts)
+
+
+def target_block(target: ModelRunner, view: StepView, draft_tokens: torch.Tensor, ex, capture: tuple = ()):
+    """Score [pending, d_1 .. d_K] at slots [W, W+K] in one target forward -> logits [B, K+1, V] (with ``capture``:
+    (logits, features [B, K+1, n d]))."""
+    k = draft_tokens.shape[1]
+    tokens_in = torch.cat([view.pending[:, None], draft_tokens], dim=1)
+    positions = (view.seq_len - 1)[:, None] + torch.arange(k + 1, device=tokens_in.device)[None, :]
+    mask = chunk_mask(view.valid, view.write, view.write, k + 1)
+    return ex.forward(target, tokens_in, positions, mask, view.write, capture=capture)
+
+
+def verify_phase(target, draft: Optional[DraftRunner], view: StepView, proposal: Proposal,
+                 sampling: SamplingParams, method: str, greedy: bool, ex, timer=UNTIMED) -> tuple:
+    """Target forward -> verify -> the runner's ``observe`` (when it ``observes``): (num_emitted [B],
+    output_tokens [B, K+1], the runner's new per-row state or None)."""
+    observer = draft if draft is not None and draft.observes else None
     timer.start("target")
-    if head is not None:
-        target_logits, feats = target_block(target, state, draft_tokens, capture=head.features)
+    feats = None
+    if observer is not None and observer.features:
+        logits, feats = target_block(target, view, proposal.tokens, ex, capture=observer.features)
     else:
-        target_logits = target_block(target, state, draft_tokens)
+        logits = target_block(target, view, proposal.tokens, ex)
     timer.stop("target")
     timer.start("verify")
-    if greedy and draft_tokens.shape[1] == 0:
-        nxt = target_logits[:, 0].argmax(dim=-1)
-        num_emitted = torch.ones(b, dtype=torch.int64, device=nxt.device)
-        out = nxt[:, None]
+    if greedy and proposal.k == 0:
+        out = ex.argmax(logits[:, 0])[:, None]
+        num_emitted = torch.ones_like(view.seq_len)
     else:
-        graphs = graph_verify and target.mode in CUDA_GRAPH_MODES
-        extra = {} if counts is None else {"num_draft_tokens": counts}
-        num_emitted, out = verify_fn(target_logits, draft_tokens, draft_logits, sampling, method, state.seeds,
-                                     state.seq_len, graphs=graphs, options=method_options, **extra)
+        num_emitted, out = ex.verify(logits, proposal.tokens, proposal.logits, proposal.counts, sampling, method,
+                                     view.seeds, view.seq_len)
     timer.stop("verify")
-    hidden = None
-    if head is not None:
+    state = None
+    if observer is not None:
         timer.start("draft")
-        hidden = head.observe(feats, out, num_emitted, state.valid, state.seq_len, state.write)
+        state = observer.observe(view, feats, out, num_emitted, ex)
         timer.stop("draft")
-    return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out, hidden=hidden)
+    return num_emitted, out, state
+
+
+def speculative_step(target: ModelRunner, draft: Optional[DraftRunner], state: BatchState, gamma: int,
+                     sampling: SamplingParams, resolved: ResolvedSampling, method: str,
+                     timer: PhaseTimer, graph_verify: bool = True, verify_fn=None,
+                     context: Optional[Proposal] = None, counts: Optional[torch.Tensor] = None,
+                     method_options: tuple = ()) -> StepOutput:
+    """One step on the host-commit path: :func:`draft_phase` then :func:`verify_phase`; the caller commits.
+
+    draft: the drafter's runner in use this step, or None; gamma: tokens it proposes (0: none); context: drafts
+    proposed on the host (ragged by ``context.counts``); counts: per-request caps of the runner's proposal.
+    verify_fn: replaces :func:`run_verify` (same signature); verify() is replayed as a graph when ``graph_verify``
+    and the target runs CUDA graphs. method_options: the method's resolved options, ((name, value), ...).
+    """
+    ex = HostExecution(verify_fn or run_verify, graph_verify and target.mode in CUDA_GRAPH_MODES, method_options)
+    greedy = resolved.all_greedy
+    timed = drafts_on_device(draft, gamma, context)
+    if timed:
+        timer.start("draft")
+    proposal = draft_phase(draft, state, gamma, resolved, greedy, ex, context, counts)
+    if timed:
+        timer.stop("draft")
+    num_emitted, out, hidden = verify_phase(target, draft, state, proposal, sampling, method, greedy, ex, timer)
+    return StepOutput(draft_tokens=proposal.tokens, num_emitted=num_emitted, output_tokens=out, hidden=hidden)

@@ -4,16 +4,21 @@ and reads the emitted tokens once per step.
 Why: with the forwards at ~2 ms, the ~40 small eager launches around them per step (masks, positions, sampling
 glue, the commit's bookkeeping) cost ~0.5 ms of host time during which the GPU idles, because each step ends in
 the one host read. Here everything between two host reads is captured:
-  * graph D (speculative steps with a draft model): the γ draft forwards with their sampling -> draft tokens [B, γ]
-    and, when sampling, the draft logits [B, γ, V];
-  * graph T: the target forward over [pending, d_1..d_K], ``verify()`` (or the greedy argmax of a target-only
-    step) and the commit: the slots of accepted tokens become valid, and seq_len / pending / prev advance.
+  * graph D: the step body's draft phase (step.draft_phase) -- the draft runner's γ tokens with their sampling ->
+    draft tokens [B, γ] and, when sampling, the draft logits [B, γ, V]; or, when a context drafter proposed, the
+    runner scoring those drafts (a draft model keeps its cache complete);
+  * graph T: the step body's verify phase (step.verify_phase: the target forward over [pending, d_1..d_K],
+    ``verify()`` or the greedy argmax of a target-only step, the runner's ``observe``) and the commit: the slots
+    of accepted tokens become valid, and seq_len / pending / prev advance.
 Two graphs rather than one so the draft and target phases keep their own CUDA-event times (the ``optimal`` γ
 schedule estimates the cost ratio c from them). Drafts from elsewhere (context drafters) enter graph T as
-``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged).
+``draft_tokens`` [B, K] with ``num_draft_tokens`` [B] (ragged). Nothing here knows which drafter it runs: it asks
+the runner's contract (drafters/base.py: ``observes`` -- its per-row state rides through both graphs;
+``scores_context``).
 
 The write pointer W is a device scalar here: the draft writes at W-1 .. W+γ-1 and the target at W .. W+K inside one
-capture. Keys: (γ or K, method, its options, sampling, the sampling flags, greedy). Shapes: B, C fixed per
+capture. Keys: graph D (γ, the sampling flags, greedy) or ("score",); graph T (method, its options, sampling,
+greedy, and whether draft logits, per-request counts and the runner's state ride along). Shapes: B, C fixed per
 generation. The device commit matches :meth:`BatchState.commit` for the live rows; graph T also applies the host's
 end-of-request rule (``state.still_alive``) and advances W by the longest block among the rows live at the step
 (0 when none is), the rule the host applies one read later (:meth:`StepGraphs.advance`). Rows that ended keep their
@@ -28,35 +33,17 @@ from typing import Optional
 
 import torch
 
-from tilespec.verify import verify
 from tilespec.verify.registry import get_method
 from tilespec.verify.types import ResolvedSampling, SamplingParams
 
+from .drafters.base import Proposal, StepView
+from .execution import SAMPLING_FLAGS, CapturedExecution, greedy_tokens  # noqa: F401  (greedy_tokens: public here)
 from .graphs import GraphCache
 from .metrics import PhaseTimer
-from .state import BatchState, chunk_mask, committed, still_alive
-from .step import StepOutput, sample_draft
+from .state import BatchState, committed, still_alive
+from .step import StepOutput, draft_phase, drafts_on_device, empty_proposal, verify_phase
 
-_FLAGS = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
-
-
-def _resolved(tensors, flags) -> ResolvedSampling:
-    return ResolvedSampling(*tensors, *flags)
-
-
-_ARGMAX = None
-
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last axis (first index on ties), [B, V] -> [B] int64. On CUDA a compiled copy: inductor
-    splits the long single-row reduction over many blocks (torch's own argmax runs one row per block: ~8 µs for one
-    151,936-entry row on an H100)."""
-    global _ARGMAX
-    if not logits.is_cuda:
-        return logits.argmax(dim=-1)
-    if _ARGMAX is None:
-        _ARGMAX = torch.compile(lambda x: x.argmax(dim=-1), dynamic=None, fullgraph=True)
-    return _ARGMAX(logits)
+_CAPTURED = CapturedExecution()
 
 
 class _Direct:
@@ -100,9 +87,7 @@ class StepGraphs:
     """
 
     def __init__(self, target, draft=None, *, capture: bool = True):
-        self.target, self.draft = target, draft
-        # a draft head (drafters/head.py) drafts from its own state and is fed the target's features in graph T
-        self.head = draft if getattr(draft, "observes_target", False) else None
+        self.target, self.draft = target, draft     # the target's runner; the drafter's DraftRunner or None
         self.write_dev = torch.zeros((), dtype=torch.int64, device=target.device)
         wrap = GraphCache if capture else _Direct
         self._draft_graphs = wrap(self._draft_block)
@@ -120,61 +105,34 @@ class StepGraphs:
         return get_method(method).graph_safe
 
     # ---------------------------------------------------------------------------------------- captured bodies
-    def _draft_block(self, valid, seq_len, pending, prev, seeds, w, *sampling_tensors, key):
+    def _draft_block(self, valid, seq_len, pending, prev, seeds, w, *rest, key):
+        """Graph D: draft_phase -- the runner proposes (key (γ, sampling flags, greedy); its per-row state rides
+        first in ``rest`` when it ``observes``, then the sampling tensors) or scores context drafts (key
+        ("score",), ``rest`` = (tokens [B, K],))."""
+        if key[0] == "score":
+            view = StepView(valid, seq_len, pending, prev, seeds, w)
+            draft_phase(self.draft, view, 0, None, True, _CAPTURED, context=Proposal(rest[0]))
+            return ()
         gamma, flags, greedy = key
-        if self.head is not None:
-            hidden, *sampling_tensors = sampling_tensors
-            resolved = _resolved(sampling_tensors, flags)
-            tokens, logits = self.head.propose(hidden, valid, seq_len, seeds, w, resolved, gamma, greedy,
-                                               sample_draft)
-            return (tokens,) if logits is None else (tokens, logits)
-        resolved = _resolved(sampling_tensors, flags)
-        runner = self.draft
-        pos0 = seq_len - 1
-        tokens_in = torch.stack([prev, pending], dim=1)
-        positions = torch.stack([(pos0 - 1).clamp(min=0), pos0], dim=1)
-        logits = runner.raw_forward(tokens_in, positions, chunk_mask(valid, w, w - 1, 2), w - 1, keep=1)[:, 0]
-        tokens, all_logits = [], []
-        for i in range(1, gamma + 1):
-            if greedy:      # the model dtype's argmax is the fp32 one (exact upcast): no [B, V] fp32 copy
-                tok = greedy_tokens(logits)
-            else:
-                logits = logits.float()
-                tok = sample_draft(logits, resolved, seeds, pos0 + i, greedy)
-            tokens.append(tok)
-            if not greedy:
-                all_logits.append(logits)
-            if i < gamma:
-                logits = runner.raw_forward(tok[:, None], (pos0 + i)[:, None], chunk_mask(valid, w, w + i, 1),
-                                            w + i)[:, 0]
-        draft_tokens = torch.stack(tokens, dim=1)
-        return (draft_tokens, torch.stack(all_logits, dim=1)) if all_logits else (draft_tokens,)
+        hidden = None
+        if self.draft.observes:
+            hidden, *rest = rest
+        view = StepView(valid, seq_len, pending, prev, seeds, w, hidden)
+        proposal = draft_phase(self.draft, view, gamma, ResolvedSampling(*rest, *flags), greedy, _CAPTURED)
+        return (proposal.tokens,) if proposal.logits is None else (proposal.tokens, proposal.logits)
 
     def _target_block(self, valid, seq_len, pending, prev, seeds, w, alive, limit, eos, draft_tokens, *extra, key):
+        """Graph T: verify_phase and the commit."""
         method, options, sampling, greedy, has_logits, has_counts, observe = key
-        if observe:                      # the head's state rides last
+        hidden = None
+        if observe:                      # the runner's per-row state rides last
             hidden, extra = extra[-1], extra[:-1]
-        draft_logits = extra[0] if has_logits else None
-        num_draft = extra[-1] if has_counts else None
-        k = draft_tokens.shape[1]
-        pos0 = seq_len - 1
-        tokens_in = torch.cat([pending[:, None], draft_tokens], dim=1)
-        positions = pos0[:, None] + torch.arange(k + 1, device=valid.device)[None, :]
+        proposal = Proposal(draft_tokens, extra[0] if has_logits else None, extra[-1] if has_counts else None)
+        view = StepView(valid, seq_len, pending, prev, seeds, w, hidden)
         # logits stay in the model dtype: verify() reads bf16 / fp16 and computes in fp32 (an fp32 copy of
         # [B, K+1, V] would cost a write and a read of twice the bytes)
-        mask = chunk_mask(valid, w, w, k + 1)
-        if observe:
-            logits, feats = self.target.raw_forward(tokens_in, positions, mask, w, capture=self.head.features)
-        else:
-            logits = self.target.raw_forward(tokens_in, positions, mask, w)
-        if greedy and k == 0:
-            out = greedy_tokens(logits[:, 0])[:, None]
-            num_emitted = torch.ones_like(seq_len)
-        else:
-            res = verify(logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=num_draft,
-                         sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=seq_len,
-                         check_values=False)
-            num_emitted, out = res.num_emitted, res.output_tokens
+        num_emitted, out, new_hidden = verify_phase(self.target, self.draft if observe else None, view, proposal,
+                                                    sampling, method, greedy, CapturedExecution(options))
         new_valid, new_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, draft_tokens, w)
         now_alive = still_alive(alive, seq_len, limit, eos, num_emitted, out)
         new_w = w + (num_emitted * alive).amax()     # rows that had ended do not move W (0 when none is live)
@@ -184,25 +142,25 @@ class StepGraphs:
         new_len, nxt, prv = (torch.where(alive, a, b) for a, b in ((new_len, seq_len), (nxt, pending), (prv, prev)))
         if not observe:
             return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w
-        new_hidden = self.head.observe(feats, out, num_emitted, valid, seq_len, w)
         new_hidden = torch.where(alive[:, None], new_hidden.to(hidden.dtype), hidden)
         return num_emitted, out, new_valid, new_len, nxt, prv, now_alive, new_w, new_hidden
 
     # ---------------------------------------------------------------------------------------- host side
     def step(self, state: BatchState, gamma: int, sampling: SamplingParams, resolved: ResolvedSampling,
-             method: str, timer: PhaseTimer, draft_tokens: Optional[torch.Tensor] = None,
-             num_draft_tokens: Optional[torch.Tensor] = None, method_options: tuple = (),
-             lagged: bool = False, observe: bool = True) -> StepOutput:
-        """One step: γ draft-model tokens (``gamma`` > 0 with a draft runner), or the given ``draft_tokens``
-        [B, K] (ragged by ``num_draft_tokens`` [B]), or none; then target + verify (with the method's resolved
-        options, ((name, value), ...), part of the graph key) + commit. Updates ``state``'s
-        device tensors; the caller reads the output once and calls :meth:`advance`.
+             method: str, timer: PhaseTimer, context: Optional[Proposal] = None,
+             counts: Optional[torch.Tensor] = None, method_options: tuple = (), lagged: bool = False,
+             use_draft: bool = True) -> StepOutput:
+        """One step: the draft runner's γ tokens (capped per request by ``counts`` [B]), or the ``context``
+        drafts (ragged by their counts; the runner scores them when it ``scores_context``), or none; then target +
+        verify (with the method's resolved options, ((name, value), ...), part of the graph key) + commit. Updates
+        ``state``'s device tensors; the caller reads the output once and calls :meth:`advance`.
 
         lagged: the previous step has not been read yet, so ``state.write`` is one step behind: W is taken from the
         previous step's graph T instead (the host must not overwrite it with its stale value).
-        observe: with a draft head, feed it the target's features in graph T (False once it is no longer used)."""
+        use_draft: False once the draft runner is no longer used (the schedule fell back): no draft work at all."""
         greedy = resolved.all_greedy
-        observe = observe and self.head is not None
+        draft = self.draft if use_draft else None
+        observe = draft is not None and draft.observes
         versions = tuple(r.cache_version for r in (self.target, self.draft) if r is not None)
         if versions != self._versions:          # new K/V buffers: the captured steps point at the old ones
             if lagged:
@@ -218,32 +176,35 @@ class StepGraphs:
             w = self.write_dev
             w.fill_(state.write)
         base = (state.valid, state.seq_len, state.pending, state.prev, state.seeds, w)
-        draft_logits = None
-        if draft_tokens is None and gamma > 0 and self.draft is not None:
+        proposal = context
+        if drafts_on_device(draft, gamma, context):
             timer.start("draft")
-            flags = tuple(getattr(resolved, f) for f in _FLAGS)
-            tensors = (resolved.temperature, resolved.top_k, resolved.top_p, resolved.min_p, resolved.lenience)
             n, t0 = len(self._draft_graphs), time.perf_counter()
-            hid = (state.hidden,) if self.head is not None else ()
-            outs = self._draft_graphs(*base, *hid, *tensors, key=(gamma, flags, greedy))
+            if context is not None:
+                self._draft_graphs(*base, context.tokens, key=("score",))
+            else:
+                flags = tuple(getattr(resolved, f) for f in SAMPLING_FLAGS)
+                tensors = (resolved.temperature, resolved.top_k, resolved.top_p, resolved.min_p, resolved.lenience)
+                hid = (state.hidden,) if observe else ()
+                outs = self._draft_graphs(*base, *hid, *tensors, key=(gamma, flags, greedy))
+                proposal = Proposal(outs[0], outs[1] if len(outs) > 1 else None, counts)
             if len(self._draft_graphs) != n:
                 self.compile_seconds += time.perf_counter() - t0
-            draft_tokens = outs[0]
-            draft_logits = outs[1] if len(outs) > 1 else None
             timer.stop("draft")
-        elif draft_tokens is None:
-            draft_tokens = self._no_draft.get(state.size)
-            if draft_tokens is None:
-                draft_tokens = self._no_draft[state.size] = state.valid.new_zeros((state.size, 0), dtype=torch.int64)
+        elif proposal is None:
+            tokens = self._no_draft.get(state.size)
+            if tokens is None:
+                tokens = self._no_draft[state.size] = empty_proposal(state).tokens
+            proposal = Proposal(tokens, counts=counts)
         timer.start("target")
-        extra = ((draft_logits,) if draft_logits is not None else ()) + \
-                ((num_draft_tokens,) if num_draft_tokens is not None else ()) + \
+        extra = ((proposal.logits,) if proposal.logits is not None else ()) + \
+                ((proposal.counts,) if proposal.counts is not None else ()) + \
                 ((state.hidden,) if observe else ())
-        key = (method, tuple(method_options), sampling, greedy, draft_logits is not None,
-               num_draft_tokens is not None, observe)
+        key = (method, tuple(method_options), sampling, greedy, proposal.logits is not None,
+               proposal.counts is not None, observe)
         n, t0 = len(self._target_graphs), time.perf_counter()
         num_emitted, out, valid, seq_len, pending, prev, alive, self._w, *hidden = self._target_graphs(
-            *base, state.alive, state.limit, state.eos, draft_tokens, *extra, key=key)
+            *base, state.alive, state.limit, state.eos, proposal.tokens, *extra, key=key)
         if hidden:
             state.hidden = hidden[0]
         if len(self._target_graphs) != n:
@@ -251,7 +212,7 @@ class StepGraphs:
         timer.stop("target")
         state.valid, state.seq_len, state.pending, state.prev, state.alive = valid, seq_len, pending, prev, alive
         # graph buffers, valid until the next replay: the caller reads them once (the commit already happened)
-        return StepOutput(draft_tokens=draft_tokens, num_emitted=num_emitted, output_tokens=out)
+        return StepOutput(draft_tokens=proposal.tokens, num_emitted=num_emitted, output_tokens=out)
 
     @staticmethod
     def advance(state: BatchState, longest: int) -> None:

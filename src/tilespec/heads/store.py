@@ -34,8 +34,10 @@ class HeadMismatch(ValueError):
     """A head trained for another target."""
 
 
-def target_identity(target) -> str:
-    """Short hash of the target's config and a sample of its weights (see the module docstring)."""
+def target_identity(target, coarse: bool = False) -> str:
+    """Short hash of the target's config and a sample of its weights (see the module docstring). ``coarse``: the
+    weights rounded to bf16 first, so the same model loaded in fp32, fp16 or bf16 has one identity (a draft trained
+    in fp32 and used in half precision)."""
     cfg = target.config
     h = hashlib.sha256(json.dumps({k: getattr(cfg, k, None) for k in _CONFIG_KEYS}, sort_keys=True,
                                   default=str).encode())
@@ -43,7 +45,8 @@ def target_identity(target) -> str:
     samples = [inner.embed_tokens.weight[:8], target.get_output_embeddings().weight[-8:],
                inner.layers[0].self_attn.q_proj.weight[:4]]
     for w in samples:
-        h.update(w.detach().float().cpu().contiguous().numpy().round(4).tobytes())
+        w = w.detach().to(torch.bfloat16) if coarse else w.detach()
+        h.update(w.float().cpu().contiguous().numpy().round(4).tobytes())
     return h.hexdigest()[:16]
 
 

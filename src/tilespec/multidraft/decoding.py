@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..engine.cache import cache_kwarg, output_cache
+from ..models.cache_keyword import cache_kwarg, output_cache
 from ..verify.types import SamplingParams, VerifyResult
 from .chain import sampling_probs, verify_multidraft
 
@@ -129,7 +129,9 @@ def commit(target_cache, draft_cache, committed_len: int) -> None:
 
 @dataclass
 class MultiDraftDecoder:
-    """Multi-draft speculative decoding of one request with prefix KV caches.
+    """Multi-draft speculative decoding of one request with prefix KV caches: the research reference (eager
+    transformers forwards, host-side selection; any draft model, per-draft temperatures). The fast path for the same
+    schemes is :class:`tilespec.engine.tree_decoder.TreeDecoder` with ``chains=(K, L)`` (docs/trees.md).
 
     draft_temperatures: K floats (equal: i.i.d. drafts; different: non-identical drafts); ``sampling`` is the
     target's SamplingParams (its top-k / top-p also apply to the drafts); ``scheme``: a selection scheme name.

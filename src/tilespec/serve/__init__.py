@@ -11,7 +11,8 @@ from __future__ import annotations
 def build_server(target, tokenizer, *, draft=None, model_name: str = "model", max_batch: int = 8, gamma: int = 4,
                  max_len=None, max_queue: int = 256, default_max_tokens: int = 256, shutdown_timeout: float = 30.0,
                  chat: bool = True, **engine_options):
-    """The FastAPI app serving loaded ``target`` (and ``draft``: None, a draft model, "ngram" or "suffix") under
+    """The FastAPI app serving loaded ``target`` (and ``draft``: anything SpeculativeDecoder takes -- None, a draft
+    model, "ngram" / "suffix", "head" / "head+ngram" / a head folder, [model, "ngram"], a Drafter) under
     ``model_name``; ``engine_options`` go to :class:`~tilespec.engine.batching.BatchEngine` (method, compile,
     capacity, prefill_chunk, spec_max_batch, eos_token_id, ...)."""
     from tilespec.engine.batching import BatchEngine

@@ -1,79 +1,34 @@
-"""A Distil-Whisper-style draft for a Whisper target, trained by the library (a CPU-scale proof of concept).
+"""Distillation of a Distil-Whisper-style draft (tilespec.models.distilled) on a Whisper target's own transcripts.
 
-:func:`student` builds the draft: a model of the target's class whose config has ``len(layers)`` decoder layers,
-holding *copies* of the target's decoder layers at ``layers`` (Distil-Whisper initialises from the first and the
-last) and of its final decoder layer norm -- the trainable part -- while the encoder, the token and position
-embeddings and the LM head (tied to the embeddings) are the target's own modules (shared storage, frozen). Because
-the encoder is shared, the engine reuses the target's encoder output for the draft (``runner.shares_encoder``).
-
-:func:`pseudo_labels` decodes the target's own greedy transcripts (target-only, with the engine); :func:`distill`
-trains the copies by teacher forcing on them with loss KL(p_target || p_draft) per position (Distil-Whisper's KL
-term; its pseudo-label cross-entropy term is the same target at T = 0 and is left out), AdamW with linear warm-up
-and cosine decay. Shapes: encoder states [N, frames, d_model] (the target encoder's output per clip), sequences
-N token lists (decoder prefix + transcript, EOS included).
+:func:`pseudo_labels` decodes the target's greedy transcripts (target-only, with the engine); :func:`distill` trains
+the draft's own weights (decoder layer copies, final norm) by teacher forcing on them with loss
+KL(p_target || p_draft) per transcript position (Distil-Whisper's KL term; its pseudo-label cross-entropy term is the
+same target at T = 0 and is left out), AdamW with linear warm-up and cosine decay to a tenth, bf16 autocast on CUDA;
+:func:`agreement` measures, on held-out clips, where the draft's greedy token equals the target's along the target's
+transcript -- exactly the greedy acceptance of a draft chain -- and the tokens per target step that gives at each γ.
+Shapes: encoder states [N, frames, d_model] (the target encoder's output per clip), sequences N token lists (decoder
+prefix + transcript, EOS included).
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
+import time
 from typing import Callable, Optional, Sequence
 
 import torch
-from torch import nn
 
-
-def _check_whisper(target) -> nn.Module:
-    if getattr(getattr(target, "config", None), "model_type", None) != "whisper":
-        raise ValueError(f"a distilled Whisper draft needs a WhisperForConditionalGeneration, got "
-                         f"{type(target).__name__}")
-    return target.model.decoder
-
-
-def student(target, layers: Optional[Sequence[int]] = None) -> nn.Module:
-    """The draft: copies of the target's decoder layers ``layers`` (default: first and last) and final norm, the
-    rest shared with ``target``. Raises ValueError for a non-Whisper target or layer indices out of range."""
-    stack = _check_whisper(target)
-    total = len(stack.layers)
-    layers = tuple(layers) if layers is not None else (0, total - 1)
-    if not layers or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < total for i in layers):
-        raise ValueError(f"layers must be indices in [0, {total}) of {type(target).__name__}'s decoder, got {layers!r}")
-    cfg = copy.deepcopy(target.config)
-    cfg.decoder_layers = len(layers)
-    with torch.device("meta"):
-        draft = type(target)(cfg)
-    for name, child in stack.named_children():
-        if name not in ("layers", "layer_norm"):
-            setattr(draft.model.decoder, name, child)
-    copies = [copy.deepcopy(stack.layers[i]) for i in layers]
-    for j, layer in enumerate(copies):          # the draft's cache has len(layers) layers
-        for attn in (layer.self_attn, layer.encoder_attn):
-            attn.layer_idx = j
-    draft.model.decoder.layers = nn.ModuleList(copies)
-    draft.model.decoder.layer_norm = copy.deepcopy(stack.layer_norm)
-    draft.model.encoder = target.model.encoder
-    draft.proj_out = target.proj_out
-    left = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.device.type == "meta"]
-    if left:
-        raise RuntimeError(f"distilled draft of {type(target).__name__} left unbuilt tensors: {left[:5]}")
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    draft.tilespec_distilled = {"layers": list(layers), "total": total}
-    return draft.train(target.training)
-
-
-def trainable(draft) -> list:
-    """The draft's own parameters (decoder layer copies and final norm), the ones :func:`distill` trains."""
-    return [*draft.model.decoder.layers.parameters(), *draft.model.decoder.layer_norm.parameters()]
+from tilespec.models.distilled import student, trainable  # noqa: F401  (student: the architecture, re-exported)
 
 
 @torch.inference_mode()
 def pseudo_labels(target, features: torch.Tensor, prefix: Sequence[int], max_new_tokens: int,
-                  batch_size: int = 8) -> list:
+                  batch_size: int = 8, compile=False) -> list:
     """The target's greedy transcripts of ``features`` [N, mels, frames] as full decoder sequences (prefix +
-    tokens), decoded target-only with the engine."""
+    tokens), decoded target-only with the engine (``compile``: its step mode)."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
-    dec = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy())
+    dec = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(), compile=compile)
     out = []
     for start in range(0, features.shape[0], batch_size):
         chunk = features[start:start + batch_size]
@@ -90,7 +45,7 @@ def encoder_states(target, features: torch.Tensor, batch_size: int = 8) -> torch
                       for i in range(0, features.shape[0], batch_size)])
 
 
-def _batch(sequences: list, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(sequences: list, pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids [B, L] and the mask [B, L - 1] of positions whose next token is real."""
     width = max(map(len, sequences))
     ids = torch.full((len(sequences), width), pad, dtype=torch.long)
@@ -98,50 +53,77 @@ def _batch(sequences: list, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     for i, s in enumerate(sequences):
         ids[i, :len(s)] = torch.as_tensor(s)
         mask[i, :len(s) - 1] = True
-    return ids, mask
+    return ids.to(device), mask.to(device)
+
+
+def _autocast(device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
+        "cpu", enabled=False)
+
+
+def _log_probs(model, enc, inputs) -> torch.Tensor:
+    return torch.log_softmax(model(encoder_outputs=(enc,), decoder_input_ids=inputs).logits.float(), -1)
 
 
 def distill(target, draft, states: torch.Tensor, sequences: list, *, prefix_len: int, steps: int = 200,
-            lr: float = 1e-3, batch_size: int = 8, warmup: int = 20, seed: int = 0,
-            log: Optional[Callable[[int, float], None]] = None) -> list:
-    """Train ``draft``'s own parameters for ``steps`` AdamW steps on KL(p_target || p_draft) over the transcript
-    positions of ``sequences`` (the first ``prefix_len`` - 1 positions predict the forced prefix and are skipped).
-    Returns the loss per step. The target is left as it was (its parameters get no gradients)."""
+            lr: float = 1e-3, batch_size: int = 8, warmup: int = 20, seed: int = 0, seconds: Optional[float] = None,
+            log: Optional[Callable[[int, float], None]] = None, start_step: int = 0, optimizer_state=None,
+            keep_optimizer: Optional[list] = None) -> list:
+    """Train ``draft``'s own parameters for ``steps`` AdamW steps (fewer when ``seconds`` run out: the cosine's
+    length then follows the measured pace) on KL(p_target || p_draft) over the transcript positions of
+    ``sequences`` (the first ``prefix_len`` - 1 positions predict the forced prefix and are skipped). Returns the loss
+    per step. The target is left as it was (its parameters get no gradients). ``start_step`` / ``optimizer_state``
+    resume a run; ``keep_optimizer`` (a list) receives the optimiser's final state."""
     if len(sequences) != states.shape[0] or not sequences:
         raise ValueError(f"{states.shape[0]} encoder states for {len(sequences)} sequences")
     if steps < 1 or batch_size < 1 or not lr > 0:
         raise ValueError(f"steps, batch_size and lr must be positive, got {steps}, {batch_size}, {lr}")
+    t0 = time.perf_counter()
     params = trainable(draft)
-    frozen = [p for p in target.parameters() if p.requires_grad]
+    frozen = [p for p in target.parameters() if p.requires_grad and not p.is_inference()]
     for p in frozen:
         p.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(warmup, 1)) * 0.5 * (
-        1.0 + math.cos(math.pi * min(s / steps, 1.0))))
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
+    total = steps
+
+    def lr_at(s: int) -> float:
+        ramp = min(1.0, (s + 1) / max(warmup, 1))
+        return ramp * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(s / total, 1.0))))
+
     pad = int(target.config.pad_token_id if target.config.pad_token_id is not None else 0)
-    rng, losses = random.Random(seed), []
+    rng, losses = random.Random(seed + start_step), []
     was_training = draft.training
+    device = states.device
     draft.train()
     try:
-        for step in range(steps):
+        for step in range(start_step, steps):
+            if seconds is not None and time.perf_counter() - t0 > seconds:
+                break
             idx = [rng.randrange(len(sequences)) for _ in range(batch_size)]
-            ids, mask = _batch([sequences[i] for i in idx], pad)
+            ids, mask = _batch([sequences[i] for i in idx], pad, device)
             mask[:, :prefix_len - 1] = False
-            enc = states[idx]
-            inputs = ids[:, :-1]
-            with torch.no_grad():
-                teacher = torch.log_softmax(target(encoder_outputs=(enc,), decoder_input_ids=inputs).logits.float(), -1)
-            logp = torch.log_softmax(draft(encoder_outputs=(enc,), decoder_input_ids=inputs).logits.float(), -1)
+            enc, inputs = states[idx], ids[:, :-1]
+            for g in opt.param_groups:
+                g["lr"] = lr * lr_at(step)
+            with _autocast(device):
+                with torch.no_grad():
+                    teacher = _log_probs(target, enc, inputs)
+                logp = _log_probs(draft, enc, inputs)
             kl = (teacher.exp() * (teacher - logp)).sum(-1)
             loss = kl[mask].mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            schedule.step()
             losses.append(float(loss.detach()))
+            done = step + 1 - start_step
+            if seconds is not None and done == 10:     # the cosine's length from the pace
+                pace = (time.perf_counter() - t0) / done
+                total = min(steps, step + 1 + int(max(0.0, seconds - (time.perf_counter() - t0)) / pace))
             if log is not None:
                 log(step, losses[-1])
     finally:
@@ -150,4 +132,49 @@ def distill(target, draft, states: torch.Tensor, sequences: list, *, prefix_len:
         for p in params:
             p.requires_grad_(False)
         draft.train(was_training)
+    if keep_optimizer is not None:
+        keep_optimizer.append(opt.state_dict())
     return losses
+
+
+@torch.no_grad()
+def agreement(target, draft, states: torch.Tensor, sequences: list, *, prefix_len: int, max_gamma: int = 8,
+              batch_size: int = 16) -> dict:
+    """Greedy agreement of ``draft`` with ``target`` along the transcripts ``sequences`` (teacher forced on the
+    target's own tokens, so an agreement at a position is the greedy acceptance of a draft token there). Returns
+    ``alpha`` (share of positions), ``alpha_per_step`` (P(draft k accepted | the first k - 1 were) for k <= max_gamma,
+    from draft chains run along the sequences at γ = max_gamma), ``tokens_per_step`` {γ: tokens per target step}
+    and ``positions``."""
+    pad = int(target.config.pad_token_id if target.config.pad_token_id is not None else 0)
+    rows = []
+    was = draft.training
+    draft.eval()
+    for i in range(0, len(sequences), batch_size):
+        seqs = sequences[i:i + batch_size]
+        ids, mask = _batch(seqs, pad, states.device)
+        with _autocast(states.device):
+            t = _log_probs(target, states[i:i + batch_size], ids[:, :-1]).argmax(-1)
+            d = _log_probs(draft, states[i:i + batch_size], ids[:, :-1]).argmax(-1)
+        same = (t == d).cpu()
+        for j, s in enumerate(seqs):
+            rows.append(same[j, prefix_len - 1:len(s) - 1].tolist())
+    draft.train(was)
+    positions = sum(map(len, rows))
+    alpha = sum(map(sum, rows)) / max(positions, 1)
+    tokens, offered, taken = {}, [0] * max_gamma, [0] * max_gamma
+    for g in range(1, max_gamma + 1):
+        produced = steps = 0
+        for agree in rows:
+            pos = 0
+            while pos < len(agree):
+                n = 0
+                while n < g and pos + n < len(agree) - 1 and agree[pos + n]:
+                    n += 1
+                if g == max_gamma:
+                    for k in range(min(n + 1, g, len(agree) - 1 - pos)):
+                        offered[k] += 1
+                        taken[k] += int(k < n)
+                produced, steps, pos = produced + n + 1, steps + 1, pos + n + 1
+        tokens[g] = round(produced / max(steps, 1), 3)
+    per_step = [round(taken[k] / offered[k], 4) if offered[k] else 0.0 for k in range(max_gamma)]
+    return {"alpha": round(alpha, 4), "alpha_per_step": per_step, "tokens_per_step": tokens, "positions": positions}

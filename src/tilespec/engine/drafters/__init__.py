@@ -1,6 +1,8 @@
 """Drafters: a draft model, context drafting (``ngram``, ``suffix``), context drafting with a model fallback, or a
 trained draft head (``head``, ``head+ngram``; drafters/head.py).
 
+Every drafter implements one contract (base.py: a host side proposing context drafts, a device side -- a
+:class:`DraftRunner` -- proposing / scoring / observing inside the engine's one step body).
 ``resolve_drafter(draft)`` turns the ``draft=`` argument of :class:`~tilespec.engine.SpeculativeDecoder` into a
 :class:`Drafter` (or None for target-only decoding):
   None -> None;  a Hugging Face model -> ModelDrafter;  "ngram" / "suffix" -> that context drafter;
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import ContextDrafter, ContextState, Drafter, ModelDrafter
+from .base import ContextDrafter, ContextState, Drafter, DraftRunner, ModelDrafter, Proposal, StepView
 from .head import HeadDrafter
+from .model import ModelDraftRunner
 from .ngram import NgramDrafter
 from .suffix import SuffixDrafter
 
@@ -38,10 +41,13 @@ def head_spec(name) -> "HeadDrafter | None":
     if base == HEAD_NAME:
         return HeadDrafter(context=context)
     if base and (Path(base) / "manifest.json").is_file():
-        return HeadDrafter(base, context=context)
+        from tilespec.heads.distilled import is_distilled_folder
+        if not is_distilled_folder(base):      # a distilled Whisper draft is a model (heads/distilled.py)
+            return HeadDrafter(base, context=context)
     return None
 
-__all__ = ["Drafter", "ModelDrafter", "ContextDrafter", "ContextState", "NgramDrafter", "SuffixDrafter",
+__all__ = ["Drafter", "DraftRunner", "Proposal", "StepView", "ModelDrafter", "ModelDraftRunner", "ContextDrafter",
+           "ContextState", "NgramDrafter", "SuffixDrafter",
            "HeadDrafter", "CONTEXT_DRAFTERS", "HEAD_DRAFTERS", "head_spec", "drafter_names", "resolve_drafter",
            "split_draft_name", "draft_spec", "draft_model"]
 

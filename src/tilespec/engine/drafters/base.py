@@ -1,23 +1,20 @@
 """The drafter contract: who proposes the tokens a step verifies.
 
-A drafter is one of
-  * :class:`ModelDrafter` -- a draft model (the engine drafts autoregressively with its slot cache, step.py);
-  * a :class:`ContextDrafter` -- proposals copied from the request's own context (prompt + output so far), found on
-    the host by matching; no forward pass, so the cost ratio c is ~0. Proposals are deterministic: ``verify()``
-    gets no draft logits (q is one-hot at the drafted token), which is exact at every temperature;
-  * a context drafter with a ``fallback`` model: context drafts where a request has a match, the model otherwise;
-  * :class:`~tilespec.engine.drafters.head.HeadDrafter` -- a trained draft head fed by the target's own hidden states
-    (optionally with a context drafter: ``head+ngram``).
-
-What a drafter may declare (the decoder asks through these attributes, never by type):
-  * ``model``: a draft model the engine runs with its own slot cache (draft forwards, step.py), or None;
-  * ``has_context`` / ``start(prompts)``: a per-generation :class:`ContextState` proposing host-side drafts;
-  * ``attach(target)``: called once by the decoder (a head checks it belongs to this target and binds to it);
-  * ``features`` (hidden-state indices) and ``runner(batch, capacity, mode)``: a device-side drafter whose runner
-    (``observes_target``) drafts with ``propose(...)`` -> (tokens [B, γ], draft logits [B, γ, V] or None) and is fed
-    the features of every verify forward by ``observe(...)`` -> its new per-row state ``BatchState.hidden``; the
-    target's forward returns those features (no extra forward). The same two calls run in the host-commit step
-    (step.py) and in the captured whole step (step_graph.py).
+A :class:`Drafter` (what ``draft=`` resolves to) may have two sides, both optional:
+  * host side, ``has_context`` / ``start(prompts)``: a per-generation :class:`ContextState` proposing drafts copied
+    from the request's own context (prompt + output so far), found on the host by matching; no forward pass, so
+    the cost ratio c is ~0. Proposals are deterministic: ``verify()`` gets no draft logits (q is one-hot at the
+    drafted token), which is exact at every temperature. Ragged: an empty proposal drafts 0 tokens for a request;
+  * device side, ``runner(batch, capacity, target=..., compile=...)``: a per-generation :class:`DraftRunner` (or
+    None) that the step body drives with the same four calls on the host-commit path (step.py) and inside the
+    captured whole step (step_graph.py): ``propose`` -> a :class:`Proposal`; ``score`` (context drafts were
+    verified instead: keep its cache complete); the target's verify forward returns the hidden states the runner
+    names in ``features``; ``observe`` after verification -> its new per-row state (``BatchState.hidden``).
+Drafters: :class:`ModelDrafter` (a draft model, drafters/model.py), :class:`ContextDrafter` (``ngram``,
+``suffix``; with a ``fallback`` model: context drafts where a request has a match, the model otherwise),
+:class:`~tilespec.engine.drafters.head.HeadDrafter` (a trained head fed by the target's own hidden states,
+optionally with a context drafter: ``head+ngram``). ``attach(target)`` is called once by the decoder (a head checks
+it belongs to this target). The decoder and both steps ask only through this contract, never by type.
 
 Per generation a context drafter hands out a :class:`ContextState` (``start(prompts)``): the engine appends the
 tokens each request emits (``extend``, host lists it already read in the step's one host sync) and asks for up to
@@ -26,6 +23,9 @@ tokens each request emits (``extend``, host lists it already read in the step's 
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+from .contract import DraftRunner, Proposal, StepView  # noqa: F401  (the contract's names, public here too)
+from .model import check_draft_model, model_draft_runner
 
 
 class ContextState:
@@ -53,9 +53,26 @@ class Drafter:
     def has_context(self) -> bool:
         return False
 
+    def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
+        """The per-generation host-side matching state (``has_context``), else None."""
+        return None
+
+    def runner(self, batch: int, capacity: int, *, target, compile) -> Optional[DraftRunner]:
+        """The per-generation :class:`DraftRunner` (``target``: the target's runner; ``compile``: the decoder's
+        execution path), or None for a drafter without a device side. Default: the draft model's runner."""
+        if self.model is None:
+            return None
+        return model_draft_runner(self.model, batch, capacity, target=target, compile=compile)
+
+    def attach(self, target) -> None:
+        """Called once by the decoder: check the draft model (if any) against ``target`` (same architecture kind,
+        vocabulary and device)."""
+        if self.model is not None:
+            check_draft_model(target, self.model)
+
 
 class ModelDrafter(Drafter):
-    """Drafts with a model (today's path): γ autoregressive draft forwards per step."""
+    """Drafts with a model: γ autoregressive draft forwards per step (drafters/model.py)."""
 
     def __init__(self, model, name: Optional[str] = None):
         if not hasattr(model, "config"):

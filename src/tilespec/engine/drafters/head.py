@@ -1,9 +1,9 @@
 """``head``: drafts from a trained EAGLE-style head (tilespec.heads) that reads the target's own hidden states.
 
-Per generation the drafter builds a :class:`HeadRunner`: the head's one-layer K/V cache (same slot layout and
-``valid`` mask as the target's) plus two functions of device tensors, run inside the engine's step (eagerly, or
-captured in the whole-step CUDA graphs, step_graph.py):
-  * :meth:`HeadRunner.propose` -- γ draft tokens autoregressively from ``state.hidden`` [B, d] (the head's output at
+Per generation the drafter builds a :class:`HeadRunner` (its :class:`~.base.DraftRunner`): the head's one-layer
+K/V cache (same slot layout and ``valid`` mask as the target's) plus two functions of device tensors, run by the
+engine's step body (eagerly, or captured in the whole-step CUDA graphs, step_graph.py):
+  * :meth:`HeadRunner.propose` -- γ draft tokens autoregressively from ``view.hidden`` [B, d] (the head's output at
     the last committed entry), with their draft logits over the full vocabulary when sampling (-inf outside a
     reduced draft vocabulary: q is zero there, which verify() handles exactly); γ - 1 head forwards;
   * :meth:`HeadRunner.observe` -- after verification, the head's entries for the verified chunk from the features the
@@ -29,7 +29,7 @@ from tilespec.verify.distributions import log_probs
 
 from ..cache import gather_attr
 from ..state import chunk_mask
-from .base import ContextDrafter, ContextState, Drafter
+from .base import ContextDrafter, ContextState, Drafter, DraftRunner, Proposal, StepView
 
 
 def target_name(model) -> str:
@@ -51,11 +51,12 @@ def _sample_draft_vocab(small: torch.Tensor, vocab_ids: torch.Tensor, resolved, 
     return vocab_ids[torch.argmax(logp + noise, dim=-1)]
 
 
-class HeadRunner:
-    """A head's per-generation device state (see the module docstring); quacks like a runner for the decoder
-    (``select`` on defrag / dropped rows, ``memory_bytes``, ``mode``, ``cache_version``, ``compile_seconds``)."""
+class HeadRunner(DraftRunner):
+    """A head's per-generation device state (see the module docstring): fed by every verify forward (``observes``),
+    never scores a chunk itself (context drafts are covered by ``observe``)."""
 
-    observes_target = True     # fed by the target's verify forward, never scores a chunk itself
+    observes = True
+    row_buffers = ("k", "v")
 
     def __init__(self, head, batch: int, capacity: int, mode: str):
         self.head = head
@@ -73,6 +74,8 @@ class HeadRunner:
 
     def entries(self, feat, tokens, positions, mask, write_pos):
         if self._entries is not self.head.entries:
+            if not isinstance(write_pos, torch.Tensor):     # the host path's int W: a tensor, or every W recompiles
+                write_pos = torch.tensor(write_pos, dtype=torch.int64, device=tokens.device)
             try:
                 return self._entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
             except Exception as err:     # stay correct where inductor fails: the eager layer from now on
@@ -80,26 +83,39 @@ class HeadRunner:
                 self._entries = self.head.entries
         return self.head.entries(feat, tokens, positions, mask, write_pos, self.k, self.v)
 
-    def prefill(self, target, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The target's prefill of the left-padded prompts ``ids`` [B, P+1] at slots [0, P) (its one forward, with
-        the features the head reads) and the head's entries for them: each position's features with the token after
-        it (the last one: the pending token); positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
+    def prefill(self, ids, positions, mask, features, short: bool) -> torch.Tensor:
+        """The head's entries for the prompts ``ids`` [B, P+1] at slots [0, P) from the features [B, P, n d] of the
+        target's prefill: each position's features with the token after it (the last one: the pending token);
+        positions [B, P], mask [B, 1, P, C] -> hidden [B, d]."""
         p = ids.shape[1] - 1
-        _, feats = target.forward(ids[:, :p], positions, mask, 0, keep=1, capture=self.features, compiled=False)
+        feats = features
         next_tokens = ids[:, 1:p + 1]
         write = torch.zeros((), dtype=torch.int64, device=feats.device)
         # eager: prompt lengths vary, a compiled copy would recompile per length
         h = self.head.entries(self.head.fuse(feats), next_tokens, positions, mask, write, self.k, self.v)
         return h[:, -1].clone()
 
-    def propose(self, hidden, valid, seq_len, seeds, write, resolved, gamma: int, greedy: bool, sample=None):
-        """γ draft tokens -> (tokens [B, γ], logits [B, γ, V] fp32 or None when greedy); token i is sampled at
-        position seq_len - 1 + i on the draft vocabulary (:func:`_sample_draft_vocab`). ``sample`` (the engine's
-        full-vocabulary sampler) is accepted for the drafter contract and unused."""
+    def prefill_row(self, row, ids, positions, mask, write, features) -> torch.Tensor:
+        """One prompt chunk of batch row ``row``: the head's entries at slots [write, write + q) of that row from the
+        target's features [1, q, n d] of the chunk, each with the token after it (ids [1, q+1]) -> the output of
+        the last entry [1, d]."""
+        slot = torch.full((), write, dtype=torch.int64, device=ids.device)
+        h = self.head.entries(self.head.fuse(features), ids[:, 1:], positions, mask, slot,
+                              self.k[row:row + 1], self.v[row:row + 1])
+        return h[:, -1].clone()
+
+    def empty_state(self, batch: int) -> torch.Tensor:
+        return torch.zeros((batch, self.head.cfg.hidden), dtype=self.k.dtype, device=self.device)
+
+    def propose(self, view: StepView, gamma: int, resolved, greedy: bool, ex) -> Proposal:
+        """γ draft tokens from ``view.hidden`` -> Proposal(tokens [B, γ], logits [B, γ, V] fp32 or None when
+        greedy); token i is sampled at position seq_len - 1 + i on the draft vocabulary (:func:`_sample_draft_vocab`;
+        the head runs its own layer in either execution)."""
         head = self.head
-        pos0 = seq_len - 1
+        valid, seeds, write = view.valid, view.seeds, view.write
+        pos0 = view.seq_len - 1
         tokens, all_logits = [], []
-        h = hidden
+        h = view.hidden
         for i in range(1, gamma + 1):
             small = head.logits(h)
             if greedy:
@@ -113,12 +129,13 @@ class HeadRunner:
                 h = self.entries(h[:, None], tok[:, None], (pos0 + i - 1)[:, None],
                                  chunk_mask(valid, write, slot, 1), slot)[:, 0]
         draft = torch.stack(tokens, dim=1)
-        return draft, (torch.stack(all_logits, dim=1) if all_logits else None)
+        return Proposal(draft, torch.stack(all_logits, dim=1) if all_logits else None)
 
-    def observe(self, feats, out_tokens, num_emitted, valid, seq_len, write) -> torch.Tensor:
+    def observe(self, view: StepView, feats, out_tokens, num_emitted, ex) -> torch.Tensor:
         """Entries for the verified chunk [pending, d_1 .. d_K] at slots [W, W + K] (``valid`` / ``seq_len`` as
         before the commit): feats [B, K+1, n d], out_tokens [B, K+1] (-1 padded), num_emitted [B] -> new hidden
         [B, d] (the entry of the last accepted position; later entries lie in slots the commit leaves invalid)."""
+        valid, seq_len, write = view.valid, view.seq_len, view.write
         q = out_tokens.shape[1]
         positions = (seq_len - 1)[:, None] + torch.arange(q, device=seq_len.device)[None, :]
         h = self.entries(self.head.fuse(feats), out_tokens.clamp(min=0), positions, chunk_mask(valid, write, write, q),
@@ -203,10 +220,13 @@ class HeadDrafter(Drafter):
     def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
         return self.context.start(prompts) if self.context is not None else None
 
-    def runner(self, batch: int, capacity: int, mode: str) -> HeadRunner:
-        """The head's runner for one generation; on the compiled paths shared per (head, batch, capacity) like the
-        models' runners (engine/leases.py), so captured steps are reused across generations."""
+    def runner(self, batch: int, capacity: int, *, target, compile=None) -> HeadRunner:
+        """The head's runner for one generation, in the target runner's mode; on the compiled paths shared per
+        (head, batch, capacity) like the models' runners (engine/leases.py), so captured steps are reused across
+        generations."""
         from ..leases import _COMPILED_RUNNERS, in_use
+
+        mode = target.mode
 
         if mode == "eager":
             return HeadRunner(self.head, batch, capacity, mode)

@@ -1,0 +1,78 @@
+"""The requests of continuous batching (engine/batching.py): :class:`BatchRequest` (what a client asks, and the
+engine's record of it), :class:`BatchEvent` (its new tokens after one engine iteration) and :func:`check_request`
+(the checks a request passes before it is queued: a bad one fails at submission with the reason, never mid-step)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tilespec.verify.types import SamplingParams
+from tilespec.verify.validation import resolve_sampling
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # a request's sampling, in SamplingParams order
+
+
+@dataclass
+class BatchRequest:
+    """One request: ``prompt`` token ids (>= 1), at most ``max_tokens`` new tokens, its sampling parameters and seed;
+    ``gamma``: cap on its draft tokens per step (0: never speculate; None or above the engine's gamma: the engine's).
+    Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
+    ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
+
+    prompt: list
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    gamma: Optional[int] = None
+    rid: int = -1
+    tokens: list = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    t_submit: float = 0.0
+    t_first: Optional[float] = None
+    t_end: Optional[float] = None
+    # engine-private
+    row: Optional[int] = None
+    start: int = 0            # first slot of the prompt region
+    done: int = 0             # prompt tokens (of the first P - 1) already in the caches
+    context: object = None    # the context drafter's per-request state
+    cap: int = 0              # resolved draft cap
+    live: bool = False        # prefill done: the row decodes
+
+    @property
+    def sampling(self) -> tuple:
+        return tuple(getattr(self, f) for f in SAMPLING_FIELDS)
+
+
+@dataclass
+class BatchEvent:
+    """New tokens of request ``rid`` after one engine iteration; ``finish_reason`` set when it ended."""
+
+    rid: int
+    tokens: list
+    finish_reason: Optional[str] = None
+
+
+def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None:
+    """Raise ValueError with the reason when ``req`` cannot be served by an engine taking ``max_len`` positions (prompt
+    + max_tokens) and token ids below ``vocab`` (None: unchecked): empty / too long / bad ids or values."""
+    if not req.prompt:
+        raise ValueError("the prompt is empty: every request needs at least one token")
+    if not (isinstance(req.max_tokens, int) and req.max_tokens >= 1):
+        raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
+    if len(req.prompt) + req.max_tokens > max_len:
+        raise ValueError(f"the prompt has {len(req.prompt)} tokens and max_tokens is {req.max_tokens}: together "
+                         f"more than this server's {max_len} positions; shorten the prompt or lower "
+                         f"max_tokens to at most {max_len - len(req.prompt)}")
+    if vocab is not None and not all(0 <= t < vocab for t in req.prompt):
+        raise ValueError(f"the prompt holds token ids outside the vocabulary [0, {vocab})")
+    if req.gamma is not None and not (isinstance(req.gamma, int) and 0 <= req.gamma <= 32):
+        raise ValueError(f"gamma must be an integer in [0, 32], got {req.gamma!r}")
+    if not -2**63 <= req.seed < 2**63:
+        raise ValueError(f"seed {req.seed} does not fit int64")
+    resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks

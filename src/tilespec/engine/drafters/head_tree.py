@@ -1,0 +1,138 @@
+"""Token trees from a draft head (drafters/head.py): EAGLE-2-style dynamic trees and K sampled chains.
+
+Both grow from ``hidden`` [B, d] (the head's output at the last committed entry, which predicts the first draft
+token) by running the head on a frontier of draft nodes at once: frontier node j at depth t gets the head entry
+(parent's output, its token) at position ``seq_len - 2 + t`` in draft slot ``W + (t - 1) * F + j`` of the head's
+cache (F = frontier width), attending to the committed entries and to its own ancestors' draft slots. Those slots
+are overwritten by the ``observe`` that follows verification, so only committed entries survive.
+
+* :func:`propose_tree` (``kind="distinct"``, deterministic drafts, exact at every temperature): depth 1 = the top-k
+  tokens of the head's law; each later depth expands the k frontier nodes by their top-k children and keeps the k
+  best by path score (sum of the head's log-probabilities) as the next frontier; finally the N - 1 best-scoring
+  candidates form the tree (EAGLE-2's re-ranking; a child never outscores its parent, so the set is a tree).
+* :func:`propose_chains` (``kind="iid"``): K chains of length L, each token sampled from the head's processed law
+  at the draft temperature, independently per chain (Gumbel noise keyed by a per-chain seed, a stream no verify
+  scheme uses); the laws are kept as the tree's ``draft_probs`` for the seed-004 schemes.
+Static shapes, no host syncs: both can run inside a captured CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from tilespec.multidraft.tree import TokenTree
+from tilespec.verify.distributions import log_probs
+
+from ..tree_step import sample_chains, window_gather
+
+CHAIN_SEED_STRIDE = 1 << 44     # chain k samples with seed + (k + 1) * stride: independent of the verify streams
+
+
+def tree_candidates(branch: int, depth: int) -> int:
+    """How many candidate nodes :func:`propose_tree` generates (the most nodes a tree can keep, root excluded)."""
+    return branch + (depth - 1) * branch * branch
+
+
+def _own_slots(width: int, slots: int, depth_t: int, device) -> torch.Tensor:
+    """[1, F, S] bool: frontier node j at depth t owns draft slot (t - 1) F + j (no indexed writes: graph-safe)."""
+    own = (depth_t - 1) * width + torch.arange(width, device=device)
+    return (torch.arange(slots, device=device)[None, :] == own[:, None])[None]
+
+
+def _grow(head_runner, feat, tokens, depth_t: int, width: int, anc_slots, valid, seq_len, write):
+    """Head entries of one frontier -> outputs [B, F, d]. feat [B, F, d] the parents' outputs, tokens [B, F],
+    anc_slots [B, F, S] draft slots each node sees (its own included)."""
+    b = tokens.shape[0]
+    slot = write + (depth_t - 1) * width
+    positions = (seq_len - 2 + depth_t)[:, None].expand(b, width)
+    mask = (valid[:, None, :] | window_gather(anc_slots, write, valid.shape[1])).unsqueeze(1)
+    return head_runner.entries(feat, tokens, positions, mask, slot)
+
+
+def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: int, depth: int,
+                 nodes: int) -> TokenTree:
+    """EAGLE-2-style tree of ``nodes`` nodes (root = ``pending`` [B]) -> a distinct :class:`TokenTree` [B, nodes]."""
+    head = head_runner.head
+    if nodes - 1 > tree_candidates(branch, depth):
+        raise ValueError(f"a tree of {nodes} nodes needs more than the {tree_candidates(branch, depth)} candidates "
+                         f"of branch {branch} x depth {depth}")
+    b, dev = hidden.shape[0], hidden.device
+    slots = (depth - 1) * branch
+    logp = torch.log_softmax(head.logits(hidden).float(), dim=-1)                       # [B, Vd]
+    score, ids = logp.topk(branch, dim=-1)
+    tok = head.vocab_ids[ids]
+    cand_tok, cand_score = [tok], [score]
+    cand_par = [torch.full((b, branch), -1, dtype=torch.int64, device=dev)]
+    front_idx = torch.arange(branch, device=dev)[None, :].expand(b, branch)              # candidate ids
+    front_feat = hidden[:, None, :].expand(b, branch, hidden.shape[-1])
+    anc = torch.zeros(b, branch, max(slots, 1), dtype=torch.bool, device=dev)
+    base = branch
+    for t in range(1, depth):
+        anc = anc | _own_slots(branch, anc.shape[-1], t, dev)
+        out = _grow(head_runner, front_feat, tok, t, branch, anc, valid, seq_len, write)   # [B, k, d]
+        lp = torch.log_softmax(head.logits(out).float(), dim=-1)                       # [B, k, Vd]
+        s2, i2 = lp.topk(branch, dim=-1)                                                # [B, k, k]
+        s2 = score[:, :, None] + s2
+        cand_tok.append(head.vocab_ids[i2].reshape(b, -1))
+        cand_score.append(s2.reshape(b, -1))
+        cand_par.append(front_idx[:, :, None].expand(b, branch, branch).reshape(b, -1))
+        score, pick = s2.reshape(b, -1).topk(branch, dim=-1)                            # next frontier
+        parent_j = pick // branch
+        tok = head.vocab_ids[i2.reshape(b, -1).gather(1, pick)]
+        front_idx = base + pick
+        front_feat = out.gather(1, parent_j[:, :, None].expand(-1, -1, out.shape[-1]))
+        anc = anc.gather(1, parent_j[:, :, None].expand(-1, -1, anc.shape[-1]))
+        base += branch * branch
+    all_tok, all_score, all_par = (torch.cat(x, dim=1) for x in (cand_tok, cand_score, cand_par))
+    order = torch.sort(-all_score, dim=1, stable=True).indices[:, :nodes - 1]           # best first, parents first
+    keep = torch.sort(order, dim=1).values                                              # topological order
+    m = all_tok.shape[1]
+    node_of = torch.full((b, m), -1, dtype=torch.int64, device=dev)
+    node_of.scatter_(1, keep, torch.arange(1, nodes, device=dev)[None, :].expand(b, -1))
+    par_c = all_par.gather(1, keep)
+    par_n = torch.where(par_c >= 0, node_of.gather(1, par_c.clamp(min=0)), torch.zeros_like(par_c))
+    parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev), par_n], dim=1)
+    tokens = torch.cat([pending[:, None], all_tok.gather(1, keep)], dim=1)
+    return TokenTree(parents=parents, tokens=tokens, sizes=torch.full((b,), nodes, dtype=torch.int64, device=dev))
+
+
+def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, resolved, chains: int,
+                   length: int) -> TokenTree:
+    """K = ``chains`` sampled chains of ``length`` tokens under the root (``pending`` [B]) -> an iid
+    :class:`TokenTree` with 1 + K L nodes (node 1 + (t - 1) K + j = chain j's token t) and draft_probs [B, N, V]
+    (the processed head law each node's child was drawn from). ``resolved``: the draft's sampling (e.g. a draft
+    temperature)."""
+    head = head_runner.head
+    b, dev = hidden.shape[0], hidden.device
+    k = chains
+    n = 1 + k * length
+    chain_seeds = seeds[:, None] + CHAIN_SEED_STRIDE * torch.arange(1, k + 1, device=dev)[None, :]    # [B, K]
+    small = head.logits(hidden).float()                                                 # [B, Vd]
+    full = head.full_logits(small)
+    law = torch.exp(log_probs(full[:, None, :], resolved)[:, 0])                        # [B, V]
+    probs = [law[:, None, :]]
+    feat = hidden[:, None, :].expand(b, k, hidden.shape[-1])
+    law = law[:, None, :].expand(b, k, law.shape[-1])
+    anc = torch.zeros(b, k, max((length - 1) * k, 1), dtype=torch.bool, device=dev)
+    toks = []
+    for t in range(1, length + 1):
+        pos = (seq_len - 1 + t)[:, None]
+        vocab = head.vocab_ids
+        logq = torch.log(law.gather(2, vocab[None, None, :].expand(b, k, -1)))
+        tok = sample_chains(logq, vocab, chain_seeds, pos[:, 0])                         # [B, K]
+        toks.append(tok)
+        if t == length:
+            probs.append(torch.full((b, k, law.shape[-1]), 1.0 / law.shape[-1], device=dev))   # leaves: unused
+            break
+        anc = anc | _own_slots(k, anc.shape[-1], t, dev)
+        feat = _grow(head_runner, feat, tok, t, k, anc, valid, seq_len, write)
+        law = torch.exp(log_probs(head.full_logits(head.logits(feat).float()), resolved))  # [B, K, V]
+        probs.append(law)
+    tokens = torch.cat([pending[:, None]] + toks, dim=1)
+    idx = torch.arange(n, device=dev)
+    par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)
+    par[0] = -1
+    draft_probs = torch.cat(probs, dim=1).double()
+    draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
+    return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
+                     sizes=torch.full((b,), n, dtype=torch.int64, device=dev), kind="iid", draft_probs=draft_probs,
+                     identical=True)

@@ -1,0 +1,125 @@
+"""K sampled chains from a draft MODEL (its own slot cache), for the seed-004 multi-draft schemes on tree steps.
+
+The draft's cache keeps the committed tokens in the target's slot layout. Each step starts with one draft forward
+over the previous step's committed chunk (:class:`Resync`): [old pending, accepted drafts, holes, new pending] at
+slots [W_old, W_new] -- the chain engine's re-feed, generalised to a ragged accepted path (holes are masked) -- whose
+last column gives the law of the first draft token. Then chain j's token t (t < L) is fed at draft slot
+W + 1 + (t - 1) K + j, attending to the committed slots, the pending token's slot W and its own chain's earlier
+slots; L - 1 forwards of K tokens. Those slots lie past the new W and are rewritten by the next resync, so only
+committed tokens survive in the draft's cache.
+
+Tokens are sampled from the processed draft law with Gumbel noise keyed by a per-chain seed (a stream no verify
+scheme uses); the laws become the tree's ``draft_probs``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tilespec.multidraft.tree import TokenTree
+from tilespec.verify.distributions import log_probs
+
+from ..tree_step import sample_chains, window_gather
+from .head_tree import CHAIN_SEED_STRIDE, _own_slots
+
+
+@dataclass
+class Resync:
+    """The chunk the draft must (re)write before drafting: tokens / positions / real [B, q] at slots [w0, w0 + q),
+    over the committed context ``valid`` [B, C] (the mask's base); column q - 1 is every row's pending token."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    real: torch.Tensor
+    valid: torch.Tensor
+    w0: int
+
+    @classmethod
+    def first(cls, pending, seq_len, valid, write: int) -> "Resync":
+        """After the prefill: the pending token alone at slot W."""
+        return cls(pending[:, None], (seq_len - 1)[:, None], torch.ones_like(pending[:, None], dtype=torch.bool),
+                   valid, write)
+
+    @classmethod
+    def after(cls, old_pending, old_seq_len, old_valid, old_write: int, path_tokens, num_emitted,
+              new_pending) -> "Resync":
+        """After a tree step: [old pending, accepted path (ragged), holes, new pending] at [W_old, W_new]."""
+        b, d = path_tokens.shape
+        n_acc = num_emitted - 1
+        width = int(n_acc.max()) + 2
+        cols = torch.arange(width, device=path_tokens.device)[None, :]
+        tokens = torch.zeros(b, width, dtype=torch.int64, device=path_tokens.device)
+        tokens[:, 0] = old_pending
+        if width > 2:
+            tokens[:, 1:width - 1] = path_tokens[:, :width - 2].clamp(min=0)
+        tokens[:, -1] = new_pending
+        real = (cols <= n_acc[:, None]) | (cols == width - 1)
+        positions = (old_seq_len - 1)[:, None] + cols
+        positions[:, -1] = old_seq_len - 1 + n_acc + 1
+        return cls(tokens, positions, real, old_valid, old_write)
+
+    def mask(self) -> torch.Tensor:
+        """[B, 1, q, C]: the committed context plus the chunk's earlier real columns (holes never seen)."""
+        q = self.tokens.shape[1]
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.tokens.device).tril()
+        table = causal[None] & self.real[:, None, :]
+        w0 = torch.tensor(self.w0, device=self.tokens.device)
+        return (self.valid[:, None, :] | window_gather(table, w0, self.valid.shape[1])).unsqueeze(1)
+
+
+_VOCABS: dict = {}
+
+
+def _sample(law: torch.Tensor, seeds: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """law [B, K, V] -> one token per (row, chain) [B, K], Gumbel noise keyed by (chain seed, position, token)."""
+    key = (law.shape[-1], law.device)
+    vocab = _VOCABS.get(key)
+    if vocab is None:
+        vocab = _VOCABS[key] = torch.arange(law.shape[-1], device=law.device)
+    return sample_chains(torch.log(law), vocab, seeds, position)
+
+
+def resync_law(draft, resync: Resync, resolved) -> torch.Tensor:
+    """Write the committed chunk into the draft's cache -> the processed law [B, V] of the first draft token.
+    (Run before any defragmentation: the chunk's slots are those of the layout it was committed in.)"""
+    logits = draft.forward(resync.tokens, resync.positions, resync.mask(), resync.w0, keep=1)[:, 0]
+    return torch.exp(log_probs(logits[:, None, :].float(), resolved)[:, 0])
+
+
+def propose_model_chains(draft, law, pending, valid, seq_len, seeds, write: int, resolved, chains: int,
+                         length: int) -> TokenTree:
+    """K = ``chains`` chains of ``length`` tokens from the first token's law ``law`` [B, V] (:func:`resync_law`)
+    -> an iid :class:`TokenTree` (nodes as :func:`~.head_tree.propose_chains`: node 1 + (t - 1) K + j = chain
+    j's token t)."""
+    b, dev, k = pending.shape[0], pending.device, chains
+    probs = [law[:, None, :]]
+    law = law[:, None, :].expand(b, k, law.shape[-1])
+    chain_seeds = seeds[:, None] + CHAIN_SEED_STRIDE * torch.arange(1, k + 1, device=dev)[None, :]
+    slots = max((length - 1) * k, 1)
+    anc = torch.zeros(b, k, slots + 1, dtype=torch.bool, device=dev)
+    anc[:, :, 0] = True                                                   # the pending token's slot W
+    toks = []
+    for t in range(1, length + 1):
+        tok = _sample(law, chain_seeds, seq_len - 1 + t)
+        toks.append(tok)
+        if t == length:
+            probs.append(torch.full((b, k, law.shape[-1]), 1.0 / law.shape[-1], device=dev))   # leaves: unused
+            break
+        anc = anc | torch.nn.functional.pad(_own_slots(k, slots, t, dev), (1, 0))
+        wpos = torch.tensor(write, device=dev)
+        mask = (valid[:, None, :] | window_gather(anc, wpos, valid.shape[1])).unsqueeze(1)
+        positions = (seq_len - 1 + t)[:, None].expand(b, k)
+        logits = draft.forward(tok, positions, mask, write + 1 + (t - 1) * k)                 # [B, K, V]
+        law = torch.exp(log_probs(logits.float(), resolved))
+        probs.append(law)
+    tokens = torch.cat([pending[:, None]] + toks, dim=1)
+    n = 1 + k * length
+    idx = torch.arange(n, device=dev)
+    par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)
+    par[0] = -1
+    draft_probs = torch.cat(probs, dim=1).double()
+    draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
+    return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
+                     sizes=torch.full((b,), n, dtype=torch.int64, device=dev), kind="iid", draft_probs=draft_probs,
+                     identical=True)

@@ -1,0 +1,153 @@
+"""Where the step body runs: on the host-commit path (step.py) or inside a captured whole step (step_graph.py).
+
+The step body (draft -> target forward -> verify -> observe, step.py) and every drafter's device side
+(drafters/base.py ``DraftRunner``) reach the runners, the draft sampler and verification only through an
+execution, so one body serves both paths:
+  * :class:`HostExecution`: ``runner.forward`` (each runner replays its own graphs or compiled forward, float32
+    logits), the runner mode's draft sampler (one CUDA graph or compiled function for the Philox noise), and
+    ``run_verify`` (or an injected ``verify_fn``), replayed as a graph where allowed;
+  * :class:`CapturedExecution`: ``runner.raw_forward`` (no graph of its own, logits in the model dtype, the write
+    pointer a 0-d device tensor), the plain sampler and ``verify()`` itself -- the enclosing capture records them.
+Neither syncs with the host.
+
+Random streams: the draft samples token i (logical position seq_len - 1 + i) with Gumbel noise keyed by
+(seed, position, PURPOSE_EXTRA, vocab id) -- a stream ``verify()`` never uses -- while ``verify()`` keys its
+acceptance uniforms and residual/bonus samples by (seed, position, PURPOSE_ACCEPT / PURPOSE_SAMPLE). Positions only
+ever move forward, so each random number influences the output at most once and the output law is exact.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from tilespec.verify import rng, verify
+from tilespec.verify.distributions import log_probs
+from tilespec.verify.types import ResolvedSampling
+
+from .graphs import GraphCache
+from .runner import CUDA_GRAPH_MODES
+
+
+def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.Tensor, positions: torch.Tensor,
+                 greedy: bool) -> torch.Tensor:
+    """Sample one token per row from the processed draft distribution: logits [B, V] -> tokens [B] int64.
+
+    Samples exactly from exp(log_probs(logits, resolved)), the law reported to verify() as draft_logits.
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logp = log_probs(logits[:, None, :], resolved)[:, 0]
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab[None, :])
+    return torch.argmax(logp + noise, dim=-1)
+
+
+_COMPILED_SAMPLER = None
+SAMPLING_FLAGS = ("any_greedy", "all_greedy", "has_top_k", "has_top_p", "has_min_p", "has_lenience")
+
+
+def _graph_sample(logits, seeds, positions, temperature, top_k, top_p, min_p, lenience, *, key):
+    resolved = ResolvedSampling(temperature, top_k, top_p, min_p, lenience, *key)
+    return sample_draft(logits, resolved, seeds, positions, greedy=False)
+
+
+_SAMPLER_GRAPHS = GraphCache(_graph_sample)
+
+
+def _graphed_sampler(logits, resolved, seeds, positions, greedy):
+    if greedy:
+        return logits.argmax(dim=-1)
+    out = _SAMPLER_GRAPHS(logits, seeds, positions, resolved.temperature, resolved.top_k, resolved.top_p,
+                          resolved.min_p, resolved.lenience, key=tuple(getattr(resolved, f) for f in SAMPLING_FLAGS))
+    return out.clone()  # the graph's output buffer is reused by the next draft position
+
+
+def mode_sampler(mode: str) -> Callable:
+    """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
+    paths run it as one CUDA graph or one compiled function)."""
+    global _COMPILED_SAMPLER
+    if mode in CUDA_GRAPH_MODES:
+        return _graphed_sampler
+    if mode == "eager":
+        return sample_draft
+    if _COMPILED_SAMPLER is None:
+        _COMPILED_SAMPLER = torch.compile(sample_draft, dynamic=False)
+    return _COMPILED_SAMPLER
+
+
+_ARGMAX = None
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last axis (first index on ties), [B, V] -> [B] int64. On CUDA a compiled copy: inductor
+    splits the long single-row reduction over many blocks (torch's own argmax runs one row per block: ~8 µs for one
+    151,936-entry row on an H100)."""
+    global _ARGMAX
+    if not logits.is_cuda:
+        return logits.argmax(dim=-1)
+    if _ARGMAX is None:
+        _ARGMAX = torch.compile(lambda x: x.argmax(dim=-1), dynamic=None, fullgraph=True)
+    return _ARGMAX(logits)
+
+
+class HostExecution:
+    """The host-commit path. ``verify_call``: run_verify's signature (step.py); ``graphs``: let it replay verify()
+    as a CUDA graph."""
+
+    captured = False
+
+    def __init__(self, verify_call: Callable, graphs: bool, options: tuple = ()):
+        self.verify_call, self.graphs, self.options = verify_call, graphs, options
+
+    @staticmethod
+    def forward(runner, tokens, positions, mask, write, keep=None, capture: tuple = ()):
+        """runner.forward -> float32 logits [B, q or keep, V] (and features [B, q, n d] with ``capture``)."""
+        extra = {"capture": capture} if capture else {}
+        if keep is not None:
+            extra["keep"] = keep
+        return runner.forward(tokens, positions, mask, write, **extra)
+
+    @staticmethod
+    def sample(logits, resolved, seeds, positions, greedy: bool, mode: str) -> torch.Tensor:
+        return mode_sampler(mode)(logits, resolved, seeds, positions, greedy)
+
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def verify(self, target_logits, draft_tokens, draft_logits, counts, sampling, method, seeds, offsets):
+        extra = {} if counts is None else {"num_draft_tokens": counts}
+        return self.verify_call(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets,
+                                graphs=self.graphs, options=self.options, **extra)
+
+
+class CapturedExecution:
+    """Inside a captured whole step (or its eager twin, the "native" CPU mode): raw forwards, plain sampler,
+    ``verify()`` itself with the method's resolved ``options``."""
+
+    captured = True
+
+    def __init__(self, options: tuple = ()):
+        self.options = options
+
+    @staticmethod
+    def forward(runner, tokens, positions, mask, write, keep=None, capture: tuple = ()):
+        """runner.raw_forward -> logits [B, q or keep, V] in the model dtype (verify() computes in fp32)."""
+        return runner.raw_forward(tokens, positions, mask, write, keep=keep, capture=capture)
+
+    @staticmethod
+    def sample(logits, resolved, seeds, positions, greedy: bool, mode: str) -> torch.Tensor:
+        if greedy:      # the model dtype's argmax is the fp32 one (exact upcast): no [B, V] fp32 copy
+            return greedy_tokens(logits)
+        return sample_draft(logits.float(), resolved, seeds, positions, greedy)
+
+    @staticmethod
+    def argmax(logits: torch.Tensor) -> torch.Tensor:
+        return greedy_tokens(logits)
+
+    def verify(self, target_logits, draft_tokens, draft_logits, counts, sampling, method, seeds, offsets):
+        res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=counts,
+                     sampling=sampling, method=method, options=dict(self.options), seed=seeds, offsets=offsets,
+                     check_values=False)
+        return res.num_emitted, res.output_tokens
