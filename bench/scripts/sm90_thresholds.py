@@ -30,7 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from tilespec.verify.kernels import pivot16, thresholds, topk16, topp16  # noqa: E402
 
-POINTERS = {"t_ptr": "*i16", "d_ptr": "*i16", "k_ptr": "*i64", "area_ptr": "*i32", "hist_ptr": "*i32",
+POINTERS = {"t_ptr": "*bf16", "d_ptr": "*bf16", "k_ptr": "*i64", "area_ptr": "*i32", "hist_ptr": "*i32",
             "vals_ptr": "*i32", "seg_ptr": "*i32", "x_ptr": "*bf16"}
 
 
@@ -57,23 +57,23 @@ def variants():
     bits = dict(DIGITS=topk16.digits16.DIGITS)
     b = dict(zip(("B0", "B1", "B2", "B3"), (*bits["DIGITS"], 0, 0, 0)))
     for fp16, aligned, pdl in itertools.product((False, True), (True, False), (True, False)):
+        rows = dict(t_ptr="*fp16", d_ptr="*fp16") if fp16 else None
         yield topp16._max_kernel, dict(CHUNK=topp16.CHUNK, ALIGNED=aligned, AREA=2 + topp16.WINDOW, MIN_P=True,
-                                       PDL=pdl), topp16.NUM_WARPS, None, False
+                                       PDL=pdl), topp16.NUM_WARPS, rows, False
         yield topp16._window_kernel, dict(CHUNK=topp16.CHUNK, ALIGNED=aligned, FP16=fp16, WINDOW=topp16.WINDOW,
-                                          AREA=2 + topp16.WINDOW, PDL=pdl), topp16.NUM_WARPS, None, pdl
+                                          AREA=2 + topp16.WINDOW, PDL=pdl), topp16.NUM_WARPS, rows, pdl
         for min_p, search in ((False, True), (True, True), (True, False)):
             yield topp16._finish_kernel, dict(NC_PAD=64, FP16=fp16, WINDOW=topp16.WINDOW, AREA=2 + topp16.WINDOW,
                                               MIN_P=min_p, SEARCH=search, BLOCK=topp16.SEARCH_BLOCK,
-                                              BITS=thresholds.BITS, PDL=pdl), 4, \
-                dict(t_ptr="*fp16" if fp16 else "*bf16", d_ptr="*fp16" if fp16 else "*bf16"), pdl
+                                              BITS=thresholds.BITS, PDL=pdl), 4, rows, pdl
         common = dict(CHUNK=topk16.CHUNK, ALIGNED=aligned)
         yield pivot16.segment_max_kernel, dict(SEG=topk16.SEG, FP16=fp16, PDL=pdl, **common), topk16.NUM_WARPS, \
-            None, False
+            rows, False
         yield pivot16.pivot_kernel, dict(SEG_PAD=512, PDL=pdl), 4, None, pdl
-        yield pivot16.collect_pivot_kernel, dict(CAP=256, FP16=fp16, PDL=pdl, **common), topk16.NUM_WARPS, None, pdl
+        yield pivot16.collect_pivot_kernel, dict(CAP=256, FP16=fp16, PDL=pdl, **common), topk16.NUM_WARPS, rows, pdl
         for has_p, min_p in ((False, False), (True, False), (True, True), (False, True)):
             yield topk16._finish_kernel, dict(CAP=256, HAS_P=has_p, MIN_P=min_p, FP16=fp16, PDL=pdl, **common, **b), \
-                topk16.NUM_WARPS, None, pdl
+                topk16.NUM_WARPS, rows, pdl
     yield thresholds._thresholds_kernel, dict(DO_K=True, DO_P=True, BLOCK=2048, BITS=thresholds.BITS), 8, \
         dict(x_ptr="*bf16"), False
 

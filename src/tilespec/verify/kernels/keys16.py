@@ -45,8 +45,8 @@ def request_of(n, NT, RT, RD):
 
 @triton.jit
 def load_bits(row, offs, V):
-    """Raw bits (int32, sign-extended) of a row at ids ``offs``; 0 where >= V."""
-    return tl.load(row + offs, mask=offs < V, other=0).to(tl.int32)
+    """Raw bits (int32, sign-extended) of a bf16 / fp16 row at ids ``offs``; 0 where >= V."""
+    return tl.load(row + offs, mask=offs < V, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
 
 
 @triton.jit

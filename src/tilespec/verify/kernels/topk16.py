@@ -44,12 +44,12 @@ TOP_P_K_MAX = 1024   # top-p after top-k: the largest k (the keys above u* must 
 PDL = True
 
 
-@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "t_stride"])
-def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, mp_ptr, thr_ptr, NT, RT, RD, V, sbt,
-                   srt, sbd, srd, t_stride, CAP: tl.constexpr, HAS_P: tl.constexpr, MIN_P: tl.constexpr,
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
+def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, mp_ptr, thr_t_ptr, thr_d_ptr, NT, RT, RD, V, sbt,
+                   srt, sbd, srd, CAP: tl.constexpr, HAS_P: tl.constexpr, MIN_P: tl.constexpr,
                    FP16: tl.constexpr, CHUNK: tl.constexpr, ALIGNED: tl.constexpr, B0: tl.constexpr,
                    B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, PDL: tl.constexpr):
-    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]) = t_k, with top-p
+    """thr of row n (target rows at thr_t_ptr[n], draft rows at thr_d_ptr[n - NT]) = t_k, with top-p
     max(t_k, t_p), with min-p also max'ed with min-p's threshold from the row max, from row n's collected ids
     (pivot rows: every id >= the pivot, so every id >= u*; fallback rows, which run
     :func:`.digits16.fallback_row` first: the ids above u*, with u* and its count from the work area). Resets the
@@ -91,7 +91,10 @@ def _finish_kernel(t_ptr, d_ptr, vals_ptr, hist_ptr, k_ptr, temp_ptr, p_ptr, mp_
             thr = tl.maximum(thr, thresholds.min_p_threshold(m, tl.load(mp_ptr + b)))
     tl.debug_barrier()                     # every warp has read the work area before it is reset
     tl.store(hist_ptr + n * ROW_WORDS + tl.arange(0, ROW_WORDS), tl.zeros([ROW_WORDS], tl.int32))
-    tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
+    if n < NT:
+        tl.store(thr_t_ptr + n, thr)
+    else:
+        tl.store(thr_d_ptr + (n - NT), thr)
 
 
 _BUFFERS: dict = {}
@@ -155,22 +158,20 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     rows_d = draft.shape[1] if draft is not None else 0
     n_t = batch * rows
     n_rows, n_chunks = n_t + batch * rows_d, triton.cdiv(vocab, chunk)
-    bits = logits.view(torch.int16)
-    bits_d = draft.view(torch.int16) if draft is not None else bits
+    x_t, x_d = logits, draft if draft is not None else logits     # the kernels bitcast the 16-bit values
     device = logits.device
     cap = (min(max(triton.next_power_of_2(4 * k_max), CAP_MIN), CAP_MAX) if k_max > 0 else CAP_MAX) \
         if logits.is_cuda else CAP_INTERPRETER
     if top_p is not None or min_p is not None:
         cap = max(cap, triton.next_power_of_2(k_max))   # the keys above u* (< k of them) must fit
     n_seg = n_chunks * (chunk // SEG)
-    t_stride = -(-n_t // 4) * 4                       # draft thresholds start 16-byte aligned
-    thr = torch.empty(t_stride + n_rows - n_t, device=device, dtype=torch.float32)
-    thr_t, thr_d = thr[:n_t].view(batch, rows), thr[t_stride:].view(batch, rows_d)
+    thr_t = torch.empty((batch, rows), device=device, dtype=torch.float32)
+    thr_d = torch.empty((batch, rows_d), device=device, dtype=torch.float32) if draft is not None else thr_t
     if n_rows == 0:
         return thr_t if draft is None else (thr_t, thr_d)
     hist, vals, seg = _buffers(device, n_rows, cap, n_seg)
-    strides = (bits.stride(0), bits.stride(1), bits_d.stride(0), bits_d.stride(1))
-    aligned = ((bits.data_ptr() | bits_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
+    strides = (x_t.stride(0), x_t.stride(1), x_d.stride(0), x_d.stride(1))
+    aligned = ((x_t.data_ptr() | x_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
                and all(s % 8 == 0 for s in strides))
     grid = (n_rows, n_chunks, 1)
     fp16 = logits.dtype == torch.float16
@@ -180,17 +181,17 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     from .launch import _pdl
     pdl = dict(launch_pdl=True, PDL=True) if pivot and PDL and logits.is_cuda and _pdl(device) else dict(PDL=False)
     if pivot:
-        direct.launch(pivot16.segment_max_kernel, grid, (bits, bits_d, seg, top_k), (*sizes, n_seg),
+        direct.launch(pivot16.segment_max_kernel, grid, (x_t, x_d, seg, top_k), (*sizes, n_seg),
                       dict(SEG=SEG, FP16=fp16, PDL=pdl["PDL"], **common))
         direct.launch(pivot16.pivot_kernel, (n_rows, 1, 1), (seg, hist, top_k), (*geometry, n_seg),
                       dict(SEG_PAD=triton.next_power_of_2(n_seg), num_warps=4, **pdl))
-        direct.launch(pivot16.collect_pivot_kernel, grid, (bits, bits_d, hist, vals, top_k), sizes,
+        direct.launch(pivot16.collect_pivot_kernel, grid, (x_t, x_d, hist, vals, top_k), sizes,
                       dict(CAP=cap, FP16=fp16, **common, **pdl))
     else:
         hist[:, W_PIVOT_N.value] = cap + 1
     direct.launch(_finish_kernel, (n_rows, 1, 1),
-                  (bits, bits_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p,
-                   temperature if min_p is None else min_p, thr), (*sizes, t_stride),
+                  (x_t, x_d, vals, hist, top_k, temperature, temperature if top_p is None else top_p,
+                   temperature if min_p is None else min_p, thr_t, thr_d), sizes,
                   dict(CAP=cap, HAS_P=top_p is not None, MIN_P=min_p is not None, FP16=fp16, CHUNK=chunk,
                        ALIGNED=aligned, **pdl,
                        num_warps=num_warps, **dict(zip(("B0", "B1", "B2", "B3"), (*digits, 0, 0, 0)))))

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from . import direct, thresholds
-from .keys16 import bits_to_key, key_to_z
+from .keys16 import bits_to_key, key_to_z, load_bits
 
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
@@ -67,7 +67,7 @@ def _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.c
     if ALIGNED:
         row = tl.multiple_of(row, 16)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    u = bits_to_key(tl.load(row + offs, mask=offs < V, other=0).to(tl.int32))
+    u = bits_to_key(load_bits(row, offs, V))
     return offs, tl.where(u == 32767, 32768, u), b
 
 
@@ -120,14 +120,14 @@ def _window_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, temp_ptr, NT, RT, RD,
         tl.atomic_add(area + _HEAD + d, 1, mask=valid & (d < WINDOW))
 
 
-@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks", "t_stride"])
-def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_ptr, NT, RT, RD, V, sbt, srt, sbd,
-                   srd, n_chunks, t_stride, NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_chunks"])
+def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr_t_ptr, thr_d_ptr, NT, RT, RD, V, sbt, srt, sbd,
+                   srd, n_chunks, NC_PAD: tl.constexpr, FP16: tl.constexpr, WINDOW: tl.constexpr,
                    AREA: tl.constexpr, MIN_P: tl.constexpr, SEARCH: tl.constexpr, BLOCK: tl.constexpr,
                    BITS: tl.constexpr, PDL: tl.constexpr):
-    """thr of row n (target rows at thr_ptr[n], draft rows at thr_ptr[t_stride + n - NT]): max(t_p, t_minp); rows
+    """thr of row n (target rows at thr_t_ptr[n], draft rows at thr_d_ptr[n - NT]): max(t_p, t_minp); rows
     the window does not decide run :func:`.thresholds.top_p_search` on their logits (SEARCH; ``t_ptr`` /
-    ``d_ptr`` are the float rows here) and set their flag word. Resets the row's largest key and counts to 0."""
+    ``d_ptr``) and set their flag word. Resets the row's largest key and counts to 0."""
     if PDL:   # launched as a programmatic dependent of the window kernel
         tl.extra.cuda.gdc_wait()
     n = tl.program_id(0)
@@ -174,7 +174,10 @@ def _finish_kernel(t_ptr, d_ptr, area_ptr, tot_ptr, p_ptr, mp_ptr, temp_ptr, thr
         tl.debug_barrier()                  # every warp has read the work area before it is reset
         tl.store(area + _MAX, 0)
         tl.store(area + _HEAD + d, tl.zeros([WINDOW], tl.int32))
-    tl.store(thr_ptr + tl.where(n < NT, n, t_stride + n - NT), thr)
+    if n < NT:
+        tl.store(thr_t_ptr + n, thr)
+    else:
+        tl.store(thr_d_ptr + (n - NT), thr)
 
 
 _BUFFERS: dict = {}
@@ -232,17 +235,15 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     batch, rows, vocab = logits.shape
     rows_d = draft.shape[1] if draft is not None else 0
     n_t, n_d = batch * rows, batch * rows_d
-    t_stride = -(-n_t // 4) * 4                       # draft thresholds start 16-byte aligned
-    thr = torch.empty(t_stride + n_d, device=logits.device, dtype=torch.float32)
-    thr_t, thr_d = thr[:n_t].view(batch, rows), thr[t_stride:].view(batch, rows_d)
+    thr_t = torch.empty((batch, rows), device=logits.device, dtype=torch.float32)
+    thr_d = torch.empty((batch, rows_d), device=logits.device, dtype=torch.float32) if draft is not None else thr_t
     if n_t + n_d == 0:
         return thr_t if draft is None else (thr_t, thr_d)
     n_chunks = triton.cdiv(vocab, chunk)
-    bits = logits.view(torch.int16)
-    bits_d = draft.view(torch.int16) if draft is not None else bits
+    x_t, x_d = logits, draft if draft is not None else logits     # the kernels bitcast the 16-bit values
     area, tot = _buffers(logits.device, n_t + n_d, n_chunks, window)
-    strides = (bits.stride(0), bits.stride(1), bits_d.stride(0), bits_d.stride(1))
-    aligned = ((bits.data_ptr() | bits_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
+    strides = (x_t.stride(0), x_t.stride(1), x_d.stride(0), x_d.stride(1))
+    aligned = ((x_t.data_ptr() | x_d.data_ptr()) % 16 == 0 and vocab % 8 == 0
                and all(s % 8 == 0 for s in strides))
     fp16 = logits.dtype == torch.float16
     grid = (n_t + n_d, n_chunks, 1)
@@ -250,15 +251,15 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     area_words = HEAD_WORDS + window
     mp = min_p if min_p is not None else top_p
     pdl = dict(launch_pdl=True, PDL=True) if PDL and logits.is_cuda and _pdl(logits.device) else dict(PDL=False)
-    direct.launch(_max_kernel, grid, (bits, bits_d, area, top_p, mp), sizes,
+    direct.launch(_max_kernel, grid, (x_t, x_d, area, top_p, mp), sizes,
                   dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, MIN_P=min_p is not None,
                        PDL=pdl["PDL"], num_warps=NUM_WARPS))
-    direct.launch(_window_kernel, grid, (bits, bits_d, area, tot, top_p, temperature), (*sizes, n_chunks),
+    direct.launch(_window_kernel, grid, (x_t, x_d, area, tot, top_p, temperature), (*sizes, n_chunks),
                   dict(CHUNK=chunk, ALIGNED=aligned, FP16=fp16, WINDOW=window, AREA=area_words,
                        num_warps=NUM_WARPS, **pdl))
     direct.launch(_finish_kernel, (n_t + n_d, 1, 1),
-                  (logits, draft if draft is not None else logits, area, tot, top_p, mp, temperature, thr),
-                  (n_t, rows, max(rows_d, 1), vocab, *strides, n_chunks, t_stride),
+                  (logits, x_d, area, tot, top_p, mp, temperature, thr_t, thr_d),
+                  (n_t, rows, max(rows_d, 1), vocab, *strides, n_chunks),
                   dict(NC_PAD=triton.next_power_of_2(n_chunks), FP16=fp16, WINDOW=window, AREA=area_words,
                        MIN_P=min_p is not None, SEARCH=fallback, BLOCK=SEARCH_BLOCK, BITS=thresholds.BITS,
                        num_warps=4, **pdl))
