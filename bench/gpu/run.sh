@@ -349,5 +349,5 @@ cmd=${1:-}; shift || true
 case $cmd in
   parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,25p' "$0"; exit 2 ;;
 esac
