@@ -311,3 +311,23 @@ def test_filtered_fused_matches_reference_and_graph_replay(sampling):
     again = verify(target, tokens, method="fused", **kw)
     assert torch.equal(captured.output_tokens, got.output_tokens)
     assert torch.equal(again.output_tokens, got.output_tokens)
+
+
+def test_threshold_kernels_launch_directly_with_the_jit_results(monkeypatch):
+    from tilespec.verify.kernels import direct as direct_launch
+    from tilespec.verify.kernels import topk16, topp16
+    target, draft, _ = _case(8, 5, 151936, seed=11)
+    top_k, top_p = torch.full((8,), 50, device="cuda"), torch.full((8,), 0.9, device="cuda")
+    temperature = torch.full((8,), 0.7, device="cuda")
+    monkeypatch.setattr(direct_launch, "_DIRECT", False)
+    jit_k = topk16.top_k_thresholds16(target, top_k, temperature, k_max=50, draft=draft)
+    jit_p = topp16.top_p_thresholds16(target, top_p, temperature, draft)
+    monkeypatch.setattr(direct_launch, "_DIRECT", True)
+    for _ in range(3):
+        got_k = topk16.top_k_thresholds16(target, top_k, temperature, k_max=50, draft=draft)
+        got_p = topp16.top_p_thresholds16(target, top_p, temperature, draft)
+    names = {name for name, _ in direct_launch._Shared.direct}
+    assert {"_max_kernel", "_window_kernel", "segment_max_kernel", "collect_pivot_kernel"} <= names, names
+    for kernel in (topp16._max_kernel, topp16._finish_kernel, topk16._finish_kernel):
+        assert direct_launch._launcher(kernel).mode in ("full", "plain")
+    assert all(torch.equal(a, b) for a, b in zip(jit_k + jit_p, got_k + got_p))
