@@ -128,3 +128,23 @@ def test_min_p_alone_and_after_top_p(dtype, window):
     ref = torch.isfinite(filtered_logits(logits, s, method="sort")) & torch.isfinite(logits)
     assert torch.equal(kept, ref)
     assert torch.isneginf(got[3]).all()                                      # no filter on
+
+
+def test_a_threshold_kernel_that_fails_on_the_gpu_falls_back_once(monkeypatch):
+    """A 16-bit threshold kernel that a machine's Triton rejects: one warning, then the general exact path (None
+    here) for the rest of the process; on CPU (the interpreter) the error is raised, as tests must see it."""
+    monkeypatch.setattr(keep, "_FAILED", set())
+    calls = []
+
+    def broken(logits, *args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("unsupported construct\nmore detail")
+
+    class OnGpu:
+        is_cuda = True
+
+    with pytest.warns(UserWarning, match="topp16 threshold kernels failed on this GPU .*unsupported construct"):
+        assert keep._guarded("topp16", broken, OnGpu()) is None
+    assert keep._guarded("topp16", broken, OnGpu()) is None and calls == [1]      # not tried again
+    with pytest.raises(RuntimeError, match="unsupported"):
+        keep._guarded("topk16", broken, torch.zeros(1))

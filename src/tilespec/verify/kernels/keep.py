@@ -5,6 +5,8 @@ kernels of :mod:`tilespec.verify.filters`.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..distributions import filtered_logits
@@ -17,6 +19,26 @@ from .topp16 import top_p_thresholds16
 # interpreter every (row, chunk) program is a Python call, and the exactness suite's batches have ~10^6 rows, where
 # torch.topk's vectorised CPU kernel gives the same thresholds (tests set TOPK16_ON_CPU to route CPU calls here).
 TOPK16_ON_CPU = False
+
+# 16-bit threshold kernels that failed to compile or launch on this machine (a Triton release that rejects a
+# construct they use): those rows take the general exact path from then on, with one warning. Both paths are exact,
+# so only speed changes. CPU (interpreter) failures are raised: they are bugs the tests must see.
+_FAILED: set = set()
+
+
+def _guarded(kind: str, fn, logits: torch.Tensor, *args, **kwargs):
+    """``fn(logits, *args, **kwargs)``, or None when the ``kind`` kernels failed on this GPU (now or before)."""
+    if kind in _FAILED:
+        return None
+    try:
+        return fn(logits, *args, **kwargs)
+    except Exception as err:                         # noqa: BLE001 (compile / launch errors have many types)
+        if not logits.is_cuda or isinstance(err, torch.cuda.OutOfMemoryError):
+            raise
+        _FAILED.add(kind)
+        warnings.warn(f"the {kind} threshold kernels failed on this GPU ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}); using the general exact path instead")
+        return None
 
 
 def _top_p16(logits: torch.Tensor, s) -> bool:
@@ -44,12 +66,14 @@ def keep_thresholds_pair(target: torch.Tensor, draft, inputs: VerifyInputs) -> t
     set for both where the 16-bit kernels take both (same dtype and V), else two calls."""
     s = inputs.sampling
     if draft is not None and draft.dtype == target.dtype and draft.shape[::2] == target.shape[::2]:
+        out = None
         if _top_p16(target, s) and _top_p16(draft, s):
-            return top_p_thresholds16(target, s.top_p, s.temperature, draft,
-                                      min_p=s.min_p if s.has_min_p else None)
-        args = _top_k16(target, s)       # depends on the sampling, dtype and V only: the draft's are the same
-        if args is not None:
-            return top_k_thresholds16(target, s.top_k, s.temperature, draft=draft, **args)
+            out = _guarded("topp16", top_p_thresholds16, target, s.top_p, s.temperature, draft,
+                           min_p=s.min_p if s.has_min_p else None)
+        elif (args := _top_k16(target, s)) is not None:   # sampling, dtype and V only: the draft's are the same
+            out = _guarded("topk16", top_k_thresholds16, target, s.top_k, s.temperature, draft=draft, **args)
+        if out is not None:
+            return out
     return keep_thresholds(target, inputs), (keep_thresholds(draft, inputs) if draft is not None else None)
 
 
@@ -73,11 +97,14 @@ def keep_thresholds(logits: torch.Tensor, inputs: VerifyInputs) -> torch.Tensor:
     """
     s = inputs.sampling
     bounds = s.top_k_range
+    out = None
     if _top_p16(logits, s):
-        return top_p_thresholds16(logits, s.top_p, s.temperature, min_p=s.min_p if s.has_min_p else None)
-    args = _top_k16(logits, s)
-    if args is not None:
-        return top_k_thresholds16(logits, s.top_k, s.temperature, **args)
+        out = _guarded("topp16", top_p_thresholds16, logits, s.top_p, s.temperature,
+                       min_p=s.min_p if s.has_min_p else None)
+    elif (args := _top_k16(logits, s)) is not None:
+        out = _guarded("topk16", top_k_thresholds16, logits, s.top_k, s.temperature, **args)
+    if out is not None:
+        return out
     if (s.has_top_k and not s.has_top_p and not s.has_min_p and bounds is not None
             and 1 <= bounds[0] and bounds[1] < logits.shape[-1]):
         return _top_k_thresholds(logits, s.top_k, s.temperature, bounds[1])
