@@ -260,3 +260,74 @@ def test_topk16_top_p_thresholds_keep_the_sorted_set():
                                         temperature=[0.7, 1.0, 1.3, 0.0] * 16), 64, target.device)
     got = top_k_thresholds16(target, s.top_k, s.temperature, s.top_p, k_max=1000)
     assert torch.equal(got, keep_threshold(target, s, method="sort"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_topp16_thresholds_keep_the_sorted_set(dtype):
+    # the key-count window at the real vocabulary, with flat rows that take the gated fallback
+    from tilespec.verify.filters import scaled_logits, top_p_threshold_sorted
+    from tilespec.verify.kernels.topp16 import top_p_thresholds16
+    target, _, _ = _case(64, 5, 151936, dtype=dtype, seed=8)
+    target[::8] = (target[::8].float() * 0.05).to(dtype)
+    top_p = torch.tensor([0.8, 0.9, 0.95, 0.5] * 16, device="cuda")
+    temperature = torch.tensor([0.7, 1.0, 1.3, 0.0] * 16, device="cuda")
+    got = top_p_thresholds16(target, top_p, temperature)
+    z = scaled_logits(target, temperature)
+    want = top_p_threshold_sorted(z, top_p)
+    assert torch.equal(z >= got[..., None], z >= want[..., None])
+
+
+def test_topp16_min_p_keeps_the_reference_set():
+    from tilespec.verify.distributions import filtered_logits
+    from tilespec.verify.filters import scaled_logits
+    from tilespec.verify.kernels.topp16 import top_p_thresholds16
+    from tilespec.verify.validation import resolve_sampling
+    target, _, _ = _case(64, 5, 151936, seed=9)
+    s = resolve_sampling(SamplingParams(top_p=[1.0, 0.9, 0.8, 1.0] * 16, min_p=[0.05, 0.1, 0.0, 0.2] * 16,
+                                        temperature=[0.7, 1.0, 1.3, 0.0] * 16), 64, target.device)
+    got = top_p_thresholds16(target, s.top_p, s.temperature, min_p=s.min_p)
+    z = scaled_logits(target, s.temperature)
+    want = torch.isfinite(filtered_logits(target, s, method="sort"))
+    assert torch.equal(z >= got[..., None], want)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(top_p=0.9), SamplingParams(temperature=0.7, top_p=0.8),
+                                      SamplingParams(min_p=0.05), SamplingParams(top_p=0.95, min_p=0.1),
+                                      SamplingParams(top_k=20), SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+                                      SamplingParams(top_k=50, min_p=0.05)],
+                         ids=["p0.9", "t0.7-p0.8", "minp0.05", "p0.95-minp0.1", "k20", "qwen", "k50-minp0.05"])
+def test_filtered_fused_matches_reference_and_graph_replay(sampling):
+    # 16-bit keep thresholds of target and draft rows in one launch set (topp16 / topk16), eager and replayed
+    target, draft, tokens = _case(64, 5, 151936, seed=10)
+    kw = dict(draft_logits=draft, sampling=sampling, seed=torch.arange(64, device="cuda"),
+              offsets=torch.full((64,), 7, device="cuda"), check_values=False)
+    ref = verify(target, tokens, method="reference", **kw)
+    got = verify(target, tokens, method="fused", **kw)
+    assert _same_rows(got, ref) >= 0.99
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = verify(target, tokens, method="fused", **kw)
+    graph.replay()
+    again = verify(target, tokens, method="fused", **kw)
+    assert torch.equal(captured.output_tokens, got.output_tokens)
+    assert torch.equal(again.output_tokens, got.output_tokens)
+
+
+def test_threshold_kernels_launch_directly_with_the_jit_results(monkeypatch):
+    from tilespec.verify.kernels import direct as direct_launch
+    from tilespec.verify.kernels import topk16, topp16
+    target, draft, _ = _case(8, 5, 151936, seed=11)
+    top_k, top_p = torch.full((8,), 50, device="cuda"), torch.full((8,), 0.9, device="cuda")
+    temperature = torch.full((8,), 0.7, device="cuda")
+    monkeypatch.setattr(direct_launch, "_DIRECT", False)
+    jit_k = topk16.top_k_thresholds16(target, top_k, temperature, k_max=50, draft=draft)
+    jit_p = topp16.top_p_thresholds16(target, top_p, temperature, draft)
+    monkeypatch.setattr(direct_launch, "_DIRECT", True)
+    for _ in range(3):
+        got_k = topk16.top_k_thresholds16(target, top_k, temperature, k_max=50, draft=draft)
+        got_p = topp16.top_p_thresholds16(target, top_p, temperature, draft)
+    names = {name for name, _ in direct_launch._Shared.direct}
+    assert {"_max_kernel", "_window_kernel", "segment_max_kernel", "collect_pivot_kernel"} <= names, names
+    for kernel in (topp16._max_kernel, topp16._finish_kernel, topk16._finish_kernel):
+        assert direct_launch._launcher(kernel).mode in ("full", "plain")
+    assert all(torch.equal(a, b) for a, b in zip(jit_k + jit_p, got_k + got_p))

@@ -75,8 +75,22 @@ def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
     sampling = SamplingParams(top_k=[5, 40], temperature=[0.9, 1.2])
     ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=3)
     got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
-    assert len(calls) == 2                                 # target rows and draft rows
+    assert len(calls) == 1                                 # target and draft rows in one launch set
     assert torch.equal(got.output_tokens, ref.output_tokens)
+
+
+def test_target_and_draft_rows_in_one_call():
+    gen = torch.Generator().manual_seed(11)
+    target = (torch.randn(2, 3, 2100, generator=gen) * 3).bfloat16()
+    draft = (torch.randn(2, 2, 2100, generator=gen) * 3).bfloat16()
+    draft[1, 0] = 0.5                                      # a flat draft row: the fallback, next to pivot rows
+    top_k, temperature, top_p = torch.tensor([7, 40]), torch.tensor([0.7, 1.2]), torch.tensor([0.9, 0.8])
+    got_t, got_d = topk16.top_k_thresholds16(target, top_k, temperature, k_max=40, draft=draft)
+    assert torch.equal(got_t, _top_k_thresholds(target, top_k, temperature, 40))
+    assert torch.equal(got_d, _top_k_thresholds(draft, top_k, temperature, 40))
+    got_t, got_d = topk16.top_k_thresholds16(target, top_k, temperature, top_p, 40, draft=draft)
+    assert torch.equal(got_t, topk16.top_k_thresholds16(target, top_k, temperature, top_p, 40))
+    assert torch.equal(got_d, topk16.top_k_thresholds16(draft, top_k, temperature, top_p, 40))
 
 
 @pytest.mark.parametrize("coarse, dtype, pivot", [   # pairwise: each path with both dtypes and both value spreads
@@ -162,3 +176,18 @@ def test_cpu_calls_keep_torch_topk_by_default(monkeypatch):
     logits = _logits(1, 2, 64, torch.bfloat16, seed=15)
     verify(logits, torch.tensor([[3]]), method="fused", sampling=SamplingParams(top_k=5), seed=0)
     assert not calls
+
+
+def test_min_p_after_top_k_and_top_p():
+    from tilespec.verify.distributions import filtered_logits
+    from tilespec.verify.filters import scaled_logits
+    from tilespec.verify.validation import resolve_sampling
+    logits = _logits(3, 2, 3000, torch.bfloat16, seed=12)
+    logits[1, 1] = 0.5                                     # flat: the fallback, whose u* is the row max
+    for top_p in (1.0, [1.0, 0.9, 0.8]):
+        sp = SamplingParams(top_k=[30, 5, 200], top_p=top_p, min_p=[0.05, 0.2, 0.0], temperature=[1.0, 0.7, 1.2])
+        s = resolve_sampling(sp, 3, "cpu")
+        got = topk16.top_k_thresholds16(logits, s.top_k, s.temperature, s.top_p if s.has_top_p else None, 200,
+                                        min_p=s.min_p)
+        want = torch.isfinite(filtered_logits(logits, s, method="sort"))
+        assert torch.equal(scaled_logits(logits, s.temperature) >= got[..., None], want)

@@ -130,3 +130,25 @@ def test_bad_python_values_are_still_rejected_after_good_ones_were_cached():
         prepare_inputs(target, tokens, sampling=SamplingParams(top_p=1.5), seed=0)
     with pytest.raises(ValueError, match="top_k must be an integer"):
         prepare_inputs(target, tokens, sampling=SamplingParams(top_k=2.5), seed=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(top_p=0.9), SamplingParams(min_p=0.05),
+                                      SamplingParams(temperature=0.7, top_k=20, top_p=0.8)],
+                         ids=["top-p", "min-p", "top-k-top-p"])
+def test_16_bit_filters_add_one_launch_set_and_few_ops(sampling, stubs, monkeypatch):
+    # the threshold kernels of target and draft rows: one launch set (3 for topp16, 4 for topk16), their work areas
+    # cached, so the ops added per call are the two threshold allocations
+    from tilespec.verify.kernels import keep, pivot16, topk16, topp16
+    monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)
+    kernels = {(topp16, "_max_kernel"), (topp16, "_window_kernel"), (topp16, "_finish_kernel"),
+               (pivot16, "segment_max_kernel"), (pivot16, "pivot_kernel"), (pivot16, "collect_pivot_kernel"),
+               (topk16, "_finish_kernel")}
+    stub = _StubKernel()
+    for module, name in kernels:
+        monkeypatch.setattr(module, name, stub)
+    target, draft, tokens, seeds, offsets = _engine_like_inputs()
+    ops = _ops(lambda: verify(target, tokens, draft_logits=draft, method="fused", seed=seeds, offsets=offsets,
+                              sampling=sampling, check_values=False))
+    assert stub.launches == 2 * (4 if sampling.top_k else 3)      # warm-up and counted call
+    assert len(ops) <= FUSED_OPS + 2, " ".join(ops)
+    assert set(ops) <= {"empty"}, ops                             # nothing that launches a kernel

@@ -8,7 +8,8 @@
 #                                               # parts are all there is unpacked and converted in the background
 #   bash bench/gpu/run.sh tests                 # GPU tests (kernels, filters, engine graphs)
 #   bash bench/gpu/run.sh exactness             # exactness suite, fused + reference, 10^6 samples per check
-#   bash bench/gpu/run.sh verify                # verify benchmark with filters, transformers and FlashInfer in one process
+#   bash bench/gpu/run.sh verify                # verify benchmark with every filter setting, transformers and FlashInfer
+#   bash bench/gpu/run.sh thresholds            # 16-bit keep thresholds alone (topp16 windows / chunks, eager profile)
 #   bash bench/gpu/run.sh e2e [STAGE ...]       # end-to-end tok/s on the real Qwen pair (runtime-t0|t1, drafters-t0|t1,
 #                                               # schedules-t0|t1: optimal never below 0.97x; schedules-asr: whisper-base;
 #                                               # heads-train, heads-t0|t1|ngram|b8|hf: a draft head trained and timed;
@@ -149,8 +150,8 @@ stage_exactness() {
 stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in the carried tree
   env_setup
   ls .whl/*.whl > /dev/null 2>&1 && pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  step bench-verify 300 python3 -m tilespec bench verify --batch 1 64 --draft 5 --vocab 151936 --dtype bf16 \
-    --filters --check --contenders fused sigmoid hf flashinfer --time-budget "${VERIFY_BUDGET_S:-150}" \
+  step bench-verify 420 python3 -m tilespec bench verify --batch 1 8 64 --draft 5 --vocab 151936 --dtype bf16 \
+    --filters --no-filter-only --check --contenders fused sigmoid hf flashinfer --time-budget "${VERIFY_BUDGET_S:-300}" \
     --json "$RES/verify-kernels-h100.json"
   grep -v '^\s*$' "$RES/bench-verify.log" | tail -40; tarball verify
 }
@@ -158,6 +159,12 @@ stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in
 whisper_gamma() {  # WHISPER_GAMMA, else the γ the distilled draft's training suggests, else 3
   echo "${WHISPER_GAMMA:-$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['held_out']['suggested_gamma'])" \
     "$RES/whisper-train.json" 2>/dev/null || echo 3)}"
+}
+
+stage_thresholds() {
+  env_setup
+  step thresholds16 200 python3 bench/scripts/topp16_bench.py --json "$RES/keep-thresholds16-h100.json" --profile
+  tail -5 "$RES/thresholds16.log"; tarball thresholds
 }
 
 heads_gamma() {  # HEADS_GAMMA, else the γ the head's training suggests (held-out acceptance per depth), else 4
@@ -340,7 +347,7 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

@@ -199,7 +199,7 @@ def verify_headline(others: list):
     path, doc = newest(files)
     ok = [r for r in doc["rows"] if isinstance(r, dict) and isinstance(r.get("results"), dict)
           and r.get("dtype") == "bf16" and r.get("temperature") == 1.0 and r.get("regime", "mid") == "mid"
-          and not r.get("top_k") and _num(r.get("V")) and _num(r.get("K"))]
+          and not _filtered(r) and _num(r.get("V")) and _num(r.get("K"))]
     vs = {r["V"] for r in ok}
     v = 151936 if 151936 in vs else max(vs, default=None)
     rows = []
@@ -212,12 +212,18 @@ def verify_headline(others: list):
 
 
 def verify_filter_rows(doc: dict) -> list:
-    """Rows of a verify file with a top-k or top-p filter (bf16, mid regime, γ = VERIFY_GAMMA, V as the headline),
+    """Rows of a verify file with a top-k, top-p or min-p filter (bf16, mid regime, γ = VERIFY_GAMMA, V as the headline),
     B in VERIFY_BATCHES, ordered by filter then B."""
     ok = [r for r in doc.get("rows") or [] if isinstance(r, dict) and isinstance(r.get("results"), dict)
           and r.get("dtype") == "bf16" and r.get("regime", "mid") == "mid" and r.get("K") == VERIFY_GAMMA
-          and r.get("B") in VERIFY_BATCHES and (r.get("top_k") or (_num(r.get("top_p")) or 1.0) < 1.0)]
-    return sorted(ok, key=lambda r: (r.get("top_k") or 0, _num(r.get("top_p")) or 1.0, r["B"]))
+          and r.get("B") in VERIFY_BATCHES and _filtered(r)]
+    return sorted(ok, key=lambda r: (r.get("top_k") or 0, _num(r.get("top_p")) or 1.0, _num(r.get("min_p")) or 0.0,
+                                     _num(r.get("temperature")) or 1.0, r["B"]))
+
+
+def _filtered(r: dict) -> bool:
+    """Whether a verify row has a top-k, top-p or min-p filter."""
+    return bool(r.get("top_k") or (_num(r.get("top_p")) or 1.0) < 1.0 or (_num(r.get("min_p")) or 0.0) > 0.0)
 
 
 def is_gpu_device(text) -> bool:

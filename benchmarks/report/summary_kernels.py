@@ -121,7 +121,11 @@ def verify_lines(others: list) -> list[str]:
 
 
 def _filter_name(r: dict) -> str:
-    return f"top-k {r['top_k']}" if r.get("top_k") else f"top-p {r.get('top_p')}"
+    parts = [f"T {r['temperature']}"] if r.get("temperature") not in (None, 1.0) else []
+    parts += [f"top-k {r['top_k']}"] if r.get("top_k") else []
+    parts += [f"top-p {r['top_p']}"] if (r.get("top_p") or 1.0) < 1.0 else []
+    parts += [f"min-p {r['min_p']}"] if (r.get("min_p") or 0.0) > 0.0 else []
+    return " / ".join(parts) or "none"
 
 
 def filter_cells(doc: dict) -> list[str]:
@@ -158,7 +162,7 @@ def verify_table(others: list) -> list[str]:
            "| B | γ | filter | " + " | ".join(methods) + " |", "|---|---|---|" + "---|" * len(methods)]
     for r in rows + verify_filter_rows(doc):
         res = r["results"]
-        filt = _filter_name(r) if r.get("top_k") or (r.get("top_p") or 1.0) < 1.0 else "none"
+        filt = _filter_name(r)
         out.append(f"| {r['B']} | {r['K']} | {filt} | " + " | ".join(
             f"{_f((res.get(m) or {}).get('graph_us'))} / {_f((res.get(m) or {}).get('eager_us'))}"
             for m in methods) + " |")

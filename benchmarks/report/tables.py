@@ -342,6 +342,7 @@ def verify_kernel_table(path: Path, doc: dict) -> list[str]:
 
     rows = [r for r in doc.get("rows", []) if isinstance(r, dict) and r.get("B") == 1
             and r.get("temperature") == 1.0 and r.get("regime") == "mid" and not r.get("top_k")
+            and (r.get("top_p") or 1.0) >= 1.0 and not (r.get("min_p") or 0.0)
             and r.get("dtype") == "bf16" and r.get("V") in (51865, 151936)]
     if not rows:
         return []

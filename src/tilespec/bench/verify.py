@@ -27,6 +27,11 @@ EXTERNAL = ("hf", "flashinfer")
 # sort-based evaluation and by the default sort-free path (Triton thresholds on CUDA). Their GB/s columns use the
 # row's bytes_must_read (target + draft), so only their times are meaningful.
 FILTER_ONLY = ("filtered_logits[sort]", "filtered_logits")
+# (temperature, top_k, top_p, min_p) of the --filters rows: top-k 20 / 50, top-p 0.8 / 0.9 / 0.95, min-p 0.05 and
+# Qwen's recommended setting (T 0.7, top-k 20, top-p 0.8)
+FILTER_CONFIGS = ((1.0, 20, 1.0, 0.0), (1.0, 50, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.0, 0, 0.9, 0.0),
+                  (1.0, 0, 0.95, 0.0), (1.0, 0, 1.0, 0.05), (0.7, 20, 0.8, 0.0))
+UNFILTERED = (1.0, 0, 1.0, 0.0)
 
 
 def contenders() -> tuple:
@@ -57,10 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "same tokens as reference and that graph replay matches")
     parser.add_argument("--time-budget", type=float, default=1e9, help="stop adding grid points after this many "
                                                                         "seconds (results so far are kept)")
-    parser.add_argument("--filters", action="store_true", help="add top-k 50 and top-p 0.9 rows (T=1, K=5, "
+    parser.add_argument("--filters", action="store_true", help="add rows of every FILTER_CONFIGS setting (K=5, "
                                                                "V=151936, bf16, 'mid') for every --batch; rows "
                                                                "with filters also time filtered_logits alone "
-                                                               "(sort-based vs default)")
+                                                               "(sort-based vs default) unless --no-filter-only")
+    parser.add_argument("--no-filter-only", action="store_true", help="filter rows without the filtered_logits "
+                                                                      "contenders")
 
 
 def _make_inputs(torch, b, k, v, dtype, regime, seed):
@@ -83,16 +90,17 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
     from tilespec.verify.registry import get_method
     from tilespec.verify.types import SamplingParams
     from tilespec.verify.validation import prepare_inputs
-    temp, top_k, top_p = cfg
+    temp, top_k, top_p, min_p = cfg
     b, k = tokens.shape
     if name in FILTER_ONLY:
         from tilespec.verify.distributions import filtered_logits
         from tilespec.verify.validation import resolve_sampling
-        resolved = resolve_sampling(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p), b, target.device)
+        resolved = resolve_sampling(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p), b,
+                                    target.device)
         how = "sort" if name.endswith("[sort]") else "auto"
         return (lambda: filtered_logits(target, resolved, method=how)), True
     if name not in EXTERNAL:
-        sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p)
+        sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
         inputs = prepare_inputs(target, tokens, draft_logits=draft, sampling=sampling, seed=seed,
                                 check_values=False)
         method = get_method(name)
@@ -102,10 +110,11 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
         if b != 1:
             raise RuntimeError("transformers' _speculative_sampling is B = 1 only")
         from transformers.generation.utils import _speculative_sampling as hf_fn
-        from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+        from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
         new = target.float() / temp
         cand = draft.float() / temp
-        for on, warp in ((top_k, lambda: TopKLogitsWarper(top_k)), (top_p < 1.0, lambda: TopPLogitsWarper(top_p))):
+        for on, warp in ((top_k, lambda: TopKLogitsWarper(top_k)), (top_p < 1.0, lambda: TopPLogitsWarper(top_p)),
+                         (min_p > 0, lambda: MinPLogitsWarper(min_p))):
             if on:
                 new = warp()(None, new.view(-1, new.shape[-1])).view(new.shape)
                 cand = warp()(None, cand.view(-1, cand.shape[-1])).view(cand.shape)
@@ -129,6 +138,10 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
             if top_p < 1.0:
                 p = fs.top_p_renorm_probs(p.view(-1, p.shape[-1]), top_p).view(p.shape)
                 q = fs.top_p_renorm_probs(q.view(-1, q.shape[-1]), top_p).view(q.shape)
+            if min_p > 0:   # FlashInfer has no min-p renorm: the mask and renormalisation in PyTorch
+                p = torch.where(p >= min_p * p.amax(-1, keepdim=True), p, 0.0)
+                q = torch.where(q >= min_p * q.amax(-1, keepdim=True), q, 0.0)
+                p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
             return fs.chain_speculative_sampling(q, ids32, p, **kw)
         return fi, bool(kw)
     raise RuntimeError(f"unknown contender {name}")
@@ -188,9 +201,10 @@ def _point(torch, args, b, k, v, dtype_name, cfg, regime, log):
     n_sets = max(1, min(4, math.ceil(200e6 / must_read)))
     sets = [_make_inputs(torch, b, k, v, dtype, regime, seed=17 + i) for i in range(n_sets)]
     row = {"B": b, "K": k, "V": v, "dtype": dtype_name, "temperature": cfg[0], "top_k": cfg[1], "top_p": cfg[2],
-           "regime": regime,
+           "min_p": cfg[3], "regime": regime,
            "bytes_must_read": must_read, "input_sets": n_sets, "results": {}}
-    filter_row = getattr(args, "filters", False) and (cfg[1] or cfg[2] < 1.0)
+    filter_row = (getattr(args, "filters", False) and not getattr(args, "no_filter_only", False)
+                  and (cfg[1] or cfg[2] < 1.0 or cfg[3] > 0))
     for name in list(args.contenders) + (list(FILTER_ONLY) if filter_row else []):
         res = {}
         try:
@@ -226,7 +240,7 @@ def _gpu_checks(torch) -> dict:
     from tilespec.verify.validation import prepare_inputs
     out = {}
     for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        for temp, top_k, top_p in ((1.0, 0, 1.0), (0.6, 50, 1.0), (1.0, 0, 0.9), (0.0, 0, 1.0)):
+        for temp, top_k, top_p in ((1.0, 0, 1.0), (0.6, 50, 1.0), (1.0, 0, 0.9), (0.7, 20, 0.8), (0.0, 0, 1.0)):
             target, draft, tokens = _make_inputs(torch, 64, 5, 151936, dtype, "mid", seed=3)
             nd = torch.randint(0, 6, (64,), device="cuda")
             inputs = prepare_inputs(target, tokens, draft_logits=draft, num_draft_tokens=nd,
@@ -290,14 +304,14 @@ def run(args) -> int:
         doc["checks"] = _gpu_checks(torch)
         print("checks:", json.dumps(doc["checks"]), flush=True)
     # the headline points first (bf16, V=151936), then the sampling sweep, then the rest of the grid
-    grid = [(b, k, v, dt, (1.0, 0, 1.0), "mid") for dt in args.dtype for v in args.vocab for b in args.batch
+    grid = [(b, k, v, dt, UNFILTERED, "mid") for dt in args.dtype for v in args.vocab for b in args.batch
             for k in args.draft]
     key = [p for p in grid if p[2] == 151936 and p[3] == "bf16"]
     sweep = [(b, 5, 151936, "bf16", cfg, regime) for b in (1, 64)
-             for cfg in ((1.0, 0, 1.0), (0.6, 0, 1.0), (0.6, 50, 1.0), (1.0, 0, 0.9))
-             for regime in ("p~q", "mid", "disjoint") if (cfg, regime) != ((1.0, 0, 1.0), "mid")] if args.sweep else []
+             for cfg in (UNFILTERED, (0.6, 0, 1.0, 0.0), (0.6, 50, 1.0, 0.0), (1.0, 0, 0.9, 0.0))
+             for regime in ("p~q", "mid", "disjoint") if (cfg, regime) != (UNFILTERED, "mid")] if args.sweep else []
     filters = [(b, 5, 151936, "bf16", cfg, "mid") for b in args.batch
-               for cfg in ((1.0, 50, 1.0), (1.0, 0, 0.9))] if getattr(args, "filters", False) else []
+               for cfg in FILTER_CONFIGS] if getattr(args, "filters", False) else []
     points = key + filters + sweep + [p for p in grid if p not in key]
     print(f"{device}: {len(points)} grid points; columns are eager/graph microseconds per call", flush=True)
     for b, k, v, dt, cfg, regime in points:

@@ -75,6 +75,12 @@ def default_cases(seed: int = 0) -> list[Case]:
     cases.append(Case("bf16 top-k 6 top-p 0.8 temperature 1.3", base_t[:4].bfloat16(),
                       draft_logits=base_d[:3].bfloat16(),
                       sampling=SamplingParams(temperature=1.3, top_k=6, top_p=0.8), single_request=True))
+    # bf16 top-p / min-p without top-k take kernels/topp16.py on a GPU
+    cases.append(Case("bf16 top-p 0.8 temperature 0.7", base_t[:4].bfloat16(), draft_logits=base_d[:3].bfloat16(),
+                      sampling=SamplingParams(temperature=0.7, top_p=0.8), single_request=True))
+    cases.append(Case("bf16 top-p 0.9 min-p 0.1 temperature 1.3", base_t[:4].bfloat16(),
+                      draft_logits=base_d[:3].bfloat16(),
+                      sampling=SamplingParams(temperature=1.3, top_p=0.9, min_p=0.1), single_request=True))
     cases.append(Case("min-p 0.1", base_t[:4], draft_logits=base_d[:3], sampling=SamplingParams(min_p=0.1),
                       single_request=True))
     extreme_t = _logits(g, 4, v, scale=1e4)

@@ -13,7 +13,8 @@ n's residual or bonus draw, several tiles per program), ``sample`` (pass 2 of ``
 (keyed Philox uniforms bit-identical to :mod:`tilespec.verify.rng`, logit loads, statistics, the inverse-CDF steps,
 output writes); ``launch`` the Python wrappers, launch plans and layout choice, ``direct`` the compiled-kernel
 launcher. Keep thresholds of the filters: ``keep`` (routing), ``thresholds`` / ``radix`` (32-bit order-key search,
-one or many programs per row), ``topk16`` with ``pivot16`` / ``digits16`` / ``keys16`` (top-k of 16-bit rows).
+one or many programs per row), ``topk16`` with ``pivot16`` / ``digits16`` / ``keys16`` (top-k, then top-p / min-p,
+of 16-bit rows), ``topp16`` (top-p / min-p of 16-bit rows from a count window of order keys).
 """
 from __future__ import annotations
 

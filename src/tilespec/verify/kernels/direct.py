@@ -1,7 +1,8 @@
 """Direct launches of the verification kernels: call the CompiledKernel Triton returned for a launch plan instead of
 going through the JIT dispatcher (argument binding, specialisation and cache-key hashing on every call).
 
-Used by :mod:`tilespec.verify.kernels.launch`; see :class:`_Launcher` for when a direct call is safe.
+Used by :mod:`tilespec.verify.kernels.launch` (per plan) and the keep-threshold kernels (:func:`launch`); see
+:class:`_Launcher` for when a direct call is safe.
 """
 from __future__ import annotations
 
@@ -92,3 +93,29 @@ def _direct_key(plan, device: torch.device, tensors: tuple, ints: tuple):
     if ptr & _ALIGN_MASK or max(ints) > _INT32_MAX:
         return None
     return tuple(t.dtype for t in tensors)
+
+
+class _Shared:
+    """The compiled-kernel cache of :func:`launch` (a plan-like holder for :class:`_Launcher`)."""
+    direct: dict = {}
+
+
+SHARED_LIMIT = 4096   # signatures kept by launch(); later ones take the JIT path (still correct)
+
+
+def launch(kernel, grid: tuple, tensors: tuple, ints: tuple, consts: dict) -> None:
+    """``kernel[grid](*tensors, *ints, **consts)`` through :class:`_Launcher`: after the first (JIT) launch of a
+    signature - the tensors' dtypes, every integer and constexpr value, all pointers 16-byte aligned - the compiled
+    kernel is called directly. ``grid`` is a 3-tuple; integers that Triton specialises on (1, multiples of 16) are
+    part of the key, so a cached kernel is only reused for the same values."""
+    device = tensors[0].device
+    launcher, key = _launcher(kernel), None
+    if _DIRECT and device.type == "cuda" and device.index == torch.cuda.current_device():
+        ptr = 0
+        for t in tensors:
+            ptr |= t.data_ptr()
+        if not ptr & _ALIGN_MASK and max(ints, default=0) <= _INT32_MAX:
+            key = (tuple(t.dtype for t in tensors), ints, tuple(sorted(consts.items())))
+            if len(_Shared.direct) >= SHARED_LIMIT and (launcher.name, key) not in _Shared.direct:
+                key = None
+    launcher(_Shared, grid, (*tensors, *ints), consts, key)

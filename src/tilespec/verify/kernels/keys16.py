@@ -24,12 +24,29 @@ W_PIVOT = tl.constexpr(4)      # the pivot key
 
 
 @triton.jit
-def load_bits(x_ptr, n, offs, R, V, stride_b, stride_r, ALIGNED: tl.constexpr):
-    """Raw bits (int32, sign-extended) of row n at ids ``offs``; 0 where >= V."""
-    row = x_ptr + (n // R).to(tl.int64) * stride_b + (n % R) * stride_r
+def row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED: tl.constexpr):
+    """(row pointer, request) of row n: the target rows first (n < NT, RT per request, strides sbt / srt), then
+    the draft rows (RD per request, strides sbd / srd; ``d_ptr`` = ``t_ptr`` and NT = N without a draft)."""
+    if n < NT:
+        b = n // RT
+        row = t_ptr + b.to(tl.int64) * sbt + (n % RT).to(tl.int64) * srt
+    else:
+        b = (n - NT) // RD
+        row = d_ptr + b.to(tl.int64) * sbd + ((n - NT) % RD).to(tl.int64) * srd
     if ALIGNED:
         row = tl.multiple_of(row, 16)
-    return tl.load(row + offs, mask=offs < V, other=0).to(tl.int32)
+    return row, b
+
+
+@triton.jit
+def request_of(n, NT, RT, RD):
+    return tl.where(n < NT, n // RT, (n - NT) // RD)
+
+
+@triton.jit
+def load_bits(row, offs, V):
+    """Raw bits (int32, sign-extended) of a bf16 / fp16 row at ids ``offs``; 0 where >= V."""
+    return tl.load(row + offs, mask=offs < V, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
 
 
 @triton.jit
@@ -53,7 +70,7 @@ def key_to_z(u, t, FP16: tl.constexpr):
 
 
 @triton.jit
-def top_on(k_ptr, n, R, V):
-    """Row n's k and whether top-k is on for it (0 < k < V)."""
-    k = tl.load(k_ptr + n // R)
+def top_on(k_ptr, b, V):
+    """Request b's k and whether top-k is on for it (0 < k < V)."""
+    k = tl.load(k_ptr + b)
     return k, (k > 0) & (k < V)

@@ -41,7 +41,7 @@ import triton
 from ..distributions import draft_log_probs, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
-from .keep import _top_k_thresholds, keep_thresholds  # noqa: F401  (tests import them from here)
+from .keep import _top_k_thresholds, keep_thresholds, keep_thresholds_pair  # noqa: F401  (tests import them)
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
 from .residual import sample_wide_kernel
 from .sample import accept_sample_kernel, accept_sample_rows_kernel
@@ -323,9 +323,7 @@ def _draft(inputs: VerifyInputs) -> tuple[Optional[torch.Tensor], int]:
 def _thresholds(inputs: VerifyInputs, tgt: torch.Tensor, drf: Optional[torch.Tensor], kind: int):
     if not inputs.sampling.has_filters:
         return None, None
-    thr_t = keep_thresholds(tgt, inputs)
-    thr_q = keep_thresholds(drf, inputs) if kind == DRAFT_LOGITS and tgt.shape[1] > 1 else None
-    return thr_t, thr_q
+    return keep_thresholds_pair(tgt, drf if kind == DRAFT_LOGITS and tgt.shape[1] > 1 else None, inputs)
 
 
 @_quiet

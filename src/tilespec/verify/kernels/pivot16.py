@@ -19,20 +19,23 @@ import triton
 import triton.language as tl
 
 from .keys16 import (ROW_WORDS, W_PIVOT, W_PIVOT_N, bits_to_float, bits_to_key, key_to_z, load_bits,
-                     top_on)
+                     request_of, row_of, top_on)
 
 
-@triton.jit(do_not_specialize=["R", "V", "stride_b", "stride_r", "n_seg"])
-def segment_max_kernel(x_ptr, seg_ptr, k_ptr, R, V, stride_b, stride_r, n_seg, CHUNK: tl.constexpr,
-                       SEG: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr):
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd", "n_seg"])
+def segment_max_kernel(t_ptr, d_ptr, seg_ptr, k_ptr, NT, RT, RD, V, sbt, srt, sbd, srd, n_seg,
+                       CHUNK: tl.constexpr, SEG: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr,
+                       PDL: tl.constexpr):
+    if PDL:   # the pivot kernel (a programmatic dependent) may get resident; it waits for this grid to finish
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
-    _, on = top_on(k_ptr, n, R, V)
+    row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
+    _, on = top_on(k_ptr, b, V)
     if on:
         segs = tl.arange(0, CHUNK // SEG)
         offs = c * CHUNK + segs[:, None] * SEG + tl.arange(0, SEG)[None, :]
-        x = tl.where(offs < V, bits_to_float(load_bits(x_ptr, n, offs, R, V, stride_b, stride_r, ALIGNED), FP16),
-                     float("-inf"))
+        x = tl.where(offs < V, bits_to_float(load_bits(row, offs, V), FP16), float("-inf"))
         m = tl.max(x, axis=1)                                   # a value some id of the segment holds
         if FP16:
             key = bits_to_key(m.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32))
@@ -42,10 +45,13 @@ def segment_max_kernel(x_ptr, seg_ptr, k_ptr, R, V, stride_b, stride_r, n_seg, C
         tl.store(seg_ptr + n.to(tl.int64) * n_seg + c * (CHUNK // SEG) + segs, key)
 
 
-@triton.jit(do_not_specialize=["R", "V", "n_seg"])
-def pivot_kernel(seg_ptr, hist_ptr, k_ptr, R, V, n_seg, SEG_PAD: tl.constexpr):
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "n_seg"])
+def pivot_kernel(seg_ptr, hist_ptr, k_ptr, NT, RT, RD, V, n_seg, SEG_PAD: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # a programmatic dependent of the segment-max kernel: wait for it, let the next kernel get resident
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
-    k, on = top_on(k_ptr, n, R, V)
+    k, on = top_on(k_ptr, request_of(n, NT, RT, RD), V)
     if on:
         i = tl.arange(0, SEG_PAD)
         m = tl.sort(tl.load(seg_ptr + n.to(tl.int64) * n_seg + i, mask=i < n_seg, other=-1), descending=True)
@@ -53,18 +59,23 @@ def pivot_kernel(seg_ptr, hist_ptr, k_ptr, R, V, n_seg, SEG_PAD: tl.constexpr):
         tl.store(hist_ptr + n * ROW_WORDS + W_PIVOT, tl.maximum(pivot, 0))
 
 
-@triton.jit(do_not_specialize=["R", "V", "stride_b", "stride_r"])
-def collect_pivot_kernel(x_ptr, hist_ptr, vals_ptr, k_ptr, R, V, stride_b, stride_r, CHUNK: tl.constexpr,
-                         CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr):
+@triton.jit(do_not_specialize=["NT", "RT", "RD", "V", "sbt", "srt", "sbd", "srd"])
+def collect_pivot_kernel(t_ptr, d_ptr, hist_ptr, vals_ptr, k_ptr, NT, RT, RD, V, sbt, srt, sbd, srd,
+                         CHUNK: tl.constexpr, CAP: tl.constexpr, ALIGNED: tl.constexpr, FP16: tl.constexpr,
+                         PDL: tl.constexpr):
+    if PDL:   # a programmatic dependent of the pivot kernel: wait for it, let the finish get resident
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     c = tl.program_id(1)
-    _, on = top_on(k_ptr, n, R, V)
+    row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
+    _, on = top_on(k_ptr, b, V)
     if on:
         area = hist_ptr + n * ROW_WORDS
         key = tl.load(area + W_PIVOT)
         pivot = tl.where(key > 0, key_to_z(key, 1.0, FP16), float("-inf"))    # its value (key 0, a NaN: every id)
         offs = c * CHUNK + tl.arange(0, CHUNK)
-        s = load_bits(x_ptr, n, offs, R, V, stride_b, stride_r, ALIGNED)
+        s = load_bits(row, offs, V)
         take = (offs < V) & (bits_to_float(s, FP16) >= pivot)
         count = tl.sum(take.to(tl.int32), axis=0)
         if count > CAP:                    # the row overflows: only the count matters

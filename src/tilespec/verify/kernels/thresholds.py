@@ -56,6 +56,53 @@ def _load_z(row, offs, vocab, scale):
 
 
 @triton.jit
+def min_p_threshold(m, mp):
+    """The smallest fp32 z with fl(z - m) >= fl(log(mp)): min-p's keep set {log p(x) - max log p >= log min_p}
+    = {z - m >= log min_p} (the normaliser cancels), by bisection over fp32 order keys (-inf fails, m holds)."""
+    lmp = tl.log(mp)
+    lo = tl.full((), _KEY_NEG_INF, tl.int64)
+    hi = _float_key(m).to(tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        ok = (_key_float(mid) - m) >= lmp
+        hi = tl.where(ok, mid, hi)
+        lo = tl.where(ok, lo, mid)
+    return tl.where((mp > 0.0) & (m > float("-inf")), _key_float(hi), float("-inf"))
+
+
+@triton.jit
+def top_p_search(row, vocab, scale, top_p, thr_k, BLOCK: tl.constexpr, BITS: tl.constexpr):
+    """t_p of one row (pointer ``row``, ``vocab`` ids, z = logit / scale) over the ids with z >= thr_k: one pass for
+    the max, then 32 / BITS passes of the 2^BITS-way key search (see the module docstring)."""
+    ar = tl.arange(0, BLOCK)
+    ways = tl.arange(0, 1 << BITS).to(tl.int64)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        m = tl.maximum(m, _load_z(row, start + ar, vocab, scale))
+    m_row = tl.max(m, axis=0)
+    m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
+    base = tl.full((), _KEY_NEG_INF - 1, tl.int64)
+    total = tl.zeros((), tl.float32)
+    for p in tl.static_range(32 // BITS):
+        cand = _key_float(base + (ways << (32 - BITS * (p + 1))))
+        mass = tl.zeros([1 << BITS], tl.float32)
+        tot = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            offs = start + ar
+            z = _load_z(row, offs, vocab, scale)
+            e = tl.where((offs < vocab) & (z >= thr_k), tl.exp(z - m_row), 0.0)
+            mass += tl.sum(tl.where(z[None, :] > cand[:, None], e[None, :], 0.0), axis=1)
+            if p == 0:
+                tot += e
+        if p == 0:
+            total = tl.sum(tot, axis=0)
+        ok = tl.div_rn(mass, tl.zeros([1 << BITS], tl.float32) + total) >= top_p
+        best = tl.max(tl.where(ok, ways, 0), axis=0)
+        base = base + (best << (32 - BITS * (p + 1)))
+    return _key_float(base + 1)
+
+
+@triton.jit
 def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stride_b, stride_r,
                        DO_K: tl.constexpr, DO_P: tl.constexpr, BLOCK: tl.constexpr, BITS: tl.constexpr):
     pid = tl.program_id(0)
@@ -85,30 +132,7 @@ def _thresholds_kernel(x_ptr, out_ptr, temp_ptr, k_ptr, p_ptr, rows, vocab, stri
     if DO_P:
         top_p = tl.load(p_ptr + b)
         if top_p < 1.0:
-            m = tl.full([BLOCK], float("-inf"), tl.float32)
-            for start in range(0, vocab, BLOCK):
-                m = tl.maximum(m, _load_z(row, start + ar, vocab, scale))
-            m_row = tl.max(m, axis=0)
-            m_row = tl.where(m_row == float("-inf"), 0.0, m_row)
-            base = tl.full((), _KEY_NEG_INF - 1, tl.int64)
-            total = tl.zeros((), tl.float32)
-            for p in tl.static_range(32 // BITS):
-                cand = _key_float(base + (ways << (32 - BITS * (p + 1))))
-                mass = tl.zeros([1 << BITS], tl.float32)
-                tot = tl.zeros([BLOCK], tl.float32)
-                for start in range(0, vocab, BLOCK):
-                    offs = start + ar
-                    z = _load_z(row, offs, vocab, scale)
-                    e = tl.where((offs < vocab) & (z >= thr), tl.exp(z - m_row), 0.0)
-                    mass += tl.sum(tl.where(z[None, :] > cand[:, None], e[None, :], 0.0), axis=1)
-                    if p == 0:
-                        tot += e
-                if p == 0:
-                    total = tl.sum(tot, axis=0)
-                ok = tl.div_rn(mass, tl.zeros([1 << BITS], tl.float32) + total) >= top_p
-                best = tl.max(tl.where(ok, ways, 0), axis=0)
-                base = base + (best << (32 - BITS * (p + 1)))
-            thr = tl.maximum(thr, _key_float(base + 1))
+            thr = tl.maximum(thr, top_p_search(row, vocab, scale, top_p, thr, BLOCK, BITS))
     tl.store(out_ptr + pid, thr)
 
 
