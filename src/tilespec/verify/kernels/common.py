@@ -11,6 +11,10 @@ request seed with counter (token, position mod 2^32, purpose, 0), mapped to ((x 
 """
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
 import triton
@@ -206,3 +210,17 @@ def write_outputs(tok_ptr, out_ptr, nacc_ptr, nemit_ptr, accd_ptr, req, live, n,
         tl.store(accd_ptr + row * K + j, j < nn, mask=ok & (j < K))
     tl.store(nacc_ptr + req, n.to(tl.int64), mask=live)
     tl.store(nemit_ptr + req, n.to(tl.int64) + 1, mask=live)
+
+
+@functools.lru_cache(maxsize=None)
+def pdl_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be launched as programmatic dependents (compute capability >= 9 and a
+    Triton with ``launch_pdl`` and ``gdc_wait``)."""
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        import triton.language.extra.cuda as tl_cuda
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and hasattr(tl_cuda, "gdc_wait")

@@ -116,19 +116,7 @@ def _sm_count(device: torch.device) -> int:
 
 def _pdl(device: torch.device) -> bool:
     """Whether pass 2 is launched as a programmatic dependent of pass 1 on ``device`` (see PDL)."""
-    return PDL and device.type == "cuda" and _pdl_capable(device)
-
-
-@functools.lru_cache(maxsize=None)
-def _pdl_capable(device: torch.device) -> bool:
-    if torch.cuda.get_device_capability(device)[0] < 9:
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-        import triton.language.extra.cuda as tl_cuda
-    except ImportError:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and hasattr(tl_cuda, "gdc_wait")
+    return PDL and device.type == "cuda" and common.pdl_capable(device)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from . import digits16, direct, pivot16, thresholds
+from .common import pdl_capable
 from .keys16 import (ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, row_of,
                      top_on)
 
@@ -178,8 +179,8 @@ def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: t
     geometry = (n_t, rows, max(rows_d, 1), vocab)
     sizes = (*geometry, *strides)
     common = dict(CHUNK=chunk, ALIGNED=aligned, num_warps=num_warps)
-    from .launch import _pdl
-    pdl = dict(launch_pdl=True, PDL=True) if pivot and PDL and logits.is_cuda and _pdl(device) else dict(PDL=False)
+    use_pdl = pivot and PDL and logits.is_cuda and pdl_capable(device)
+    pdl = dict(launch_pdl=True, PDL=True) if use_pdl else dict(PDL=False)
     if pivot:
         direct.launch(pivot16.segment_max_kernel, grid, (x_t, x_d, seg, top_k), (*sizes, n_seg),
                       dict(SEG=SEG, FP16=fp16, PDL=pdl["PDL"], **common))

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from . import direct, thresholds
+from .common import pdl_capable
 from .keys16 import bits_to_key, key_to_z, load_bits
 
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
@@ -223,7 +224,6 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     not decide with its value. Three launches for target and draft rows together; no host sync. Work areas are
     cached per shape and reset by the kernels: calls of one shape must not run concurrently on different streams
     (as :mod:`.launch`'s plans)."""
-    from .launch import _pdl
     _check(logits, top_p, temperature, min_p)
     if draft is not None:
         _check(draft, top_p, temperature, min_p)
@@ -250,7 +250,8 @@ def top_p_thresholds16(logits: torch.Tensor, top_p: torch.Tensor, temperature: t
     sizes = (n_t, rows, max(rows_d, 1), vocab, *strides)
     area_words = HEAD_WORDS + window
     mp = min_p if min_p is not None else top_p
-    pdl = dict(launch_pdl=True, PDL=True) if PDL and logits.is_cuda and _pdl(logits.device) else dict(PDL=False)
+    use_pdl = PDL and logits.is_cuda and pdl_capable(logits.device)
+    pdl = dict(launch_pdl=True, PDL=True) if use_pdl else dict(PDL=False)
     direct.launch(_max_kernel, grid, (x_t, x_d, area, top_p, mp), sizes,
                   dict(CHUNK=chunk, ALIGNED=aligned, AREA=area_words, MIN_P=min_p is not None,
                        PDL=pdl["PDL"], num_warps=NUM_WARPS))
