@@ -23,6 +23,7 @@ from .head import HeadDrafter
 from .model import ModelDraftRunner
 from .ngram import NgramDrafter
 from .suffix import SuffixDrafter
+from . import context_tree, head_tree, model_tree  # noqa: F401,E402  (register the tree forms)
 
 CONTEXT_DRAFTERS = {"ngram": NgramDrafter, "suffix": SuffixDrafter}
 HEAD_NAME = "head"

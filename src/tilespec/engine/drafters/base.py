@@ -68,12 +68,6 @@ class Drafter:
         """Slots past W that one step drafting ``gamma`` tokens writes (a chain: γ; a tree drafter: more)."""
         return gamma
 
-    def for_tree(self, shape):
-        """This drafter proposing token trees of ``shape`` (drafters/trees.py ``TreeShape``): a Drafter whose runner
-        returns tree proposals; ValueError where this drafter has no trees."""
-        raise ValueError(f"tree decoding drafts with a head (draft='head', a head folder or a HeadDrafter), a draft "
-                         f"model (chains=(K, L)) or from the context (draft='ngram': several n-gram matches as "
-                         f"branches), not with {self.name!r}")
 
     def attach(self, target) -> None:
         """Called once by the decoder: check the draft model (if any) against ``target`` (same architecture kind,
@@ -84,19 +78,13 @@ class Drafter:
 
 class ModelDrafter(Drafter):
     """Drafts with a model: γ autoregressive draft forwards per step (drafters/model.py); K sampled chains per step
-    with ``for_tree`` (drafters/model_tree.py)."""
+    as its tree form (drafters/model_tree.py)."""
 
     def __init__(self, model, name: Optional[str] = None):
         if not hasattr(model, "config"):
             raise TypeError(f"a draft model must be a Hugging Face model, got {type(model).__name__}")
         self.model = model
         self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
-
-    def for_tree(self, shape):
-        if shape.chains is None:
-            raise ValueError("a draft model proposes K sampled chains: pass chains=(K, L)")
-        from .model_tree import ModelChainsDrafter
-        return ModelChainsDrafter(self, shape)
 
 
 class ContextDrafter(Drafter):
@@ -129,11 +117,3 @@ class ContextDrafter(Drafter):
 
     def start(self, prompts: Sequence[Sequence[int]]) -> ContextState:
         raise NotImplementedError
-
-    def for_tree(self, shape):
-        if self.model is not None:
-            return super().for_tree(shape)
-        if shape.chains is not None:
-            raise ValueError("context trees are deterministic drafts: use tree=(matches, length, nodes), not chains")
-        from .context_tree import ContextTreeDrafter
-        return ContextTreeDrafter(self, shape)

@@ -7,7 +7,7 @@ continuations are merged into a trie rooted at the pending token (shared prefixe
 insertion order (parents first), at most ``nodes`` nodes. A request without a match gets the root alone (its step
 decodes one token). Host-side, O(history) per request and step.
 
-:class:`ContextTreeDrafter` (``ContextDrafter.for_tree``, ``draft="ngram"``) hands out a
+:class:`ContextTreeDrafter` (the tree form of a ContextDrafter without a model, ``draft="ngram"``) hands out a
 :class:`ContextTreeRunner`: it keeps every request's history (prompt from the prefill, emitted tokens from
 ``observe``, read on the host next to the step's own host read) and proposes these tries as tree proposals (host-commit
 path: the trees are built on the host).
@@ -20,9 +20,9 @@ import torch
 
 from tilespec.multidraft.tree import TokenTree
 
-from .base import Drafter
+from .base import ContextDrafter, Drafter
 from .contract import DraftRunner, Proposal
-from .trees import capped
+from .trees import capped, no_trees, tree_form
 
 
 def continuations(history: Sequence[int], matches: int, length: int, n_min: int = 1, n_max: int = 4) -> list:
@@ -120,3 +120,12 @@ class ContextTreeDrafter(Drafter):
 
     def runner(self, batch: int, capacity: int, *, target, compile=None) -> ContextTreeRunner:
         return ContextTreeRunner(self.shape)
+
+
+@tree_form(ContextDrafter)
+def context_tree(drafter: ContextDrafter, shape) -> ContextTreeDrafter:
+    if drafter.model is not None:
+        raise no_trees(drafter)
+    if shape.chains is not None:
+        raise ValueError("context trees are deterministic drafts: use tree=(matches, length, nodes), not chains")
+    return ContextTreeDrafter(drafter, shape)

@@ -220,12 +220,6 @@ class HeadDrafter(Drafter):
     def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
         return self.context.start(prompts) if self.context is not None else None
 
-    def for_tree(self, shape):
-        if self.context is not None:
-            return super().for_tree(shape)
-        from .head_tree import HeadTreeDrafter
-        return HeadTreeDrafter(self, shape)
-
     def runner(self, batch: int, capacity: int, *, target, compile=None) -> HeadRunner:
         """The head's runner for one generation, in the target runner's mode; on the compiled paths shared per
         (head, batch, capacity) like the models' runners (engine/leases.py), so captured steps are reused across

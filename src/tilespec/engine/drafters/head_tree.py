@@ -15,7 +15,7 @@ are overwritten by the ``observe`` that follows verification, so only committed 
   scheme uses); the laws are kept as the tree's ``draft_probs`` for the seed-004 schemes.
 Static shapes, no host syncs: both can run inside a captured CUDA graph (the selection of sampled chains cannot: it
 reads the alive drafts on the host, so those steps run on the host-commit path).
-:class:`HeadTreeDrafter` (``HeadDrafter.for_tree``) hands out a :class:`HeadTreeRunner`: the head's runner whose
+:class:`HeadTreeDrafter` (the tree form of a HeadDrafter) hands out a :class:`HeadTreeRunner`: the head's runner whose
 ``propose`` returns these trees as a tree :class:`~.contract.Proposal`; ``observe`` is the chain's (the step body
 hands it the accepted path).
 """
@@ -29,8 +29,8 @@ from tilespec.verify.distributions import log_probs
 from ..tree_step import sample_chains, window_gather
 from .base import Drafter
 from .contract import Proposal, StepView
-from .head import HeadRunner
-from .trees import capped, draft_resolved
+from .head import HeadDrafter, HeadRunner
+from .trees import capped, draft_resolved, no_trees, tree_form
 
 CHAIN_SEED_STRIDE = 1 << 44     # chain k samples with seed + (k + 1) * stride: independent of the verify streams
 
@@ -210,3 +210,10 @@ class HeadTreeDrafter(Drafter):
         shape = self.shape
         return self.base._shared_runner(batch, capacity, target.mode, ("head-tree", shape.key()),
                                         lambda *a: HeadTreeRunner(*a, shape))
+
+
+@tree_form(HeadDrafter)
+def head_tree(drafter: HeadDrafter, shape) -> HeadTreeDrafter:
+    if drafter.context is not None:
+        raise no_trees(drafter)
+    return HeadTreeDrafter(drafter, shape)

@@ -11,7 +11,7 @@ committed tokens survive in the draft's cache.
 Tokens are sampled from the processed draft law with Gumbel noise keyed by a per-chain seed (a stream no verify
 scheme uses); the laws become the tree's ``draft_probs``.
 
-:class:`ModelChainsDrafter` (``ModelDrafter.for_tree``) hands out a :class:`ModelChainsRunner`: it ``observe``s
+:class:`ModelChainsDrafter` (the tree form of a ModelDrafter) hands out a :class:`ModelChainsRunner`: it ``observe``s
 each step's accepted chunk and resyncs at the next ``propose``; a defrag or a dropped row (``select``) first writes
 the pending chunk in the layout it was committed in, then the pending token is fed again at the new W.
 """
@@ -26,11 +26,11 @@ from tilespec.multidraft.tree import TokenTree
 from tilespec.verify.distributions import log_probs
 
 from ..tree_step import sample_chains, window_gather
-from .base import Drafter
+from .base import Drafter, ModelDrafter
 from .contract import Proposal, StepView
 from .head_tree import CHAIN_SEED_STRIDE, _own_slots
 from .model import ModelDraftRunner
-from .trees import capped, draft_resolved
+from .trees import capped, draft_resolved, tree_form
 
 
 @dataclass
@@ -199,3 +199,10 @@ class ModelChainsDrafter(Drafter):
     def runner(self, batch: int, capacity: int, *, target, compile) -> ModelChainsRunner:
         from ..leases import shared_runner
         return ModelChainsRunner(shared_runner(self.model, "draft", capacity, batch, compile), self.shape)
+
+
+@tree_form(ModelDrafter)
+def model_chains(drafter: ModelDrafter, shape) -> ModelChainsDrafter:
+    if shape.chains is None:
+        raise ValueError("a draft model proposes K sampled chains: pass chains=(K, L)")
+    return ModelChainsDrafter(drafter, shape)

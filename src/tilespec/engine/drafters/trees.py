@@ -1,6 +1,6 @@
 """Token-tree drafting: the shape a drafter proposes trees of, and turning a drafter into a tree drafter.
 
-``SpeculativeDecoder(target, draft, tree=... | chains=...)`` asks the drafter for trees (``Drafter.for_tree``); the
+``SpeculativeDecoder(target, draft, tree=... | chains=...)`` asks for the drafter's tree form (:func:`tree_drafter`); the
 drafter's runner then proposes a tree :class:`~.contract.Proposal` (``tree`` set) and the one step body verifies it
 (engine/step.py ``verify_phase``: tree mask and positions, ``select_tree``, compaction of the accepted path). Which
 drafters propose trees:
@@ -23,6 +23,26 @@ import torch
 from tilespec.verify.types import SamplingParams
 
 MAX_NODES = 64
+
+# drafter class -> factory(drafter, shape) -> its tree form; filled by the tree drafter modules (``tree_form``), which
+# the package imports, so a drafter's own module never imports its tree form (the tree form builds on it)
+_TREE_FORMS: dict = {}
+
+
+def tree_form(cls):
+    """Decorator: the decorated ``factory(drafter, shape)`` makes the tree form of ``cls`` drafters (subclasses
+    included, unless they register their own)."""
+    def register(factory):
+        _TREE_FORMS[cls] = factory
+        return factory
+    return register
+
+
+def no_trees(drafter):
+    """The error of a drafter without a tree form."""
+    return ValueError(f"tree decoding drafts with a head (draft='head', a head folder or a HeadDrafter), a draft "
+                      f"model (chains=(K, L)) or from the context (draft='ngram': several n-gram matches as "
+                      f"branches), not with {drafter.name!r}")
 
 
 @dataclass(frozen=True)
@@ -81,7 +101,7 @@ def tree_shape(tree: Optional[Sequence[int]], chains: Optional[Sequence[int]], s
 
 
 def tree_drafter(drafter, shape: TreeShape, sampling: SamplingParams, gamma_schedule: str):
-    """The drafter proposing trees of ``shape`` (``drafter.for_tree``); trees are exact only and use a constant γ
+    """The drafter proposing trees of ``shape`` (the factory its class registered with :func:`tree_form`); trees are exact only and use a constant γ
     (the depth)."""
     if drafter is None:
         raise ValueError("tree decoding needs a drafter: draft='head', a draft model (chains) or 'ngram'")
@@ -90,7 +110,10 @@ def tree_drafter(drafter, shape: TreeShape, sampling: SamplingParams, gamma_sche
     if gamma_schedule != "constant":
         raise ValueError(f"tree decoding drafts trees of a fixed depth: gamma_schedule must be 'constant', got "
                          f"{gamma_schedule!r}")
-    return drafter.for_tree(shape)
+    factory = next((_TREE_FORMS[c] for c in type(drafter).__mro__ if c in _TREE_FORMS), None)
+    if factory is None:
+        raise no_trees(drafter)
+    return factory(drafter, shape)
 
 
 def draft_resolved(shape: TreeShape, resolved, batch: int, device):
