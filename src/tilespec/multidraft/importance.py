@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 
 from .common import DTYPE, EPS_MASS, Selection, Stream, check_inputs, finish, gather
 
@@ -72,6 +71,7 @@ def _pair_row(p: np.ndarray, a: np.ndarray, b: np.ndarray, s: int | None):
         a_ub = np.hstack([-coef, np.eye(s_eff)])  # t_i - coef_i W <= const_i
         cost = np.concatenate([np.zeros(npair), -np.ones(s_eff)])
         bounds = [(0.0, 1.0)] * npair + [(0.0, float(max(pi, 0.0))) for pi in p_s[:s_eff]]
+        from scipy.optimize import linprog   # here: scipy.optimize costs ~0.35 s to import
         res = linprog(cost, A_ub=a_ub, b_ub=const, bounds=bounds, method="highs")
         wv = np.clip(res.x[:npair], 0.0, 1.0) if res.status == 0 else np.ones(npair)   # fallback: priority
         for col, (i, j) in enumerate(pairs):

@@ -13,7 +13,6 @@ import itertools
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
 
 from .common import DTYPE, check_law
 
@@ -88,6 +87,7 @@ def lp_optimum(p: np.ndarray, qs: np.ndarray) -> float:
     a_ub = np.zeros((v, nt * v))                      # column sums <= p(y) (equivalent, numerically safer)
     for y in range(v):
         a_ub[y, y::v] = 1.0
+    from scipy.optimize import linprog   # here: scipy.optimize costs ~0.35 s to import
     res = linprog(cost, A_ub=a_ub, b_ub=p, A_eq=a_eq, b_eq=qx, bounds=(0, None), method="highs")
     if res.status != 0:
         raise RuntimeError(f"OT LP failed: {res.message}")
