@@ -112,7 +112,6 @@ def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, r
     head = head_runner.head
     b, dev = hidden.shape[0], hidden.device
     k = chains
-    n = 1 + k * length
     chain_seeds = seeds[:, None] + CHAIN_SEED_STRIDE * torch.arange(1, k + 1, device=dev)[None, :]    # [B, K]
     small = head.logits(hidden).float()                                                 # [B, Vd]
     full = head.full_logits(small)
@@ -135,6 +134,14 @@ def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, r
         feat = _grow(head_runner, feat, tok, t, k, anc, valid, seq_len, write)
         law = torch.exp(log_probs(head.full_logits(head.logits(feat).float()), resolved))  # [B, K, V]
         probs.append(law)
+    return chains_tree(pending, toks, probs)
+
+
+def chains_tree(pending: torch.Tensor, toks: list, probs: list) -> TokenTree:
+    """K sampled chains of L tokens as one tree: the root ``pending`` [B], then level t's K tokens (``toks[t]``
+    [B, K]) as children of level t-1's same chain; ``probs[t]`` [B, K, V] the law each level was sampled from."""
+    b, k = toks[0].shape
+    n, dev = 1 + k * len(toks), pending.device
     tokens = torch.cat([pending[:, None]] + toks, dim=1)
     idx = torch.arange(n, device=dev)
     par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)

@@ -28,7 +28,7 @@ from tilespec.verify.distributions import log_probs
 from ..tree_step import sample_chains, window_gather
 from .base import Drafter, ModelDrafter
 from .contract import Proposal, StepView
-from .head_tree import CHAIN_SEED_STRIDE, _own_slots
+from .head_tree import CHAIN_SEED_STRIDE, _own_slots, chains_tree
 from .model import ModelDraftRunner
 from .trees import capped, draft_resolved, tree_form
 
@@ -111,6 +111,7 @@ def propose_model_chains(draft, law, pending, valid, seq_len, seeds, write: int,
     slots = max((length - 1) * k, 1)
     anc = torch.zeros(b, k, slots + 1, dtype=torch.bool, device=dev)
     anc[:, :, 0] = True                                                   # the pending token's slot W
+    wpos = torch.tensor(write, device=dev)                                # one host-to-device copy per proposal
     toks = []
     for t in range(1, length + 1):
         tok = _sample(law, chain_seeds, seq_len - 1 + t)
@@ -119,22 +120,12 @@ def propose_model_chains(draft, law, pending, valid, seq_len, seeds, write: int,
             probs.append(torch.full((b, k, law.shape[-1]), 1.0 / law.shape[-1], device=dev))   # leaves: unused
             break
         anc = anc | torch.nn.functional.pad(_own_slots(k, slots, t, dev), (1, 0))
-        wpos = torch.tensor(write, device=dev)
         mask = (valid[:, None, :] | window_gather(anc, wpos, valid.shape[1])).unsqueeze(1)
         positions = (seq_len - 1 + t)[:, None].expand(b, k)
         logits = draft.forward(tok, positions, mask, write + 1 + (t - 1) * k)                 # [B, K, V]
         law = torch.exp(log_probs(logits.float(), resolved))
         probs.append(law)
-    tokens = torch.cat([pending[:, None]] + toks, dim=1)
-    n = 1 + k * length
-    idx = torch.arange(n, device=dev)
-    par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)
-    par[0] = -1
-    draft_probs = torch.cat(probs, dim=1).double()
-    draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
-    return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
-                     sizes=torch.full((b,), n, dtype=torch.int64, device=dev), kind="iid", draft_probs=draft_probs,
-                     identical=True)
+    return chains_tree(pending, toks, probs)
 
 
 class ModelChainsRunner(ModelDraftRunner):

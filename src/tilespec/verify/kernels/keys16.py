@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import __name__ as _pkg  # noqa: F401  (sets TRITON_INTERPRET on CPU before triton.jit runs)
 
+import torch
 import triton
 import triton.language as tl
 
@@ -74,3 +75,22 @@ def top_on(k_ptr, b, V):
     """Request b's k and whether top-k is on for it (0 < k < V)."""
     k = tl.load(k_ptr + b)
     return k, (k > 0) & (k < V)
+
+
+def supports16(logits: torch.Tensor) -> bool:
+    """Whether the 16-bit threshold kernels take these logits: bf16 / fp16, ids contiguous."""
+    return logits.dtype in (torch.bfloat16, torch.float16) and logits.stride(-1) == 1
+
+
+def cached_work_areas(cache: dict, key, limit: int, make) -> tuple:
+    """The work areas of ``key`` from ``cache``, else ``make()``, kept while the cache holds fewer than ``limit``
+    shapes and no CUDA graph is being captured (a captured graph may hold their addresses; the kernels reset what
+    they use, so the areas are zero between calls)."""
+    bufs = cache.get(key)
+    if bufs is None:
+        bufs = make()
+        device = bufs[0].device
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if len(cache) < limit and not capturing:
+            cache[key] = bufs
+    return bufs

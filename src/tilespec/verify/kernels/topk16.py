@@ -31,8 +31,8 @@ import triton.language as tl
 
 from . import digits16, direct, pivot16, thresholds
 from .common import pdl_capable
-from .keys16 import (ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, key_to_z, row_of,
-                     top_on)
+from .keys16 import (ROW_WORDS, ROW_WORDS_INT, W_ABOVE_N, W_AT, W_PIVOT_N, W_USTAR, bits_to_key, cached_work_areas,
+                     key_to_z, row_of, supports16, top_on)
 
 CHUNK = 2048         # ids per program of the passes over the logits
 SEG = 512            # ids per segment of the pivot pass (k above the number of segments: the fallback)
@@ -106,20 +106,13 @@ def _buffers(device: torch.device, n_rows: int, cap: int, n_seg: int) -> tuple:
     """(work areas [N, ROW_WORDS] int32, zero between calls: the finish kernel resets them; collected ids [N, CAP];
     segment keys [N, n_seg]), cached per shape."""
     key = (device, n_rows, cap, n_seg)
-    bufs = _BUFFERS.get(key)
-    if bufs is None:
-        bufs = (torch.zeros((n_rows, ROW_WORDS_INT), device=device, dtype=torch.int32),
-                torch.empty((n_rows, cap), device=device, dtype=torch.int32),
-                torch.empty((n_rows, n_seg), device=device, dtype=torch.int32))
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if len(_BUFFERS) < BUFFER_LIMIT and not capturing:
-            _BUFFERS[key] = bufs
-    return bufs
+    return cached_work_areas(_BUFFERS, key, BUFFER_LIMIT, lambda: (
+        torch.zeros((n_rows, ROW_WORDS_INT), device=device, dtype=torch.int32),
+        torch.empty((n_rows, cap), device=device, dtype=torch.int32),
+        torch.empty((n_rows, n_seg), device=device, dtype=torch.int32)))
 
 
-def supports(logits: torch.Tensor) -> bool:
-    """Whether :func:`top_k_thresholds16` takes these logits (16-bit floats, ids contiguous)."""
-    return logits.dtype in (torch.bfloat16, torch.float16) and logits.stride(-1) == 1
+supports = supports16      # whether top_k_thresholds16 takes these logits
 
 
 def top_k_thresholds16(logits: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor,

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from . import direct, thresholds
 from .common import pdl_capable
-from .keys16 import bits_to_key, key_to_z, load_bits
+from .keys16 import bits_to_key, cached_work_areas, key_to_z, load_bits, row_of, supports16
 
 CHUNK = 4096          # ids per program of the two passes over the logits (fixed per V: batch invariance)
 WINDOW = 512          # keys counted below the row's largest (bf16: 4 binades; 128 keys per binade)
@@ -59,14 +59,7 @@ _HEAD = tl.constexpr(HEAD_WORDS)
 def _row_keys(t_ptr, d_ptr, n, c, NT, RT, RD, V, sbt, srt, sbd, srd, CHUNK: tl.constexpr, ALIGNED: tl.constexpr):
     """Row n of the target rows (n < NT, RT per request) then the draft rows (RD per request): its ids of chunk c,
     their order keys (-0.0 -> +0.0: one value, one key) and the row's request."""
-    if n < NT:
-        b = n // RT
-        row = t_ptr + b.to(tl.int64) * sbt + (n % RT).to(tl.int64) * srt
-    else:
-        b = (n - NT) // RD
-        row = d_ptr + b.to(tl.int64) * sbd + ((n - NT) % RD).to(tl.int64) * srd
-    if ALIGNED:
-        row = tl.multiple_of(row, 16)
+    row, b = row_of(t_ptr, d_ptr, n, NT, RT, RD, sbt, srt, sbd, srd, ALIGNED)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     u = bits_to_key(load_bits(row, offs, V))
     return offs, tl.where(u == 32767, 32768, u), b
@@ -188,19 +181,12 @@ BUFFER_LIMIT = 256    # shapes whose work areas stay allocated (a captured CUDA 
 def _buffers(device: torch.device, n_rows: int, n_chunks: int, window: int) -> tuple:
     """(area [N, HEAD_WORDS + window] int32 (zero between calls: the kernels reset what they use), tot [N, C])."""
     key = (device, n_rows, n_chunks, window)
-    bufs = _BUFFERS.get(key)
-    if bufs is None:
-        bufs = (torch.zeros((n_rows, HEAD_WORDS + window), device=device, dtype=torch.int32),
-                torch.empty((n_rows, n_chunks), device=device, dtype=torch.float32))
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if len(_BUFFERS) < BUFFER_LIMIT and not capturing:
-            _BUFFERS[key] = bufs
-    return bufs
+    return cached_work_areas(_BUFFERS, key, BUFFER_LIMIT, lambda: (
+        torch.zeros((n_rows, HEAD_WORDS + window), device=device, dtype=torch.int32),
+        torch.empty((n_rows, n_chunks), device=device, dtype=torch.float32)))
 
 
-def supports(logits: torch.Tensor) -> bool:
-    """Whether :func:`top_p_thresholds16` takes these logits (16-bit floats, ids contiguous)."""
-    return logits.dtype in (torch.bfloat16, torch.float16) and logits.stride(-1) == 1
+supports = supports16      # whether top_p_thresholds16 takes these logits
 
 
 def _check(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor, min_p) -> None:
