@@ -164,11 +164,16 @@ def test_disconnect_frees_the_row(server, monkeypatch):
     engine = server.app.state.worker.engine
     step = engine.step
 
-    def slow_step():                       # 80 tokens take >= 5 s: the server sees the disconnect long before
-        time.sleep(0.25)                   # (a loaded 2-core CI machine needed more than the 1 s that 0.05 s gave)
-        return step()
+    calls = []
 
-    monkeypatch.setattr(engine, "step", slow_step)
+    def stalled_step():                    # admit, prefill and one decode step, then no progress: the request can
+        calls.append(1)                    # only end by the disconnect (with drafts, 80 tokens can finish in a few
+        if len(calls) <= 3:                # steps, which once beat a loaded CI machine's disconnect)
+            return step()
+        time.sleep(0.05)
+        return []
+
+    monkeypatch.setattr(engine, "step", stalled_step)
     before = metric(server, "tilespec_requests_cancelled_total")
     with httpx.stream("POST", f"{server.url}/v1/completions", json=dict(
             model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:
