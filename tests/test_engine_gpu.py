@@ -79,6 +79,23 @@ def test_graphs_match_eager(method, temperature):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("mode", [False, "graphs", True])
+def test_target_only_steps_sample_with_fused_and_keep_their_tokens(mode, monkeypatch):
+    """On a GPU target-only T > 0 steps sample with ``fused`` (registry.no_draft_method): the same keyed draws as
+    the chosen method's PyTorch sampler (fp32 logits: no rounding to tell them apart)."""
+    from tilespec.verify import registry
+    target = tiny_lm(0, logit_scale=4.0).cuda()
+    sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.9)
+    outs = []
+    for fused in (False, True):
+        monkeypatch.setattr(registry, "_fused_sampler_on", lambda device, on=fused: on)
+        dec = SpeculativeDecoder(target, None, method="reference", sampling=sampling, eos_token_id=[], compile=mode)
+        outs.append(dec.generate(PROMPTS, max_new_tokens=20, seed=5).sequences)
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+@cuda
 def test_graphs_whisper_match_eager():
     target = tiny_whisper(0).cuda()
     draft = target  # self-speculation shares the encoder

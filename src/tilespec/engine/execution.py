@@ -23,6 +23,7 @@ import torch
 
 from tilespec.verify import rng, verify
 from tilespec.verify.distributions import log_probs
+from tilespec.verify.registry import no_draft_method
 from tilespec.verify.types import ResolvedSampling
 
 from .graphs import GraphCache
@@ -91,14 +92,26 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return _ARGMAX(logits)
 
 
+def _method_for(draft_tokens: torch.Tensor, target_logits: torch.Tensor, method: str, options: tuple) -> tuple:
+    """(method, options) of one verify call: a step without drafts samples with ``no_draft_method`` (on a GPU the
+    two-launch ``fused`` sampler instead of, say, ``reference``'s softmax over [B, V]); its options stay the chosen
+    method's only when it is the chosen method."""
+    if draft_tokens.shape[1]:
+        return method, options
+    name = no_draft_method(method, target_logits.device)
+    return name, options if name == method else ()
+
+
 class HostExecution:
     """The host-commit path. ``verify_call``: run_verify's signature (step.py); ``graphs``: let it replay verify()
-    as a CUDA graph."""
+    as a CUDA graph; ``own_sampler``: steps without drafts may use ``no_draft_method`` (False when the caller
+    injected its own verify call, which then sees every step's method as chosen)."""
 
     captured = False
 
-    def __init__(self, verify_call: Callable, graphs: bool, options: tuple = ()):
+    def __init__(self, verify_call: Callable, graphs: bool, options: tuple = (), own_sampler: bool = True):
         self.verify_call, self.graphs, self.options = verify_call, graphs, options
+        self.own_sampler = own_sampler
 
     @staticmethod
     def forward(runner, tokens, positions, mask, write, keep=None, capture: tuple = ()):
@@ -118,8 +131,11 @@ class HostExecution:
 
     def verify(self, target_logits, draft_tokens, draft_logits, counts, sampling, method, seeds, offsets):
         extra = {} if counts is None else {"num_draft_tokens": counts}
+        options = self.options
+        if self.own_sampler:
+            method, options = _method_for(draft_tokens, target_logits, method, options)
         return self.verify_call(target_logits, draft_tokens, draft_logits, sampling, method, seeds, offsets,
-                                graphs=self.graphs, options=self.options, **extra)
+                                graphs=self.graphs, options=options, **extra)
 
 
 class CapturedExecution:
@@ -147,7 +163,8 @@ class CapturedExecution:
         return greedy_tokens(logits)
 
     def verify(self, target_logits, draft_tokens, draft_logits, counts, sampling, method, seeds, offsets):
+        method, options = _method_for(draft_tokens, target_logits, method, self.options)
         res = verify(target_logits, draft_tokens, draft_logits=draft_logits, num_draft_tokens=counts,
-                     sampling=sampling, method=method, options=dict(self.options), seed=seeds, offsets=offsets,
+                     sampling=sampling, method=method, options=dict(options), seed=seeds, offsets=offsets,
                      check_values=False)
         return res.num_emitted, res.output_tokens

@@ -184,7 +184,8 @@ def speculative_step(target: ModelRunner, draft: Optional[DraftRunner], state: B
     verify_fn: replaces :func:`run_verify` (same signature); verify() is replayed as a graph when ``graph_verify``
     and the target runs CUDA graphs. method_options: the method's resolved options, ((name, value), ...).
     """
-    ex = HostExecution(verify_fn or run_verify, graph_verify and target.mode in CUDA_GRAPH_MODES, method_options)
+    ex = HostExecution(verify_fn or run_verify, graph_verify and target.mode in CUDA_GRAPH_MODES, method_options,
+                       own_sampler=verify_fn is None)
     greedy = resolved.all_greedy
     timed = drafts_on_device(draft, gamma, context)
     if timed:

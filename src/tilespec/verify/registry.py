@@ -7,6 +7,12 @@ method to that), whether its device work never syncs with the host (``graph_safe
 CUDA graph), whether it needs Triton, its options with their defaults, and whether the evaluation runs it by default.
 A method honours the whole contract (ragged K_b, seeds, SamplingParams) or raises NotImplementedError naming what it
 does not support. Options are resolved to a sorted tuple of (name, value) pairs, hashable, so they can key a graph.
+
+``keyed_draws``: the method draws its resampled / bonus tokens by the keyed two-level inverse CDF of
+:func:`tilespec.verify.rng.inverse_cdf` (one uniform keyed by (seed, position, SAMPLE)), like ``reference``. For a
+step without drafts (K = 0: the target's own next token) every such method makes the same draw, so the engine
+samples those steps with :func:`no_draft_method` (``fused`` on a GPU: two launches, logits in, no probability
+tensor) whatever method verifies its drafts -- the token is the same up to float rounding at a CDF boundary.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ class Method:
     evaluate: bool = True
     check_options: Optional[Callable[..., None]] = None
     batch_invariant: bool = True   # a request's tokens never depend on the rest of the batch (keyed randomness)
+    keyed_draws: bool = False      # resampled / bonus tokens by the keyed inverse CDF (see the module docstring)
 
     def resolve_options(self, options: Optional[Mapping] = None) -> Options:
         """Defaults overridden by ``options`` -> sorted ((name, value), ...); unknown names raise ValueError."""
@@ -62,14 +69,15 @@ _BUILTINS_LOADED = False
 def register_method(name: str, *, exact: bool, description: str, graph_safe: bool = False,
                     needs_triton: bool = False, options: Optional[Mapping] = None, evaluate: bool = True,
                     check_options: Optional[Callable[..., None]] = None,
-                    batch_invariant: bool = True) -> Callable[[MethodFn], MethodFn]:
+                    batch_invariant: bool = True, keyed_draws: bool = False) -> Callable[[MethodFn], MethodFn]:
     """Decorator: ``@register_method("reference", exact=True, description=..., graph_safe=True)``.
     ``batch_invariant=False`` marks a method whose random numbers come from one stream for the whole batch
     (per-request seeds are then refused)."""
     def wrap(fn: MethodFn) -> MethodFn:
         _METHODS[name] = Method(name=name, fn=fn, exact=exact, description=description, graph_safe=graph_safe,
                                 needs_triton=needs_triton, options=tuple(sorted((options or {}).items())),
-                                evaluate=evaluate, check_options=check_options, batch_invariant=batch_invariant)
+                                evaluate=evaluate, check_options=check_options, batch_invariant=batch_invariant,
+                                keyed_draws=keyed_draws)
         return fn
     return wrap
 
@@ -94,6 +102,20 @@ def get_method(name: str) -> Method:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(f"unknown verification method {name!r}; {hint}available: {', '.join(available_methods())}")
     return _METHODS[name]
+
+
+def no_draft_method(name: str, device) -> str:
+    """The method that samples a step without drafts (K = 0) for a decoder verifying with ``name`` on ``device``:
+    ``fused`` on a CUDA device with Triton when ``name`` makes keyed draws (``reference``, ``coupled``, ``tiled``,
+    ``fused``: the same uniform and the same rule, see the module docstring), ``name`` otherwise (on the CPU every
+    method samples its own K = 0 steps; ``hf`` draws from a torch generator; ``sigmoid`` is not exact)."""
+    return "fused" if get_method(name).keyed_draws and _fused_sampler_on(device) else name
+
+
+def _fused_sampler_on(device) -> bool:
+    """Whether steps without drafts on ``device`` sample with ``fused`` (a GPU with Triton; the CPU's interpreter
+    would be slower than PyTorch)."""
+    return getattr(device, "type", device) == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 def all_methods() -> list[Method]:

@@ -13,19 +13,43 @@ seeded request's tokens.
 With draft logits / probabilities (a sampled draft model) or lenience < 1 this method is ``reference`` (exact, not
 draft-invariant). Cost over ``reference``: one inverse-CDF draw per position ([B, K+1] rows) instead of one per
 request.
+On a GPU the draws come from the ``fused`` sampler (every position a row without drafts: two launches, no
+probability tensor), as target-only steps do there (``registry.no_draft_method``), so the two stay the same draw.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from .. import rng
 from ..distributions import log_probs
-from ..registry import register_method
+from ..registry import no_draft_method, register_method
 from ..types import VerifyInputs, VerifyResult, result_from_counts
 from .reference import accept_prefix_length, assemble_output, reference
 
 
-@register_method("coupled", exact=True, graph_safe=True, evaluate=False,
+def keyed_draws(inputs: VerifyInputs, positions: torch.Tensor) -> torch.Tensor:
+    """y [B, R]: the keyed inverse-CDF draw of every target row (R = K + 1) at ``positions`` [B, R] -- the token
+    target-only decoding samples at that position (on a GPU by ``fused``, each row a request without drafts)."""
+    batch, rows, vocab = inputs.target_logits.shape
+    sampling = inputs.sampling
+    if no_draft_method("coupled", inputs.device) == "fused":
+        from ..kernels.launch import fused_verify
+        n = batch * rows
+        per_row = replace(sampling, **{f: getattr(sampling, f).repeat_interleave(rows)
+                                       for f in ("temperature", "top_k", "top_p", "min_p", "lenience")})
+        none = torch.zeros(n, dtype=torch.int64, device=inputs.device)
+        flat = VerifyInputs(target_logits=inputs.target_logits.reshape(n, 1, vocab),
+                            draft_tokens=none[:, None][:, :0], num_draft_tokens=none, sampling=per_row,
+                            seeds=inputs.seeds.repeat_interleave(rows), offsets=positions.reshape(-1))
+        return fused_verify(flat).output_tokens[:, 0].view(batch, rows)
+    weights = log_probs(inputs.target_logits, sampling).exp()                                     # [B, R, V]
+    u = rng.uniform(inputs.seeds[:, None], positions, rng.PURPOSE_SAMPLE)                          # [B, R]
+    return rng.inverse_cdf(weights.reshape(-1, vocab), u.reshape(-1)).view(batch, rows)
+
+
+@register_method("coupled", exact=True, keyed_draws=True, graph_safe=True, evaluate=False,
                  description="exact; deterministic drafts accepted iff they equal the target's own keyed draw, so "
                              "tokens equal target-only decoding whatever is drafted (else reference)")
 def coupled(inputs: VerifyInputs) -> VerifyResult:
@@ -37,9 +61,7 @@ def coupled(inputs: VerifyInputs) -> VerifyResult:
     batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
     tokens = inputs.draft_tokens
     positions = inputs.offsets[:, None] + torch.arange(k_max + 1, device=inputs.device)[None, :]   # [B, K+1]
-    weights = log_probs(inputs.target_logits, sampling).exp()                                   # [B, K+1, V]
-    u = rng.uniform(inputs.seeds[:, None], positions, rng.PURPOSE_SAMPLE)                        # [B, K+1]
-    drawn = rng.inverse_cdf(weights.reshape(-1, vocab), u.reshape(-1)).view(batch, k_max + 1)  # y_j
+    drawn = keyed_draws(inputs, positions)                                                         # y_j
     valid = torch.arange(k_max, device=inputs.device)[None, :] < inputs.num_draft_tokens[:, None]
     num_accepted = accept_prefix_length((tokens == drawn[:, :k_max]) & valid)
     next_token = drawn.gather(1, num_accepted[:, None]).squeeze(1)

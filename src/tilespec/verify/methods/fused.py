@@ -12,7 +12,7 @@ from ..registry import register_method
 from ..types import VerifyInputs, VerifyResult
 
 
-@register_method("fused", exact=True, graph_safe=True, needs_triton=True,
+@register_method("fused", exact=True, keyed_draws=True, graph_safe=True, needs_triton=True,
                  description="exact; Triton, logits in, online log-sum-exp, lazy residual, inverse CDF, 2 launches")
 def fused(inputs: VerifyInputs) -> VerifyResult:
     from ..kernels.launch import fused_verify

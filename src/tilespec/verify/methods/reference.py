@@ -50,7 +50,7 @@ def assemble_output(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next
     return torch.where(cols == num_accepted[:, None], next_token[:, None], out)
 
 
-@register_method("reference", exact=True, graph_safe=True, evaluate=False,
+@register_method("reference", exact=True, keyed_draws=True, graph_safe=True, evaluate=False,
                  description="exact; batched PyTorch, log-space test, inverse-CDF residual (the semantics oracle)")
 def reference(inputs: VerifyInputs) -> VerifyResult:
     sampling = inputs.sampling

@@ -12,7 +12,7 @@ from ..registry import register_method
 from ..types import VerifyInputs, VerifyResult
 
 
-@register_method("tiled", exact=True, graph_safe=True, needs_triton=True,
+@register_method("tiled", exact=True, keyed_draws=True, graph_safe=True, needs_triton=True,
                  description="exact; the seed paper's tiled kernel (tau, a, b_k per tile) on probabilities, Triton")
 def tiled(inputs: VerifyInputs) -> VerifyResult:
     if inputs.sampling.any_greedy and inputs.sampling.has_lenience:
