@@ -99,3 +99,16 @@ def test_served_coupled_speculation_keeps_target_only_tokens_with_the_fused_samp
     spec, accepted = run("ngram")
     assert spec == plain and accepted > 0
     assert 0 in fused_sampler
+
+
+def test_auto_is_the_fastest_exact_method_of_the_device(monkeypatch):
+    assert registry.resolve_method("auto", torch.device("cpu")) == "reference"
+    assert registry.resolve_method("sigmoid", torch.device("cpu")) == "sigmoid"
+    res = tilespec.verify(torch.randn(2, 3, 10), torch.zeros(2, 2, dtype=torch.long), method="auto", seed=1)
+    assert res.method == "reference"
+    assert SpeculativeDecoder(tiny_lm(0), None).method == "reference"
+    assert BatchEngine(tiny_lm(0), None, method="auto").method == "reference"
+    monkeypatch.setattr(registry, "_fused_sampler_on", lambda device: getattr(device, "type", device) == "cuda")
+    assert registry.resolve_method("auto", torch.device("cuda")) == "fused"
+    with pytest.raises(ValueError, match="'auto'"):
+        registry.get_method("fusd")

@@ -54,7 +54,8 @@ def check_json_path(path: Path | None) -> None:
 def check_decoding_args(args) -> None:
     """The checks that need no model: run them before loading one (minutes) so a typo fails at once."""
     from tilespec.verify.registry import get_method
-    get_method(args.method)
+    if args.method != "auto":
+        get_method(args.method)
     check_json_path(args.json)
 
 
@@ -67,8 +68,9 @@ def add_decoding_arguments(p) -> None:
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--gamma", type=positive_int, default=5, help="draft tokens per step (initial value if adaptive)")
     p.add_argument("--gamma-schedule", choices=SCHEDULES, default="constant")
-    p.add_argument("--method", default="reference",
-                   help=f"verification method ({', '.join(m.name for m in all_methods())})")
+    p.add_argument("--method", default="auto",
+                   help=f"verification method: auto (fused on a GPU, else reference), "
+                        f"{', '.join(m.name for m in all_methods())}")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the counter-based random streams")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on GPU)")

@@ -46,7 +46,7 @@ from typing import Optional
 
 import torch
 
-from tilespec.verify.registry import get_method
+from tilespec.verify.registry import get_method, resolve_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
@@ -96,6 +96,7 @@ class BatchEngine:
         if drafter is not None:     # a draft model must match the target; a trained head loads / checks here
             drafter.attach(target)
         self.drafter = drafter
+        method = resolve_method(method, next(target.parameters()).device)
         self.method_options = tuple(get_method(method).resolve_options(None))
         self.method, self.gamma, self.max_batch = method, gamma if drafter is not None else 0, max_batch
         self.prefill_chunk, self.spec_max_batch, self.min_alpha = prefill_chunk, spec_max_batch, min_alpha

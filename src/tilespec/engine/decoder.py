@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 import torch
 
 from tilespec import settings
-from tilespec.verify.registry import get_method
+from tilespec.verify.registry import get_method, resolve_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
@@ -59,7 +59,8 @@ class SpeculativeDecoder:
             max_gamma, fallback_below=...)`` and returning an object with ``next()`` and ``update(gamma,
             num_accepted, draft_time, target_time)``; default :class:`GammaSchedule`.
         verify_fn: replaces ``engine.step.run_verify`` (same signature) for every step, e.g. to record calls.
-        method: verification method name ("reference", "hf", "fused", ...); method_options: its options (e.g.
+        method: verification method name ("auto": fused on a GPU, else reference; "reference", "hf", "fused",
+            ...); method_options: its options (e.g.
             sigmoid's {"alpha": -1e3, "beta": 1e3}), validated here and part of the verify graph's key. Every method
             but "hf" keeps a request's tokens independent of the rest of the batch; "hf" (transformers' semantics)
             draws the batch from one generator, so its tokens depend on the batch (per-request seeds not honoured).
@@ -87,7 +88,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, draft=None, *, gamma: int = 5, gamma_schedule: str = "constant", max_gamma: int = 16,
-                 method: str = "reference", sampling: SamplingParams = SamplingParams(), tokenizer=None,
+                 method: str = "auto", sampling: SamplingParams = SamplingParams(), tokenizer=None,
                  compile: bool | str = False, eos_token_id=None, pad_token_id: Optional[int] = None,
                  cache_slack: Optional[int] = None, graph_verify: bool = True, fallback_below: float = 1.0,
                  schedule=None, verify_fn=None, method_options: Optional[dict] = None,
@@ -108,6 +109,7 @@ class SpeculativeDecoder:
         if verify_fn is not None and not callable(verify_fn):
             raise TypeError(f"verify_fn must be callable like engine.step.run_verify, got {type(verify_fn).__name__}")
         GammaSchedule(gamma_schedule, gamma, max_gamma, fallback_below=fallback_below)  # validates them early
+        method = resolve_method(method, next(target.parameters()).device)
         self.method_options = get_method(method).resolve_options(method_options)  # bad ones fail here, not mid-run
         draft = drafter.model if drafter is not None else None
         self.target, self.draft, self.drafter = target, draft, drafter

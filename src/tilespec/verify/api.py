@@ -5,7 +5,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from .registry import get_method
+from .registry import get_method, resolve_method
 from .types import SamplingParams, VerifyResult
 from .validation import check_shared_stream_seed, normalize_seed, prepare_inputs
 
@@ -31,7 +31,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
             draft positions past K_b are padding (any value, e.g. -1); a -1 at a used position is an error.
         sampling: temperature / top-k / top-p / min-p / lenience, scalars or per request.
         method: a registered method name ("reference", "hf", "tiled", "fused", "sigmoid", ...; see
-            ``tilespec.verify.registry.all_methods()``).
+            ``tilespec.verify.registry.all_methods()``), or "auto": ``fused`` on a GPU with Triton, else
+            ``reference``.
         options: the method's options (e.g. sigmoid's {"alpha": -1e3, "beta": 1e3}); unset ones keep their defaults,
             unknown names raise ValueError.
         seed: int (request b uses seed + b; numpy and 0-d torch integer scalars count as ints; bools do not), or
@@ -52,7 +53,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, draft_log
     inputs = prepare_inputs(target_logits, draft_tokens, draft_logits=draft_logits, draft_probs=draft_probs,
                             num_draft_tokens=num_draft_tokens, sampling=sampling, seed=seed, generator=generator,
                             offsets=offsets, check_values=check_values)
-    chosen = get_method(method)
+    chosen = get_method(resolve_method(method, inputs.device))
     if not chosen.batch_invariant:
         check_shared_stream_seed(chosen.name, seed, check_values)
     result = chosen(inputs, options)

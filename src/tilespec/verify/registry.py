@@ -100,8 +100,20 @@ def get_method(name: str) -> Method:
     if name not in _METHODS:
         close = difflib.get_close_matches(str(name), available_methods(), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown verification method {name!r}; {hint}available: {', '.join(available_methods())}")
+        raise ValueError(f"unknown verification method {name!r}; {hint}available: {', '.join(available_methods())} "
+                         f"(or {AUTO!r}: fused on a GPU, else reference)")
     return _METHODS[name]
+
+
+AUTO = "auto"
+
+
+def resolve_method(name: str, device) -> str:
+    """``"auto"`` -> the fastest exact method on ``device`` (``fused`` on a GPU with Triton, else ``reference``);
+    any other name as it is (checked by :func:`get_method` where it is used)."""
+    if name != AUTO:
+        return name
+    return "fused" if _fused_sampler_on(device) else "reference"
 
 
 def no_draft_method(name: str, device) -> str:
