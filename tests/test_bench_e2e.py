@@ -59,11 +59,43 @@ def test_options_and_aliases_give_the_same_configurations():
     (["--task", "mmlu"], "--task must be"),
     (["--batch", "0"], "--batch must be"),
     (["--gamma-schedule", "fast"], "unknown --gamma-schedule fast"),
+    (["--top-p", "0"], "--top-p in (0, 1]"),
 ])
 def test_bad_options_give_one_line_errors(argv, words, capsys):
     assert main(["bench", "e2e", "--tiny"] + argv) == 1
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def test_sampling_filters_reach_every_system_at_t_above_0(tmp_path, monkeypatch):
+    """--top-k / --top-p / --min-p: our engine's SamplingParams and transformers' generate kwargs (T > 0 only)."""
+    import transformers
+
+    from tilespec.engine import SpeculativeDecoder
+    torch.set_num_threads(1)
+    seen, hf_kwargs = [], []
+    real_init, real_gen = SpeculativeDecoder.__init__, transformers.GenerationMixin.generate
+
+    def spy_init(self, *a, **kw):
+        seen.append(kw["sampling"])
+        real_init(self, *a, **kw)
+
+    def spy_gen(model, *a, **kw):
+        hf_kwargs.append({k: kw.get(k) for k in ("do_sample", "top_k", "top_p", "min_p")})
+        return real_gen(model, *a, **kw)
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", spy_init)
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", spy_gen)
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "e2e", "--tiny", "--prompts", "2", "--max-new-tokens", "4", "--methods", "reference",
+                 "--gamma", "2", "--batch", "1", "--systems", "ar,hf,tilespec", "--temperature", "0,1",
+                 "--top-k", "20", "--top-p", "0.8", "--min-p", "0.05", "--json", str(out)]) == 0
+    sampled = [s for s in seen if s.temperature == 1.0]
+    assert sampled and all((s.top_k, s.top_p, s.min_p) == (20, 0.8, 0.05) for s in sampled)
+    assert all((s.top_k, s.top_p, s.min_p) == (0, 1.0, 0.0) for s in seen if s.temperature == 0)
+    assert {"do_sample": True, "top_k": 20, "top_p": 0.8, "min_p": 0.05} in hf_kwargs
+    settings = json.loads(out.read_text())["settings"]
+    assert (settings["top_k"], settings["top_p"], settings["min_p"]) == (20, 0.8, 0.05)
 
 
 def test_bad_list_is_an_argparse_error(capsys):

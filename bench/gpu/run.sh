@@ -249,6 +249,11 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
       crash-sequence)   # transformers' static-compiled generate, then target-only on longer prompts, one process
                         # (it crashed with an illegal memory access; graphs.py's workspace epoch is the fix)
         args=(--task code-edit,cnndm --batch 1 --temperature 1 --draft "" --systems ar,hf-static) ;;
+      sampling-plain|sampling-qwen)   # target-only T = 0 vs T = 1 (plain) or vs Qwen's T 0.7 / top-k 20 / top-p 0.8
+                     # (qwen), B 1 and 8, with transformers' static generate: sampling costs no more than greedy
+        args=(--task xsum --batch 1,8 --draft "" --systems ar,hf-static)
+        [[ $stage == sampling-plain ]] && args+=(--temperature 0,1) \
+          || args+=(--temperature 0,0.7 --top-k 20 --top-p 0.8) ;;
       heads-hf)   # transformers' static-compiled generate against target-only (its compile takes ~1 min)
         args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
       trees-t0|trees-t1|trees-md)   # after heads-train: the head's dynamic trees vs its chain vs target-only (t0, t1),
@@ -264,7 +269,8 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
         continue ;;
       *) echo "unknown e2e stage $stage (runtime-t0 runtime-t1 drafters-t0 drafters-t1 schedules-t0 schedules-t1" \
               "schedules-asr heads-train heads-t0 heads-t1 heads-ngram heads-b8 heads-optimal heads-hf" \
-              "crash-sequence trees-t0 trees-t1 trees-md whisper-train whisper-asr)" >&2; return 2 ;;
+              "crash-sequence sampling-plain sampling-qwen trees-t0 trees-t1 trees-md whisper-train whisper-asr)" >&2
+         return 2 ;;
     esac
     ts "$stage: budget ${budget}s"
     timeout $(( budget + 150 )) python3 -m tilespec bench e2e --target qwen2.5-coder-1.5b-instruct "${common[@]}" \

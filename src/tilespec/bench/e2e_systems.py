@@ -103,6 +103,15 @@ class Config:
         return f"{self.task}|T={self.temperature:g}|B={self.batch_size}|{self.system}"
 
 
+def sampling_filters(args, temperature: float) -> dict:
+    """{top_k, top_p, min_p} of every system at ``temperature`` (``--top-k`` / ``--top-p`` / ``--min-p``; none at
+    T = 0, where greedy decoding ignores them)."""
+    if temperature == 0:
+        return {}
+    return {"top_k": getattr(args, "top_k", 0), "top_p": getattr(args, "top_p", 1.0),
+            "min_p": getattr(args, "min_p", 0.0)}
+
+
 def output_hash(tokens: list) -> str:
     """Short digest of one request's new tokens (rows compare outputs without storing them)."""
     return hashlib.sha1(",".join(map(str, tokens)).encode()).hexdigest()[:16]
@@ -155,7 +164,9 @@ def run_hf(cfg: Config, target, draft, batches, args, device, tok, feats=None) -
     if getattr(args, "ignore_eos", False):
         gen["min_new_tokens"] = args.max_new_tokens
     if cfg.temperature > 0:
-        gen.update(temperature=cfg.temperature, top_k=0, top_p=1.0)
+        filters = sampling_filters(args, cfg.temperature)
+        gen.update(temperature=cfg.temperature, top_k=filters["top_k"], top_p=filters["top_p"],
+                   min_p=filters["min_p"] or None)
     if cfg.kind == "hf-static":
         gen["cache_implementation"] = "static"
     elif cfg.kind == "hf-assisted":
@@ -224,7 +235,7 @@ def make_decoder(cfg: Config, target, draft, args):
         raise RuntimeError(f"the {cfg.kind} system needs a draft model (--draft NAME)")
     the_draft = draft if cfg.kind == DRAFT_MODEL else draft_spec(draft_model(draft) if with_model else None, name)
     kw = dict(gamma=cfg.gamma or 1, gamma_schedule=cfg.schedule or "constant", method=cfg.method or "reference",
-              sampling=SamplingParams(temperature=cfg.temperature),
+              sampling=SamplingParams(temperature=cfg.temperature, **sampling_filters(args, cfg.temperature)),
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
     if getattr(args, "ignore_eos", False):
         kw["eos_token_id"] = []          # no stop token: exactly max_new_tokens per request
