@@ -13,16 +13,23 @@ from tilespec.verify.types import SamplingParams
 from engine_models import tiny_lm
 
 
-def test_tokens_are_the_target_only_draws_whatever_is_drafted():
+def target_only_case(b: int, k: int, v: int) -> tuple:
+    """(logits [B, K+1, V], seeds, offsets, sampling, alone [B, K+1]: every position's target-only token drawn by
+    ``reference`` with K = 0, drafts [B, K]: 60 % of them those tokens) over mixed temperatures and filters."""
     torch.manual_seed(0)
-    b, k, v = 64, 4, 16
     logits = torch.randn(b, k + 1, v) * 2
     seeds, offsets = torch.arange(b) * 7 + 1, torch.arange(b) % 5 + 3
     sampling = SamplingParams(temperature=[0.0, 0.7, 1.0, 1.5] * (b // 4), top_p=0.9, top_k=[0, 5] * (b // 2))
     alone = torch.stack([tilespec.verify(logits[:, j:j + 1], torch.zeros(b, 0, dtype=torch.long), sampling=sampling,
-                                         seed=seeds, offsets=offsets + j).output_tokens[:, 0] for j in range(k + 1)],
-                        dim=1)                                                                  # [B, K+1]
+                                         seed=seeds, offsets=offsets + j, method="reference").output_tokens[:, 0]
+                         for j in range(k + 1)], dim=1)
     drafts = torch.where(torch.rand(b, k) < 0.6, alone[:, :k], torch.randint(0, v, (b, k)))
+    return logits, seeds, offsets, sampling, alone, drafts
+
+
+def test_tokens_are_the_target_only_draws_whatever_is_drafted():
+    b, k, v = 64, 4, 16
+    logits, seeds, offsets, sampling, alone, drafts = target_only_case(b, k, v)
     counts = torch.arange(b) % (k + 1)
     res = tilespec.verify(logits, drafts, num_draft_tokens=counts, sampling=sampling, method="coupled", seed=seeds,
                           offsets=offsets)

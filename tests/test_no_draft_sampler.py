@@ -16,6 +16,7 @@ from tilespec.verify.kernels import launch
 from tilespec.verify.types import SamplingParams
 
 from engine_models import tiny_lm
+from test_coupled import target_only_case
 
 
 @pytest.fixture
@@ -44,18 +45,12 @@ def test_which_method_samples_a_step_without_drafts(monkeypatch):
 
 
 def test_coupled_draws_with_the_fused_sampler_are_the_target_only_draws(fused_sampler):
-    torch.manual_seed(0)
-    b, k, v = 24, 3, 16
-    logits = torch.randn(b, k + 1, v) * 2
-    seeds, offsets = torch.arange(b) * 7 + 1, torch.arange(b) % 5 + 3
-    sampling = SamplingParams(temperature=[0.0, 0.7, 1.0, 1.5] * (b // 4), top_p=0.9, top_k=[0, 5] * (b // 2))
-    alone = torch.stack([tilespec.verify(logits[:, j:j + 1], torch.zeros(b, 0, dtype=torch.long), sampling=sampling,
-                                         seed=seeds, offsets=offsets + j, method="reference").output_tokens[:, 0]
-                         for j in range(k + 1)], dim=1)                                       # PyTorch draws
-    drafts = torch.where(torch.rand(b, k) < 0.6, alone[:, :k], torch.randint(0, v, (b, k)))
+    with pytest.MonkeyPatch.context() as mp:      # the PyTorch draws
+        mp.setattr(registry, "_fused_sampler_on", lambda device: False)
+        logits, seeds, offsets, sampling, alone, drafts = target_only_case(24, 3, 16)
     res = tilespec.verify(logits, drafts, sampling=sampling, method="coupled", seed=seeds, offsets=offsets)
     assert fused_sampler == [0]                       # one fused call: every position a row without drafts
-    for i in range(b):
+    for i in range(len(drafts)):
         n = int(res.num_emitted[i])
         assert res.output_tokens[i, :n].tolist() == alone[i, :n].tolist()
 
