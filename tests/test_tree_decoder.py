@@ -119,12 +119,17 @@ def test_head_trees_greedy_equal_target_only(compile):
                           run_ahead=True, **shape)
         out = dec.generate(prompts, max_new_tokens=20)
         assert out.sequences == ref.sequences, shape
-        # dynamic trees on native runners: every step in the whole-step graphs, launched ahead of the host read
-        # where the chain would be; sampled chains read the host in their selection: host-commit steps
-        graphed = compile == "native" and "tree" in shape
+        # dynamic trees and sampled chains (specinfer: a selection without host syncs) on native runners: every
+        # step in the whole-step graphs, launched ahead of the host read where the chain would be
+        graphed = compile == "native"
         assert out.stats.graphed_steps == (out.stats.steps if graphed else 0), shape
         assert (out.stats.ahead_steps > 0) == graphed, shape
     assert dec.last_stats.steps > 0
+    # the importance-sampling scheme solves LPs on the host: its chains stay host-commit steps
+    dec = TreeDecoder(target, HeadDrafter(head), sampling=GREEDY, compile=compile, eos_token_id=[], chains=(2, 3),
+                      scheme="is")
+    out = dec.generate(prompts, max_new_tokens=20)
+    assert out.sequences == ref.sequences and out.stats.graphed_steps == 0
 
 
 @pytest.mark.parametrize("compile", [False, "native"])
@@ -249,8 +254,8 @@ class _TwiceGraphs:
 
 
 def test_captured_step_path_repeats_safely(monkeypatch):
-    """The whole-step graphs run a dynamic-tree step (graph D: the head's tree; graph T: tree forward, selection,
-    compaction, observe, commit) repeatably (warm-up run + replay on the same inputs): target-only's tokens at T = 0,
+    """The whole-step graphs run a dynamic-tree or sampled-chains step (graph D: the head's tree; graph T: tree
+    forward, selection, compaction, observe, commit) repeatably (warm-up run + replay on the same inputs): target-only's tokens at T = 0,
     and at T = 1 the host-commit path's tokens (graph_verify=False keeps the native runners off the graphs)."""
     import tilespec.engine.step_graph as sg
     monkeypatch.setattr(sg, "_Direct", _TwiceGraphs)
@@ -264,14 +269,15 @@ def test_captured_step_path_repeats_safely(monkeypatch):
     out = dec.generate(prompts, max_new_tokens=16)
     assert out.sequences == ref.sequences and _TwiceGraphs.calls > out.stats.steps
     t1 = SamplingParams(temperature=1.0, top_p=0.9)     # keyed randomness: the same tokens on both paths
-    runs = []
-    for graphed in (False, True):
-        _TwiceGraphs.calls = 0
-        dec = TreeDecoder(target, HeadDrafter(head), tree=(4, 3, 10), sampling=t1, compile="native",
-                          eos_token_id=[], graph_verify=graphed)
-        runs.append(dec.generate(prompts, max_new_tokens=16, seed=7).sequences)
-        assert (_TwiceGraphs.calls > 0) == graphed
-    assert runs[0] == runs[1]
+    for shape in ({"tree": (4, 3, 10)}, {"chains": (3, 3)}):    # chains: the sync-free specinfer selection
+        runs = []
+        for graphed in (False, True):
+            _TwiceGraphs.calls = 0
+            dec = TreeDecoder(target, HeadDrafter(head), sampling=t1, compile="native", eos_token_id=[],
+                              graph_verify=graphed, **shape)
+            runs.append(dec.generate(prompts, max_new_tokens=16, seed=7).sequences)
+            assert (_TwiceGraphs.calls > 0) == graphed
+        assert runs[0] == runs[1], shape
 
 
 def test_context_trees_greedy_equal_target_only():

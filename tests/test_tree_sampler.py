@@ -3,6 +3,8 @@ emitted sequence for every tree kind and scheme (tree_exactness; 1e5 samples her
 planted-bias power check, reproducible keyed randomness, and clear errors for malformed trees."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -94,6 +96,42 @@ def test_iid_schemes_and_planted_bias():
     assert not planted.passed and planted.min_p_value < 1e-12
 
 
+@pytest.mark.parametrize("shape", ["chains-K2-L2", "sampled-2x2"])
+def test_static_iid_selection_is_the_dynamic_one_token_for_token(shape):
+    """Told the trees' depth and width, iid selection runs without a host sync (capturable) and makes the very
+    same draws: every scheme it takes, both samplers, ragged trees, filters, identical or per-parent laws."""
+    from tilespec.multidraft.tree_exactness import _ragged, build_trees, shape_bounds, tables
+    logits, draft = tables()
+    gen = torch.Generator().manual_seed(0)
+    bounds = shape_bounds(shape)
+    for scheme, sampler, ragged, identical in itertools.product(("sd", "specinfer", "spectr"), ("cdf", "gumbel"),
+                                                                (False, True), (True, False)):
+        if scheme == "spectr" and not identical:
+            continue                                    # spectr needs identical drafts
+        ctx = torch.randint(0, logits.shape[0], (300,), generator=gen)
+        tree = build_trees(shape, "iid", ctx, draft, gen)
+        tree = _ragged(tree, gen) if ragged else tree
+        tree.identical = identical
+        kw = dict(sampling=SamplingParams(temperature=0.8, top_k=3, top_p=0.95), scheme=scheme,
+                  seed=torch.arange(300) * 3 + 1, offsets=torch.arange(300) % 7, sampler=sampler)
+        a = select_tree(tree, logits[tree.tokens.clamp(min=0)].float(), **kw)
+        b = select_tree(tree, logits[tree.tokens.clamp(min=0)].float(), **kw, **bounds)
+        width = a.output_tokens.shape[1]
+        assert torch.equal(a.num_accepted, b.num_accepted), (scheme, sampler, ragged)
+        assert torch.equal(a.output_tokens, b.output_tokens[:, :width]), (scheme, sampler, ragged)
+        assert torch.equal(a.path, b.path[:, :width]) and bool((b.output_tokens[:, width:] == -1).all())
+    with pytest.raises(ValueError, match="host"):
+        from tilespec.multidraft.schemes import select
+        select("is", torch.ones(1, 4) / 4, torch.ones(1, 2, 4) / 4, torch.zeros(1, 2, dtype=torch.long),
+               None, validate=False, static=True)
+
+
+def test_static_iid_selection_law_with_filters_on_ragged_trees():
+    r = tree_case("chains-K2-L2", "iid", "specinfer", SamplingParams(temperature=0.8, top_k=3, top_p=0.95), 20_000,
+                  1e-6, 12, ragged=True, static=True, sampler="cdf")
+    assert r.passed and r.case.endswith(("-p0.95",)) and "-static" in r.case, r
+
+
 @pytest.mark.slow
 def test_tree_exactness_suite_1e6():
     results = run_tree_exactness(1_000_000, alpha=1e-6, seed=11)
@@ -144,5 +182,5 @@ def test_check_exactness_cli_runs_the_tree_suite(tmp_path):
     assert main(["check", "exactness", "--method", "tree", "--samples", "3000", "--no-power-check",
                  "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
-    assert len(rows) == 8 and all(r["method"].startswith("tree:") and r["passed"] for r in rows)
+    assert len(rows) == 10 and all(r["method"].startswith("tree:") and r["passed"] for r in rows)
     assert any(not r["exact_method"] for r in rows)                  # the planted sampler, caught

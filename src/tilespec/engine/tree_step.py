@@ -10,7 +10,8 @@ A draft head is then fed the target's features along the accepted path (``observ
 
 The step body (engine/step.py ``verify_phase``) calls :func:`tree_forward` and :func:`tree_select` when the
 proposal is a tree. Both are free of host syncs and keep static shapes for a given (B, N, C, tree depth) (the
-selection of i.i.d. trees excepted: it reads the alive drafts on the host), so a whole dynamic-tree step is captured
+selection of i.i.d. trees too when the proposal gives their ``width`` and the scheme is sync-free: sd, specinfer,
+spectr; ``is`` solves LPs on the host), so a whole dynamic-tree or sampled-chains step is captured
 like a chain step (engine/step_graph.py, the tree's shape in the graph keys). ``write`` is W: a host int, or a 0-d
 int64 device tensor inside a captured step.
 """
@@ -149,7 +150,7 @@ def tree_select(target, view, proposal, logits: torch.Tensor, feats: Optional[to
     tree = proposal.tree
     sel = select_tree(tree, logits.float(), sampling=sampling, scheme=proposal.scheme, seed=view.seeds,
                       offsets=view.seq_len, sampler=proposal.sampler, check_values=False, max_depth=proposal.depth,
-                      uniforms=graphed_uniforms, depth_cap=proposal.counts)
+                      uniforms=graphed_uniforms, depth_cap=proposal.counts, max_width=proposal.width)
     compact_runner(target, view.write, sel.path)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]

@@ -23,8 +23,9 @@ BISECTION_STEPS = 50
 
 
 def specinfer(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-              mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
-    """SpecInfer multi-round rejection sampling (SD when K = 1). See the module docstring."""
+              mask: torch.Tensor | None = None, validate: bool = True, static: bool = False) -> Selection:
+    """SpecInfer multi-round rejection sampling (SD when K = 1). See the module docstring. ``static``: no host
+    sync (every candidate round runs; a row without active candidates draws from p)."""
     p, qs, tokens, mask = check_inputs(p, qs, tokens, mask, validate)
     n = p.shape[0]
     r = p.clone()
@@ -32,7 +33,7 @@ def specinfer(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: S
     chosen = torch.full((n,), -1, dtype=torch.int64, device=p.device)
     for k in range(qs.shape[1]):
         act = mask[:, k] & ~done
-        if not bool(act.any()):
+        if not static and not bool(act.any()):
             continue
         x = tokens[:, k]
         q = qs[:, k]
@@ -43,7 +44,7 @@ def specinfer(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: S
         done = done | acc
         upd = (act & ~acc)[:, None]
         r = torch.where(upd, resid / mass.clamp(min=EPS_MASS)[:, None], r)
-    return finish(r, chosen, done, tokens, mask, stream)
+    return finish(r, chosen, done, tokens, mask, stream, static)
 
 
 def single_draft(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor, stream: Stream) -> Selection:
@@ -77,13 +78,14 @@ def spectr_rho(p: torch.Tensor, q: torch.Tensor, k_active: torch.Tensor) -> tupl
 
 
 def spectr(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-           mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
-    """SpecTr K-sequential selection for identical drafts. See the module docstring."""
+           mask: torch.Tensor | None = None, validate: bool = True, static: bool = False) -> Selection:
+    """SpecTr K-sequential selection for identical drafts. See the module docstring. ``static``: no host sync
+    (the caller promises identical drafts; a row without active candidates draws from p)."""
     p, qs, tokens, mask = check_inputs(p, qs, tokens, mask, validate)
     n = p.shape[0]
     first = mask.long().argmax(dim=1)
     q = qs[torch.arange(n, device=p.device), first]                                   # [N, V]
-    if bool((((qs - q[:, None]).abs().amax(-1) > 1e-6) & mask).any()):
+    if not static and bool((((qs - q[:, None]).abs().amax(-1) > 1e-6) & mask).any()):
         raise ValueError("spectr needs identical drafts (equal qs over the active candidates); use specinfer or is")
     k_active = mask.sum(dim=1)
     rho, beta = spectr_rho(p, q, k_active)
@@ -94,10 +96,11 @@ def spectr(p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stre
     chosen = torch.full((n,), -1, dtype=torch.int64, device=p.device)
     for k in range(qs.shape[1]):
         act = mask[:, k] & ~done
-        if not bool(act.any()):
+        if not static and not bool(act.any()):
             continue
         x = tokens[:, k]
         acc = act & ((stream.accept(k) * rho * gather(q, x) < gather(p, x)) | sure)
         chosen = torch.where(acc, x, chosen)
         done = done | acc
-    return finish(res, chosen, done, tokens, mask, stream)
+    res = torch.where((k_active > 0)[:, None], res, p)      # no active candidate (static rows only): p itself
+    return finish(res, chosen, done, tokens, mask, stream, static)

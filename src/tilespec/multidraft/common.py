@@ -146,12 +146,53 @@ def membership(y: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tor
 
 
 def finish(p_or_w: torch.Tensor, chosen: torch.Tensor, passed: torch.Tensor, tokens: torch.Tensor,
-           mask: torch.Tensor, stream: Stream) -> Selection:
-    """Rows with ``passed`` emit ``chosen``; the others draw from norm(p_or_w) [N, V]."""
+           mask: torch.Tensor, stream: Stream, static: bool = False) -> Selection:
+    """Rows with ``passed`` emit ``chosen``; the others draw from norm(p_or_w) [N, V]. ``static``: draw for every
+    row and keep the draws of the others (the same numbers: a row's draw is keyed by its seed and position only) --
+    no host sync, static shapes."""
     y = chosen.clone()
     need = ~passed
-    if bool(need.any()):
+    if static:
+        drawn = stream.sample(torch.where(need[:, None], p_or_w, torch.ones_like(p_or_w)))
+        y = torch.where(need, drawn, y)
+    elif bool(need.any()):
         rows = need.nonzero().squeeze(1)
         y[rows] = stream.subset(rows).sample(p_or_w[rows])
     idx = membership(y, tokens, mask)
     return Selection(token=y, index=idx, is_candidate=idx >= 0, test_pass=passed)
+
+
+class TableStream(Stream):
+    """A :class:`~.common.Stream` whose accept uniforms (PURPOSE_ACCEPT, k < K) and inverse-CDF uniform
+    (PURPOSE_SAMPLE, 0) were drawn in one batch beforehand: the same numbers (same keys), read from tables, so a
+    selection loop launches no Philox of its own per candidate. accept [R, K], sample_u [R]."""
+
+    def __init__(self, seeds, positions, accept_u: torch.Tensor, sample_u: torch.Tensor, sampler: str):
+        super().__init__(seeds, positions, sampler)
+        self.accept_u, self.sample_u = accept_u, sample_u
+
+    def subset(self, rows: torch.Tensor) -> "TableStream":
+        return TableStream(self.seeds[rows], self.positions[rows], self.accept_u[rows], self.sample_u[rows],
+                           self.sampler)
+
+    def accept(self, k: int) -> torch.Tensor:
+        if k < self.accept_u.shape[1]:
+            return self.accept_u[:, k]
+        return super().accept(k)
+
+    def sample(self, weights: torch.Tensor) -> torch.Tensor:
+        if self.sampler != "cdf":
+            return super().sample(weights)
+        cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)
+        idx = torch.searchsorted(cdf, (self.sample_u * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return idx.clamp(max=weights.shape[-1] - 1)
+
+
+def uniform_tables(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
+    """(accept [B, depth, width], sample [B, depth]) float64 uniforms keyed (seed, offsets + t, purpose, k): the
+    numbers :class:`~.common.Stream` would draw at depths t < depth, for candidates k < width."""
+    pos = offsets[:, None] + torch.arange(depth, device=seeds.device)[None, :]
+    k = torch.arange(width, device=seeds.device)
+    acc = rng.uniform(seeds[:, None, None], pos[:, :, None], rng.PURPOSE_ACCEPT, k[None, None, :]).to(DTYPE)
+    smp = rng.uniform(seeds[:, None], pos, rng.PURPOSE_SAMPLE, 0).to(DTYPE)
+    return acc, smp

@@ -55,22 +55,35 @@ def parse_scheme(name: str) -> SchemeSpec:
 SCHEMES = ("sd", "specinfer", "spectr", "is", "is-lp", "is-m4")
 
 
+STATIC_KINDS = ("sd", "specinfer", "spectr")   # schemes that can select without a host sync (``static``)
+
+
+def static_scheme(scheme: str | SchemeSpec) -> bool:
+    """Whether ``scheme`` selects without a host sync (so a step verifying with it can be captured)."""
+    return (scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)).kind in STATIC_KINDS
+
+
 def select(scheme: str | SchemeSpec, p: torch.Tensor, qs: torch.Tensor, tokens: torch.Tensor, stream: Stream,
-           mask: torch.Tensor | None = None, validate: bool = True) -> Selection:
+           mask: torch.Tensor | None = None, validate: bool = True, static: bool = False) -> Selection:
     """Emit one token per row from candidates tokens [N, K] ~ qs [N, K, V] so that its law is exactly p [N, V].
 
-    validate=False skips the value checks (NaN, negative, row sums) for callers that checked once already."""
+    validate=False skips the value checks (NaN, negative, row sums) for callers that checked once already.
+    static=True (schemes in :data:`STATIC_KINDS`, with validate=False): no host sync, so a CUDA graph can capture
+    it; a row whose mask has no active candidate then draws from p (the same draw as a bonus token)."""
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
+    if static and spec.kind not in STATIC_KINDS:
+        raise ValueError(f"scheme {spec.name!r} selects on the host (its LP); static selection takes "
+                         f"{', '.join(STATIC_KINDS)}")
     if spec.kind == "sd":
         if mask is not None:
             first = mask.long().argmax(dim=1)
-            only = torch.zeros_like(mask, dtype=torch.bool).scatter_(1, first[:, None], True)
-            return baselines.specinfer(p, qs, tokens, stream, only, validate)
-        return baselines.specinfer(p, qs[:, :1], tokens[:, :1], stream, None, validate)
+            only = torch.zeros_like(mask, dtype=torch.bool).scatter_(1, first[:, None], True) & mask
+            return baselines.specinfer(p, qs, tokens, stream, only, validate, static)
+        return baselines.specinfer(p, qs[:, :1], tokens[:, :1], stream, None, validate, static)
     if spec.kind == "specinfer":
-        return baselines.specinfer(p, qs, tokens, stream, mask, validate)
+        return baselines.specinfer(p, qs, tokens, stream, mask, validate, static)
     if spec.kind == "spectr":
-        return baselines.spectr(p, qs, tokens, stream, mask, validate)
+        return baselines.spectr(p, qs, tokens, stream, mask, validate, static)
     return importance.importance(p, qs, tokens, stream, mask, s=spec.s, m=spec.m, validate=validate)
 
 

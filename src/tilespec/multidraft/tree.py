@@ -33,8 +33,8 @@ from ..verify import rng
 from ..verify.distributions import log_probs
 from ..verify.types import SamplingParams
 from ..verify.validation import resolve_sampling
-from .common import DTYPE, EPS_MASS, Stream, check_law
-from .schemes import SchemeSpec, parse_scheme, select
+from .common import DTYPE, EPS_MASS, Stream, TableStream, check_law, uniform_tables  # noqa: F401 (re-exported)
+from .schemes import STATIC_KINDS, SchemeSpec, parse_scheme, select
 
 MAX_NODES = 64
 KINDS = ("distinct", "iid")
@@ -116,42 +116,6 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return ancestors(parents).sum(dim=-1) - 1
 
 
-class TableStream(Stream):
-    """A :class:`~.common.Stream` whose accept uniforms (PURPOSE_ACCEPT, k < K) and inverse-CDF uniform
-    (PURPOSE_SAMPLE, 0) were drawn in one batch beforehand: the same numbers (same keys), read from tables, so a
-    selection loop launches no Philox of its own per candidate. accept [R, K], sample_u [R]."""
-
-    def __init__(self, seeds, positions, accept_u: torch.Tensor, sample_u: torch.Tensor, sampler: str):
-        super().__init__(seeds, positions, sampler)
-        self.accept_u, self.sample_u = accept_u, sample_u
-
-    def subset(self, rows: torch.Tensor) -> "TableStream":
-        return TableStream(self.seeds[rows], self.positions[rows], self.accept_u[rows], self.sample_u[rows],
-                           self.sampler)
-
-    def accept(self, k: int) -> torch.Tensor:
-        if k < self.accept_u.shape[1]:
-            return self.accept_u[:, k]
-        return super().accept(k)
-
-    def sample(self, weights: torch.Tensor) -> torch.Tensor:
-        if self.sampler != "cdf":
-            return super().sample(weights)
-        cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)
-        idx = torch.searchsorted(cdf, (self.sample_u * cdf[:, -1])[:, None], right=True).squeeze(1)
-        return idx.clamp(max=weights.shape[-1] - 1)
-
-
-def uniform_tables(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
-    """(accept [B, depth, width], sample [B, depth]) float64 uniforms keyed (seed, offsets + t, purpose, k): the
-    numbers :class:`~.common.Stream` would draw at depths t < depth, for candidates k < width."""
-    pos = offsets[:, None] + torch.arange(depth, device=seeds.device)[None, :]
-    k = torch.arange(width, device=seeds.device)
-    acc = rng.uniform(seeds[:, None, None], pos[:, :, None], rng.PURPOSE_ACCEPT, k[None, None, :]).to(DTYPE)
-    smp = rng.uniform(seeds[:, None], pos, rng.PURPOSE_SAMPLE, 0).to(DTYPE)
-    return acc, smp
-
-
 @dataclass
 class TreeSelection:
     """path [B, D+1] accepted node indices (path[:, 0] = 0, -1 padded); output_tokens [B, D+1] the emitted tokens
@@ -188,7 +152,7 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
                 target_probs: Optional[torch.Tensor] = None, sampling: SamplingParams = SamplingParams(),
                 scheme: Union[str, SchemeSpec] = "specinfer", seed=0, offsets=0, sampler: str = "gumbel",
                 check_values: bool = True, max_depth: Optional[int] = None, uniforms=uniform_tables,
-                depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
+                depth_cap: Optional[torch.Tensor] = None, max_width: Optional[int] = None) -> TreeSelection:
     """Select the accepted path of every tree; see the module docstring.
 
     Args:
@@ -201,6 +165,8 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         sampler: 'gumbel' or 'cdf' (see :class:`~.common.Stream`).
         max_depth: the trees' deepest level when the caller knows it (distinct trees then need no host sync, so
             the selection can be captured in a CUDA graph); None = read it from the tree.
+        max_width: for iid trees, the most nodes of one level (K for K chains); with ``max_depth`` and a scheme of
+            ``schemes.STATIC_KINDS`` the selection needs no host sync either (the same draws, same tokens).
         uniforms: :func:`uniform_tables` or a function like it (the engine's replays a CUDA graph): iid trees draw
             every accept / sample uniform of the selection in one batch.
         depth_cap: [B] int64 or None: request b's nodes deeper than depth_cap[b] count as padding (a smaller tree:
@@ -231,6 +197,9 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         return _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sampler,
                                 max_depth=max_depth, depth_cap=depth_cap)
     spec = scheme if isinstance(scheme, SchemeSpec) else parse_scheme(scheme)
+    if max_depth is not None and max_width is not None and spec.kind in STATIC_KINDS:
+        return _select_iid_static(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler,
+                                  uniforms, depth_cap, max_depth, max_width)
     return _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler, uniforms, depth_cap)
 
 
@@ -351,4 +320,50 @@ def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, 
             going[r[~cont]] = False
         out[rows, t] = y
         going[rows[leaf]] = False
+    return TreeSelection(path=path, output_tokens=out, num_accepted=n_acc, num_emitted=n_acc + 1)
+
+
+def _select_iid_static(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler, uniforms,
+                       depth_cap, max_depth: int, width: int) -> TreeSelection:
+    """:func:`_select_iid` without a host sync: every row takes part at every depth (rows that stopped are masked),
+    the candidates of a level are the first ``width`` children of the alive nodes in index order, a row without
+    candidates draws its bonus token through the same ``select`` (an empty mask draws from p: the same numbers)."""
+    b, n = tree.parents.shape
+    dev = tree.parents.device
+    parents = tree.parents.long()
+    real = _capped(tree.real(), depths(parents), depth_cap)
+    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(parents))
+    q_all = tree.draft_probs.to(DTYPE)
+    rows = torch.arange(b, device=dev)
+    path = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
+    out = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    alive = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    alive[:, 0] = True
+    going = torch.ones(b, dtype=torch.bool, device=dev)
+    n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
+    ar = torch.arange(n, device=dev)
+    acc_u, smp_u = uniforms(seeds, offs, max_depth + 1, n)
+    for t in range(max_depth + 1):
+        ref = alive.long().argmax(dim=1)                                         # first alive node
+        cand = alive.gather(1, parents.clamp(min=0)) & (parents >= 0) & real & going[:, None]
+        p_t = _target_probs(target_logits, target_probs, sampling, rows, ref)
+        stream = TableStream(seeds, offs + t, acc_u[:, t], smp_u[:, t], sampler)
+        order = torch.sort(torch.where(cand, ar[None, :], ar[None, :] + n), dim=1).values[:, :width]
+        cmask = order < n
+        cnodes = torch.where(cmask, order, torch.zeros_like(order))
+        ctoks = tokens.gather(1, cnodes)
+        if tree.identical:
+            qs = q_all[rows, ref][:, None, :].expand(-1, width, -1)
+        else:
+            qs = q_all[rows[:, None], parents.gather(1, cnodes)]
+        y = select(spec, p_t, qs, ctoks, stream, cmask, validate=False, static=True).token
+        match = torch.zeros(b, n, dtype=torch.bool, device=dev).scatter_(1, cnodes, cmask & (ctoks == y[:, None]))
+        cont = going & match.any(dim=1)
+        out[:, t] = torch.where(going, y, out[:, t])
+        if t < max_depth:                           # (at the last level nothing has children: cont is False)
+            path[:, t + 1] = torch.where(cont, match.long().argmax(dim=1), path[:, t + 1])
+        n_acc = n_acc + cont.long()
+        alive = torch.where(cont[:, None], match, alive)
+        going = cont
     return TreeSelection(path=path, output_tokens=out, num_accepted=n_acc, num_emitted=n_acc + 1)

@@ -76,8 +76,9 @@ def _ragged(tree: TokenTree, gen: torch.Generator) -> TokenTree:
 
 def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samples: int, alpha: float, seed: int,
               *, duplicate: bool = False, ragged: bool = False, planted: bool = False,
-              sampler: str = "gumbel", device="cpu") -> CaseResult:
-    """The law of the first three emitted tokens (see the module docstring); the sampler runs on ``device``."""
+              sampler: str = "gumbel", device="cpu", static: bool = False) -> CaseResult:
+    """The law of the first three emitted tokens (see the module docstring); the sampler runs on ``device``;
+    ``static``: iid selection told the shape's depth and width (the engine's path without host syncs)."""
     start = time.perf_counter()
     logits, draft = tables()
     exact_p = torch.exp(log_probs(logits[None].float(), resolve_sampling(sampling, 1, "cpu"))[0].to(DTYPE))
@@ -99,7 +100,7 @@ def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samp
             sel = _select_distinct(tree, tl, None, sampling, seeds[rows], have[rows], sampler, renormalise=False)
         else:
             sel = select_tree(tree, tl, sampling=sampling, scheme=scheme, seed=seeds[rows], offsets=have[rows],
-                              sampler=sampler)
+                              sampler=sampler, **(shape_bounds(shape) if static else {}))
         for j in range(sel.output_tokens.shape[1]):
             em = sel.output_tokens[:, j]
             put = (em >= 0) & (have[rows] < EMIT)
@@ -112,12 +113,23 @@ def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samp
     law = (exact_p[0][:, None, None] * exact_p[:, :, None] * exact_p[None, :, :]).reshape(-1).numpy()
     fits = {"triple": fit_test(counts, law)}
     name = f"tree-{shape}-{kind}" + ("-dup" if duplicate else "") + ("-ragged" if ragged else "") + \
+        ("-static" if static else "") + \
         (f"-T{sampling.temperature}" + (f"-k{sampling.top_k}" if sampling.top_k else "")
          + (f"-p{sampling.top_p}" if sampling.top_p < 1 else ""))
     method = "tree:planted-no-renorm" if planted else f"tree:{scheme if kind == 'iid' else 'rrs'}"
     return summarize(name, method, samples, alpha, fits, time.perf_counter() - start, exact_method=not planted,
                      note=("power check: must FAIL; " if planted else "") +
                           f"V={V}; law of (y1, y2, y3) over {rounds} rounds")
+
+
+def shape_bounds(shape: str) -> dict:
+    """{max_depth, max_width} of a SHAPES tree: its deepest level and its widest level."""
+    parents = SHAPES[shape][0]
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    deepest = max(depth)
+    return {"max_depth": deepest, "max_width": max(depth.count(d) for d in range(1, deepest + 1))}
 
 
 def run_tree_exactness(samples: int, alpha: float = 1e-6, seed: int = 0, device="cpu") -> list[CaseResult]:
@@ -132,6 +144,9 @@ def run_tree_exactness(samples: int, alpha: float = 1e-6, seed: int = 0, device=
     for scheme, shape in (("specinfer", "chains-K2-L2"), ("spectr", "chains-K2-L2"), ("is", "chains-K2-L2"),
                           ("specinfer", "sampled-2x2")):
         cases.append(tree_case(shape, "iid", scheme, t1, samples, alpha, seed + 3, **kw))
+    for scheme, shape in (("specinfer", "chains-K2-L2"), ("spectr", "sampled-2x2")):   # the sync-free selection
+        cases.append(tree_case(shape, "iid", scheme, filt, samples, alpha, seed + 5, ragged=True, static=True,
+                               sampler="cdf", **kw))
     cases.append(tree_case("2-2-1", "distinct", "rrs", t1, samples, alpha, seed + 4, planted=True, **kw))
     return cases
 

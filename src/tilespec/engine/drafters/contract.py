@@ -24,8 +24,9 @@ class Proposal:
     A token tree instead of a chain: ``tree`` (a :class:`~tilespec.multidraft.tree.TokenTree` [B, N], node 0 = the
     pending token; ``tokens`` is then tree.tokens[:, 1:]), selected exactly by ``select_tree`` with ``scheme`` (its
     i.i.d. kind) and ``sampler``; ``depth``: the trees' deepest level when static (selection without a host sync,
-    so the step can be captured), else None; ``counts`` [B] of a tree: per-request depth caps (deeper nodes count as
-    padding), or None."""
+    so the step can be captured), else None; ``width``: an i.i.d. tree's widest level when static (K for K chains;
+    with ``depth`` and a scheme of ``multidraft.schemes.STATIC_KINDS`` its selection needs no host sync either);
+    ``counts`` [B] of a tree: per-request depth caps (deeper nodes count as padding), or None."""
 
     tokens: torch.Tensor
     logits: Optional[torch.Tensor] = None
@@ -34,6 +35,7 @@ class Proposal:
     scheme: str = "specinfer"
     sampler: str = "cdf"
     depth: Optional[int] = None
+    width: Optional[int] = None
 
     @property
     def k(self) -> int:
@@ -41,8 +43,8 @@ class Proposal:
 
     @classmethod
     def of_tree(cls, tree: "TokenTree", scheme: str = "specinfer", sampler: str = "cdf",
-                depth: Optional[int] = None) -> "Proposal":
-        return cls(tree.tokens[:, 1:], tree=tree, scheme=scheme, sampler=sampler, depth=depth)
+                depth: Optional[int] = None, width: Optional[int] = None) -> "Proposal":
+        return cls(tree.tokens[:, 1:], tree=tree, scheme=scheme, sampler=sampler, depth=depth, width=width)
 
     def flatten(self) -> tuple:
         """(tensors, layout): the proposal's tensors (what a captured step takes or returns) and a hashable layout
@@ -53,7 +55,7 @@ class Proposal:
             tree = self.tree
             tensors += [getattr(tree, f) for f in _TREE_TENSORS if getattr(tree, f) is not None]
             layout += (tree.kind, tree.identical, tree.draft_probs is not None, self.scheme, self.sampler,
-                       self.depth)
+                       self.depth, self.width)
         return tuple(tensors), layout
 
     @classmethod
@@ -65,10 +67,10 @@ class Proposal:
         if len(layout) == 2:
             return cls(tokens, logits, counts)
         from tilespec.multidraft.tree import TokenTree
-        kind, identical, has_probs, scheme, sampler, depth = layout[2:]
+        kind, identical, has_probs, scheme, sampler, depth, width = layout[2:]
         parents, tree_tokens, sizes = tensors[:3]
         tree = TokenTree(parents, tree_tokens, sizes, kind, tensors[3] if has_probs else None, identical)
-        return cls(tokens, logits, counts, tree, scheme, sampler, depth)
+        return cls(tokens, logits, counts, tree, scheme, sampler, depth, width)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from tilespec.multidraft.schemes import static_scheme
 from tilespec.multidraft.tree import TokenTree
 from tilespec.verify.distributions import log_probs
 
@@ -166,7 +167,7 @@ class HeadTreeRunner(HeadRunner):
     def __init__(self, head, batch: int, capacity: int, mode: str, shape):
         super().__init__(head, batch, capacity, mode)
         self.shape = shape
-        self.captures = shape.tree is not None
+        self.captures = shape.tree is not None or static_scheme(shape.scheme)   # chains: selection without a sync
         self._write = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def span(self, gamma: int) -> int:
@@ -189,7 +190,8 @@ class HeadTreeRunner(HeadRunner):
         law = draft_resolved(shape, resolved, v.pending.shape[0], v.pending.device)
         tree = propose_chains(self, v.hidden, v.pending, v.valid, v.seq_len, v.seeds, v.write, law, k, length)
         tree.identical = shape.identical
-        return capped(Proposal.of_tree(tree, scheme=shape.scheme, sampler=shape.sampler), gamma, length)
+        return capped(Proposal.of_tree(tree, scheme=shape.scheme, sampler=shape.sampler, depth=length, width=k),
+                      gamma, length)
 
     def observe(self, view: StepView, feats, out_tokens, num_emitted, ex) -> torch.Tensor:
         return super().observe(self._device_view(view), feats, out_tokens, num_emitted, ex)

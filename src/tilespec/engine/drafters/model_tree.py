@@ -164,7 +164,8 @@ class ModelChainsRunner(ModelDraftRunner):
         tree = propose_model_chains(self.model_runner, law, view.pending, view.valid, view.seq_len, view.seeds,
                                     view.write, law_of, k, length)
         tree.identical = self.shape.identical
-        return capped(Proposal.of_tree(tree, scheme=self.shape.scheme, sampler=self.shape.sampler), gamma, length)
+        return capped(Proposal.of_tree(tree, scheme=self.shape.scheme, sampler=self.shape.sampler, depth=length,
+                                       width=k), gamma, length)
 
     def observe(self, view: StepView, features, out_tokens, num_emitted, ex):
         self._last = (view.pending, view.seq_len, view.valid, int(view.write), out_tokens, num_emitted)
