@@ -117,3 +117,20 @@ def test_generate_verifies_token_trees(pair):
         out = tilespec.generate("abcabcabc", target=target, tokenizer=tok, max_new_tokens=8, temperature=0.0,
                                 **extra)
         assert out.sequences == ref.sequences and ":" in out.stats.drafter, extra
+
+
+def test_verify_is_callable_and_its_modules_import():
+    """``tilespec.verify`` is the package and the function: ``import tilespec.verify.registry as r`` works (binding
+    the function over the package name broke it) and ``tilespec.verify(...)`` verifies."""
+    import inspect
+
+    import torch
+
+    import tilespec
+    import tilespec.verify.kernels.launch as launch
+    import tilespec.verify.registry as registry
+    from tilespec import verify
+    res = verify(torch.randn(2, 3, 10), torch.zeros(2, 2, dtype=torch.long), seed=1)
+    assert res.method == "reference" and registry.get_method("fused").name == "fused"
+    assert callable(launch.fused_verify) and tilespec.verify.verify is tilespec.verify.api.verify
+    assert "draft_tokens" in inspect.signature(tilespec.verify).parameters
