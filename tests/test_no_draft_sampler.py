@@ -55,15 +55,15 @@ def test_coupled_draws_with_the_fused_sampler_are_the_target_only_draws(fused_sa
         assert res.output_tokens[i, :n].tolist() == alone[i, :n].tolist()
 
 
-@pytest.mark.parametrize("method", ["reference", "coupled"])
-def test_target_only_decoding_samples_with_fused_and_keeps_its_tokens(fused_sampler, method):
+@pytest.mark.parametrize("method,runtime", [("reference", False), ("coupled", False), ("reference", "native")])
+def test_target_only_decoding_samples_with_fused_and_keeps_its_tokens(fused_sampler, method, runtime):
     torch.set_num_threads(1)
     target = tiny_lm(0, logit_scale=4.0)
     prompts = [[5, 6, 7, 8], [9, 10]]
     sampling = SamplingParams(temperature=1.0, top_k=20)
 
     def run():
-        dec = SpeculativeDecoder(target, None, method=method, sampling=sampling, eos_token_id=[])
+        dec = SpeculativeDecoder(target, None, method=method, sampling=sampling, eos_token_id=[], compile=runtime)
         return dec.generate(prompts, max_new_tokens=10, seed=3).sequences
 
     with pytest.MonkeyPatch.context() as mp:
@@ -74,14 +74,15 @@ def test_target_only_decoding_samples_with_fused_and_keeps_its_tokens(fused_samp
     assert fused_sampler and set(fused_sampler) == {0}
 
 
-def test_served_coupled_speculation_keeps_target_only_tokens_with_the_fused_sampler(fused_sampler):
+@pytest.mark.parametrize("runtime", [False, "native"])
+def test_served_coupled_speculation_keeps_target_only_tokens_with_the_fused_sampler(fused_sampler, runtime):
     torch.set_num_threads(1)
     target = tiny_lm(0, logit_scale=20.0)     # peaked laws: n-gram drafts get accepted
     target.generation_config.eos_token_id = None
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 9, 10, 9]]
 
     def run(draft):
-        engine = BatchEngine(target, draft, max_batch=2, gamma=3, max_len=40, method="coupled")
+        engine = BatchEngine(target, draft, max_batch=2, gamma=3, max_len=40, method="coupled", compile=runtime)
         reqs = [BatchRequest(prompt=p, max_tokens=16 - 6 * i, temperature=1.0, seed=11 + i)
                 for i, p in enumerate(prompts)]
         for r in reqs:
