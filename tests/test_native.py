@@ -45,6 +45,31 @@ def test_native_shares_weights_with_the_model():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_model_that_decoded_natively_can_still_be_trained(family, one_thread):
+    """The native runtime fuses q/k/v (and gate/up) into one tensor per layer during the first forward, which runs in
+    inference mode; the fused tensors (the parameters' storage) are ordinary tensors, so training works afterwards
+    and the native runtime then decodes the trained weights (greedy tokens equal transformers')."""
+    model = tiny_lm(12, family=family, logit_scale=4.0)
+    greedy = SamplingParams(temperature=0.0)
+    SpeculativeDecoder(model, None, sampling=greedy, compile="native", eos_token_id=[]).generate([[5, 6, 7]],
+                                                                                            max_new_tokens=4)
+    assert not any(p.is_inference() for p in model.parameters())
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    for _ in range(2):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    out = SpeculativeDecoder(model, None, sampling=greedy, compile="native", eos_token_id=[]).generate(
+        [[5, 6, 7]], max_new_tokens=8).sequences[0]
+    ref = model.generate(torch.tensor([[5, 6, 7]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                         max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert out == ref[0, 3:].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_native_greedy_equals_transformers_generate(family, one_thread):
     target = tiny_lm(11, family=family, logit_scale=4.0)
     draft = layer_skip(target, 1)

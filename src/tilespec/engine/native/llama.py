@@ -82,8 +82,12 @@ class LayerWeights:
     down: torch.Tensor
 
 
+@torch.inference_mode(False)
+@torch.no_grad()
 def _fuse(linears: list, dim: int = 0) -> torch.Tensor:
-    """Concatenate the weights of ``linears`` and make each module's weight a view into the result."""
+    """Concatenate the weights of ``linears`` and make each module's weight a view into the result. Made outside
+    inference mode (the first forward runs inside it): the model's parameters stay ordinary tensors, so the model can
+    still be trained after it decoded (its training updates the fused tensor through the views)."""
     fused = torch.cat([m.weight.data for m in linears], dim=dim)
     start = 0
     for m in linears:
@@ -93,6 +97,8 @@ def _fuse(linears: list, dim: int = 0) -> torch.Tensor:
     return fused
 
 
+@torch.inference_mode(False)
+@torch.no_grad()
 def _fuse_bias(linears: list) -> torch.Tensor | None:
     if all(getattr(m, "bias", None) is None for m in linears):
         return None
