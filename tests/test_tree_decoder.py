@@ -384,3 +384,24 @@ def test_a_failing_whole_step_graph_hands_over_to_the_host_commit_step(monkeypat
     with pytest.warns(UserWarning, match="host-commit"):
         out = dec.generate(prompts, max_new_tokens=12)
     assert out.sequences == ref.sequences and out.stats.graphed_steps == 2 < out.stats.steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_p=0.9)])
+def test_head_chains_and_trees_run_in_cuda_step_graphs(sampling):
+    """On CUDA ("native-graphs") a head's dynamic trees and its sampled chains (specinfer) run every step in the
+    whole-step graphs (their helpers' own graphs stay out of the enclosing capture) and give the host path's tokens."""
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0).cuda()
+    head = _random_head(target).cuda()          # its embedding / LM head rows are the (CUDA) target's already
+    prompts = [[3, 8, 1, 9], [2, 2, 7]]
+    for shape in ({"tree": (4, 3, 10)}, {"chains": (3, 3)}):
+        runs = []
+        for graphed in (True, False):
+            dec = TreeDecoder(target, HeadDrafter(head), sampling=sampling, compile=True, eos_token_id=[],
+                              graph_verify=graphed, **shape)
+            out = dec.generate(prompts, max_new_tokens=16, seed=7)
+            runs.append(out.sequences)
+            if graphed:
+                assert out.stats.graphed_steps == out.stats.steps, shape
+        assert runs[0] == runs[1], shape

@@ -97,10 +97,17 @@ _TABLES = GraphCache(lambda seeds, offsets, key=None: uniform_tables(seeds, offs
 _UNCAPTURED: set = set()      # helpers whose capture failed once: eager from then on
 
 
+def _replayable(t: torch.Tensor, name: str) -> bool:
+    """Whether a helper may replay its own graph: on CUDA, outside an enclosing capture (a whole-step graph records
+    the helper's kernels itself), unless its capture failed once."""
+    return t.is_cuda and name not in _UNCAPTURED and not torch.cuda.is_current_stream_capturing()
+
+
 def graphed_uniforms(seeds: torch.Tensor, offsets: torch.Tensor, depth: int, width: int) -> tuple:
     """:func:`~tilespec.multidraft.tree.uniform_tables` replayed from a CUDA graph per shape on CUDA (Philox in
-    PyTorch ops is ~180 small kernels per call); eager elsewhere, or where a capture fails."""
-    if seeds.is_cuda and "tables" not in _UNCAPTURED:
+    PyTorch ops is ~180 small kernels per call); eager elsewhere, inside an enclosing capture, or where a capture
+    fails."""
+    if _replayable(seeds, "tables"):
         try:
             acc, smp = _TABLES(seeds, offsets, key=(depth, width))
             return acc.clone(), smp.clone()
@@ -122,8 +129,8 @@ _SAMPLES = GraphCache(_gumbel_argmax)
 def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor):
     """One token per (request, chain): logq [B, K, V'] log-law over the ids ``vocab`` [V'], Gumbel noise keyed by
     (chain seed [B, K], position [B], PURPOSE_EXTRA, token id) -> ids [B, K]; replayed from a CUDA graph per shape
-    on CUDA (eager elsewhere or where a capture fails)."""
-    if logq.is_cuda and "samples" not in _UNCAPTURED:
+    on CUDA (eager elsewhere, inside an enclosing capture, or where a capture fails)."""
+    if _replayable(logq, "samples"):
         try:
             return _SAMPLES(logq, vocab, seeds, positions).clone()
         except Exception:   # noqa: BLE001 - a capture that fails: the same draw eagerly
