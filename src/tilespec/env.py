@@ -12,6 +12,8 @@ a GPU and fp32 on CPU, for generation, transcription, evaluation and benchmarks 
 from __future__ import annotations
 
 import datetime
+import functools
+import importlib.util
 import os
 import platform
 import subprocess
@@ -44,6 +46,12 @@ def use_triton_interpreter_without_cuda() -> None:
 
 def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """Whether Triton (the GPU kernels' compiler) is installed."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def pick_device(name="auto"):

@@ -4,7 +4,8 @@ The step body (draft -> target forward -> verify -> observe, step.py) and every 
 (drafters/base.py ``DraftRunner``) reach the runners, the draft sampler and verification only through an
 execution, so one body serves both paths:
   * :class:`HostExecution`: ``runner.forward`` (each runner replays its own graphs or compiled forward, float32
-    logits), the runner mode's draft sampler (one CUDA graph or compiled function for the Philox noise), and
+    logits), the runner mode's draft sampler (keyed Gumbel-max: one Triton launch on a GPU, replayed as a CUDA
+    graph on the graph modes; compiled on the CPU's compiled modes), and
     ``run_verify`` (or an injected ``verify_fn``), replayed as a graph where allowed;
   * :class:`CapturedExecution`: ``runner.raw_forward`` (no graph of its own, logits in the model dtype, the write
     pointer a 0-d device tensor), the plain sampler and ``verify()`` itself -- the enclosing capture records them.
@@ -22,8 +23,8 @@ from typing import Callable
 import torch
 
 from tilespec.verify import rng, verify
-from tilespec.verify.distributions import log_probs
 from tilespec.verify.registry import no_draft_method
+from tilespec.verify.sampling import sample_keyed
 from tilespec.verify.types import ResolvedSampling
 
 from .graphs import GraphCache
@@ -34,14 +35,12 @@ def sample_draft(logits: torch.Tensor, resolved: ResolvedSampling, seeds: torch.
                  greedy: bool) -> torch.Tensor:
     """Sample one token per row from the processed draft distribution: logits [B, V] -> tokens [B] int64.
 
-    Samples exactly from exp(log_probs(logits, resolved)), the law reported to verify() as draft_logits.
+    Samples exactly from exp(log_probs(logits, resolved)), the law reported to verify() as draft_logits (keyed
+    Gumbel-max, ``verify.sampling.sample_keyed``: one kernel launch on a GPU).
     """
     if greedy:
         return logits.argmax(dim=-1)
-    logp = log_probs(logits[:, None, :], resolved)[:, 0]
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
-    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab[None, :])
-    return torch.argmax(logp + noise, dim=-1)
+    return sample_keyed(logits, resolved, seeds, positions, rng.PURPOSE_EXTRA)
 
 
 _COMPILED_SAMPLER = None
@@ -65,16 +64,22 @@ def _graphed_sampler(logits, resolved, seeds, positions, greedy):
 
 
 def mode_sampler(mode: str) -> Callable:
-    """sample_draft for a runner mode (the Philox noise over V is ~150 small kernels in eager mode, so the fast
-    paths run it as one CUDA graph or one compiled function)."""
-    global _COMPILED_SAMPLER
+    """sample_draft for a runner mode (on the CPU the Philox noise over V is ~150 small PyTorch kernels, so the
+    compiled modes compile it; on a GPU it is one Triton launch, replayed in a CUDA graph on the graph modes)."""
     if mode in CUDA_GRAPH_MODES:
         return _graphed_sampler
     if mode == "eager":
         return sample_draft
+    return _compiled_sampler
+
+
+def _compiled_sampler(logits, resolved, seeds, positions, greedy):
+    global _COMPILED_SAMPLER
+    if logits.is_cuda:                    # one kernel launch already (verify.sampling): nothing to compile
+        return sample_draft(logits, resolved, seeds, positions, greedy)
     if _COMPILED_SAMPLER is None:
         _COMPILED_SAMPLER = torch.compile(sample_draft, dynamic=False)
-    return _COMPILED_SAMPLER
+    return _COMPILED_SAMPLER(logits, resolved, seeds, positions, greedy)
 
 
 _ARGMAX = None

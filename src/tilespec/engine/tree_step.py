@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from tilespec.env import triton_available
 from tilespec.multidraft.tree import TokenTree, ancestors, select_tree, uniform_tables
 from tilespec.verify import rng
 from tilespec.verify.types import SamplingParams
@@ -126,10 +127,22 @@ def _gumbel_argmax(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor,
 _SAMPLES = GraphCache(_gumbel_argmax)
 
 
+def chains_kernel(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor):
+    """:func:`_gumbel_argmax` as one launch of the keyed Gumbel-max kernel, a row per (request, chain)."""
+    from tilespec.verify.kernels.gumbel import gumbel_argmax
+    b, k, v = logq.shape
+    ones = torch.ones(b * k, dtype=torch.float32, device=logq.device)
+    return gumbel_argmax(logq.reshape(b * k, v).contiguous(), ones, seeds.reshape(-1), positions.repeat_interleave(k),
+                         rng.PURPOSE_EXTRA, vocab).view(b, k)
+
+
 def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor):
     """One token per (request, chain): logq [B, K, V'] log-law over the ids ``vocab`` [V'], Gumbel noise keyed by
     (chain seed [B, K], position [B], PURPOSE_EXTRA, token id) -> ids [B, K]; replayed from a CUDA graph per shape
-    on CUDA (eager elsewhere, inside an enclosing capture, or where a capture fails)."""
+    on CUDA (eager elsewhere, inside an enclosing capture, or where a capture fails); on a GPU with Triton one
+    launch of the keyed Gumbel-max kernel (verify/kernels/gumbel.py: the same noise, no graph needed)."""
+    if logq.is_cuda and triton_available():
+        return chains_kernel(logq, vocab, seeds, positions)
     if _replayable(logq, "samples"):
         try:
             return _SAMPLES(logq, vocab, seeds, positions).clone()

@@ -17,12 +17,13 @@ tensor) whatever method verifies its drafts -- the token is the same up to float
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 import importlib.util
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
+
+from tilespec.env import triton_available
 
 from .types import VerifyInputs, VerifyResult
 
@@ -128,12 +129,7 @@ def no_draft_method(name: str, device) -> str:
 def _fused_sampler_on(device) -> bool:
     """Whether steps without drafts on ``device`` sample with ``fused`` (a GPU with Triton; the CPU's interpreter
     would be slower than PyTorch)."""
-    return getattr(device, "type", device) == "cuda" and _has_triton()
-
-
-@functools.lru_cache(maxsize=1)
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return getattr(device, "type", device) == "cuda" and triton_available()
 
 
 def all_methods() -> list[Method]:

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 import torch
 
 from tilespec.verify import rng
-from tilespec.verify.distributions import log_probs
+from tilespec.verify.sampling import sample_keyed
 
 from ..cache import gather_attr
 from ..state import chunk_mask
@@ -44,11 +44,10 @@ def _sample_draft_vocab(small: torch.Tensor, vocab_ids: torch.Tensor, resolved, 
     fp32 logits of the target ids ``vocab_ids`` [N] -> target ids [B]. The full-vocabulary logits verify() gets
     are -inf outside the draft vocabulary, so temperature, top-k, top-p and min-p keep the same tokens with the
     same probabilities here, and the Gumbel noise is keyed by the target id (as engine.step.sample_draft keys it):
-    the law is the full vector's, at N / V of the sampling cost (the Philox noise over V dominated the head's
-    draft time at T > 0 on an H100)."""
-    logp = log_probs(small[:, None, :], resolved)[:, 0]
-    noise = rng.gumbel(seeds[:, None], positions[:, None], rng.PURPOSE_EXTRA, vocab_ids[None, :])
-    return vocab_ids[torch.argmax(logp + noise, dim=-1)]
+    the law is the full vector's, at N / V of the sampling cost, in one kernel launch on a GPU
+    (``verify.sampling.sample_keyed``: PyTorch's Philox over the row, ~150 kernels, dominated the head's draft time
+    at T > 0 on an H100)."""
+    return sample_keyed(small, resolved, seeds, positions, rng.PURPOSE_EXTRA, ids=vocab_ids)
 
 
 class HeadRunner(DraftRunner):
