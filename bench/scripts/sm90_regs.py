@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Offline sm_90 compile of the ``fused`` kernels (no GPU needed): registers, spills and global-load widths.
+"""Offline sm_90 compile of the ``fused`` kernels and the draft sampler (``--set gumbel``; no GPU needed):
+registers, spills and global-load widths.
 
 Compiles with the installed Triton's frontend for ``GPUTarget("cuda", 90, 32)`` (ptxas from Triton's wheel), reads
 the cubin's resource usage with Triton's ``cuobjdump`` and counts the PTX global loads by width. bf16 logits,
@@ -28,11 +29,12 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-from tilespec.verify.kernels import residual, stream  # noqa: E402
+from tilespec.env import run_record  # noqa: E402
+from tilespec.verify.kernels import gumbel, residual, stream  # noqa: E402
 
 TYPES = {"tgt_ptr": "*bf16", "drf_ptr": "*bf16", "nd_ptr": "*i32", "a_ptr": "*i32", "nrow_ptr": "*i32",
          "cnt_ptr": "*i32", "tok_ptr": "*i64", "seed_ptr": "*i64", "off_ptr": "*i64", "out_ptr": "*i64",
-         "nacc_ptr": "*i64", "nemit_ptr": "*i64", "accd_ptr": "*i1"}
+         "nacc_ptr": "*i64", "nemit_ptr": "*i64", "accd_ptr": "*i1", "ids_ptr": "*i64", "pos_ptr": "*i64"}
 
 
 def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: int = 0) -> dict:
@@ -40,7 +42,7 @@ def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: 
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
-        elif name in ("tgt_ptr", "drf_ptr"):
+        elif name in ("tgt_ptr", "drf_ptr", "x_ptr"):
             sig[name] = "*" + dtype
         elif name.endswith("_ptr"):
             sig[name] = TYPES.get(name, "*fp32")
@@ -66,7 +68,13 @@ def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: 
                 bar_sync=ptx.count("bar.sync"), ex2=ptx.count("ex2.approx"))
 
 
-def configs(filters: bool, dtype: str):
+def configs(filters: bool, dtype: str, kernels: str = "fused"):
+    if kernels == "gumbel":
+        for has_ids in (False, True):
+            for block, warps in ((2048, 4), (1024, 4), (2048, 8)):
+                yield (f"gumbel.gumbel_argmax_kernel HAS_IDS={has_ids} BLOCK={block} warps={warps}",
+                       gumbel.gumbel_argmax_kernel, dict(PURPOSE=3, HAS_IDS=has_ids, BLOCK=block), warps)
+        return
     common = dict(DRAFT_KIND=1, HAS_THR=filters, NC_BLOCK=32, RB=8)
     for sub, warps in ((1024, 4), (2048, 4), (2048, 8), (512, 4)):
         for aligned in (True, False):
@@ -88,10 +96,11 @@ def main(argv=None) -> int:
     ap.add_argument("--filters", action="store_true")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--only", default="", help="substring of the config names to compile")
+    ap.add_argument("--set", dest="kernels", default="fused", choices=("fused", "gumbel"), help="which kernels")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0], help="register caps to compile (0 = none)")
     args = ap.parse_args(argv)
     rows = []
-    for name, fn, consts, warps in configs(args.filters, args.dtype):
+    for name, fn, consts, warps in configs(args.filters, args.dtype, args.kernels):
         if args.only not in name:
             continue
         if "ALIGNED" in consts and "ALIGNED" not in fn.arg_names:
@@ -104,8 +113,9 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(triton=triton.__version__, dtype=args.dtype,
-                                                   filters=args.filters, rows=rows), indent=1))
+        Path(args.json).write_text(json.dumps(dict(run_record(), triton=triton.__version__, dtype=args.dtype,
+                                                   filters=args.filters, kernels=args.kernels, target="sm_90",
+                                                   rows=rows), indent=1))
     return 0
 
 
