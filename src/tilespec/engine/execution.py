@@ -161,7 +161,7 @@ class CapturedExecution:
     def sample(logits, resolved, seeds, positions, greedy: bool, mode: str) -> torch.Tensor:
         if greedy:      # the model dtype's argmax is the fp32 one (exact upcast): no [B, V] fp32 copy
             return greedy_tokens(logits)
-        return sample_draft(logits.float(), resolved, seeds, positions, greedy)
+        return sample_draft(logits, resolved, seeds, positions, greedy)   # sample_keyed upcasts as it needs
 
     @staticmethod
     def argmax(logits: torch.Tensor) -> torch.Tensor:

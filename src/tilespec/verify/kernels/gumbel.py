@@ -59,8 +59,9 @@ def gumbel_argmax_kernel(x_ptr, ids_ptr, temp_ptr, seed_ptr, pos_ptr, out_ptr, N
 
 def gumbel_argmax(x: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
                   purpose: int, ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [B, N] (fp32 / bf16 / fp16; copied if its last dimension is strided), temperature [B] fp32 (0: argmax), seeds / positions [B]
-    int64, ids [N] int64 or None -> [B] int64 (``ids[i]`` of the chosen column, else i). No host sync."""
+    """x [B, N] (fp32 / bf16 / fp16; copied if its last dimension is strided), temperature [B] fp32 (0: argmax),
+    seeds / positions [B] int64, ids [N] int64 or None -> [B] int64 (``ids[i]`` of the chosen column, else i).
+    No host sync."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     b, n = x.shape
     out = torch.empty(b, dtype=torch.int64, device=x.device)
