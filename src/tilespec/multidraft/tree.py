@@ -263,22 +263,28 @@ def _capped(real: torch.Tensor, depth: torch.Tensor, depth_cap: Optional[torch.T
     return real if depth_cap is None else real & (depth <= depth_cap[:, None])
 
 
-def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler,
-                uniforms=uniform_tables, depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
+def _walk_start(tree, depth_cap, max_depth: int) -> tuple:
+    """The state an iid walk starts from: (parents, real nodes under the depth cap, tokens (0 on padding), draft laws
+    float64, path [B, D+1] (root taken), output tokens [B, D+1], alive nodes (the root), going rows, accepted)."""
     b, n = tree.parents.shape
     dev = tree.parents.device
     parents = tree.parents.long()
     real = _capped(tree.real(), depths(parents), depth_cap)
-    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))
-    q_all = tree.draft_probs.to(DTYPE)
-    max_depth = int(depths(parents).max()) if n > 1 else 0
+    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(parents))
     path = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
-    out = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
     path[:, 0] = 0
     alive = torch.zeros(b, n, dtype=torch.bool, device=dev)
     alive[:, 0] = True
-    going = torch.ones(b, dtype=torch.bool, device=dev)
-    n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
+    return (parents, real, tokens, tree.draft_probs.to(DTYPE), path, torch.full_like(path, -1), alive,
+            torch.ones(b, dtype=torch.bool, device=dev), torch.zeros(b, dtype=torch.int64, device=dev))
+
+
+def _select_iid(tree, target_logits, target_probs, sampling, spec, seeds, offs, sampler,
+                uniforms=uniform_tables, depth_cap: Optional[torch.Tensor] = None) -> TreeSelection:
+    b, n = tree.parents.shape
+    dev = tree.parents.device
+    max_depth = int(depths(tree.parents.long()).max()) if n > 1 else 0
+    parents, real, tokens, q_all, path, out, alive, going, n_acc = _walk_start(tree, depth_cap, max_depth)
     ar = torch.arange(n, device=dev)
     acc_u, smp_u = uniforms(seeds, offs, max_depth + 1, n)      # every uniform the loop may read, in one batch
     for t in range(max_depth + 1):
@@ -330,18 +336,8 @@ def _select_iid_static(tree, target_logits, target_probs, sampling, spec, seeds,
     candidates draws its bonus token through the same ``select`` (an empty mask draws from p: the same numbers)."""
     b, n = tree.parents.shape
     dev = tree.parents.device
-    parents = tree.parents.long()
-    real = _capped(tree.real(), depths(parents), depth_cap)
-    tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(parents))
-    q_all = tree.draft_probs.to(DTYPE)
+    parents, real, tokens, q_all, path, out, alive, going, n_acc = _walk_start(tree, depth_cap, max_depth)
     rows = torch.arange(b, device=dev)
-    path = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
-    out = torch.full((b, max_depth + 1), -1, dtype=torch.int64, device=dev)
-    path[:, 0] = 0
-    alive = torch.zeros(b, n, dtype=torch.bool, device=dev)
-    alive[:, 0] = True
-    going = torch.ones(b, dtype=torch.bool, device=dev)
-    n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
     ar = torch.arange(n, device=dev)
     acc_u, smp_u = uniforms(seeds, offs, max_depth + 1, n)
     for t in range(max_depth + 1):
