@@ -46,6 +46,24 @@ def test_kernel_draws_the_reference_tokens(dtype, reduced):
     assert torch.equal(got[greedy], ids[logits.float().argmax(-1)][greedy])
 
 
+@pytest.mark.parametrize("reduced", [False, True])
+def test_rows_cut_into_chunks_give_the_same_draws_and_the_first_index_on_ties(monkeypatch, reduced):
+    from tilespec.verify.kernels import gumbel
+    g = torch.Generator().manual_seed(3)
+    b, v = 8, 3000
+    logits = torch.randn(b, v, generator=g)
+    logits[0, [100, 1700, 2900]] = 50.0                  # greedy row 0: the maximum in three chunks
+    ids = torch.randperm(9000, generator=g)[:v].sort().values if reduced else None
+    temps = torch.tensor([0.0, 1.0, 0.7, 1.0, 0.0, 1.3, 1.0, 2.0])
+    seeds, positions = torch.arange(b) * 5 + 2, torch.arange(b) + 40
+    whole = gumbel.gumbel_argmax(logits, temps, seeds, positions, rng.PURPOSE_EXTRA, ids)
+    monkeypatch.setattr(gumbel, "CHUNK", 512)             # 6 chunks of 512 ids per row, then the pick launch
+    monkeypatch.setattr(gumbel, "BLOCK", 256)
+    cut = gumbel.gumbel_argmax(logits, temps, seeds, positions, rng.PURPOSE_EXTRA, ids)
+    assert torch.equal(whole, cut)
+    assert int(cut[0]) == (int(ids[100]) if reduced else 100)
+
+
 @pytest.mark.parametrize("filters", [{}, {"top_k": 20, "top_p": 0.9}, {"min_p": 0.05}])
 def test_sample_keyed_on_the_kernel_path_equals_the_cpu_path(monkeypatch, filters):
     g = torch.Generator().manual_seed(1)

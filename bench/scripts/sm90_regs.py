@@ -34,7 +34,7 @@ from tilespec.verify.kernels import gumbel, residual, stream  # noqa: E402
 
 TYPES = {"tgt_ptr": "*bf16", "drf_ptr": "*bf16", "nd_ptr": "*i32", "a_ptr": "*i32", "nrow_ptr": "*i32",
          "cnt_ptr": "*i32", "tok_ptr": "*i64", "seed_ptr": "*i64", "off_ptr": "*i64", "out_ptr": "*i64",
-         "nacc_ptr": "*i64", "nemit_ptr": "*i64", "accd_ptr": "*i1", "ids_ptr": "*i64", "pos_ptr": "*i64"}
+         "nacc_ptr": "*i64", "nemit_ptr": "*i64", "accd_ptr": "*i1", "ids_ptr": "*i64", "pos_ptr": "*i64", "idx_ptr": "*i32"}
 
 
 def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: int = 0) -> dict:
@@ -71,9 +71,13 @@ def compile_one(fn, consts: dict, num_warps: int, dtype: str = "bf16", maxnreg: 
 def configs(filters: bool, dtype: str, kernels: str = "fused"):
     if kernels == "gumbel":
         for has_ids in (False, True):
-            for block, warps in ((2048, 4), (1024, 4), (2048, 8)):
-                yield (f"gumbel.gumbel_argmax_kernel HAS_IDS={has_ids} BLOCK={block} warps={warps}",
-                       gumbel.gumbel_argmax_kernel, dict(PURPOSE=3, HAS_IDS=has_ids, BLOCK=block), warps)
+            for final in (False, True):
+                for block, warps in ((2048, 4), (2048, 8)):
+                    yield (f"gumbel.gumbel_chunks_kernel HAS_IDS={has_ids} FINAL={final} BLOCK={block} "
+                           f"warps={warps}", gumbel.gumbel_chunks_kernel,
+                           dict(PURPOSE=3, HAS_IDS=has_ids, FINAL=final, CHUNK=4096, BLOCK=block), warps)
+            yield (f"gumbel.gumbel_pick_kernel HAS_IDS={has_ids}", gumbel.gumbel_pick_kernel,
+                   dict(HAS_IDS=has_ids, CB=64), 4)
         return
     common = dict(DRAFT_KIND=1, HAS_THR=filters, NC_BLOCK=32, RB=8)
     for sub, warps in ((1024, 4), (2048, 4), (2048, 8), (512, 4)):
