@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "
-                        "target-only decoding's whatever is drafted; reference, fused, ...)")
+                        "target-only decoding's whatever is drafted; auto, reference, fused, ...)")
     p.add_argument("--compile", default="auto",
                    help="auto (CUDA graphs on a GPU), off, or a decoder compile mode: native, native-graphs, graphs")
     p.add_argument("--device", default="auto")
