@@ -64,19 +64,24 @@ def test_rejects_other_dtypes_and_layouts():
         topk16.top_k_thresholds16(logits, torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), chunk=1000)
 
 
-def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
+def assert_routed_in_one_launch_set(monkeypatch, name: str, logits, draft, tokens, sampling):
+    """``fused`` with 16-bit logits and ``sampling`` calls ``keep.<name>`` once (target and draft rows in one
+    launch set) and emits ``reference``'s tokens."""
     monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)    # on a GPU this is the default route
     calls = []
-    real = topk16.top_k_thresholds16
-    monkeypatch.setattr(keep, "top_k_thresholds16", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    logits = _logits(2, 3, 300, torch.bfloat16, seed=2)
-    draft = _logits(2, 2, 300, torch.bfloat16, seed=3)
-    tokens = torch.randint(0, 300, (2, 2), generator=torch.Generator().manual_seed(0))
-    sampling = SamplingParams(top_k=[5, 40], temperature=[0.9, 1.2])
+    real = getattr(keep, name)
+    monkeypatch.setattr(keep, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=3)
     got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
-    assert len(calls) == 1                                 # target and draft rows in one launch set
+    assert len(calls) == 1
     assert torch.equal(got.output_tokens, ref.output_tokens)
+
+
+def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
+    tokens = torch.randint(0, 300, (2, 2), generator=torch.Generator().manual_seed(0))
+    assert_routed_in_one_launch_set(monkeypatch, "top_k_thresholds16", _logits(2, 3, 300, torch.bfloat16, seed=2),
+                                    _logits(2, 2, 300, torch.bfloat16, seed=3), tokens,
+                                    SamplingParams(top_k=[5, 40], temperature=[0.9, 1.2]))
 
 
 def test_target_and_draft_rows_in_one_call():

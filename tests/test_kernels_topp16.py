@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from tilespec.verify import verify
 from tilespec.verify.filters import scaled_logits, top_p_threshold_sorted
 from tilespec.verify.kernels import keep, topp16
 from tilespec.verify.types import SamplingParams
 
 from test_filters import _brute_keep
+from test_kernels_topk16 import assert_routed_in_one_launch_set
 
 
 def _check(logits, top_p, temperature, **kw):
@@ -83,19 +83,12 @@ def test_rejects_bad_inputs():
 
 
 def test_keep_thresholds_routes_16_bit_top_p_here(monkeypatch):
-    monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)    # on a GPU this is the default route
-    calls = []
-    real = topp16.top_p_thresholds16
-    monkeypatch.setattr(keep, "top_p_thresholds16", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     gen = torch.Generator().manual_seed(6)
     logits = (torch.randn(2, 3, 300, generator=gen) * 3).bfloat16()
     draft = (torch.randn(2, 2, 300, generator=gen) * 3).bfloat16()
     tokens = torch.randint(0, 300, (2, 2), generator=gen)
-    sampling = SamplingParams(top_p=[0.8, 0.95], temperature=[0.7, 1.2])
-    ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=3)
-    got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=3)
-    assert len(calls) == 1                                 # target and draft rows in one launch set
-    assert torch.equal(got.output_tokens, ref.output_tokens)
+    assert_routed_in_one_launch_set(monkeypatch, "top_p_thresholds16", logits, draft, tokens,
+                                    SamplingParams(top_p=[0.8, 0.95], temperature=[0.7, 1.2]))
 
 
 def test_target_and_draft_rows_in_one_call():

@@ -16,28 +16,21 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from filter_thresholds import graph_ms  # noqa: E402
 
+from tilespec.bench.verify import time_eager  # noqa: E402
+
 V, K = 151936, 5
 
 
 def eager_us(fn, n: int = 50) -> float:
-    fn()
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    fn()                                       # compile / warm up outside the timing
+    return time_eager(fn, n)
 
 
 def main() -> None:

@@ -147,7 +147,9 @@ def _contender_fns(torch, name, target, draft, tokens, cfg, seed):
     raise RuntimeError(f"unknown contender {name}")
 
 
-def _time_eager(torch, fn, reps):
+def time_eager(fn, reps: int) -> float:
+    """Median host wall time of ``fn()`` in us, the GPU synchronised before and after every call."""
+    import torch
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -211,8 +213,8 @@ def _point(torch, args, b, k, v, dtype_name, cfg, regime, log):
             fns = [_contender_fns(torch, name, *s, cfg, seed=1234) for s in sets]
             fn, graphable = fns[0]
             fn()
-            first = _time_eager(torch, fn, 1)
-            res["eager_us"] = _time_eager(torch, fn, max(3, min(args.reps, int(0.3e6 / first))))
+            first = time_eager(fn, 1)
+            res["eager_us"] = time_eager(fn, max(3, min(args.reps, int(0.3e6 / first))))
             res["peak_extra_bytes"] = _peak_extra(torch, fn)
             if graphable:
                 try:

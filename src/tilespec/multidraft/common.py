@@ -152,9 +152,8 @@ def finish(p_or_w: torch.Tensor, chosen: torch.Tensor, passed: torch.Tensor, tok
     no host sync, static shapes."""
     y = chosen.clone()
     need = ~passed
-    if static:
-        drawn = stream.sample(torch.where(need[:, None], p_or_w, torch.ones_like(p_or_w)))
-        y = torch.where(need, drawn, y)
+    if static:       # rows that passed draw too (their weights are non-negative; the draw is discarded)
+        y = torch.where(need, stream.sample(p_or_w), y)
     elif bool(need.any()):
         rows = need.nonzero().squeeze(1)
         y[rows] = stream.subset(rows).sample(p_or_w[rows])

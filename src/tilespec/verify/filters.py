@@ -29,6 +29,8 @@ from typing import Optional
 
 import torch
 
+from tilespec.env import triton_available
+
 from .order_keys import KEY_BITS, KEY_NAN, KEY_NEG_INF, key_float, order_key  # noqa: F401  (re-exported)
 
 NEG_INF = float("-inf")
@@ -123,7 +125,7 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
         # sort at 6 rows (graph 0.07 / 0.13 ms vs 0.33 / 0.52 for top-k 50 / top-p 0.9) and at 384 rows for top-k
         # (1.0 ms vs 5.9; the row kernel 2.1); top-p alone at 384 rows keeps every chunk active (4.4 ms), where
         # the one-program-per-row kernel takes 2.5 ms.
-        method = (("triton" if _triton_ok() else "search") if rows >= KERNEL_MIN_ROWS else "sort") \
+        method = (("triton" if triton_available() else "search") if rows >= KERNEL_MIN_ROWS else "sort") \
             if logits.is_cuda else "sort"
         if method == "triton" and sampling.has_top_p and not sampling.has_top_k and rows >= ROW_KERNEL_TOP_P_ROWS:
             method = "triton_row"
@@ -149,17 +151,3 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
         find = top_p_threshold_sorted if method == "sort" else top_p_threshold_search
         thr = torch.maximum(thr, find(zk, sampling.top_p))
     return thr
-
-
-_TRITON: Optional[bool] = None
-
-
-def _triton_ok() -> bool:
-    global _TRITON
-    if _TRITON is None:
-        try:
-            import triton  # noqa: F401
-            _TRITON = True
-        except ImportError:
-            _TRITON = False
-    return _TRITON

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
@@ -59,7 +58,7 @@ class Method:
         return tuple(sorted(merged.items()))
 
     def __call__(self, inputs: VerifyInputs, options: Optional[Mapping] = None) -> VerifyResult:
-        if self.needs_triton and importlib.util.find_spec("triton") is None:
+        if self.needs_triton and not triton_available():
             raise ImportError(f"method {self.name!r} needs Triton; install it (pip install 'tilespec[gpu]')")
         return self.fn(inputs, **dict(self.resolve_options(options)))
 
