@@ -108,3 +108,11 @@ def test_auto_is_the_fastest_exact_method_of_the_device(monkeypatch):
     assert registry.resolve_method("auto", torch.device("cuda")) == "fused"
     with pytest.raises(ValueError, match="'auto'"):
         registry.get_method("fusd")
+
+
+def test_coupled_with_fused_draws_passes_the_exactness_suite(fused_sampler):
+    """The GPU path of ``coupled`` (every position's draw by ``fused``) holds the exact law in every suite case."""
+    from tilespec.exactness.suite import run_suite
+    results = run_suite(["coupled"], samples=40_000, power_check=False)   # the CPU tier's size
+    assert fused_sampler and len(results) >= 16
+    assert not [(r.case, r.min_p_value) for r in results if not r.passed]

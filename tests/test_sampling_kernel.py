@@ -123,3 +123,18 @@ def test_head_chains_sample_with_the_kernel_as_with_pytorch():
     positions = torch.arange(b) + 20
     got, ref = chains_kernel(logq, vocab, seeds, positions), _gumbel_argmax(logq, vocab, seeds, positions)
     assert got.shape == (b, k) and int((got != ref).sum()) <= 1
+
+
+def test_sample_keyed_refuses_bad_shapes_clearly():
+    resolved = resolve_sampling(SamplingParams(temperature=1.0), 2, torch.device("cpu"))
+    ok = dict(seeds=torch.tensor([1, 2]), positions=torch.tensor([3, 4]))
+    for args, words in ((dict(logits=torch.randn(2, 3, 5)), "logits must be"),
+                        (dict(logits=torch.zeros(2, 5, dtype=torch.long)), "logits must be"),
+                        (dict(logits=torch.randn(2, 5), seeds=torch.tensor([1])), "seeds must be"),
+                        (dict(logits=torch.randn(2, 5), positions=torch.tensor([1.0, 2.0])), "positions must be"),
+                        (dict(logits=torch.randn(2, 5), ids=torch.arange(4)), "ids must be"),
+                        (dict(logits=torch.randn(3, 5), seeds=torch.tensor([1, 2, 3]),
+                              positions=torch.tensor([1, 2, 3])), "resolved for")):
+        kw = {**ok, **args}
+        with pytest.raises(ValueError, match=words):
+            sampling.sample_keyed(kw.pop("logits"), resolved, kw.pop("seeds"), kw.pop("positions"), **kw)

@@ -184,3 +184,11 @@ def test_check_exactness_cli_runs_the_tree_suite(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert len(rows) == 10 and all(r["method"].startswith("tree:") and r["passed"] for r in rows)
     assert any(not r["exact_method"] for r in rows)                  # the planted sampler, caught
+
+
+def test_bad_static_bounds_are_refused_clearly():
+    logits = torch.zeros(2, 8, 6)
+    tree = _tree([[0] * 8, [0] * 8])
+    for bad in ({"max_width": -1}, {"max_depth": 2.5}, {"max_width": True}):
+        with pytest.raises(ValueError, match="must be a non-negative int"):
+            select_tree(tree, logits, **bad)

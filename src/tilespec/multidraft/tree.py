@@ -174,6 +174,9 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
     """
     if (target_logits is None) == (target_probs is None):
         raise ValueError("give exactly one of target_logits and target_probs")
+    for name, bound in (("max_depth", max_depth), ("max_width", max_width)):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+            raise ValueError(f"{name} must be a non-negative int or None, got {bound!r}")
     tgt = target_logits if target_logits is not None else target_probs
     if not isinstance(tgt, torch.Tensor) or tgt.dim() != 3:
         raise ValueError("target logits/probs must be a [B, N, V] tensor")

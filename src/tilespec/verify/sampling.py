@@ -33,7 +33,9 @@ def sample_keyed(logits: torch.Tensor, sampling: ResolvedSampling, seeds: torch.
                  purpose: int = rng.PURPOSE_EXTRA, ids: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One token per row from exp(log_probs(logits [B, N], sampling)): [B] int64 (``ids[i]`` for column i when
     ``ids`` [N] maps columns to vocabulary ids, e.g. a draft head's reduced vocabulary; the noise is keyed by that
-    id). ``sampling`` is resolved for the B rows. Greedy rows take the first argmax."""
+    id). ``sampling`` is resolved for the B rows. Greedy rows take the first argmax. Shapes and dtypes are checked
+    (ValueError naming the argument; no host sync)."""
+    _check(logits, sampling, seeds, positions, ids)
     if _kernel_on(logits):
         from .kernels.gumbel import gumbel_argmax
         rows = logits if logits.stride(-1) == 1 else logits.contiguous()
@@ -43,6 +45,20 @@ def sample_keyed(logits: torch.Tensor, sampling: ResolvedSampling, seeds: torch.
         return gumbel_argmax(logp, torch.ones_like(sampling.temperature), seeds, positions, purpose, ids)
     logp = log_probs(logits.float()[:, None, :], sampling)[:, 0]
     return gumbel_argmax_reference(logp, seeds, positions, purpose, ids)
+
+
+def _check(logits, sampling, seeds, positions, ids) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits must be a float tensor [B, N], got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    b, n = logits.shape
+    for name, t in (("seeds", seeds), ("positions", positions)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (b,) or t.dtype != torch.int64:
+            raise ValueError(f"{name} must be an int64 tensor [B] = [{b}]")
+    if ids is not None and (not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (n,) or ids.dtype != torch.int64):
+        raise ValueError(f"ids must be an int64 tensor [N] = [{n}] (the vocabulary id of each column)")
+    if tuple(sampling.temperature.shape) != (b,):
+        raise ValueError(f"sampling is resolved for {tuple(sampling.temperature.shape)} rows, the logits have {b}")
 
 
 def _kernel_on(logits: torch.Tensor) -> bool:
