@@ -244,3 +244,42 @@ def test_ignore_eos_gives_every_request_max_new_tokens(tmp_path, compile):
         assert all(len(seq) == 5 for seq in r["output_tokens"]), r["key"]
         if r["kind"] == "tilespec":   # greedy speculative output equals our target-only output (run-ahead included)
             assert r["greedy_match_ar"] == 1.0, r["key"]
+
+
+def test_adaptive_schedules_capture_every_gamma_before_timing():
+    """The e2e warm-up of an ``optimal`` decoder runs one generation per γ in 1..max_gamma (each pinned by a
+    constant schedule, same cache size), then restores the schedule and drops the costs those runs measured;
+    constant schedules and target-only decoding skip it."""
+    from engine_models import layer_skip, tiny_lm
+    from tilespec.bench.e2e_systems import capture_every_gamma
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.verify import SamplingParams
+    target = tiny_lm(3)
+    dec = SpeculativeDecoder(target, layer_skip(target, 1), gamma=2, gamma_schedule="optimal", max_gamma=4,
+                             compile="native", sampling=SamplingParams.greedy(), eos_token_id=[], pad_token_id=0)
+    seen, factory = [], dec.schedule_factory
+    real = dec.generate
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        seen.append((out.stats.gammas[0], out.stats.new_tokens))
+        return out
+
+    dec.generate = spy
+    capture_every_gamma(dec, [[5, 6, 7], [8, 9]], 6)
+    assert [g for g, _ in seen] == [1, 2, 3, 4] and all(n == 12 for _, n in seen)
+    assert dec.schedule_factory is factory and 2 not in dec._costs
+    seen.clear()
+    dec.gamma_schedule = "constant"
+    capture_every_gamma(dec, [[5, 6, 7]], 6)
+    assert seen == []
+
+
+def test_optimal_rows_warm_every_gamma_and_match_target_only(tmp_path):
+    """An ``optimal`` row on the native runtime: its warm-up visits every γ, its greedy tokens equal target-only."""
+    torch.set_num_threads(1)
+    out = tmp_path / "e2e.json"
+    assert main(TINY + ["--batch", "1,2", "--systems", "ar,tilespec", "--gamma-schedule", "optimal", "--ignore-eos",
+                        "--compile", "native", "--json", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["results"] if r["kind"] == "tilespec"]
+    assert rows and all("error" not in r and r["greedy_match_ar"] == 1.0 for r in rows)

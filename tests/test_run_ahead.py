@@ -122,10 +122,9 @@ def test_run_ahead_near_capacity_defragments_identically(pair, temperature):
     assert 0 < on.stats.ahead_steps < on.stats.steps - 1      # the capacity bound held some steps back
 
 
-def test_adaptive_schedules_and_context_drafters_wait_for_the_read(pair):
-    """γ of the adaptive schedules depends on the unread step, a context drafter needs its tokens: no speculative
-    step runs ahead, and the outputs are those of run_ahead=False (not compared for ``optimal``, whose γ follows
-    measured times, so its tokens differ from run to run either way)."""
+def test_heuristic_schedule_and_context_drafters_wait_for_the_read(pair):
+    """γ of the heuristic schedule depends on the unread step, a context drafter needs its tokens: no speculative
+    step runs ahead, and the outputs are those of run_ahead=False."""
     _, draft = pair
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 9, 10, 9], [3, 4]]     # the n-gram drafter finds matches
     eos = eos_inside(pair, prompts, 1.0, 2)
@@ -133,8 +132,40 @@ def test_adaptive_schedules_and_context_drafters_wait_for_the_read(pair):
         off, on = (decode(pair, prompts, ra, gamma=2, temperature=1.0, eos=eos, **kw) for ra in (False, True))
         assert on.sequences == off.sequences and on.finish_reasons == off.finish_reasons
         assert on.stats.ahead_steps == 0
-    on = decode(pair, prompts, True, gamma=2, temperature=1.0, eos=eos, gamma_schedule="optimal", fallback_below=0)
-    assert on.stats.ahead_steps == 0 and on.stats.gammas[0] > 0
+
+
+def test_optimal_schedule_runs_ahead_with_a_gamma_one_step_older(pair):
+    """``optimal`` decides γ from the steps read so far and launches the next drafting step ahead of the read
+    (fixed_gamma): greedy outputs stay the target's own (every γ gives them), the run-ahead steps are counted, and
+    with run_ahead=False the same schedule waits for every read."""
+    target, _ = pair
+    reference = SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0), eos_token_id=-1,
+                                   pad_token_id=0, compile="native").generate(input_ids=PROMPTS, max_new_tokens=14)
+    for run_ahead in (True, False):
+        out = decode(pair, PROMPTS, run_ahead, gamma=2, gamma_schedule="optimal", fallback_below=0)
+        assert out.sequences == reference.sequences
+        assert out.stats.fallback_steps == 0 and sum(out.stats.gammas) > 0
+        assert (out.stats.ahead_steps > 0) == run_ahead
+
+
+def test_optimal_run_ahead_pins_the_gamma_it_announced():
+    """fixed_gamma() pins the γ it returns for the next next(), repeats it until then, and is None for the
+    heuristic schedule, before the first recorded step, for context drafters and after a fallback."""
+    from tilespec.engine.gamma import GammaSchedule
+    sched = GammaSchedule("optimal", gamma=3, max_gamma=8, fallback_below=0)
+    assert sched.fixed_gamma() is None                       # nothing recorded yet: wait for the read
+    g = sched.next()
+    sched.update(g, [g], draft_time=1e-4, target_time=2e-3, step_time=2.5e-3)
+    pinned = sched.fixed_gamma()
+    assert pinned is not None and pinned >= 1 and sched.fixed_gamma() == pinned
+    assert sched.next() == pinned and sched._pinned is None
+    assert GammaSchedule("heuristic", gamma=3, max_gamma=8).fixed_gamma() is None
+    ctx = GammaSchedule("optimal", gamma=3, max_gamma=8)
+    ctx.bind(model=False, context=True)
+    ctx.update(3, [3], draft_time=1e-4, target_time=2e-3)
+    assert ctx.fixed_gamma() is None
+    sched._fall_back(0.5)
+    assert sched.fixed_gamma() is None
 
 
 def test_target_only_run_ahead_and_the_opt_out(pair, monkeypatch):

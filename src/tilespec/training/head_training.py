@@ -97,7 +97,7 @@ def _autocast(device):
 
 
 def train_head(target, tokenizer=None, *, target_name: str, minutes: float = 10.0, out=None, prompts=None,
-               num_prompts: int = 512, max_new_tokens: int = 256, gen_batch: int = 64, seq_len: int = 640,
+               num_prompts: int = 2000, max_new_tokens: int = 256, gen_batch: int = 64, seq_len: int = 640,
                draft_vocab: Optional[int] = 32000, ttt_steps: int = 4, batch: int = 8, lr: float = 3e-4,
                warmup: int = 50, reg_weight: float = 0.1, max_steps: Optional[int] = None, data_share: float = 0.3,
                eval_every: int = 100, resume: bool = True, compile="native", seed: int = 0, log=print,
