@@ -283,3 +283,18 @@ def test_optimal_rows_warm_every_gamma_and_match_target_only(tmp_path):
                         "--compile", "native", "--json", str(out)]) == 0
     rows = [r for r in json.loads(out.read_text())["results"] if r["kind"] == "tilespec"]
     assert rows and all("error" not in r and r["greedy_match_ar"] == 1.0 for r in rows)
+
+
+@pytest.mark.parametrize("schedule,batch", [("optimal", [[5, 6, 7]]), ("constant", [[5, 6, 7], [9] * 300])])
+def test_cache_rows_is_the_capacity_the_decoder_allocates(schedule, batch):
+    from engine_models import layer_skip, tiny_lm
+    from tilespec.bench.e2e_systems import cache_rows
+    from tilespec.engine import SpeculativeDecoder
+    from tilespec.verify import SamplingParams
+    target = tiny_lm(3)
+    dec = SpeculativeDecoder(target, layer_skip(target, 1), gamma=3, gamma_schedule=schedule, compile="native",
+                             sampling=SamplingParams.greedy(), eos_token_id=[], pad_token_id=0)
+    seen, runner = [], dec._runner
+    dec._runner = lambda role, model, capacity, b: seen.append(capacity) or runner(role, model, capacity, b)
+    dec.generate(batch, max_new_tokens=6)
+    assert seen == [cache_rows(dec, batch, 6)]

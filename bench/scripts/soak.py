@@ -15,7 +15,7 @@ transformers' ``generate`` (plain, then static cache: compiled with CUDA-graph t
   * memory flat: ``torch.cuda.memory_allocated()`` after each round (cached runners and graphs included) may not
     grow by more than ``--memory-slack-mib`` over the second round (the first round builds every cache).
 
-    python3 bench/scripts/soak.py --rounds 5 --json bench/results/soak-random-qwen2.5-1.5b-shaped-h100.json
+    python3 bench/scripts/soak.py --rounds 5 --json bench/results/soak-random-qwen2.5-1.5b-shaped-h200.json
 
 The target is a random-init model with Qwen2.5-1.5B's shapes and ``--layers`` layers (bf16, a sharpened LM head;
 bf16 ties are still frequent: every divergence is recorded with its gap); the draft model is its first layer.

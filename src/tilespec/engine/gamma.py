@@ -17,11 +17,14 @@ verify shapes stay uniform):
     undrafted step drafts nothing). Fallback (γ = 0, decoded target-only with run-ahead, ``fallback_after`` /
     ``fallback_speedup`` record the first): once ``min_steps`` steps are timed, when the predicted speedup is below
     ``fallback_below``; once both a target-only rate and ``min_steps`` drafting rates are measured (whole-step wall
-    times), when the measured ratio is below it; without a target-only rate, when the prediction is below
-    ``explore_below`` (to measure one). After a fallback a context drafter resumes after ``backoff`` target-only
-    steps (doubling each time), so a request whose context starts matching later drafts again; a draft model's
-    cache is stale after a fallback, so it stays off for the generation. Costs, rates and the pooled α are
-    inherited by the decoder's next generation of the same batch size, which falls back before its first step
+    times), when the measured ratio is below it; a context drafter without a target-only rate, when the prediction
+    is below ``explore_below`` (to measure one). After a fallback a context drafter resumes after ``backoff``
+    target-only steps (doubling each time), so a request whose context starts matching later drafts again; a draft
+    model's or head's cache is stale after a fallback, so it stays off for the generation: it falls back only after
+    ``min_steps`` steps of its own and never to explore. Drafting steps of a draft model or head are launched
+    ahead of the host read like target-only ones (:meth:`fixed_gamma`). Costs, rates and the pooled α are
+    inherited by the decoder's next generation of the same batch size (after a draft model's or head's fallback
+    the next 1, then 2, 4, ... generations skip it before it is probed again), which falls back before its first step
     (``falls_back_at_start``: no draft prefill either) when they say the draft loses.
 Only ``optimal`` ever returns 0.
 """
@@ -31,10 +34,10 @@ import math
 from typing import Optional
 
 from tilespec import analysis
-from tilespec.analysis import _check_alpha, _check_cost, _check_gamma, optimal_gamma as _optimal, walltime_improvement
+from tilespec.analysis import optimal_gamma as _optimal, walltime_improvement
 
 from .estimator import OnlineGammaEstimator
-from .payoff import RequestAlphas, WidthCost, best_cap
+from .payoff import RequestAlphas, WidthCost, best_cap, best_gamma, chain_gamma, overhead_improvement  # noqa: F401
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 # The engine's names for Leviathan's Equation 1 and Theorem 3.8 (re-exported by tilespec.engine).
@@ -47,49 +50,16 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
     return int(_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
 
 
-def overhead_improvement(alpha: float, gamma: int, c: float, overhead: float = 0.0) -> float:
-    """Theorem 3.8 with a per-step overhead o that target-only decoding does not pay: E(γ) / (γc + 1 + o).
-    α in [0, 1], γ >= 1, c and o finite and >= 0 (in units of one target forward)."""
-    gamma, c, overhead = _check_gamma(gamma), _check_cost("c", c), _check_cost("overhead", overhead)
-    return float(expected_tokens(_check_alpha(alpha), gamma)) / (gamma * c + 1.0 + overhead)
-
-
-def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple[int, float]:
-    """(γ in [1, max_gamma] maximising :func:`overhead_improvement`, ties -> smaller γ; that improvement)."""
-    alpha, c, overhead = _check_alpha(alpha), _check_cost("c", c), _check_cost("overhead", overhead)
-    max_gamma = _check_gamma(max_gamma, "max_gamma")
-    if overhead == 0.0:
-        g = optimal_gamma(alpha, c, max_gamma)
-        return g, float(expected_speedup(alpha, g, c))
-    best = max(range(1, max_gamma + 1), key=lambda g: (overhead_improvement(alpha, g, c, overhead), -g))
-    return best, overhead_improvement(alpha, best, c, overhead)
-
-
-def chain_gamma(alphas: list, c: float, overhead: float = 0.0) -> tuple[int, float]:
-    """γ for a drafter whose acceptance depends on the draft position (a trained head: alphas[k] = P(draft k+1
-    accepted | the first k accepted), measured on held-out text): argmax over γ in [1, len(alphas)] of
-    (1 + Σ_{k<=γ} Π_{j<=k} alphas[j]) / (1 + γ c + o), ties -> smaller γ; returns (γ, that improvement)."""
-    if not alphas:
-        raise ValueError("chain_gamma needs at least one acceptance rate")
-    c, overhead = _check_cost("c", c), _check_cost("overhead", overhead)
-    best, best_value, tau, run = 1, -1.0, 1.0, 1.0
-    for g, a in enumerate(alphas, start=1):
-        run *= _check_alpha(a)
-        tau += run
-        value = tau / (1.0 + g * c + overhead)
-        if value > best_value + 1e-12:
-            best, best_value = g, value
-    return best, best_value
-
-
 class GammaSchedule:
     """Stateful γ chooser for one generation (see the module docstring).
 
     gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo
     counts of the α estimate; default_c: the cost ratio assumed until a step has been timed. ``optimal`` only:
     fallback_below: the predicted or measured speedup under which the schedule stops drafting (0 disables it);
-    min_steps: timed speculative steps needed before that decision may be taken; explore_below: without a measured
-    target-only rate, the predicted speedup under which it falls back to measure one (0 never explores); backoff:
+    min_steps: timed speculative steps needed before that decision may be taken (a draft model or head, whose
+    fallback is for the rest of the generation: steps of this generation, not inherited ones); explore_below:
+    without a measured target-only rate, the predicted speedup under which a context drafter falls back to measure
+    one (0 never explores; a draft model or head never explores: it could not resume); backoff:
     target-only steps after a fallback before drafting is tried again (doubling after each fallback), where the
     decoder allows it (:meth:`bind`: context drafters only, a draft model's cache is stale after a fallback).
     """
@@ -134,6 +104,7 @@ class GammaSchedule:
         self._live: list = []                          # request ids of the last recorded step's live rows
         self._fallen, self._idle_left, self._backoff = False, 0, backoff
         self._pinned: Optional[int] = None             # γ decided ahead of a read (fixed_gamma), for the next next()
+        self._probe = [0.0, 0.0]                       # inherited: (generations still to skip, skip length)
         self.steps = 0                               # update() calls: speculative steps seen
         self.fallbacks = self.resumes = 0
         self.fallback_after: Optional[int] = None    # speculative steps seen when γ first fell back to 0, else None
@@ -149,7 +120,7 @@ class GammaSchedule:
                     "_overhead_steps")
     _RATE_FIELDS = ("ar_wall", "ar_steps", "spec_wall", "spec_tokens", "spec_steps")
     _EXTRA_FIELDS = ("alpha", "ar_overhead_time", "ar_overhead_steps", "context_time", "context_steps",
-                     *(f"width_{f}" for f in WidthCost.FIELDS), "width_seen")
+                     *(f"width_{f}" for f in WidthCost.FIELDS), "width_seen", "probe_left", "probe_span")
 
     def cost_state(self) -> Optional[dict]:
         """The measured timings behind the costs, the measured rates and the pooled α, to seed the next
@@ -159,9 +130,15 @@ class GammaSchedule:
             return None
         state = {f: getattr(est, f) for f in self._COST_FIELDS}
         state.update({f"rate_{k}": v for k, v in self._rates.items()})
+        left, span = self._probe      # a draft model or head that lost skips 1, 2, 4, ... generations, then probes
+        if self.steps > 0:
+            span = (min(2 * span, 64) if span else 1) if self.fallback_after is not None else 0
+            left = span
+        else:
+            left = max(left - 1, 0)
         state.update(self.width.state(), alpha=self.estimator.alpha, ar_overhead_time=self._ar_overhead[0],
                      ar_overhead_steps=self._ar_overhead[1], context_time=self._context_time[0],
-                     context_steps=self._context_time[1])
+                     context_steps=self._context_time[1], probe_left=left, probe_span=span)
         return state
 
     def inherit_cost(self, state: Optional[dict]) -> None:
@@ -185,6 +162,7 @@ class GammaSchedule:
         self.width.load(values)
         self._ar_overhead = [values.get("ar_overhead_time", 0.0), values.get("ar_overhead_steps", 0.0)]
         self._context_time = [values.get("context_time", 0.0), values.get("context_steps", 0.0)]
+        self._probe = [values.get("probe_left", 0.0), values.get("probe_span", 0.0)]
         if "alpha" in values:
             centre = 0.5 * (self.prior_alpha + min(values["alpha"], 1.0))
             self.estimator._accepted, self.estimator._trials = centre * self.prior_weight, self.prior_weight
@@ -255,11 +233,15 @@ class GammaSchedule:
     def _decision(self) -> tuple[int, Optional[float]]:
         """(γ, speedup) where speedup is set when drafting should stop now."""
         g, predicted = self._predicted()
+        if not (self.can_resume or self.steps >= self.min_steps):
+            return g, None      # a draft model or head falls back for good: only after min_steps steps of its own
         measured = self.measured_speedup()
         if measured is not None:
             return g, (measured if measured < self.fallback_below else None)
-        if predicted is not None and (predicted < self.fallback_below or (
-                self.fallback_below > 0 and self._rates["ar_steps"] == 0 and predicted < self.explore_below)):
+        if predicted is None:
+            return g, None
+        explore = self.can_resume and self.fallback_below > 0 and self._rates["ar_steps"] == 0
+        if predicted < self.fallback_below or (explore and predicted < self.explore_below):
             return g, predicted
         return g, None
 
@@ -268,6 +250,8 @@ class GammaSchedule:
         """``optimal`` with inherited measurements that say drafting loses: it returns 0 from the first step."""
         if self.kind != "optimal" or self.steps > 0:
             return False
+        if not self.context and self._probe[1] > 0:   # a draft model or head that lost: probe again after a backoff
+            return self._probe[0] > 0
         measured = self.measured_speedup()
         if measured is not None:
             return measured < self.fallback_below
@@ -314,6 +298,9 @@ class GammaSchedule:
                 self._idle_left -= 1
                 return 0
             self._resume()
+        elif self.steps == 0 and self.falls_back_at_start:     # inherited: the draft loses, or a skip after a loss
+            measured = self.measured_speedup()
+            return self._fall_back(measured if measured is not None else (self._predicted()[1] or 0.0))
         self._current, stop = self._decision()
         return self._fall_back(stop) if stop is not None else self._current
 

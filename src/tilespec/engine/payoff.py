@@ -16,14 +16,17 @@ step. On a fast runtime neither holds, and the errors are what made ``optimal`` 
 
 :func:`best_cap` combines them: the draft cap g (0 = no drafting this step) maximising expected tokens per second
 for the live rows, each row drafting min(k_i, g) tokens (k_i: what it can draft; a model drafts any g), against the
-rate of a target-only step. Shapes: per-row lists of equal length; times in seconds.
+rate of a target-only step. Shapes: per-row lists of equal length; times in seconds. The closed forms beside it:
+Theorem 3.8 with a per-step overhead (:func:`overhead_improvement`, :func:`best_gamma`) and the best chain length
+for position-dependent acceptance (:func:`chain_gamma`, a trained head's or distilled draft's held-out rates).
 """
 from __future__ import annotations
 
 import math
 from typing import Optional, Sequence
 
-from tilespec.analysis import expected_tokens
+from tilespec.analysis import (_check_alpha, _check_cost, _check_gamma, expected_tokens, optimal_gamma,
+                               walltime_improvement)
 
 DEFAULT_SLOPE = 0.03    # prior extra cost of one more verify position, as a fraction of t(1), until measured
 
@@ -130,3 +133,38 @@ def best_cap(alphas: Sequence[float], available: Optional[Sequence[int]], cap: i
     if best_rate < 0:
         return 0, 1.0
     return best_g, best_rate / ar_rate
+
+
+def overhead_improvement(alpha: float, gamma: int, c: float, overhead: float = 0.0) -> float:
+    """Theorem 3.8 with a per-step overhead o that target-only decoding does not pay: E(γ) / (γc + 1 + o).
+    α in [0, 1], γ >= 1, c and o finite and >= 0 (in units of one target forward)."""
+    gamma, c, overhead = _check_gamma(gamma), _check_cost("c", c), _check_cost("overhead", overhead)
+    return float(expected_tokens(_check_alpha(alpha), gamma)) / (gamma * c + 1.0 + overhead)
+
+
+def best_gamma(alpha: float, c: float, overhead: float, max_gamma: int) -> tuple[int, float]:
+    """(γ in [1, max_gamma] maximising :func:`overhead_improvement`, ties -> smaller γ; that improvement)."""
+    alpha, c, overhead = _check_alpha(alpha), _check_cost("c", c), _check_cost("overhead", overhead)
+    max_gamma = _check_gamma(max_gamma, "max_gamma")
+    if overhead == 0.0:
+        g = int(optimal_gamma(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
+        return g, float(walltime_improvement(alpha, g, c))
+    best = max(range(1, max_gamma + 1), key=lambda g: (overhead_improvement(alpha, g, c, overhead), -g))
+    return best, overhead_improvement(alpha, best, c, overhead)
+
+
+def chain_gamma(alphas: list, c: float, overhead: float = 0.0) -> tuple[int, float]:
+    """γ for a drafter whose acceptance depends on the draft position (a trained head: alphas[k] = P(draft k+1
+    accepted | the first k accepted), measured on held-out text): argmax over γ in [1, len(alphas)] of
+    (1 + Σ_{k<=γ} Π_{j<=k} alphas[j]) / (1 + γ c + o), ties -> smaller γ; returns (γ, that improvement)."""
+    if not alphas:
+        raise ValueError("chain_gamma needs at least one acceptance rate")
+    c, overhead = _check_cost("c", c), _check_cost("overhead", overhead)
+    best, best_value, tau, run = 1, -1.0, 1.0, 1.0
+    for g, a in enumerate(alphas, start=1):
+        run *= _check_alpha(a)
+        tau += run
+        value = tau / (1.0 + g * c + overhead)
+        if value > best_value + 1e-12:
+            best, best_value = g, value
+    return best, best_value

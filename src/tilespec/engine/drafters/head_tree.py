@@ -145,8 +145,8 @@ def chains_tree(pending: torch.Tensor, toks: list, probs: list) -> TokenTree:
     n, dev = 1 + k * len(toks), pending.device
     tokens = torch.cat([pending[:, None]] + toks, dim=1)
     idx = torch.arange(n, device=dev)
-    par = torch.where(idx <= k, torch.zeros_like(idx), idx - k)
-    par[0] = -1
+    # no indexed write of a Python number (a host-to-device copy, which a CUDA-graph capture refuses)
+    par = torch.where(idx <= k, (idx > 0).long() - 1, idx - k)         # -1 for the root, 0 for level 1
     draft_probs = torch.cat(probs, dim=1).double()
     draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
     return TokenTree(parents=par[None, :].expand(b, n).clone(), tokens=tokens,
