@@ -193,6 +193,7 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
           --xsum-wheel "$wheel")
   for stage in $stages; do
     left=$(( total - ($(date +%s) - START) )); budget=${E2E_BUDGET_S:-120}
+    [[ $stage == sampling-* ]] && budget=${E2E_SAMPLING_BUDGET_S:-240}   # 2 temperatures x 2 batches with hf-static
     (( budget > left - 40 )) && budget=$(( left - 40 ))
     if (( budget < 30 )); then ts "skip $stage: ${left}s left (run it again in another call)"; continue; fi
     temp=${stage##*-t}
