@@ -286,9 +286,8 @@ def test_optimal_rows_warm_every_gamma_and_match_target_only(tmp_path):
 
 
 @pytest.mark.parametrize("schedule,batch", [("optimal", [[5, 6, 7]]), ("constant", [[5, 6, 7], [9] * 300])])
-def test_cache_rows_is_the_capacity_the_decoder_allocates(schedule, batch):
+def test_cache_capacity_is_what_the_decoder_allocates(schedule, batch):
     from engine_models import layer_skip, tiny_lm
-    from tilespec.bench.e2e_systems import cache_rows
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
     target = tiny_lm(3)
@@ -297,4 +296,4 @@ def test_cache_rows_is_the_capacity_the_decoder_allocates(schedule, batch):
     seen, runner = [], dec._runner
     dec._runner = lambda role, model, capacity, b: seen.append(capacity) or runner(role, model, capacity, b)
     dec.generate(batch, max_new_tokens=6)
-    assert seen == [cache_rows(dec, batch, 6)]
+    assert seen == [dec.cache_capacity(max(map(len, batch)), len(batch), 6)]

@@ -250,15 +250,6 @@ def make_decoder(cfg: Config, target, draft, args):
         raise
 
 
-def cache_rows(dec, batch, max_new_tokens: int) -> int:
-    """The cache capacity ``dec.generate(batch, max_new_tokens)`` allocates (SpeculativeDecoder.prefill's rule on
-    the compiled paths): generations of the same batch size and capacity share runners, graphs and compiled code."""
-    g_max = dec.max_gamma if dec.gamma_schedule != "constant" else dec.gamma
-    slack = dec.cache_slack if dec.cache_slack is not None else (0 if len(batch) == 1 else max_new_tokens)
-    need = max(map(len, batch)) + max_new_tokens + slack + (dec.drafter.span(g_max) + 2 if dec.drafter else 2)
-    return -(-need // 256) * 256
-
-
 def capture_every_gamma(dec, batch, max_new_tokens: int, feats=None) -> None:
     """Warm-up for an adaptive γ schedule on a compiled runtime: one generation of ``batch`` per γ it can choose
     (1..max_gamma, each pinned by a constant schedule, same cache size), so that no CUDA-graph capture of a new γ
@@ -289,7 +280,7 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
         return out, out.stats.wall_time
 
     def warm_one(i, batch):
-        shape = (len(batch), cache_rows(dec, batch, args.max_new_tokens))    # the runners and graphs it reuses
+        shape = (len(batch), dec.cache_capacity(max(map(len, batch)), len(batch), args.max_new_tokens))
         if shape not in captured:
             captured.add(shape)
             capture_every_gamma(dec, batch, args.max_new_tokens, None if feats is None else

@@ -136,6 +136,13 @@ class SpeculativeDecoder:
     def _runner(self, name: str, model, capacity: int, batch: int):
         return shared_runner(model, name, capacity, batch, self.compile)
 
+    def cache_capacity(self, width: int, batch: int, max_new_tokens: int) -> int:
+        """Cache slots for ``batch`` prompts padded to ``width``; compiled: rounded up to 256 (shared graphs)."""
+        g_max = self.max_gamma if self.gamma_schedule != "constant" else self.gamma
+        slack = self.cache_slack if self.cache_slack is not None else (0 if batch == 1 else max_new_tokens)
+        need = width + max_new_tokens + slack + (self.drafter.span(g_max) + 2 if self.drafter is not None else 2)
+        return -(-need // 256) * 256 if self.compile else need
+
     @torch.inference_mode()
     def prefill(self, input_ids=None, *, prompts=None, max_new_tokens: int = 64, seed=0,
                 input_features: Optional[torch.Tensor] = None) -> Generation:
@@ -152,13 +159,8 @@ class SpeculativeDecoder:
         if encdec and input_features.shape[0] != batch:
             raise ValueError(f"input_features has {input_features.shape[0]} rows for {batch} decoder prompts")
         ids, is_tok = left_pad(prompt_lists, self.pad_id, self.device)
-        width = ids.shape[1]
-        spec = self.drafter is not None
-        g_max = self.max_gamma if self.gamma_schedule != "constant" else self.gamma
-        slack = self.cache_slack if self.cache_slack is not None else (0 if batch == 1 else max_new_tokens)
-        capacity = width + max_new_tokens + slack + (self.drafter.span(g_max) + 2 if spec else 2)
-        if self.compile:  # round up so prompts of similar length reuse the same compiled graphs
-            capacity = -(-capacity // 256) * 256
+        width, spec = ids.shape[1], self.drafter is not None
+        capacity = self.cache_capacity(width, batch, max_new_tokens)
         if encdec:
             limit = getattr(self.target.config, "max_target_positions", None)
             if limit is not None and max(map(len, prompt_lists)) + max_new_tokens > limit:

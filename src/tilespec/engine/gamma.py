@@ -105,6 +105,7 @@ class GammaSchedule:
         self._fallen, self._idle_left, self._backoff = False, 0, backoff
         self._pinned: Optional[int] = None             # γ decided ahead of a read (fixed_gamma), for the next next()
         self._probe = [0.0, 0.0]                       # inherited: (generations still to skip, skip length)
+        self._first = True                             # no next() yet (the start-of-generation check runs once)
         self.steps = 0                               # update() calls: speculative steps seen
         self.fallbacks = self.resumes = 0
         self.fallback_after: Optional[int] = None    # speculative steps seen when γ first fell back to 0, else None
@@ -298,9 +299,10 @@ class GammaSchedule:
                 self._idle_left -= 1
                 return 0
             self._resume()
-        elif self.steps == 0 and self.falls_back_at_start:     # inherited: the draft loses, or a skip after a loss
+        elif self._first and self.falls_back_at_start:    # inherited: the draft loses, or a skip after a loss
             measured = self.measured_speedup()
             return self._fall_back(measured if measured is not None else (self._predicted()[1] or 0.0))
+        self._first = False
         self._current, stop = self._decision()
         return self._fall_back(stop) if stop is not None else self._current
 
