@@ -27,7 +27,8 @@ def _inputs(b, h, hkv, nq, d, c, dtype, seed=0, valid=None):
 
 
 @pytest.mark.parametrize("b,h,hkv,nq,d,c", [(1, 12, 2, 1, 64, 512), (3, 4, 4, 2, 32, 256), (2, 8, 2, 6, 64, 768),
-                                            (1, 12, 2, 3, 128, 256)])
+                                            (1, 12, 2, 3, 128, 256), (2, 12, 2, 32, 32, 512),
+                                            (1, 12, 2, 64, 16, 256)])
 def test_decode_attention_matches_sdpa_fp32(b, h, hkv, nq, d, c):
     q, k, v, mask = _inputs(b, h, hkv, nq, d, c, torch.float32)
     assert attention.supported(q, k)

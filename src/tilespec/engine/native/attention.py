@@ -1,8 +1,9 @@
 """Decode attention over the slot KV cache: split-KV ("flash decoding") Triton kernels for few query tokens.
 
-Why: at decode and verification shapes (q <= 16 new tokens, a cache of C slots) cuDNN's SDPA kernel takes ~7.6 µs
-per layer on an H100 for ~0.5 MB of K/V (Qwen2.5-1.5B, C = 512): a handful of thread blocks loop over the whole
-capacity. Here the capacity is split into SPLIT-slot pieces, each (request, KV head, piece) program handles every
+Why: at decode and verification shapes (q <= 64 new tokens: a chain or a token tree, a cache of C slots) cuDNN's
+SDPA kernels loop a handful of thread blocks over the whole capacity, masked slots included: ~7.6 µs per layer on
+an H100 at q = 1, C = 512 (Qwen2.5-1.5B), and at q > 1 ~13 µs at C = 512 but ~89 µs at C = 4,352 (a server's
+rows, H200). Here the capacity is split into SPLIT-slot pieces, each (request, KV head, piece) program handles every
 query head of its group at once (G = H / H_kv heads x q tokens = one [M, D] tile, so K/V are read once per group),
 skips slot blocks that the mask hides entirely (unused capacity costs a mask read, not a K/V read), and a second
 small kernel merges the pieces' online-softmax partials.
@@ -14,7 +15,7 @@ gives the mean of V there: such rows are ignored by the engine).
 
 Shapes: q [B, H, Q, D] any strides (the engine passes a transposed view); k_cache, v_cache [B, H_kv, C, D]
 contiguous; mask [B, 1, Q, C] (any strides). Output [B, H, Q, D] in q's dtype (a view of [B, Q, H, D]). D a power
-of two (16-256), G * Q <= 128.
+of two (16-256), Q <= MAX_Q.
 
 Where it runs: CUDA (inside ``torch.compile`` as user-defined Triton kernels, and in CUDA graphs: no host sync,
 grids from shapes only) or under ``TRITON_INTERPRET=1``; :func:`supported` says when, else the caller keeps SDPA.
@@ -35,22 +36,26 @@ import triton.language as tl  # noqa: E402
 
 SPLIT = 256   # cache slots per program (a power of two >= BLOCK_N)
 BLOCK_N = 64             # slots per inner step (a skipped step reads only its mask)
-MAX_Q = 16
+MAX_Q = 64               # query tokens per request (a token tree's nodes)
+MAX_ROWS = 128           # rows (query heads of a KV group x tokens) per program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, H, HKV, Q, C, NS, scale, skip_below,
-                    sqb, sqh, sqq, smb, smq, smn,
+def _partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, H, HKV, Q, C, NS, NCH, scale,
+                    skip_below, sqb, sqh, sqq, smb, smq, smn,
                     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     SPLIT: tl.constexpr, F32DOT: tl.constexpr):
-    """Program (b * H_kv + j, s): rows m = g * Q + t (head j * G + g, query token t) over slots [s * SPLIT, ...).
-    Writes the piece's row max pm, sum pl and unnormalised P @ V pacc ([BLOCK_M, D], fp32)."""
-    bj = tl.program_id(0)
+    """Program ((b * H_kv + j) * NCH + ch, s): rows m = ch * BLOCK_M + r of the group's G * Q rows (m = g * Q + t:
+    head j * G + g, query token t) over slots [s * SPLIT, ...). Writes the piece's row max pm, sum pl and
+    unnormalised P @ V pacc ([BLOCK_M, D], fp32)."""
+    bjc = tl.program_id(0)
     s = tl.program_id(1)
+    bj = bjc // NCH
     b = bj // HKV
     j = bj % HKV
-    rm = tl.arange(0, BLOCK_M)
+    rl = tl.arange(0, BLOCK_M)
+    rm = (bjc % NCH) * BLOCK_M + rl
     g = rm // Q
     t = rm % Q
     row_ok = rm < G * Q
@@ -88,21 +93,21 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, H, 
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
             m_i = m_new
-    slot = bj * NS + s
-    tl.store(pm_ptr + slot * BLOCK_M + rm, m_i)
-    tl.store(pl_ptr + slot * BLOCK_M + rm, l_i)
-    tl.store(pacc_ptr + (slot * BLOCK_M + rm[:, None]) * D + rd[None, :], acc)
+    slot = bjc * NS + s
+    tl.store(pm_ptr + slot * BLOCK_M + rl, m_i)
+    tl.store(pl_ptr + slot * BLOCK_M + rl, l_i)
+    tl.store(pacc_ptr + (slot * BLOCK_M + rl[:, None]) * D + rd[None, :], acc)
 
 
 @triton.jit
-def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, o_ptr, H, HKV, Q, NS,
+def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, o_ptr, H, HKV, Q, NS, NCH,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program b * H_kv + j: merges the NS pieces of its rows into o, stored [B, Q, H, D]. A row that no piece
-    attended to (every slot of the group masked) gets zeros."""
-    bj = tl.program_id(0)
-    b = bj // HKV
-    j = bj % HKV
-    rm = tl.arange(0, BLOCK_M)
+    """Program (b * H_kv + j) * NCH + ch: merges the NS pieces of its rows into o, stored [B, Q, H, D]. A row
+    that no piece attended to (every slot of the group masked) gets zeros."""
+    bj = tl.program_id(0)           # (b * H_kv + j) * NCH + ch: the partials' row block
+    b = bj // NCH // HKV
+    j = bj // NCH % HKV
+    rm = tl.arange(0, BLOCK_M)       # local row of the block (the partials' layout)
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, D)
     s_ok = rs < NS
@@ -118,9 +123,10 @@ def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, o_ptr, H, HKV, Q, NS,
         part = tl.load(pacc_ptr + ((bj * NS + si) * BLOCK_M + rm[:, None]) * D + rd[None, :])
         out += part * ws[:, None]
     out = out / tl.where(seen, denom, 1.0)[:, None]
-    g = rm // Q
-    t = rm % Q
-    row_ok = rm < G * Q
+    row = (bj % NCH) * BLOCK_M + rm                                     # the group's row m = g * Q + t
+    g = row // Q
+    t = row % Q
+    row_ok = row < G * Q
     o_off = ((b * Q + t) * H + j * G + g)[:, None] * D + rd[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -131,8 +137,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return ((q.is_cuda or _INTERPRET) and q.dtype == k_cache.dtype
             and q.dtype in (torch.bfloat16, torch.float16, torch.float32) and 1 <= nq <= MAX_Q
             and k_cache.dim() == 4 and k_cache.shape[0] == b and k_cache.shape[3] == d and h % k_cache.shape[1] == 0
-            and d >= 16 and d <= 256 and d & (d - 1) == 0 and k_cache.is_contiguous()
-            and (h // k_cache.shape[1]) * nq <= 128)
+            and d >= 16 and d <= 256 and d & (d - 1) == 0 and k_cache.is_contiguous())
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
@@ -163,21 +168,23 @@ def _launch(q, k_cache, v_cache, mask) -> torch.Tensor:
     b, h, nq, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     grp = h // hkv
-    block_m = _pow2_at_least(grp * nq, 16)        # (comparisons only: shapes may be symbolic under torch.compile)
+    # a group's G * Q rows in blocks of at most MAX_ROWS (token trees: Q up to 64); each block reads K/V once
+    block_m = min(_pow2_at_least(grp * nq, 16), MAX_ROWS)  # (comparisons only: shapes may be symbolic when compiled)
+    nch = (grp * nq + block_m - 1) // block_m
     ns = (c + SPLIT - 1) // SPLIT
     f32 = dict(dtype=torch.float32, device=q.device)
-    pm = torch.empty((b * hkv * ns, block_m), **f32)
-    pl = torch.empty((b * hkv * ns, block_m), **f32)
-    pacc = torch.empty((b * hkv * ns, block_m, d), **f32)
+    pm = torch.empty((b * hkv * nch * ns, block_m), **f32)
+    pl = torch.empty((b * hkv * nch * ns, block_m), **f32)
+    pacc = torch.empty((b * hkv * nch * ns, block_m, d), **f32)
     out = torch.empty((b, nq, h, d), dtype=q.dtype, device=q.device)
     # steps whose mask is <= half of finfo.min everywhere are skipped (the engine's masked entries are finfo.min)
     skip_below = torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else -1e30
     f32dot = q.dtype == torch.float32 or _INTERPRET     # (the interpreter's bf16 / fp16 dot is wrong in Triton 3.9)
-    _partial_kernel[(b * hkv, ns)](
-        q, k_cache, v_cache, mask, pm, pl, pacc, h, hkv, nq, c, ns, 1.0 / math.sqrt(d), skip_below,
+    _partial_kernel[(b * hkv * nch, ns)](
+        q, k_cache, v_cache, mask, pm, pl, pacc, h, hkv, nq, c, ns, nch, 1.0 / math.sqrt(d), skip_below,
         q.stride(0), q.stride(1), q.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         G=grp, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SPLIT=SPLIT, F32DOT=f32dot, num_warps=4)
-    _merge_kernel[(b * hkv,)](pm, pl, pacc, out, h, hkv, nq, ns, G=grp, D=d, BLOCK_M=block_m,
+    _merge_kernel[(b * hkv * nch,)](pm, pl, pacc, out, h, hkv, nq, ns, nch, G=grp, D=d, BLOCK_M=block_m,
                               BLOCK_S=_pow2_at_least(ns, 2), num_warps=4)
     return out
 

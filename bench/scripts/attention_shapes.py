@@ -1,0 +1,52 @@
+"""GPU: decode attention alone, cuDNN SDPA (the native layer's default) against tilespec's split-KV kernels
+(engine/native/attention.py), over the shapes the engine meets: B in {1, 8, 64} requests, q in {1, 2, 5, 16, 32}
+query tokens (a step, a chain's verify, a token tree), C in {512, 1280, 4352} cache slots (a decoder's capacity, a
+server's rows), ``used`` slots valid per request. Qwen2.5-1.5B heads (12 query, 2 KV, D 128), bf16, CUDA-graph
+replay µs per call. Decides which attention the native layer picks per traced shape (llama.decoder_layer).
+
+Usage: python3 bench/scripts/attention_shapes.py --json OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from native_kernels import graph_us  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    from tilespec.env import run_record
+    rows = []
+    for b, nq, c in itertools.product((1, 8, 64), (1, 2, 5, 16, 32), (512, 1280, 4352)):
+        used = min(c - nq, 400)
+        torch.manual_seed(0)
+        h, hkv, d = 12, 2, 128
+        q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(b, hkv, c, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
+        mask[..., :used] = 0
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = torch.ops.tilespec.decode_attention(q, k, v, mask).transpose(1, 2)
+        row = dict(batch=b, q=nq, capacity=c, used=used,
+                   sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)),
+                   kernel_us=graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask)),
+                   max_abs_diff=(out.float() - ref.float()).abs().max().item())
+        print(row, flush=True)
+        rows.append(row)
+    with open(args.json, "w") as f:
+        json.dump(dict(run_record("cuda"), heads=dict(q=12, kv=2, d=128), dtype="bfloat16", rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
