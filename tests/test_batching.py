@@ -107,3 +107,39 @@ def test_cancel_frees_the_row_and_bad_requests_fail_clearly(target):
                        (BatchRequest(prompt=[1], max_tokens=4, top_p=0.0), "top_p")]:
         with pytest.raises(ValueError, match=match):
             engine.submit(bad)
+
+
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, draft):
+    """batch_warmup.warm_up (forced on CPU, where nothing is captured) drives steps of every row count drafting and
+    target-only, greedy and sampled; the counters are restored and later requests get the tokens of a fresh
+    engine's. Context drafts are padded to γ: a step's draft width does not depend on the matches' lengths."""
+    from tilespec.engine import batch_step
+    from tilespec.engine.batch_warmup import row_counts, warm_up
+
+    widths = []
+    real = batch_step.step_rows
+
+    def spy(target_, draft_, fast, state, rows, drafts, *args, **kw):
+        widths.append((rows, None if drafts.context is None else drafts.context.shape[1], drafts.gamma))
+        return real(target_, draft_, fast, state, rows, drafts, *args, **kw)
+
+    def run(warm: bool):
+        engine = BatchEngine(target, _draft(target, draft), max_batch=4, gamma=3, max_len=48, compile="native")
+        if warm:
+            import tilespec.engine.batching as batching
+            batching.step_rows, saved = spy, batching.step_rows
+            try:
+                assert warm_up(engine, force=True) > 0
+            finally:
+                batching.step_rows = saved
+            assert engine.counters["steps"] == 0 and not engine.has_work
+        reqs = [BatchRequest(prompt=[5, 6, 7, 8, 5, 6, 7, 8], max_tokens=12, temperature=t, seed=3) for t in (0, 1)]
+        _drive(engine, reqs)
+        return [r.tokens for r in reqs]
+
+    assert run(True) == run(False)
+    assert row_counts(4) == [1, 2, 4] and row_counts(6) == [1, 2, 4, 6]
+    assert {rows for rows, _, _ in widths} == {1, 2, 4}
+    assert any(g > 0 or k for _, k, g in widths) and any(g == 0 and k is None for _, k, g in widths)
+    assert all(k is None or k >= 3 for _, k, _ in widths)          # context drafts padded to γ = 3

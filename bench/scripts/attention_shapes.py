@@ -21,10 +21,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 from native_kernels import graph_us  # noqa: E402
 
 
+def split_us(attention, split: int, q, k, v, mask) -> float:
+    """The kernels' µs at another SPLIT (cache slots per program; the module's constant is restored)."""
+    default = attention.SPLIT
+    attention.SPLIT = split
+    try:
+        return graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask))
+    finally:
+        attention.SPLIT = default
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
+    from tilespec.engine.native import attention    # registers torch.ops.tilespec.decode_attention
     from tilespec.env import run_record
     rows = []
     for b, nq, c in itertools.product((1, 8, 64), (1, 2, 5, 16, 32), (512, 1280, 4352)):
@@ -41,6 +52,7 @@ def main() -> None:
         row = dict(batch=b, q=nq, capacity=c, used=used,
                    sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)),
                    kernel_us=graph_us(lambda: torch.ops.tilespec.decode_attention(q, k, v, mask)),
+                   **{f"kernel_us_split{split}": split_us(attention, split, q, k, v, mask) for split in (64, 128, 512)},
                    max_abs_diff=(out.float() - ref.float()).abs().max().item())
         print(row, flush=True)
         rows.append(row)

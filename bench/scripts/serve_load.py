@@ -228,6 +228,16 @@ def ratios(levels: dict) -> dict:
     return out
 
 
+def soak_index(systems: list, wanted=None) -> int:
+    """The index of the soaked system: ``wanted``, else the first tilespec system that drafts, else 0."""
+    if wanted is not None:
+        if wanted not in systems:
+            raise SystemExit(f"--soak-system {wanted!r} is not one of --systems {systems}")
+        return systems.index(wanted)
+    return next((i for i, s in enumerate(systems) if s.startswith("tilespec:") and
+                 not split_system(s)[0].endswith(":none")), 0)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -245,6 +255,9 @@ def main(argv=None) -> int:
                    help="requests at the largest level before timing, so every batch shape is captured first "
                         "(default: the largest number of clients)")
     p.add_argument("--soak-seconds", type=float, default=0.0)
+    p.add_argument("--soak-system", default=None,
+                   help="the system kept at the largest level for --soak-seconds (default: the first speculative "
+                        "tilespec system, else the first)")
     p.add_argument("--tilespec-args", default="", help="extra flags for tilespec serve, e.g. '--spec-max-batch 16'")
     p.add_argument("--hf-args", default="", help="extra flags for transformers serve, e.g. '--cb-use-cuda-graph'")
     p.add_argument("--start-timeout", type=float, default=1200.0)
@@ -275,9 +288,10 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(result, indent=1))
 
     systems = args.systems.split(",")
+    soak_at = soak_index(systems, args.soak_system) if args.soak_seconds > 0 else -1
     for i, system in enumerate(systems):
         done = result["levels"].get(system, {})
-        if all(str(c) in done for c in clients) and not (args.soak_seconds > 0 and i == len(systems) - 1):
+        if all(str(c) in done for c in clients) and i != soak_at:
             continue
         log = args.log_dir / f"{i}-{''.join(c if c.isalnum() else '-' for c in system)[:80]}.log"
         try:
@@ -308,7 +322,7 @@ def main(argv=None) -> int:
                 print(f"{system} clients={c}: {row['throughput_tok_s']} tok/s, ttft p50 {row['ttft_p50_s']}, "
                       f"itl p50 {row['itl_p50_s']}, errors {row['errors']}", flush=True)
                 save()
-            if args.soak_seconds > 0 and i == len(systems) - 1:
+            if i == soak_at:
                 c = max(clients)
                 n = max(c, int(args.soak_seconds * (rows[str(c)]["requests_per_s"] or 1)))
                 soak = asyncio.run(run_level(url, model, prompts, c, n, 0.0, args.max_tokens, args.temperature,

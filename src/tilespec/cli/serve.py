@@ -22,7 +22,8 @@ def run(args) -> int:
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
                        chat=not args.no_chat, method=args.method, compile=compile_mode,
                        prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
-                       adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec])
+                       adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
+                       warmup=not args.no_warmup, log=print)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout))
     return 0
@@ -50,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--adaptive-spec", choices=("auto", "on", "off"), default="auto",
                    help="draft per step row count only where it measures faster than target-only steps (auto: on "
                         "for ngram / suffix alone with --method coupled, where it changes no token)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="start serving at once: each step shape then compiles on its first use, stalling the batch "
+                        "(default: compile and capture every shape before listening; CUDA graphs only)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "

@@ -58,12 +58,15 @@ class StepDrafts:
         return self.context is not None or self.gamma > 0
 
 
-def choose_drafts(caps: list, contexts: Optional[list], runner: bool, pad: int, vocab: int, device) -> StepDrafts:
+def choose_drafts(caps: list, contexts: Optional[list], runner: bool, pad: int, vocab: int, device,
+                  width: int = 0) -> StepDrafts:
     """Per row b: ``caps[b]`` draft tokens at most; ``contexts[b]``: its context drafts ([] = no match; None: no
-    context drafter); ``runner``: a draft runner proposes for rows without context drafts."""
+    context drafter); ``runner``: a draft runner proposes for rows without context drafts. Context drafts are padded
+    to at least ``width`` columns (the engine's γ: one verify shape per row count whatever the matches' lengths, so
+    no step waits for a new graph; the counts keep each row's real length)."""
     if contexts is None or not any(contexts):
         return StepDrafts(gamma=max(caps), counts=list(caps)) if runner else StepDrafts(counts=[0] * len(caps))
-    k = max(map(len, contexts))
+    k = max(width, *map(len, contexts))
     context = torch.tensor([d + [pad] * (k - len(d)) for d in contexts], dtype=torch.int64, device=device)
     if not runner:
         return StepDrafts(context=context, counts=[len(d) for d in contexts])

@@ -292,7 +292,8 @@ class BatchEngine:
         contexts = None
         if self.drafter is not None and self.drafter.has_context and max(caps_rows) > 0:
             contexts = [self.rows[b].context.propose(0, c) if c > 0 else [] for b, c in enumerate(caps_rows)]
-        drafts = choose_drafts(caps_rows, contexts, self.drafting is not None, self.pad, self.out_vocab, self.device)
+        drafts = choose_drafts(caps_rows, contexts, self.drafting is not None, self.pad, self.out_vocab, self.device,
+                               width=self.gamma)
         sampling = self._sampling(live, rows)
         resolved = resolve_sampling(sampling, rows, self.device)
         host = step_rows(self.target, self.drafting, self.fast, self.state, rows, drafts, sampling, resolved,

@@ -97,7 +97,15 @@ def first_rows(runners, rows: int):
                 setattr(runner, name, getattr(runner, name)[:rows])
         elif isinstance(runner, NativeRunner):
             saved.append((runner, "caches", runner.caches))
-            runner.caches = [tuple(buf[:rows] for buf in entry) for entry in runner.caches]
+            # the views per row count are made once per set of K/V buffers (56 slicings per step otherwise)
+            owner = (runner.cache_version, id(runner.caches))
+            held = runner.__dict__.get("_row_views")
+            if held is None or held[0] != owner:          # new buffers: drop the views of the old ones
+                held = runner.__dict__["_row_views"] = (owner, {})
+            views = held[1]
+            if rows not in views:
+                views[rows] = [tuple(buf[:rows] for buf in entry) for entry in runner.caches]
+            runner.caches = views[rows]
         else:
             for layer in runner.cache.layers:
                 saved += [(layer, "keys", layer.keys), (layer, "values", layer.values)]

@@ -28,7 +28,7 @@ from torch.nn.attention.flex_attention import flex_attention
 from tilespec import settings
 
 from .attention import decode_attention_bqhd
-from .attention import supported as attention_supported
+from .attention import preferred as attention_preferred
 from .linear import fused_linear
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -175,7 +175,7 @@ def decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: to
     slots = write_pos + torch.arange(q, device=h.device)
     k_cache.index_copy_(2, slots, xk)
     v_cache.index_copy_(2, slots, xv)
-    if "attn" in parts and attention_supported(xq, k_cache):
+    if "attn" in parts and attention_preferred(xq, k_cache):
         attn = decode_attention_bqhd(xq, k_cache, v_cache, mask).transpose(1, 2)   # a view: no copy below
     elif flex:
         def add_mask(score, bi, hi, qi, kvi):

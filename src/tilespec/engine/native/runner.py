@@ -33,8 +33,9 @@ from .whisper import NativeWhisperDecoder, whisper_unsupported_reason
 
 NATIVE_MODES = ("native", "native-graphs")
 # parts of a Llama-family layer that run tilespec's decode-shape Triton kernels under "native-graphs"
-# (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none)
-DEFAULT_KERNELS = ""
+# (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none). "attn": the split-KV
+# attention in the shapes where it measures faster than cuDNN (attention.preferred: verify chains, large caches)
+DEFAULT_KERNELS = "attn"
 _COMPILED_LAYERS: dict = {}
 
 
