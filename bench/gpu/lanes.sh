@@ -66,25 +66,47 @@ lane_D() {
   TREES_BUDGET_S=${TREES_BUDGET_S:-300} stage 200 e2e trees-t0 trees-t1
 }
 
+# One GPU shared by two lanes (LANES="S H", then LANES="T" on a second machine; SHARE_GPU=1): the soak is not a
+# timing, so it may share the GPU with the head's training; every timing (serve levels, trees) runs alone.
+lane_S() {   # a 10-minute saturation soak of tilespec serve (n-gram drafts, 64 clients), then .soak-done
+  wait_for "$RES/.ready-$Q15" && SERVE_NAME=serve-soak SERVE_SYSTEMS=tilespec:ngram SERVE_CLIENTS=64 \
+    SERVE_SOAK_S=${SERVE_SOAK_S:-600} SERVE_PORT=8421 SERVE_LIMIT_S=$(( $(left) - 30 )) stage 700 serve
+  touch "$RES/.soak-done"
+}
+lane_H() {   # the head's training (beside the soak), then the serve levels alone: none / ngram / head
+  wait_for "$RES/.ready-$Q15" && stage 400 e2e heads-train
+  [ -f "$RES/heads-train.json" ] && touch "$RES/.head-ready"
+  wait_for "$RES/.soak-done" || true
+  local systems=tilespec:none,tilespec:ngram
+  [ -e "$RES/.head-ready" ] && systems=tilespec:none,tilespec:ngram,tilespec:head
+  SERVE_SYSTEMS=${SERVE_SYSTEMS:-$systems} SERVE_LIMIT_S=$(( $(left) - 30 )) SERVE_SOAK_S=0 stage 300 serve
+}
+lane_T() {   # GPU tests while the model uploads, then the head's training and its trees against its chain
+  stage 200 tests
+  wait_for "$RES/.ready-$Q15" && stage 400 e2e heads-train
+  [ -f "$RES/heads-train.json" ] || return
+  TREES_BUDGET_S=${TREES_BUDGET_S:-240} stage 200 e2e trees-t0 trees-t1
+}
+
 case ${1:-} in
   start)
     mkdir -p "$EXTRA" "$PARTS" "$RES" "$CODE" "$TILESPEC_HOME" "$ROOT/lane-out"
     echo $(( $(now) + ${2:-1500} )) > "$ROOT/deadline"
     bash bench/gpu/run.sh extras 2>&1 | tail -3     # extras from .parts/u00, wheels into /tmp/site
-    cp -r src bench benchmarks tests pyproject.toml "$CODE"/
+    (cd "${CODE_FROM:-.}" && cp -r src bench benchmarks tests pyproject.toml "$CODE"/)   # CODE_FROM: a committed copy
     export XSUM_FILE=$EXTRA/xsum-test.jsonl HEADS_PROMPTS_FILE=$EXTRA/train-prompts.json HEADS_MINUTES=${HEADS_MINUTES:-3.5}
     export E2E_ARGS="--ignore-eos --xsum-wheel $XSUM_FILE" SYNTH_JOBS=12 OMP_NUM_THREADS=8
-    gpus=$(nvidia-smi -L | wc -l); per=$(( $(nproc) / 4 )); i=0
-    for LANE in A B C D; do
-      (( i >= gpus )) && { echo "lane $LANE: no GPU $i"; continue; }
+    gpus=$(nvidia-smi -L | wc -l); lanes=(${LANES:-A B C D}); per=$(( $(nproc) / ${#lanes[@]} )); i=0
+    for LANE in "${lanes[@]}"; do
+      (( i >= gpus )) && [ "${SHARE_GPU:-0}" != 1 ] && { echo "lane $LANE: no GPU $i"; continue; }
       pin=(taskset -c $(( per * i ))-$(( per * i + per - 1 )))
       (( per >= 2 )) && "${pin[@]}" true 2> /dev/null || pin=()
-      (export LANE CUDA_VISIBLE_DEVICES=$i; setsid nohup "${pin[@]}" \
+      (export LANE CUDA_VISIBLE_DEVICES=$(( i % gpus )); setsid nohup "${pin[@]}" \
         bash "$CODE/bench/gpu/lanes.sh" "lane_$LANE" > "$RES/lane-$LANE.out" 2>&1 < /dev/null &)
       i=$(( i + 1 ))
     done
     echo "lanes started on $gpus GPUs; deadline in ${2:-1500}s" ;;
-  lane_A|lane_B|lane_C|lane_D) "$1" ;;
+  lane_[A-Z]) "$1" ;;
   part)
     cp .parts/u"$2"/*.part* "$PARTS"/
     (cd "$CODE" && bash bench/gpu/run.sh part "$2") 2>&1 | tail -1 ;;
