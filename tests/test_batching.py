@@ -113,7 +113,8 @@ def test_cancel_frees_the_row_and_bad_requests_fail_clearly(target):
 def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, draft):
     """batch_warmup.warm_up (forced on CPU, where nothing is captured) drives steps of every row count drafting and
     target-only, greedy and sampled; the counters are restored and later requests get the tokens of a fresh
-    engine's. Context drafts are padded to γ: a step's draft width does not depend on the matches' lengths."""
+    engine's. A step's draft width does not depend on the matches' lengths or the requests' remaining budgets:
+    context drafts are padded to γ and a runner drafts γ tokens or none."""
     from tilespec.engine import batch_step
     from tilespec.engine.batch_warmup import row_counts, warm_up
 
@@ -143,3 +144,4 @@ def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, dr
     assert {rows for rows, _, _ in widths} == {1, 2, 4}
     assert any(g > 0 or k for _, k, g in widths) and any(g == 0 and k is None for _, k, g in widths)
     assert all(k is None or k >= 3 for _, k, _ in widths)          # context drafts padded to γ = 3
+    assert all(g in (0, 3) for _, _, g in widths)                   # a runner drafts γ or nothing

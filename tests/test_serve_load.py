@@ -69,3 +69,22 @@ def test_the_soak_runs_on_a_speculative_tilespec_system():
     assert load.soak_index(systems, "hf") == 2
     with pytest.raises(SystemExit, match="not one of"):
         load.soak_index(systems, "tilespec:head")
+
+
+def test_a_soak_runs_for_its_duration_and_compares_greedy_texts(tmp_path):
+    """--soak-seconds keeps the largest level's load for that long (whatever the measured request rate) and counts
+    the greedy texts that differ from the one-client level's."""
+    load = _script()
+    srv = Server(make_app(max_batch=4, max_len=200, prefill_chunk=256))
+    try:
+        out = tmp_path / "soak.json"
+        argv = ["--systems", f"url:tiny={srv.url}", "--clients", "1,4", "--requests-per-client", "2", "--task",
+                "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--warmup", "0", "--soak-seconds", "3",
+                "--soak-system", f"url:tiny={srv.url}", "--log-dir", str(tmp_path), "--out", str(out)]
+        assert load.main(argv) == 0
+    finally:
+        srv.stop()
+    soak = json.loads(out.read_text())["soak"]
+    assert soak["errors"] == 0 and soak["ok"] == soak["requests"] > 16
+    assert 2.5 < soak["wall_s"] < 30
+    assert soak["compared_with_solo"] == soak["ok"] and soak["changed_vs_solo"] == 0

@@ -86,9 +86,11 @@ async def one_request(client, model, prompt, max_tokens, temperature, seed, t0) 
 
 
 async def run_level(url: str, model: str, prompts: list, clients: int, n: int, rate: float, max_tokens: int,
-                    temperature: float, seed: int = 0, timeout: float = 600.0) -> dict:
+                    temperature: float, seed: int = 0, timeout: float = 600.0, until: float = 0.0) -> dict:
     """Send ``n`` streamed requests (prompt i % len(prompts), seed seed + i) with at most ``clients`` in flight and
-    Poisson arrivals of ``rate`` per second (0: closed loop) -> the level's summary and per-request records."""
+    Poisson arrivals of ``rate`` per second (0: closed loop) -> the level's summary and per-request records.
+    ``until`` > 0: requests not started ``until`` seconds after the first are not sent (a soak of a fixed duration:
+    pass a large ``n``)."""
     from openai import AsyncOpenAI
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout,
                          http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 8),
@@ -100,6 +102,8 @@ async def run_level(url: str, model: str, prompts: list, clients: int, n: int, r
     async def job(i, delay):
         await asyncio.sleep(delay)
         async with gate:
+            if until > 0 and time.perf_counter() - t0 > until:
+                return None
             rec = await one_request(client, model, prompts[i % len(prompts)], max_tokens, temperature, seed + i, t0)
             rec["prompt"] = i % len(prompts)
             return rec
@@ -108,9 +112,9 @@ async def run_level(url: str, model: str, prompts: list, clients: int, n: int, r
     for _ in range(n):
         delays.append(at)
         at += rng.expovariate(rate) if rate > 0 else 0.0
-    records = await asyncio.gather(*(job(i, d) for i, d in enumerate(delays)))
+    records = [r for r in await asyncio.gather(*(job(i, d) for i, d in enumerate(delays))) if r is not None]
     await client.close()
-    return {"clients": clients, "requests": n, "rate": rate, **summarize(records), "records": records}
+    return {"clients": clients, "requests": len(records), "rate": rate, **summarize(records), "records": records}
 
 
 def server_metrics(url: str) -> dict:
@@ -324,10 +328,15 @@ def main(argv=None) -> int:
                 save()
             if i == soak_at:
                 c = max(clients)
-                n = max(c, int(args.soak_seconds * (rows[str(c)]["requests_per_s"] or 1)))
+                n = max(c, int(4 * args.soak_seconds * (rows[str(c)]["requests_per_s"] or 1)))   # an upper bound
                 soak = asyncio.run(run_level(url, model, prompts, c, n, 0.0, args.max_tokens, args.temperature,
-                                             seed=10**7))
-                soak.pop("records")
+                                             seed=10**7, until=args.soak_seconds))
+                records = soak.pop("records")
+                if args.temperature == 0:    # greedy texts against the one-client level's (where it has the prompt)
+                    solo = {r["prompt"]: r.get("text_hash") for r in rows[str(min(clients))]["records"] if r["ok"]}
+                    seen = [r for r in records if r["ok"] and r["prompt"] in solo]
+                    soak["compared_with_solo"] = len(seen)
+                    soak["changed_vs_solo"] = sum(r.get("text_hash") != solo[r["prompt"]] for r in seen)
                 result["soak"] = {"system": system, **soak}
                 save()
         finally:

@@ -61,17 +61,21 @@ class StepDrafts:
 def choose_drafts(caps: list, contexts: Optional[list], runner: bool, pad: int, vocab: int, device,
                   width: int = 0) -> StepDrafts:
     """Per row b: ``caps[b]`` draft tokens at most; ``contexts[b]``: its context drafts ([] = no match; None: no
-    context drafter); ``runner``: a draft runner proposes for rows without context drafts. Context drafts are padded
-    to at least ``width`` columns (the engine's γ: one verify shape per row count whatever the matches' lengths, so
-    no step waits for a new graph; the counts keep each row's real length)."""
+    context drafter); ``runner``: a draft runner proposes for rows without context drafts. ``width`` (the engine's
+    γ) fixes the step's shape: context drafts are padded to at least ``width`` columns and a runner that drafts at
+    all drafts ``width`` tokens, so a row count has one draft and one verify graph whatever the matches' lengths or
+    the requests' remaining budgets (no step waits for a new capture); the counts keep each row's real length."""
     if contexts is None or not any(contexts):
-        return StepDrafts(gamma=max(caps), counts=list(caps)) if runner else StepDrafts(counts=[0] * len(caps))
+        if not runner:
+            return StepDrafts(counts=[0] * len(caps))
+        return StepDrafts(gamma=max(max(caps), width) if max(caps) > 0 else 0, counts=list(caps))
     k = max(width, *map(len, contexts))
     context = torch.tensor([d + [pad] * (k - len(d)) for d in contexts], dtype=torch.int64, device=device)
     if not runner:
         return StepDrafts(context=context, counts=[len(d) for d in contexts])
     counts = [len(d) if d else c for d, c in zip(contexts, caps)]
     gamma = max((c for d, c in zip(contexts, caps) if not d), default=0)
+    gamma = max(gamma, width) if gamma > 0 else 0
     use = torch.tensor([bool(d) for d in contexts], device=device)
     return StepDrafts(gamma=gamma, context=context, counts=counts, use_context=use, vocab=vocab)
 
