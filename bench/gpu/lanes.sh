@@ -69,7 +69,7 @@ lane_D() {
 # One GPU shared by two lanes (LANES="S H", then LANES="T" on a second machine; SHARE_GPU=1): the soak is not a
 # timing, so it may share the GPU with the head's training; every timing (serve levels, trees) runs alone.
 lane_S() {   # a 10-minute saturation soak of tilespec serve (n-gram drafts, 64 clients), then .soak-done
-  wait_for "$RES/.ready-$Q15" && SERVE_NAME=serve-soak SERVE_SYSTEMS=tilespec:ngram SERVE_CLIENTS=64 \
+  wait_for "$RES/.ready-$Q15" && SERVE_NAME=serve-soak SERVE_SYSTEMS=tilespec:ngram SERVE_CLIENTS=1,64 \
     SERVE_SOAK_S=${SERVE_SOAK_S:-600} SERVE_PORT=8421 SERVE_LIMIT_S=$(( $(left) - 30 )) stage 700 serve
   touch "$RES/.soak-done"
 }
@@ -81,10 +81,13 @@ lane_H() {   # the head's training (beside the soak), then the serve levels alon
   [ -e "$RES/.head-ready" ] && systems=tilespec:none,tilespec:ngram,tilespec:head
   SERVE_SYSTEMS=${SERVE_SYSTEMS:-$systems} SERVE_LIMIT_S=$(( $(left) - 30 )) SERVE_SOAK_S=0 stage 300 serve
 }
-lane_T() {   # GPU tests while the model uploads, then the head's training and its trees against its chain
+lane_T() {   # one step's cost (random weights) and the GPU tests while the model uploads, then the head's training
+             # (beside the soak) and, alone, its trees against its chain
+  (cd "$CODE" && OUT=$ROOT/lane-out/T bash bench/gpu/run.sh stepcost >> "$RES/lane-T.log" 2>&1)
   stage 200 tests
   wait_for "$RES/.ready-$Q15" && stage 400 e2e heads-train
   [ -f "$RES/heads-train.json" ] || return
+  wait_for "$RES/.soak-done" || true
   TREES_BUDGET_S=${TREES_BUDGET_S:-240} stage 200 e2e trees-t0 trees-t1
 }
 

@@ -17,6 +17,7 @@
 #                                               # whisper-train, whisper-asr: the distilled Whisper draft trained, timed)
 #   bash bench/gpu/run.sh eval [STAGE ...]      # paper-scale evaluation, resumable (xsum-t0 ... multidraft)
 #   bash bench/gpu/run.sh soak                  # >= 200 mixed generations in one process (random-init weights)
+#   bash bench/gpu/run.sh stepcost              # one step's cost: decoder, continuous batching, trees (random weights)
 #   bash bench/gpu/run.sh serve                 # tilespec serve vs transformers serve under 1..64 clients
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
@@ -301,6 +302,13 @@ PY
   done
 }
 
+stage_stepcost() {  # one decoding step's cost in the decoder, continuous batching and token trees (random weights)
+  env_setup
+  step step-cost 300 python3 bench/scripts/step_cost_profile.py \
+    --json "$RES/step-cost-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
+  grep '^\[' "$RES/step-cost.log"; tarball stepcost
+}
+
 stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
   env_setup
   step soak "${SOAK_LIMIT_S:-420}" python3 bench/scripts/soak.py --rounds "${SOAK_ROUNDS:-3}" \
@@ -366,7 +374,7 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
   *) sed -n '2,25p' "$0"; exit 2 ;;
 esac
