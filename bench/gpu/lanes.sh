@@ -89,6 +89,8 @@ lane_T() {   # one step's cost (random weights) and the GPU tests while the mode
   [ -f "$RES/heads-train.json" ] || return
   wait_for "$RES/.soak-done" || true
   TREES_BUDGET_S=${TREES_BUDGET_S:-240} stage 200 e2e trees-t0 trees-t1
+  SERVE_NAME=serve-head-low-load SERVE_SYSTEMS=tilespec:none,tilespec:head SERVE_CLIENTS=1,4 SERVE_SOAK_S=0 \
+    SERVE_LIMIT_S=$(( $(left) - 30 )) stage 240 serve
 }
 
 case ${1:-} in
