@@ -69,7 +69,7 @@ lane_D() {
 # One GPU shared by two lanes (LANES="S H", then LANES="T" on a second machine; SHARE_GPU=1): the soak is not a
 # timing, so it may share the GPU with the head's training; every timing (serve levels, trees) runs alone.
 lane_S() {   # a 10-minute saturation soak of tilespec serve (n-gram drafts, 64 clients), then .soak-done
-  wait_for "$RES/.ready-$Q15" && SERVE_NAME=serve-soak SERVE_SYSTEMS=tilespec:ngram SERVE_CLIENTS=1,64 \
+  wait_for "$RES/.ready-${SERVE_TARGET:-$Q15}" && SERVE_NAME=serve-soak SERVE_SYSTEMS=tilespec:ngram SERVE_CLIENTS=1,64 \
     SERVE_SOAK_S=${SERVE_SOAK_S:-600} SERVE_PORT=8421 SERVE_LIMIT_S=$(( $(left) - 30 )) stage 700 serve
   touch "$RES/.soak-done"
 }

@@ -320,12 +320,12 @@ stage_serve() {  # load benchmark of tilespec serve (none / ngram) against trans
                  # uvicorn, openai ... in $EXTRA/wheels); SERVE_SOAK_S seconds of saturation soak at the end (on the
                  # first speculative tilespec system); SERVE_CLIENTS (1,4,16,64), SERVE_NAME (serve-load) name the run
   UNPACK=1 env_setup
-  local m=qwen2.5-coder-1.5b-instruct hf name=${SERVE_NAME:-serve-load}
+  local m=${SERVE_TARGET:-qwen2.5-coder-1.5b-instruct} hf name=${SERVE_NAME:-serve-load}
   hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
   step "$name" "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
     --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,hf}" --clients "${SERVE_CLIENTS:-1,4,16,64}" \
     --requests-per-client 4 --task code-edit --max-tokens 128 --max-batch 64 --soak-seconds "${SERVE_SOAK_S:-60}" \
-    --port "${SERVE_PORT:-8321}" --log-dir "$RES/$name-logs" --out "$RES/$name-qwen1.5b-$(gpu_tag).json"
+    --port "${SERVE_PORT:-8321}" --log-dir "$RES/$name-logs" --out "$RES/$name-${SERVE_TAG:-qwen1.5b}-$(gpu_tag).json"
   tail -30 "$RES/$name.log"; tarball serve
 }
 
