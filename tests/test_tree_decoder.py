@@ -350,6 +350,57 @@ def test_head_tree_is_a_valid_tree_of_the_best_candidates():
         assert top[b, 0].item() in kids
 
 
+@torch.inference_mode()
+def test_the_compiled_tree_regions_trace_whole_and_draw_the_same_numbers(monkeypatch):
+    """What a captured tree step on CUDA compiles (engine/fused.py: the head's frontier bookkeeping, the tree's
+    inputs, the selection with its path) traces as one graph per region (fullgraph) and gives the plain functions'
+    trees, masks, draws and paths bit for bit. Backend aot_eager: dynamo's trace and functionalization without
+    inductor's C++ codegen, whose -O3 build breaks Philox's wrapping int64 products (signed overflow is undefined in
+    C++; CUDA compiles to Triton, where they wrap)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    import tilespec.engine.fused as fused
+    from tilespec.engine.drafters.head import HeadRunner
+    from tilespec.engine.drafters.head_tree import propose_tree
+    from tilespec.engine.tree_step import tree_inputs, tree_path
+    from tilespec.multidraft.common import uniform_tables
+    from tilespec.verify.validation import resolve_sampling
+    counter, made = CompileCounterWithBackend("aot_eager"), {}
+    monkeypatch.setattr(fused, "compiled", lambda fn: made.setdefault(
+        fn, torch.compile(fn, backend=counter, fullgraph=True, dynamic=False)))
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
+    head = _random_head(target, noise=0.2)
+    ids, is_tok = left_pad([[3, 9, 4, 1, 7], [5, 2]], 0, "cpu")
+    p, cap = ids.shape[1] - 1, 64
+    positions = (is_tok[:, :p].long().cumsum(1) - 1).clamp(min=0)
+    pmask = prefill_mask(is_tok[:, :p], cap)
+    runner, hr = NativeRunner(target, cap, mode="native"), HeadRunner(head, 2, cap, "eager")
+    _, feats = runner.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=hr.features)
+    state = BatchState.prefilled(ids, is_tok, cap, [0, 1], 8, [])
+    hidden = hr.prefill(ids, positions, pmask, feats, False)
+    view = (hidden, state.pending, state.valid, state.seq_len, torch.tensor(state.write), 3, 4, 12)
+    tree = propose_tree(hr, *view)
+    same = propose_tree(hr, *view, compiled=True)
+    assert all(torch.equal(getattr(tree, f), getattr(same, f)) for f in ("parents", "tokens", "sizes"))
+    args = (tree.parents, tree.tokens, state.valid, torch.tensor(state.write), state.seq_len)
+    assert all(torch.equal(a, b) for a, b in zip(tree_inputs(*args), fused.fused(tree_inputs, True)(*args)))
+    # target laws under which the drafted children are likely: paths get accepted, the rejection walk is exercised
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 12, VOCAB, generator=g).index_put_(
+        (torch.arange(2)[:, None], tree.parents.clamp(min=0), tree.tokens), 5.0 * (tree.parents >= 0).float(),
+        accumulate=True)
+    resolved = resolve_sampling(SamplingParams(temperature=1.0), 2, "cpu")
+    emitted = 0
+    for seed in range(6):
+        sel = (tree, logits, torch.randn(2, 12, 5, generator=g), resolved, torch.tensor([seed, 40 + seed]),
+               state.seq_len, torch.tensor(state.write), None, "specinfer", "gumbel", 4, None)
+        plain, comp = tree_path(*sel, uniforms=uniform_tables), fused.fused(tree_path, True)(*sel,
+                                                                                           uniforms=uniform_tables)
+        assert all(torch.equal(a, b) for a, b in zip([*plain[:5], *plain[5]], [*comp[:5], *comp[5]]))
+        emitted += int(plain[0].sum())
+    assert emitted > 2 * 6 + 4                   # drafts were accepted
+    assert counter.frame_count == 5             # root, level, finish, inputs, path: one graph each, no recompile
+
+
 def test_a_failing_whole_step_graph_hands_over_to_the_host_commit_step(monkeypatch):
     """Where the whole-step graphs fail (on CUDA: a step shape that cannot be captured) the generation goes on with
     host-commit steps and the same tokens (the failed step changed no state)."""

@@ -8,7 +8,9 @@ execution, so one body serves both paths:
     graph on the graph modes; compiled on the CPU's compiled modes), and
     ``run_verify`` (or an injected ``verify_fn``), replayed as a graph where allowed;
   * :class:`CapturedExecution`: ``runner.raw_forward`` (no graph of its own, logits in the model dtype, the write
-    pointer a 0-d device tensor), the plain sampler and ``verify()`` itself -- the enclosing capture records them.
+    pointer a 0-d device tensor), the plain sampler and ``verify()`` itself -- the enclosing capture records them;
+    with ``compiled`` (a real CUDA-graph capture) the step's tensor bookkeeping runs as inductor-compiled regions
+    (engine/fused.py).
 Neither syncs with the host.
 
 Random streams: the draft samples token i (logical position seq_len - 1 + i) with Gumbel noise keyed by
@@ -113,6 +115,7 @@ class HostExecution:
     injected its own verify call, which then sees every step's method as chosen)."""
 
     captured = False
+    compiled = False      # the tensor bookkeeping runs plain (engine/fused.py)
 
     def __init__(self, verify_call: Callable, graphs: bool, options: tuple = (), own_sampler: bool = True):
         self.verify_call, self.graphs, self.options = verify_call, graphs, options
@@ -145,12 +148,15 @@ class HostExecution:
 
 class CapturedExecution:
     """Inside a captured whole step (or its eager twin, the "native" CPU mode): raw forwards, plain sampler,
-    ``verify()`` itself with the method's resolved ``options``."""
+    ``verify()`` itself with the method's resolved ``options``. ``compiled``: inside a real CUDA-graph capture, where
+    the step's pure-tensor bookkeeping (token trees) runs inductor-compiled (engine/fused.py); False for the eager
+    twin, which runs the same functions plain."""
 
     captured = True
 
-    def __init__(self, options: tuple = ()):
+    def __init__(self, options: tuple = (), compiled: bool = False):
         self.options = options
+        self.compiled = compiled
 
     @staticmethod
     def forward(runner, tokens, positions, mask, write, keep=None, capture: tuple = ()):

@@ -156,7 +156,7 @@ def verify_phase(target, draft: Optional[DraftRunner], view: StepView, proposal:
     timer.start("verify")
     drafts = proposal.tokens
     if proposal.tree is not None:
-        num_emitted, out, drafts, feats = tree_select(target, view, proposal, logits, feats, sampling)
+        num_emitted, out, drafts, feats = tree_select(target, view, proposal, logits, feats, sampling, ex)
     elif greedy and proposal.k == 0:
         out = ex.argmax(logits[:, 0])[:, None]
         num_emitted = torch.ones_like(view.seq_len)

@@ -47,8 +47,6 @@ from .metrics import PhaseTimer
 from .state import BatchState, committed, still_alive
 from .step import StepOutput, draft_phase, drafts_on_device, empty_proposal, verify_phase
 
-_CAPTURED = CapturedExecution()
-
 
 class _Direct:
     """GraphCache's interface without capture: the same step functions run eagerly (CPU, the "native" mode).
@@ -94,6 +92,7 @@ class StepGraphs:
         self.target, self.draft = target, draft     # the target's runner; the drafter's DraftRunner or None
         self.write_dev = torch.zeros((), dtype=torch.int64, device=target.device)
         wrap = GraphCache if capture else _Direct
+        self._compiled = capture            # captured bodies run the tree bookkeeping compiled (engine/fused.py)
         self._draft_graphs = wrap(self._draft_block)
         self._target_graphs = wrap(self._target_block)
         self.compile_seconds = 0.0      # first-use compile + capture time of new step shapes
@@ -116,14 +115,16 @@ class StepGraphs:
         ("score",), ``rest`` = (tokens [B, K],))."""
         if key[0] == "score":
             view = StepView(valid, seq_len, pending, prev, seeds, w)
-            draft_phase(self.draft, view, 0, None, True, _CAPTURED, context=Proposal(rest[0]))
+            draft_phase(self.draft, view, 0, None, True, CapturedExecution(compiled=self._compiled),
+                        context=Proposal(rest[0]))
             return ()
         gamma, flags, greedy = key
         hidden = None
         if self.draft.observes:
             hidden, *rest = rest
         view = StepView(valid, seq_len, pending, prev, seeds, w, hidden)
-        proposal = draft_phase(self.draft, view, gamma, ResolvedSampling(*rest, *flags), greedy, _CAPTURED)
+        proposal = draft_phase(self.draft, view, gamma, ResolvedSampling(*rest, *flags), greedy,
+                               CapturedExecution(compiled=self._compiled))
         tensors, self._layouts[key] = proposal.flatten()    # recorded while capturing: what the replays return
         return tensors
 
@@ -139,7 +140,7 @@ class StepGraphs:
         # [B, K+1, V] would cost a write and a read of twice the bytes)
         num_emitted, out, new_hidden, drafts = verify_phase(self.target, self.draft if observe else None, view,
                                                             proposal, sampling, method, greedy,
-                                                            CapturedExecution(options))
+                                                            CapturedExecution(options, self._compiled))
         new_valid, new_len, nxt, prv = committed(valid, seq_len, pending, num_emitted, out, drafts, w)
         now_alive = still_alive(alive, seq_len, limit, eos, num_emitted, out)
         new_w = w + (num_emitted * alive).amax()     # rows that had ended do not move W (0 when none is live)

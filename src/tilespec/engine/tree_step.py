@@ -13,7 +13,9 @@ proposal is a tree. Both are free of host syncs and keep static shapes for a giv
 selection of i.i.d. trees too when the proposal gives their ``width`` and the scheme is sync-free: sd, specinfer,
 spectr; ``is`` solves LPs on the host), so a whole dynamic-tree or sampled-chains step is captured
 like a chain step (engine/step_graph.py, the tree's shape in the graph keys). ``write`` is W: a host int, or a 0-d
-int64 device tensor inside a captured step.
+int64 device tensor inside a captured step. There the pure-tensor parts -- :func:`tree_inputs` (ancestors, mask,
+positions) and :func:`tree_path` (the selection, the path's tokens and features, the compaction's slots) -- run as
+inductor-compiled regions (engine/fused.py); only the target forward and the K/V moves stay outside them.
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ import torch
 from tilespec.env import triton_available
 from tilespec.multidraft.tree import TokenTree, ancestors, select_tree, uniform_tables
 from tilespec.verify import rng
-from tilespec.verify.types import SamplingParams
+from tilespec.verify.types import ResolvedSampling, SamplingParams
+from tilespec.verify.validation import resolve_sampling
 
+from .fused import fused, wanted
 from .graphs import GraphCache
 
 
@@ -55,23 +59,33 @@ def path_slots(path: torch.Tensor) -> torch.Tensor:
     return torch.where(path >= 0, path, own)
 
 
+def compact_slots(write: torch.Tensor, path: torch.Tensor) -> tuple:
+    """path [B, P] node indices (-1 padded) -> (dst [P] slots W .. W + P - 1, src [B, P] the slots read for them)."""
+    p = path.shape[1]
+    return write + torch.arange(p, device=path.device), write + path_slots(path)
+
+
+def move_slots(buffers, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """buffers [B, H, C, D] (each layer's K and V): slot dst[j] <- slot src[b, j], in place; one gather and one
+    copy per buffer (every source is read before any write)."""
+    p = dst.shape[0]
+    for buf in buffers:
+        b, h, _, d = buf.shape
+        buf.index_copy_(2, dst, buf.gather(2, src[:, None, :, None].expand(b, h, p, d)))
+
+
 def compact(buffers, write: torch.Tensor, path: torch.Tensor) -> None:
     """Move the accepted nodes' K/V to slots W .. W + P - 1, in place: buffers [B, H, C, D] (each layer's K and V),
     path [B, P] node indices (-1 padded). One gather and one copy per buffer."""
-    src = path_slots(path)
-    p = path.shape[1]
-    dst = write + torch.arange(p, device=path.device)
-    for buf in buffers:
-        b, h, _, d = buf.shape
-        idx = (write + src)[:, None, :, None].expand(b, h, p, d)
-        buf.index_copy_(2, dst, buf.gather(2, idx))
+    move_slots(buffers, *compact_slots(write, path))
 
 
-def compact_runner(runner, write: torch.Tensor, path: torch.Tensor) -> None:
-    """:func:`compact` on a runner: its slot buffers directly (native and head runners), else (transformers'
-    ModelRunner) through its ``select`` with a slot permutation that differs from the identity only in the window."""
+def compact_runner(runner, write: torch.Tensor, path: torch.Tensor, slots: Optional[tuple] = None) -> None:
+    """:func:`compact` on a runner: its slot buffers directly (native and head runners; ``slots``: the
+    :func:`compact_slots` of ``path`` when already computed), else (transformers' ModelRunner) through its ``select``
+    with a slot permutation that differs from the identity only in the window."""
     if hasattr(runner, "caches") or hasattr(runner, "k"):
-        compact(runner_buffers(runner), write, path)
+        move_slots(runner_buffers(runner), *(slots if slots is not None else compact_slots(write, path)))
         return
     b, p = path.shape
     cap = runner.capacity
@@ -152,29 +166,55 @@ def sample_chains(logq: torch.Tensor, vocab: torch.Tensor, seeds: torch.Tensor, 
     return _gumbel_argmax(logq, vocab, seeds, positions)
 
 
+def tree_inputs(parents: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, write,
+                seq_len: torch.Tensor) -> tuple:
+    """The target forward's inputs for a tree (parents / tokens [B, N], valid [B, C], W, seq_len [B]) -> (tokens
+    [B, N] (padding: 0), positions [B, N], mask [B, 1, N, C])."""
+    anc = ancestors(parents)
+    return tokens.clamp(min=0), tree_positions(seq_len, anc), tree_mask(valid, write, anc)
+
+
 def tree_forward(target, view, tree: TokenTree, ex, capture: tuple = ()):
     """The target's ONE forward over every tree node through the execution ``ex`` (engine/execution.py) ->
     logits [B, N, V] (with ``capture``: (logits, features [B, N, n d])); K/V written at slots W .. W + N - 1."""
-    anc = ancestors(tree.parents)
-    mask = tree_mask(view.valid, view.write, anc)
-    positions = tree_positions(view.seq_len, anc)
-    return ex.forward(target, tree.tokens.clamp(min=0), positions, mask, view.write, capture=capture)
+    tokens, positions, mask = fused(tree_inputs, wanted(ex, tree.parents))(tree.parents, tree.tokens, view.valid,
+                                                                            view.write, view.seq_len)
+    return ex.forward(target, tokens, positions, mask, view.write, capture=capture)
 
 
-def tree_select(target, view, proposal, logits: torch.Tensor, feats: Optional[torch.Tensor],
-                sampling: SamplingParams) -> tuple:
-    """Select the accepted path of ``proposal.tree`` and compact the target's K/V along it, so the step looks like a
-    chain step over the path: (num_emitted [B], output_tokens [B, D+1] (-1 padded), path_tokens [B, D] the accepted
-    draft tokens (-1 padded: the ``draft_tokens`` a commit reads ``prev`` from), the features along the path
-    [B, D+1, n d] or None). A draft head's own path entries are rewritten by its ``observe``."""
-    tree = proposal.tree
-    sel = select_tree(tree, logits.float(), sampling=sampling, scheme=proposal.scheme, seed=view.seeds,
-                      offsets=view.seq_len, sampler=proposal.sampler, check_values=False, max_depth=proposal.depth,
-                      uniforms=graphed_uniforms, depth_cap=proposal.counts, max_width=proposal.width)
-    compact_runner(target, view.write, sel.path)
+def tree_path(tree: TokenTree, logits: torch.Tensor, feats: Optional[torch.Tensor], sampling: ResolvedSampling,
+              seeds: torch.Tensor, offsets: torch.Tensor, write, depth_cap: Optional[torch.Tensor], scheme: str,
+              sampler: str, depth: Optional[int], width: Optional[int], uniforms=graphed_uniforms) -> tuple:
+    """``select_tree`` over ``tree`` (logits [B, N, V] in any float dtype) and what the step reads off its path:
+    (num_emitted [B], output_tokens [B, D+1], path [B, D+1] node indices (-1 padded), path_tokens [B, D] the accepted
+    drafts (-1 padded), the features along the path [B, D+1, n d] or None, the :func:`compact_slots` (dst [D+1],
+    src [B, D+1])). No host sync when ``depth`` is given (and ``width`` for sync-free iid schemes)."""
+    sel = select_tree(tree, logits.float(), sampling=sampling, scheme=scheme, seed=seeds, offsets=offsets,
+                      sampler=sampler, check_values=False, max_depth=depth, uniforms=uniforms, depth_cap=depth_cap,
+                      max_width=width)
     src = path_slots(sel.path)
     path_tokens = tree.tokens.gather(1, src)[:, 1:]
     path_tokens = torch.where(sel.path[:, 1:] >= 0, path_tokens, torch.full_like(path_tokens, -1))
     if feats is not None:
         feats = feats.gather(1, src[:, :, None].expand(-1, -1, feats.shape[-1]))
-    return sel.num_emitted, sel.output_tokens, path_tokens, feats
+    return sel.num_emitted, sel.output_tokens, sel.path, path_tokens, feats, compact_slots(write, sel.path)
+
+
+def tree_select(target, view, proposal, logits: torch.Tensor, feats: Optional[torch.Tensor],
+                sampling: SamplingParams, ex=None) -> tuple:
+    """Select the accepted path of ``proposal.tree`` and compact the target's K/V along it, so the step looks like a
+    chain step over the path: (num_emitted [B], output_tokens [B, D+1] (-1 padded), path_tokens [B, D] the accepted
+    draft tokens (-1 padded: the ``draft_tokens`` a commit reads ``prev`` from), the features along the path
+    [B, D+1, n d] or None). A draft head's own path entries are rewritten by its ``observe``. ``ex``: the
+    execution (a captured one on CUDA runs :func:`tree_path` compiled)."""
+    tree = proposal.tree
+    # resolved outside the region: a compiled region reads resolve_sampling's cached constants, never builds them
+    resolved = resolve_sampling(sampling, logits.shape[0], logits.device)
+    # top-k / top-p thresholds pick their kernel on the host (verify/filters.py), which dynamo does not trace
+    on = ex is not None and wanted(ex, logits) and not (resolved.has_top_k or resolved.has_top_p)
+    # graphed_uniforms replays its own graph only outside a capture, where no region is compiled
+    num_emitted, out, path, path_tokens, feats, slots = fused(tree_path, on)(
+        tree, logits, feats, resolved, view.seeds, view.seq_len, view.write, proposal.counts, proposal.scheme,
+        proposal.sampler, proposal.depth, proposal.width, uniforms=uniform_tables if on else graphed_uniforms)
+    compact_runner(target, view.write, path, slots)
+    return num_emitted, out, path_tokens, feats

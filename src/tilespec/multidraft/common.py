@@ -26,6 +26,19 @@ EPS_MASS = 1e-12          # a residual mass below this is rounding noise: the ac
 DTYPE = torch.float64
 
 
+@torch.library.custom_op("tilespec::cumsum_last", mutates_args=())
+def _opaque_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """ATen's cumsum over the last axis, opaque to inductor: a compiled caller (engine/fused.py) sums exactly as the
+    eager one, and inductor's own scan kernel, which fails to generate for the 'cdf' draw's float64 rows over a whole
+    vocabulary (torch 2.11), is never made."""
+    return torch.cumsum(x, dim=-1)
+
+
+@_opaque_cumsum.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 @dataclass
 class Selection:
     """Result of one TLSR on N rows.
@@ -78,7 +91,8 @@ class Stream:
         (``rng.inverse_cdf``, which sums in fp32 tile by tile: draws agree except within rounding of a boundary).
         """
         if self.sampler == "cdf":
-            cdf = torch.cumsum(weights.clamp(min=0).to(DTYPE), dim=-1)
+            w = weights.clamp(min=0).to(DTYPE)
+            cdf = _opaque_cumsum(w) if torch.compiler.is_compiling() else torch.cumsum(w, dim=-1)
             u = rng.uniform(self.seeds, self.positions, rng.PURPOSE_SAMPLE, 0).to(DTYPE)
             idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
             return idx.clamp(max=weights.shape[-1] - 1)

@@ -31,7 +31,7 @@ import torch
 
 from ..verify import rng
 from ..verify.distributions import log_probs
-from ..verify.types import SamplingParams
+from ..verify.types import ResolvedSampling, SamplingParams
 from ..verify.validation import resolve_sampling
 from .common import DTYPE, EPS_MASS, Stream, TableStream, check_law, uniform_tables  # noqa: F401 (re-exported)
 from .schemes import STATIC_KINDS, SchemeSpec, parse_scheme, select
@@ -133,7 +133,7 @@ def _target_probs(target_logits: Optional[torch.Tensor], target_probs: Optional[
     if target_probs is not None:
         return target_probs[rows, nodes].to(DTYPE)
     b = target_logits.shape[0]
-    resolved = resolve_sampling(sampling, b, target_logits.device)
+    resolved = _resolved(sampling, b, target_logits.device)
     full = torch.zeros(b, target_logits.shape[-1], dtype=target_logits.dtype, device=target_logits.device)
     full[rows] = target_logits[rows, nodes]
     probs = torch.exp(log_probs(full[:, None, :].float(), resolved)[:, 0].to(DTYPE))[rows]
@@ -144,12 +144,18 @@ def _all_probs(target_logits, target_probs, sampling) -> torch.Tensor:
     if target_probs is not None:
         return target_probs.to(DTYPE)
     b, n, v = target_logits.shape
-    resolved = resolve_sampling(sampling, b, target_logits.device)
-    return torch.exp(log_probs(target_logits.float(), resolved).to(DTYPE))
+    return torch.exp(log_probs(target_logits.float(), _resolved(sampling, b, target_logits.device)).to(DTYPE))
+
+
+def _resolved(sampling, batch: int, device) -> ResolvedSampling:
+    """``sampling`` as per-request tensors [B]: a ResolvedSampling as given (a compiled caller resolves outside its
+    region: the cached constants are read, not built, inside it), SamplingParams resolved."""
+    return sampling if isinstance(sampling, ResolvedSampling) else resolve_sampling(sampling, batch, device)
 
 
 def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *,
-                target_probs: Optional[torch.Tensor] = None, sampling: SamplingParams = SamplingParams(),
+                target_probs: Optional[torch.Tensor] = None,
+                sampling: Union[SamplingParams, ResolvedSampling] = SamplingParams(),
                 scheme: Union[str, SchemeSpec] = "specinfer", seed=0, offsets=0, sampler: str = "gumbel",
                 check_values: bool = True, max_depth: Optional[int] = None, uniforms=uniform_tables,
                 depth_cap: Optional[torch.Tensor] = None, max_width: Optional[int] = None) -> TreeSelection:
@@ -159,6 +165,7 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         tree: the :class:`TokenTree` batch (B trees of N <= 64 nodes).
         target_logits: [B, N, V] raw target logits per node (processed with ``sampling``), or target_probs
             [B, N, V] already processed laws.
+        sampling: SamplingParams, or the same already resolved for the B requests (``resolve_sampling``).
         scheme: the multi-draft scheme of ``kind="iid"`` trees (ignored for distinct trees).
         seed: int (request b uses seed + b) or [B]; offsets: int or [B] absolute position of the first draft
             token (depth-1 nodes): depth t draws with key (seed, offsets + t).
@@ -185,7 +192,7 @@ def select_tree(tree: TokenTree, target_logits: Optional[torch.Tensor] = None, *
         raise ValueError(f"target has {b} x {n} nodes but the tree {tuple(tree.parents.shape)}")
     if check_values:
         tree.validate(v)
-        if bool((resolve_sampling(sampling, b, tgt.device).lenience != 1).any()):
+        if bool((_resolved(sampling, b, tgt.device).lenience != 1).any()):
             raise ValueError("tree selection is exact only: lenience < 1 (a lossy acceptance rule) is not supported")
         if target_logits is not None and not bool(torch.isfinite(target_logits.float()).all()):
             raise ValueError("target_logits contain NaN or Inf")
@@ -249,7 +256,7 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
         going = take
     n_acc = (path >= 0).sum(dim=1) - 1
     # the last token: p at the last path node with its children removed (none when it is a leaf)
-    last = probs.gather(1, node[:, None, None].expand(-1, 1, probs.shape[-1])).squeeze(1)
+    last = probs[torch.arange(b, device=dev), node]
     kids = (parents == node[:, None]) & real
     gone = torch.zeros(last.shape, dtype=torch.int64, device=dev).scatter_add_(1, tokens, kids.long()) > 0
     resid = torch.where(gone, torch.zeros_like(last), last)

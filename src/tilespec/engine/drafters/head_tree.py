@@ -27,6 +27,7 @@ from tilespec.multidraft.schemes import static_scheme
 from tilespec.multidraft.tree import TokenTree
 from tilespec.verify.distributions import log_probs
 
+from ..fused import fused, wanted
 from ..tree_step import sample_chains, window_gather
 from .base import Drafter
 from .contract import Proposal, StepView
@@ -57,51 +58,102 @@ def _grow(head_runner, feat, tokens, depth_t: int, width: int, anc_slots, valid,
     return head_runner.entries(feat, tokens, positions, mask, slot)
 
 
-def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: int, depth: int,
-                 nodes: int) -> TokenTree:
-    """EAGLE-2-style tree of ``nodes`` nodes (root = ``pending`` [B]) -> a distinct :class:`TokenTree` [B, nodes]."""
-    head = head_runner.head
-    if nodes - 1 > tree_candidates(branch, depth):
-        raise ValueError(f"a tree of {nodes} nodes needs more than the {tree_candidates(branch, depth)} candidates "
-                         f"of branch {branch} x depth {depth}")
-    b, dev = hidden.shape[0], hidden.device
-    slots = (depth - 1) * branch
-    logp = torch.log_softmax(head.logits(hidden).float(), dim=-1)                       # [B, Vd]
-    score, ids = logp.topk(branch, dim=-1)
-    tok = head.vocab_ids[ids]
-    cand_tok, cand_score = [tok], [score]
-    cand_par = [torch.full((b, branch), -1, dtype=torch.int64, device=dev)]
-    front_idx = torch.arange(branch, device=dev)[None, :].expand(b, branch)              # candidate ids
-    front_feat = hidden[:, None, :].expand(b, branch, hidden.shape[-1])
-    anc = torch.zeros(b, branch, max(slots, 1), dtype=torch.bool, device=dev)
-    base = branch
-    for t in range(1, depth):
-        anc = anc | _own_slots(branch, anc.shape[-1], t, dev)
-        out = _grow(head_runner, front_feat, tok, t, branch, anc, valid, seq_len, write)   # [B, k, d]
-        lp = torch.log_softmax(head.logits(out).float(), dim=-1)                       # [B, k, Vd]
-        s2, i2 = lp.topk(branch, dim=-1)                                                # [B, k, k]
-        s2 = score[:, :, None] + s2
-        cand_tok.append(head.vocab_ids[i2].reshape(b, -1))
-        cand_score.append(s2.reshape(b, -1))
-        cand_par.append(front_idx[:, :, None].expand(b, branch, branch).reshape(b, -1))
-        score, pick = s2.reshape(b, -1).topk(branch, dim=-1)                            # next frontier
-        parent_j = pick // branch
-        tok = head.vocab_ids[i2.reshape(b, -1).gather(1, pick)]
-        front_idx = base + pick
-        front_feat = out.gather(1, parent_j[:, :, None].expand(-1, -1, out.shape[-1]))
-        anc = anc.gather(1, parent_j[:, :, None].expand(-1, -1, anc.shape[-1]))
-        base += branch * branch
-    all_tok, all_score, all_par = (torch.cat(x, dim=1) for x in (cand_tok, cand_score, cand_par))
+def _frontier_mask(anc, slot, valid, write, width: int) -> tuple:
+    """A frontier of ``width`` nodes entering draft slots ``slot`` + j (slot: a 0-d tensor) -> (anc [B, F, S] with
+    those own slots added, the head's mask [B, 1, F, C])."""
+    own = (slot - write) + torch.arange(width, device=anc.device)
+    anc = anc | (torch.arange(anc.shape[-1], device=anc.device)[None, :] == own[:, None])[None]
+    return anc, (valid[:, None, :] | window_gather(anc, write, valid.shape[1])).unsqueeze(1)
+
+
+def _children(head, out, score, branch: int) -> tuple:
+    """The top-``branch`` children of each frontier node (outputs ``out`` [B, k, d], path scores ``score`` [B, k])
+    -> (their path scores [B, k, k], their draft-vocabulary ids [B, k, k])."""
+    lp = torch.log_softmax(head.logits(out).float(), dim=-1)                          # [B, k, Vd]
+    s2, i2 = lp.topk(branch, dim=-1)
+    return score[:, :, None] + s2, i2
+
+
+def _tree_root(head, hidden, valid, seq_len, write, branch: int, slots: int) -> tuple:
+    """Depth 1 of :func:`propose_tree`: the head's top-``branch`` tokens at ``hidden`` [B, d] -> (score [B, k],
+    tok [B, k], anc [B, k, S], the depth-1 frontier's mask [B, 1, k, C], its position [B] (seq_len - 1), its draft
+    slot W (a copy: a :func:`_tree_level` input aliasing another, W, would be a separate compiled variant))."""
+    b = hidden.shape[0]
+    score, ids = torch.log_softmax(head.logits(hidden).float(), dim=-1).topk(branch, dim=-1)   # [B, k]
+    anc = torch.zeros(b, branch, slots, dtype=torch.bool, device=hidden.device)
+    anc, mask = _frontier_mask(anc, write, valid, write, branch)
+    return score, head.vocab_ids[ids], anc, mask, seq_len - 1, write.clone()
+
+
+def _tree_level(head, out, score, anc, pos, slot, valid, write, branch: int) -> tuple:
+    """Depth t's frontier (head outputs ``out`` [B, k, d], ``score`` [B, k], ``anc`` [B, k, S], position ``pos``
+    [B], draft slot ``slot``) -> depth t + 1's k² candidates (tokens, scores [B, k²]), the pick [B, k] of the k best
+    among them, and the next frontier: (score, tok [B, k], feat [B, k, d], anc, mask, pos + 1, slot + k)."""
+    b = out.shape[0]
+    s2, i2 = _children(head, out, score, branch)
+    score, pick = s2.reshape(b, -1).topk(branch, dim=-1)
+    parent_j = pick // branch
+    tok = head.vocab_ids[i2.reshape(b, -1).gather(1, pick)]
+    feat = out.gather(1, parent_j[:, :, None].expand(-1, -1, out.shape[-1]))
+    anc = anc.gather(1, parent_j[:, :, None].expand(-1, -1, anc.shape[-1]))
+    anc, mask = _frontier_mask(anc, slot + branch, valid, write, branch)
+    return (head.vocab_ids[i2].reshape(b, -1), s2.reshape(b, -1), pick, score, tok, feat, anc, mask, pos + 1,
+            slot + branch)
+
+
+def _tree_finish(head, out, score, pending, toks: list, scores: list, picks: list, branch: int, nodes: int) -> tuple:
+    """The deepest frontier's children (``out`` None when depth = 1), then the N - 1 best of all candidates as a
+    tree: (parents, tokens [B, N], sizes [B]). Candidate blocks: depth 1 (``toks[0]``: the root's children), then
+    depth t + 1 the children of depth t's frontier, whose candidate ids are block t's start + ``picks[t - 2]``
+    (depth 1's frontier: the first k candidates)."""
+    b, dev = pending.shape[0], pending.device
+    toks, scores = list(toks), list(scores)
+    if out is not None:
+        s2, i2 = _children(head, out, score, branch)
+        toks.append(head.vocab_ids[i2].reshape(b, -1))
+        scores.append(s2.reshape(b, -1))
+    par = [torch.full((b, branch), -1, dtype=torch.int64, device=dev)]
+    fronts = [torch.arange(branch, device=dev)[None, :].expand(b, branch)]
+    fronts += [branch + t * branch * branch + pick for t, pick in enumerate(picks)]
+    par += [f[:, :, None].expand(b, branch, branch).reshape(b, -1) for f in fronts[:len(toks) - 1]]
+    all_tok, all_score, all_par = (torch.cat(x, dim=1) for x in (toks, scores, par))
     order = torch.sort(-all_score, dim=1, stable=True).indices[:, :nodes - 1]           # best first, parents first
     keep = torch.sort(order, dim=1).values                                              # topological order
-    m = all_tok.shape[1]
-    node_of = torch.full((b, m), -1, dtype=torch.int64, device=dev)
+    node_of = torch.full((b, all_tok.shape[1]), -1, dtype=torch.int64, device=dev)
     node_of.scatter_(1, keep, torch.arange(1, nodes, device=dev)[None, :].expand(b, -1))
     par_c = all_par.gather(1, keep)
     par_n = torch.where(par_c >= 0, node_of.gather(1, par_c.clamp(min=0)), torch.zeros_like(par_c))
     parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev), par_n], dim=1)
     tokens = torch.cat([pending[:, None], all_tok.gather(1, keep)], dim=1)
-    return TokenTree(parents=parents, tokens=tokens, sizes=torch.full((b,), nodes, dtype=torch.int64, device=dev))
+    return parents, tokens, torch.full((b,), nodes, dtype=torch.int64, device=dev)
+
+
+def propose_tree(head_runner, hidden, pending, valid, seq_len, write, branch: int, depth: int,
+                 nodes: int, compiled: bool = False) -> TokenTree:
+    """EAGLE-2-style tree of ``nodes`` nodes (root = ``pending`` [B]) -> a distinct :class:`TokenTree` [B, nodes].
+    ``write``: W as a 0-d tensor. ``compiled``: the bookkeeping between the head's forwards (:func:`_tree_root`,
+    :func:`_tree_level`, :func:`_tree_finish`) runs as inductor-compiled regions (engine/fused.py)."""
+    head = head_runner.head
+    if nodes - 1 > tree_candidates(branch, depth):
+        raise ValueError(f"a tree of {nodes} nodes needs more than the {tree_candidates(branch, depth)} candidates "
+                         f"of branch {branch} x depth {depth}")
+    b = hidden.shape[0]
+    score, tok, anc, mask, pos, slot = fused(_tree_root, compiled)(head, hidden, valid, seq_len, write, branch,
+                                                                  max((depth - 1) * branch, 1))
+    feat, out = hidden[:, None, :].expand(b, branch, hidden.shape[-1]), None
+    toks, scores, picks = [tok], [score], []
+    for t in range(1, depth):
+        # depth t's frontier node j: the head entry (parent's output, its token) in draft slot W + (t - 1) k + j
+        out = head_runner.entries(feat, tok, pos[:, None].expand(b, branch), mask, slot)          # [B, k, d]
+        if t < depth - 1:
+            tok_c, score_c, pick, score, tok, feat, anc, mask, pos, slot = fused(_tree_level, compiled)(
+                head, out, score, anc, pos, slot, valid, write, branch)
+            toks.append(tok_c)
+            scores.append(score_c)
+            picks.append(pick)
+    parents, tokens, sizes = fused(_tree_finish, compiled)(head, out, score, pending, toks, scores, picks, branch,
+                                                           nodes)
+    return TokenTree(parents=parents, tokens=tokens, sizes=sizes)
 
 
 def propose_chains(head_runner, hidden, pending, valid, seq_len, seeds, write, resolved, chains: int,
@@ -184,7 +236,8 @@ class HeadTreeRunner(HeadRunner):
         v, shape = self._device_view(view), self.shape
         if shape.tree is not None:
             branch, depth, nodes = shape.tree
-            tree = propose_tree(self, v.hidden, v.pending, v.valid, v.seq_len, v.write, branch, depth, nodes)
+            tree = propose_tree(self, v.hidden, v.pending, v.valid, v.seq_len, v.write, branch, depth, nodes,
+                                compiled=wanted(ex, v.hidden))
             return capped(Proposal.of_tree(tree, sampler=shape.sampler, depth=depth), gamma, depth)
         k, length = shape.chains
         law = draft_resolved(shape, resolved, v.pending.shape[0], v.pending.device)
