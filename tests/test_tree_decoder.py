@@ -52,6 +52,30 @@ def test_compact_moves_the_path_to_consecutive_slots():
     assert torch.equal(buf[1], before[1]) and torch.equal(buf[0, :, :4], before[0, :, :4])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_launch_compaction_equals_a_gather_per_buffer(dtype):
+    """native/slot_moves.py in Triton's interpreter: every buffer (views of the first rows too, as continuous
+    batching passes them) gets the gather-per-buffer result, for paths that jump ahead, padding and a root-only row."""
+    from tilespec.engine.native import slot_moves
+    from tilespec.engine.tree_step import compact_slots, move_slots
+    if not slot_moves.triton_interpreted() and not torch.cuda.is_available():
+        pytest.skip("needs CUDA or the Triton interpreter")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    full = [torch.randn(4, 2, 40, 16, dtype=dtype, device=dev) for _ in range(6)]
+    bufs = [t[:3] for t in full]                                  # first-rows views
+    want = [t.clone() for t in bufs]
+    spare = [t[3].clone() for t in full]
+    path = torch.tensor([[0, 2, 5, 9], [0, 1, 3, -1], [0, -1, -1, -1]], device=dev)
+    dst, src = compact_slots(torch.tensor(20, device=dev), path)
+    assert slot_moves.supported(bufs)
+    slot_moves.move_path_slots(bufs, dst, src)
+    move_slots(want, dst, src)
+    assert all(torch.equal(a, b) for a, b in zip(bufs, want))
+    assert all(torch.equal(t[3], u) for t, u in zip(full, spare))                 # the row past the view untouched
+    assert not slot_moves.supported([full[0], full[1][:, :1]])                          # mixed shapes
+
+
 def _oracle_tree(correct: list, shape: int, pending: int) -> tuple[list, list]:
     """Parents and tokens of an 8-node tree holding the correct continuation at scattered indices."""
     c = correct + [0, 0, 0]
@@ -62,9 +86,13 @@ def _oracle_tree(correct: list, shape: int, pending: int) -> tuple[list, list]:
     return [-1, 0, 0, 1, 3, 2, -1, -1], [pending, w[0], c[0], c[1], c[2], w[1], 0, 0]
 
 
-@pytest.mark.parametrize("compile", [False, "native"])
+@pytest.mark.parametrize("compile,one_launch", [(False, False), ("native", False), ("native", True)])
 @torch.inference_mode()
-def test_oracle_trees_are_token_identical_to_target_only(compile):
+def test_oracle_trees_are_token_identical_to_target_only(compile, one_launch, monkeypatch):
+    if one_launch:      # the CUDA compaction kernel (native/slot_moves.py), here in Triton's interpreter
+        from tilespec.engine import tree_step
+        from tilespec.engine.native import slot_moves
+        monkeypatch.setattr(tree_step, "one_launch", slot_moves.supported)
     target = tiny_lm(3, vocab=VOCAB, logit_scale=4.0)
     prompts = [[3, 9, 4, 1, 7], [5, 2]]
     new = 18

@@ -4,7 +4,8 @@ Layout (B requests, C cache slots, write pointer W; see state.py): the tree's N 
 are written at slots W .. W + N - 1 with positions ``seq_len - 1 + depth``; node n attends to the request's valid
 slots and to the slots of its own ancestors (itself included) -- :func:`tree_mask`. After selection
 (:func:`tilespec.multidraft.tree.select_tree`) the accepted path's K/V are moved to slots W .. W + accepted with ONE
-gather per buffer (:func:`compact`; path node j >= j, so reading all sources before writing is enough), after which
+gather per buffer, or with one launch for all buffers (:func:`compact`, opt-in on CUDA; path node j >= j, so reading
+all sources before writing is enough, and so is copying j = 0, 1, ... in order), after which
 the state commits exactly like a chain step (the accepted slots become valid, the rest are holes past the new W).
 A draft head is then fed the target's features along the accepted path (``observe``), as after a chain step.
 
@@ -19,6 +20,7 @@ inductor-compiled regions (engine/fused.py); only the target forward and the K/V
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -74,10 +76,37 @@ def move_slots(buffers, dst: torch.Tensor, src: torch.Tensor) -> None:
         buf.index_copy_(2, dst, buf.gather(2, src[:, None, :, None].expand(b, h, p, d)))
 
 
+def move_path(buffers, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """:func:`move_slots` for a tree path's slots (src[b, j] >= dst[j] = W + j): every buffer in one launch where
+    :func:`one_launch` says so (engine/native/slot_moves.py), else one gather and one copy per buffer."""
+    if one_launch(buffers):
+        from .native.slot_moves import move_path_slots
+        try:
+            move_path_slots(buffers, dst, src)
+            return
+        except Exception as err:   # a kernel that fails to build must not end tree decoding: PyTorch ops from now on
+            _ONE_LAUNCH_FAILED.append(f"{type(err).__name__}: {err}")
+            warnings.warn(f"the one-launch K/V compaction failed ({_ONE_LAUNCH_FAILED[0]}); using a gather per buffer")
+    move_slots(buffers, dst, src)
+
+
+_ONE_LAUNCH_FAILED: list = []    # the first failure of the one-launch kernel, if any (it is not tried again)
+
+
+def one_launch(buffers) -> bool:
+    """Whether :func:`move_path` moves ``buffers`` with the one-launch kernel: CUDA buffers it supports, when the
+    "compact" kernel part is on (TILESPEC_NATIVE_KERNELS; opt-in until timed on a GPU) and it never failed."""
+    if _ONE_LAUNCH_FAILED or not buffers or not buffers[0].is_cuda or not triton_available():
+        return False
+    from .native.runner import active_kernel_parts
+    from .native.slot_moves import supported
+    return "compact" in active_kernel_parts() and supported(buffers)
+
+
 def compact(buffers, write: torch.Tensor, path: torch.Tensor) -> None:
     """Move the accepted nodes' K/V to slots W .. W + P - 1, in place: buffers [B, H, C, D] (each layer's K and V),
-    path [B, P] node indices (-1 padded). One gather and one copy per buffer."""
-    move_slots(buffers, *compact_slots(write, path))
+    path [B, P] node indices (-1 padded). One launch on CUDA, else one gather and one copy per buffer."""
+    move_path(buffers, *compact_slots(write, path))
 
 
 def compact_runner(runner, write: torch.Tensor, path: torch.Tensor, slots: Optional[tuple] = None) -> None:
@@ -85,7 +114,7 @@ def compact_runner(runner, write: torch.Tensor, path: torch.Tensor, slots: Optio
     :func:`compact_slots` of ``path`` when already computed), else (transformers' ModelRunner) through its ``select``
     with a slot permutation that differs from the identity only in the window."""
     if hasattr(runner, "caches") or hasattr(runner, "k"):
-        move_slots(runner_buffers(runner), *(slots if slots is not None else compact_slots(write, path)))
+        move_path(runner_buffers(runner), *(slots if slots is not None else compact_slots(write, path)))
         return
     b, p = path.shape
     cap = runner.capacity

@@ -221,7 +221,7 @@ def head(h: torch.Tensor, res: torch.Tensor, norm: torch.Tensor, lm_head: torch.
     return F.linear(rms_norm(h + res, norm, eps), lm_head)
 
 
-KERNEL_PARTS = ("qkv", "o", "mlp", "attn")
+KERNEL_PARTS = ("qkv", "o", "mlp", "attn", "compact")   # "compact": a token tree's K/V moves (native/slot_moves.py)
 
 
 def _parts(kernels: str) -> tuple:

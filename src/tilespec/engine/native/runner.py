@@ -36,6 +36,14 @@ NATIVE_MODES = ("native", "native-graphs")
 # (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none). "attn": the split-KV
 # attention in the shapes where it measures faster than cuDNN (attention.preferred: verify chains, large caches)
 DEFAULT_KERNELS = "attn"
+# ("compact", the one-launch compaction of a token tree's accepted K/V, is opt-in: not yet run on a GPU)
+
+
+def active_kernel_parts() -> tuple:
+    """The kernel parts in force for "native-graphs" runners: TILESPEC_NATIVE_KERNELS, else DEFAULT_KERNELS."""
+    from .llama import _parts
+    named = settings.get().native_kernels
+    return _parts(DEFAULT_KERNELS if named is None else named)
 _COMPILED_LAYERS: dict = {}
 
 
