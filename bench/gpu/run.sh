@@ -306,7 +306,11 @@ stage_stepcost() {  # one decoding step's cost in the decoder, continuous batchi
   env_setup
   step step-cost 300 python3 bench/scripts/step_cost_profile.py \
     --json "$RES/step-cost-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
-  grep '^\[' "$RES/step-cost.log"; tarball stepcost
+  # the opt-in one-launch tree compaction (native/slot_moves.py) against the default, tree rows only
+  TILESPEC_NATIVE_KERNELS=attn,compact step step-cost-compact 200 python3 bench/scripts/step_cost_profile.py \
+    --runs decoder-head-tree-8-6-32,decoder-head-tree-4-4-16 \
+    --json "$RES/step-cost-one-launch-compaction-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
+  grep '^\[' "$RES/step-cost.log" "$RES/step-cost-compact.log"; tarball stepcost
 }
 
 stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
