@@ -109,7 +109,7 @@ def test_cancel_frees_the_row_and_bad_requests_fail_clearly(target):
             engine.submit(bad)
 
 
-@pytest.mark.parametrize("draft", ["ngram", "model"])
+@pytest.mark.parametrize("draft", ["ngram", "model", "model+ngram"])
 def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, draft):
     """batch_warmup.warm_up (forced on CPU, where nothing is captured) drives steps of every row count drafting and
     target-only, greedy and sampled; the counters are restored and later requests get the tokens of a fresh
@@ -145,3 +145,5 @@ def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, dr
     assert any(g > 0 or k for _, k, g in widths) and any(g == 0 and k is None for _, k, g in widths)
     assert all(k is None or k >= 3 for _, k, _ in widths)          # context drafts padded to γ = 3
     assert all(g in (0, 3) for _, _, g in widths)                   # a runner drafts γ or nothing
+    if draft == "model+ngram":                                      # runner-only, context-only and mixed steps
+        assert {(k is not None, g > 0) for _, k, g in widths} >= {(False, True), (True, False), (True, True)}

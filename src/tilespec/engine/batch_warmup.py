@@ -8,7 +8,8 @@ count up to ``max_batch``, greedy and sampled (temperature 1, the OpenAI default
 restores the engine's counters and its load switch, so serving starts with every graph in place.
 
 Context drafts are padded to the engine's γ (batch_step.choose_drafts), so a row count has one verify shape
-whatever the matches' lengths; the warm-up prompts repeat a pattern so a context drafter matches them.
+whatever the matches' lengths; the warm-up prompts repeat a pattern so a context drafter matches them (and, for a
+context drafter beside a draft runner, also do not, alone and mixed in one step).
 """
 from __future__ import annotations
 
@@ -36,18 +37,26 @@ def warm_up(engine, log: Optional[Callable] = None, temperatures: tuple = (0.0, 
     t0 = time.perf_counter()
     switch, counters = engine.switch, dict(engine.counters)
     engine.switch = None              # the synthetic steps (and their compile time) are not load measurements
-    pattern = [engine.pad + 1 + (i * 7) % max(engine.vocab - engine.pad - 1, 1) for i in range(8)]
+    span = max(engine.vocab - engine.pad - 1, 1)
+    pattern = [engine.pad + 1 + (i * 7) % span for i in range(8)] * 3             # a context drafter matches it
+    plain = [engine.pad + 1 + (i * i * 13 + i) % span for i in range(24)]          # (almost surely) it does not
     tokens = 3 * (engine.gamma + 1) + 2
     caps = (None, 0) if engine.gamma > 0 else (0,)   # drafting (the engine's γ), then target-only steps
+    # a context drafter with a draft runner (head+ngram, MODEL+ngram) also drafts with the runner alone (no match)
+    # and mixes both in one step (some rows match): warm those steps too
+    both = engine.drafter is not None and engine.drafter.has_context and engine.drafting is not None
+    kinds = ("pattern", "plain", "mixed") if both else ("pattern",)
     try:
         for rows in row_counts(engine.max_batch):
             for temperature in temperatures:
                 for cap in caps:
-                    for i in range(rows):
-                        engine.submit(BatchRequest(prompt=pattern * 3, max_tokens=tokens, temperature=temperature,
-                                                   seed=i, gamma=cap))
-                    while engine.has_work:
-                        engine.step()
+                    for kind in kinds:
+                        for i in range(rows):
+                            match = kind == "pattern" or (kind == "mixed" and i % 2 == 0)
+                            engine.submit(BatchRequest(prompt=list(pattern if match else plain), max_tokens=tokens,
+                                                       temperature=temperature, seed=i, gamma=cap))
+                        while engine.has_work:
+                            engine.step()
             if log is not None:
                 log(f"warm-up: {rows} row(s) ready ({time.perf_counter() - t0:.1f} s)")
     finally:
