@@ -352,11 +352,10 @@ def test_draft_model_chains_greedy_equal_target_only(scheme, slack):
     assert slack is None or out.stats.defrags > 0
 
 
-@torch.inference_mode()
-def test_head_tree_is_a_valid_tree_of_the_best_candidates():
+def _prefilled_head():
+    """A noisy random head over a 2-layer Qwen2-shaped target, two prompts prefilled into a native runner and the
+    head's runner -> (head, its HeadRunner, the batch state, the head's output at the last prompt entries)."""
     from tilespec.engine.drafters.head import HeadRunner
-    from tilespec.engine.drafters.head_tree import propose_tree
-    from tilespec.multidraft.tree import depths
     target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
     head = _random_head(target, noise=0.2)
     ids, is_tok = left_pad([[3, 9, 4, 1, 7], [5, 2]], 0, "cpu")
@@ -366,7 +365,14 @@ def test_head_tree_is_a_valid_tree_of_the_best_candidates():
     runner, hr = NativeRunner(target, cap, mode="native"), HeadRunner(head, 2, cap, "eager")
     _, feats = runner.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=hr.features)
     state = BatchState.prefilled(ids, is_tok, cap, [0, 1], 8, [])
-    hidden = hr.prefill(ids, positions, pmask, feats, False)
+    return head, hr, state, hr.prefill(ids, positions, pmask, feats, False)
+
+
+@torch.inference_mode()
+def test_head_tree_is_a_valid_tree_of_the_best_candidates():
+    from tilespec.engine.drafters.head_tree import propose_tree
+    from tilespec.multidraft.tree import depths
+    head, hr, state, hidden = _prefilled_head()
     tree = propose_tree(hr, hidden, state.pending, state.valid, state.seq_len, torch.tensor(state.write), 3, 4, 12)
     tree.validate(VOCAB)                                         # parents earlier, tokens in range, no padding
     assert tree.tokens[:, 0].tolist() == state.pending.tolist()
@@ -387,7 +393,6 @@ def test_the_compiled_tree_regions_trace_whole_and_draw_the_same_numbers(monkeyp
     C++; CUDA compiles to Triton, where they wrap)."""
     from torch._dynamo.testing import CompileCounterWithBackend
     import tilespec.engine.fused as fused
-    from tilespec.engine.drafters.head import HeadRunner
     from tilespec.engine.drafters.head_tree import propose_tree
     from tilespec.engine.tree_step import tree_inputs, tree_path
     from tilespec.multidraft.common import uniform_tables
@@ -395,16 +400,7 @@ def test_the_compiled_tree_regions_trace_whole_and_draw_the_same_numbers(monkeyp
     counter, made = CompileCounterWithBackend("aot_eager"), {}
     monkeypatch.setattr(fused, "compiled", lambda fn: made.setdefault(
         fn, torch.compile(fn, backend=counter, fullgraph=True, dynamic=False)))
-    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2, logit_scale=4.0)
-    head = _random_head(target, noise=0.2)
-    ids, is_tok = left_pad([[3, 9, 4, 1, 7], [5, 2]], 0, "cpu")
-    p, cap = ids.shape[1] - 1, 64
-    positions = (is_tok[:, :p].long().cumsum(1) - 1).clamp(min=0)
-    pmask = prefill_mask(is_tok[:, :p], cap)
-    runner, hr = NativeRunner(target, cap, mode="native"), HeadRunner(head, 2, cap, "eager")
-    _, feats = runner.forward(ids[:, :p], positions, pmask, 0, keep=1, capture=hr.features)
-    state = BatchState.prefilled(ids, is_tok, cap, [0, 1], 8, [])
-    hidden = hr.prefill(ids, positions, pmask, feats, False)
+    head, hr, state, hidden = _prefilled_head()
     view = (hidden, state.pending, state.valid, state.seq_len, torch.tensor(state.write), 3, 4, 12)
     tree = propose_tree(hr, *view)
     same = propose_tree(hr, *view, compiled=True)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from native_kernels import graph_us  # noqa: E402
+from native_kernels import attention_inputs, graph_us  # noqa: E402
 
 
 def split_us(attention, split: int, q, k, v, mask) -> float:
@@ -40,13 +40,7 @@ def main() -> None:
     rows = []
     for b, nq, c in itertools.product((1, 8, 64), (1, 2, 5, 16, 32), (512, 1280, 4352)):
         used = min(c - nq, 400)
-        torch.manual_seed(0)
-        h, hkv, d = 12, 2, 128
-        q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(b, hkv, c, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
-        mask[..., :used] = 0
+        q, k, v, mask = attention_inputs(b, nq, c, used)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         out = torch.ops.tilespec.decode_attention(q, k, v, mask).transpose(1, 2)
         row = dict(batch=b, q=nq, capacity=c, used=used,

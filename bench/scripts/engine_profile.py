@@ -46,6 +46,17 @@ def busy_and_gaps(intervals: list) -> tuple:
     return busy, gaps
 
 
+def kernels_by_name(intervals: list, steps: int) -> list:
+    """Kernels grouped by name (first 110 characters), costliest first: name, calls and µs per step."""
+    by_name: dict = {}
+    for s, e, n in intervals:
+        row = by_name.setdefault(n[:110], [0, 0.0])
+        row[0] += 1
+        row[1] += e - s
+    return sorted(({"name": n, "calls_per_step": c / steps, "us_per_step": t / steps} for n, (c, t) in by_name.items()),
+                  key=lambda r: -r["us_per_step"])
+
+
 HOST_PROFILE = False
 
 
@@ -90,13 +101,7 @@ def profile_generation(dec, prompts, tokens: int, label: str, top: int = 20) -> 
     iv = kernel_intervals(prof)
     span = (iv[-1][1] - iv[0][0]) if iv else 0.0
     busy, gaps = busy_and_gaps(iv)
-    by_name: dict = {}
-    for s, e, n in iv:
-        row = by_name.setdefault(n[:110], [0, 0.0])
-        row[0] += 1
-        row[1] += e - s
-    rows = sorted(({"name": n, "calls_per_step": c / steps, "us_per_step": t / steps} for n, (c, t) in by_name.items()),
-                  key=lambda r: -r["us_per_step"])
+    rows = kernels_by_name(iv, steps)
     gaps.sort(reverse=True)
     res = dict(label=label, tokens=out.stats.new_tokens, steps=steps, wall_s=wall_plain,
                tok_s=out.stats.new_tokens / wall_plain, runtime=out.stats.runtime,

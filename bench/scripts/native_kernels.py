@@ -111,21 +111,29 @@ def projections(quick: bool) -> list:
     return rows
 
 
+def attention_inputs(b: int, nq: int, c: int, used: int) -> tuple:
+    """Random bf16 decode-attention inputs with Qwen2.5-1.5B heads (12 query, 2 KV, D 128) on CUDA: q [B, H, Q, D]
+    (a transposed view, as the layer passes it), K / V caches [B, H_kv, C, D], an additive mask [B, 1, Q, C] that
+    shows the first ``used`` slots."""
+    torch.manual_seed(0)
+    h, hkv, d = 12, 2, 128
+    q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(b, hkv, c, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
+    mask[..., :used] = 0
+    return q, k, v, mask
+
+
 def attention_rows(splits=(64, 128, 256)) -> list:
     """Decode attention (Qwen2.5-1.5B heads) at B in {1, 8}, Q in {1, 6}, C in {512, 2048} with a third of the
     capacity in use: SDPA (cuDNN, what the layer runs by default) vs the split-KV kernels at each SPLIT (cache
     slots per program); graph-replay µs."""
-    import torch.nn.functional as F
     from tilespec.engine.native import attention
     rows, default_split = [], attention.SPLIT
     for b, nq, c in itertools.product((1, 8), (1, 6), (512, 2048)):
-        torch.manual_seed(0)
-        h, hkv, d, used = 12, 2, 128, c // 3
-        q = torch.randn(b, nq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(b, hkv, c, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        mask = torch.full((b, 1, nq, c), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16)
-        mask[..., :used] = 0
+        used = c // 3
+        q, k, v, mask = attention_inputs(b, nq, c, used)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         row = dict(batch=b, q=nq, capacity=c, used=used,
                    sdpa_us=graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)))

@@ -26,12 +26,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_profile import busy_and_gaps, kernel_intervals  # noqa: E402
+from engine_profile import busy_and_gaps, kernel_intervals, kernels_by_name  # noqa: E402
 from native_forward import random_model  # noqa: E402
 
 
 def random_head(model):
-    from tilespec.engine.drafters import HeadDrafter
     from tilespec.heads.model import DraftHead, config_for
     torch.manual_seed(1)
     head = DraftHead(config_for(model, draft_vocab=32000), vocab_ids=torch.arange(32000))
@@ -44,14 +43,8 @@ def random_head(model):
 def summarize(label: str, prof, steps: int, wall_s: float, tokens: int, host_rows: list) -> dict:
     iv = kernel_intervals(prof)
     span = (iv[-1][1] - iv[0][0]) if iv else 0.0
-    busy, gaps = busy_and_gaps(iv)
-    by_name: dict = {}
-    for s, e, n in iv:
-        row = by_name.setdefault(n[:110], [0, 0.0])
-        row[0] += 1
-        row[1] += e - s
-    top = sorted(({"name": n, "calls_per_step": c / steps, "us_per_step": t / steps} for n, (c, t) in by_name.items()),
-                 key=lambda r: -r["us_per_step"])[:25]
+    busy, _ = busy_and_gaps(iv)
+    top = kernels_by_name(iv, steps)[:25]
     res = dict(label=label, tokens=tokens, steps=steps, tokens_per_step=tokens / max(steps, 1), wall_s=wall_s,
                ms_per_step=1e3 * wall_s / max(steps, 1), kernels_per_step=len(iv) / max(steps, 1),
                busy_us_per_step=busy / max(steps, 1), idle_us_per_step=(span - busy) / max(steps, 1),
