@@ -141,6 +141,8 @@ def test_warm_up_runs_every_row_count_and_leaves_the_engine_as_it_was(target, dr
 
     assert run(True) == run(False)
     assert row_counts(4) == [1, 2, 4] and row_counts(6) == [1, 2, 4, 6]
+    with pytest.raises(ValueError, match="max_batch"):
+        row_counts(0)
     assert {rows for rows, _, _ in widths} == {1, 2, 4}
     assert any(g > 0 or k for _, k, g in widths) and any(g == 0 and k is None for _, k, g in widths)
     assert all(k is None or k >= 3 for _, k, _ in widths)          # context drafts padded to γ = 3

@@ -74,6 +74,10 @@ def test_one_launch_compaction_equals_a_gather_per_buffer(dtype):
     assert all(torch.equal(a, b) for a, b in zip(bufs, want))
     assert all(torch.equal(t[3], u) for t, u in zip(full, spare))                 # the row past the view untouched
     assert not slot_moves.supported([full[0], full[1][:, :1]])                          # mixed shapes
+    with pytest.raises(ValueError, match="one shape"):
+        slot_moves.move_path_slots([full[0], full[1][:, :1]], dst, src)
+    with pytest.raises(ValueError, match="src"):
+        slot_moves.move_path_slots(bufs, dst, src[:2])
 
 
 def _oracle_tree(correct: list, shape: int, pending: int) -> tuple[list, list]:

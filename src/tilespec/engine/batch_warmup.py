@@ -20,7 +20,9 @@ from .batch_request import BatchRequest
 
 
 def row_counts(max_batch: int) -> list:
-    """The step row counts the engine uses: powers of two below ``max_batch``, and ``max_batch``."""
+    """The step row counts the engine uses: powers of two below ``max_batch``, and ``max_batch`` (>= 1)."""
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     out, n = [], 1
     while n < max_batch:
         out.append(n)

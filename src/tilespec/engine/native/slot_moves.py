@@ -60,10 +60,17 @@ def supported(buffers) -> bool:
 
 def move_path_slots(buffers, dst: torch.Tensor, src: torch.Tensor) -> None:
     """Every buffer [B, H, C, D]: slot dst[j] <- slot src[b, j] of request b, in place, for dst [P] = W + j and
-    src [B, P] >= dst (a tree path's slots; see the module docstring). Callers check :func:`supported` first."""
+    src [B, P] >= dst (a tree path's slots; see the module docstring). Raises ValueError for buffers
+    :func:`supported` refuses or slot tensors of other shapes (the kernel would read or write out of bounds)."""
+    if not supported(buffers):
+        raise ValueError("move_path_slots needs CUDA (or interpreter) buffers [B, H, C, D] of one shape, stride and "
+                         "dtype with contiguous D")
     ref = buffers[0]
-    b, h, _, d = ref.shape
+    b, h, c, d = ref.shape
     p = dst.shape[0]
+    if dst.dim() != 1 or tuple(src.shape) != (b, p) or dst.device != ref.device or src.device != ref.device:
+        raise ValueError(f"slots must be dst [P] and src [B={b}, P] on {ref.device}, got {tuple(dst.shape)} and "
+                         f"{tuple(src.shape)}")
     if p == 0 or b == 0:
         return
     key = (str(ref.device),) + tuple(t.data_ptr() for t in buffers)
