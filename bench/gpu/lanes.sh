@@ -81,16 +81,18 @@ lane_H() {   # the head's training (beside the soak), then the serve levels alon
   [ -e "$RES/.head-ready" ] && systems=tilespec:none,tilespec:ngram,tilespec:head
   SERVE_SYSTEMS=${SERVE_SYSTEMS:-$systems} SERVE_LIMIT_S=$(( $(left) - 30 )) SERVE_SOAK_S=0 stage 300 serve
 }
-lane_T() {   # one step's cost (random weights) and the GPU tests while the model uploads, then the head's training
-             # (beside the soak) and, alone, its trees against its chain
-  (cd "$CODE" && OUT=$ROOT/lane-out/T bash bench/gpu/run.sh stepcost >> "$RES/lane-T.log" 2>&1)
+lane_T() {   # the tree and chain steps' cost (random weights), the tree sampler's exactness and the GPU tests while
+             # the model uploads, then the head's training (beside a soak, if any) and, alone, its trees against its
+             # chain (t0, t1) and its sampled chains with the seed-004 schemes (md)
+  (cd "$CODE" && OUT=$ROOT/lane-out/T STEPCOST_RUNS=${STEPCOST_RUNS:-} bash bench/gpu/run.sh stepcost \
+    >> "$RES/lane-T.log" 2>&1)
+  EXACTNESS_PARTS=tree stage 150 exactness
   stage 200 tests
   wait_for "$RES/.ready-$Q15" && stage 400 e2e heads-train
   [ -f "$RES/heads-train.json" ] || return
-  wait_for "$RES/.soak-done" || true
+  [[ " ${LANES:-} " == *" S "* ]] && { wait_for "$RES/.soak-done" || true; }
   TREES_BUDGET_S=${TREES_BUDGET_S:-240} stage 200 e2e trees-t0 trees-t1
-  SERVE_NAME=serve-head-low-load SERVE_SYSTEMS=tilespec:none,tilespec:head SERVE_CLIENTS=1,4 SERVE_SOAK_S=0 \
-    SERVE_LIMIT_S=$(( $(left) - 30 )) stage 240 serve
+  TREES_BUDGET_S=${TREES_MD_BUDGET_S:-240} stage 150 e2e trees-md
 }
 
 case ${1:-} in

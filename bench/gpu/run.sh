@@ -148,14 +148,19 @@ stage_tests() {
   tail -3 "$RES/pytest-gpu.log"; tarball tests
 }
 
-stage_exactness() {
+stage_exactness() {  # EXACTNESS_PARTS: "verify tree" (default) or one of them
   env_setup
-  step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
-    --samples 1000000 --json "$RES/exactness-gpu-$(gpu_tag).json"
-  tail -5 "$RES/exactness.log"
-  step exactness-tree 240 python3 -m tilespec check exactness --method tree --device cuda --samples 1000000 \
-    --json "$RES/exactness-tree-gpu-$(gpu_tag).json"
-  tail -3 "$RES/exactness-tree.log"; tarball exactness
+  if [[ " ${EXACTNESS_PARTS:-verify tree} " == *" verify "* ]]; then
+    step exactness 240 python3 -m tilespec check exactness --method fused --method reference --device cuda \
+      --samples 1000000 --json "$RES/exactness-gpu-$(gpu_tag).json"
+    tail -5 "$RES/exactness.log"
+  fi
+  if [[ " ${EXACTNESS_PARTS:-verify tree} " == *" tree "* ]]; then
+    step exactness-tree 240 python3 -m tilespec check exactness --method tree --device cuda --samples 1000000 \
+      --json "$RES/exactness-tree-gpu-$(gpu_tag).json"
+    tail -3 "$RES/exactness-tree.log"
+  fi
+  tarball exactness
 }
 
 stage_verify() {  # FlashInfer from $EXTRA/fi (FI=1 at `parts`) or .whl/*.whl in the carried tree
@@ -302,15 +307,12 @@ PY
   done
 }
 
-stage_stepcost() {  # one decoding step's cost in the decoder, continuous batching and token trees (random weights)
+stage_stepcost() {  # one decoding step's cost in the decoder, continuous batching and token trees (random weights);
+                   # STEPCOST_RUNS: a comma-separated subset of the rows (bench/scripts/step_cost_profile.py --runs)
   env_setup
-  step step-cost 300 python3 bench/scripts/step_cost_profile.py \
+  step step-cost 300 python3 bench/scripts/step_cost_profile.py ${STEPCOST_RUNS:+--runs "$STEPCOST_RUNS"} \
     --json "$RES/step-cost-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
-  # the opt-in one-launch tree compaction (native/slot_moves.py) against the default, tree rows only
-  TILESPEC_NATIVE_KERNELS=attn,compact step step-cost-compact 200 python3 bench/scripts/step_cost_profile.py \
-    --runs decoder-head-tree-8-6-32,decoder-head-tree-4-4-16 \
-    --json "$RES/step-cost-one-launch-compaction-random-qwen2.5-1.5b-shaped-$(gpu_tag).json"
-  grep '^\[' "$RES/step-cost.log" "$RES/step-cost-compact.log"; tarball stepcost
+  grep '^\[' "$RES/step-cost.log"; tarball stepcost
 }
 
 stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed

@@ -4,7 +4,7 @@ Layout (B requests, C cache slots, write pointer W; see state.py): the tree's N 
 are written at slots W .. W + N - 1 with positions ``seq_len - 1 + depth``; node n attends to the request's valid
 slots and to the slots of its own ancestors (itself included) -- :func:`tree_mask`. After selection
 (:func:`tilespec.multidraft.tree.select_tree`) the accepted path's K/V are moved to slots W .. W + accepted with ONE
-gather per buffer, or with one launch for all buffers (:func:`compact`, opt-in on CUDA; path node j >= j, so reading
+gather per buffer, or with one launch for all buffers (:func:`compact`, on CUDA; path node j >= j, so reading
 all sources before writing is enough, and so is copying j = 0, 1, ... in order), after which
 the state commits exactly like a chain step (the accepted slots become valid, the rest are holes past the new W).
 A draft head is then fed the target's features along the accepted path (``observe``), as after a chain step.
@@ -95,7 +95,7 @@ _ONE_LAUNCH_FAILED: list = []    # the first failure of the one-launch kernel, i
 
 def one_launch(buffers) -> bool:
     """Whether :func:`move_path` moves ``buffers`` with the one-launch kernel: CUDA buffers it supports, when the
-    "compact" kernel part is on (TILESPEC_NATIVE_KERNELS; opt-in until timed on a GPU) and it never failed."""
+    "compact" kernel part is on (the default; TILESPEC_NATIVE_KERNELS may leave it out) and it never failed."""
     if _ONE_LAUNCH_FAILED or not buffers or not buffers[0].is_cuda or not triton_available():
         return False
     from .native.runner import active_kernel_parts

@@ -29,8 +29,9 @@ from typing import Optional, Union
 
 import torch
 
-from ..verify import rng
+from ..verify import rng, wide_rows
 from ..verify.distributions import log_probs
+from ..verify.filters import scaled_logits
 from ..verify.types import ResolvedSampling, SamplingParams
 from ..verify.validation import resolve_sampling
 from .common import DTYPE, EPS_MASS, Stream, TableStream, check_law, uniform_tables  # noqa: F401 (re-exported)
@@ -99,15 +100,13 @@ class TokenTree:
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
     """[B, N, N] bool: anc[b, n, m] = node m is node n itself or one of its ancestors (padding: itself only).
-    Transitive closure by repeated squaring (log2 N boolean matrix products, no host sync)."""
+    Transitive closure by repeated squaring in boolean ops (log2 N rounds of [B, N, N, N] ands, no host sync)."""
     b, n = parents.shape
-    eye = torch.eye(n, dtype=torch.bool, device=parents.device)[None].expand(b, n, n)
-    step = torch.zeros(b, n, n, dtype=torch.float32, device=parents.device)
-    step.scatter_(2, parents.clamp(min=0).long()[:, :, None], (parents >= 0).float()[:, :, None])
-    anc = eye | step.bool()
+    idx = torch.arange(n, device=parents.device)
+    anc = (idx[None, :, None] == idx[None, None, :]) | (
+        (parents.long()[:, :, None] == idx[None, None, :]) & (parents[:, :, None] >= 0))
     for _ in range(max(1, (n - 1).bit_length())):
-        f = anc.float()
-        anc = torch.bmm(f, f) > 0
+        anc = (anc[:, :, :, None] & anc[:, None, :, :]).any(dim=2)
     return anc
 
 
@@ -140,11 +139,38 @@ def _target_probs(target_logits: Optional[torch.Tensor], target_probs: Optional[
     return probs / probs.sum(-1, keepdim=True)
 
 
-def _all_probs(target_logits, target_probs, sampling) -> torch.Tensor:
-    if target_probs is not None:
-        return target_probs.to(DTYPE)
-    b, n, v = target_logits.shape
-    return torch.exp(log_probs(target_logits.float(), _resolved(sampling, b, target_logits.device)).to(DTYPE))
+class _NodeLaws:
+    """The target's processed law at every tree node, read where the selection needs it (never a float64
+    [B, N, V] copy): :meth:`at` single entries, :meth:`row` one node's whole law per request. From logits: the
+    fp32 log-law (:func:`~tilespec.verify.distributions.log_probs`; without filters or greedy rows a chunked
+    log-softmax, :mod:`tilespec.verify.wide_rows`), exponentiated in float64 where read."""
+
+    def __init__(self, target_logits, target_probs, sampling):
+        if target_probs is not None:
+            self.probs, self.logp = target_probs.to(DTYPE), None
+            return
+        b, _, v = target_logits.shape
+        resolved = _resolved(sampling, b, target_logits.device)
+        logits = target_logits.float()
+        if resolved.has_filters or resolved.any_greedy:
+            self.logp = log_probs(logits, resolved)
+        else:
+            self.logp = wide_rows.log_softmax(scaled_logits(logits, resolved.temperature))
+        self.probs = None
+
+    def at(self, nodes: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """nodes, tokens [B, M] -> [B, M] float64: p_nodes[b, m](tokens[b, m])."""
+        rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
+        if self.probs is not None:
+            return self.probs[rows, nodes, tokens]
+        return torch.exp(self.logp[rows, nodes, tokens].to(DTYPE))
+
+    def row(self, node: torch.Tensor) -> torch.Tensor:
+        """node [B] -> [B, V] float64: the law at node[b]."""
+        rows = torch.arange(node.shape[0], device=node.device)
+        if self.probs is not None:
+            return self.probs[rows, node]
+        return torch.exp(self.logp[rows, node].to(DTYPE))
 
 
 def _resolved(sampling, batch: int, device) -> ResolvedSampling:
@@ -225,18 +251,25 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
     depth = anc.sum(dim=-1) - 1
     real = _capped(tree.real(), depth, depth_cap)
     tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))   # padding: any id
-    probs = _all_probs(target_logits, target_probs, sampling)                        # [B, N, V]
-    # p(x_n) under the law of n's parent
-    p_node = probs[torch.arange(b, device=dev)[:, None], parents.clamp(min=0), tokens]
+    greedy = target_logits is not None and _resolved(sampling, b, dev).all_greedy
+    if greedy:      # one-hot laws: only each node's argmax is needed, never a [B, N, V] law
+        top = wide_rows.argmax(target_logits)                                         # [B, N]
+        p_node = (top.gather(1, parents.clamp(min=0)) == tokens).to(DTYPE)
+    else:
+        law = _NodeLaws(target_logits, target_probs, sampling)
+        p_node = law.at(parents.clamp(min=0), tokens)          # p(x_n) under the law of n's parent
     idx = torch.arange(n, device=dev)
     sib = (parents[:, :, None] == parents[:, None, :]) & real[:, :, None] & real[:, None, :] \
         & (parents[:, :, None] >= 0) & (idx[None, None, :] < idx[None, :, None])       # [B, n, m]: m earlier sibling
     dup = (sib & (tokens[:, :, None] == tokens[:, None, :])).any(dim=-1)
     p_node = torch.where(real & ~dup & (parents >= 0), p_node, torch.zeros_like(p_node))
-    rejected_mass = (sib.to(DTYPE) * p_node[:, None, :]).sum(-1)                     # mass of earlier siblings
-    rank = sib.sum(-1)
-    u = rng.uniform(seeds[:, None], offs[:, None] + (depth - 1).clamp(min=0), rng.PURPOSE_ACCEPT, rank).to(DTYPE)
-    passes = (u * ((1 - rejected_mass).clamp(min=0) if renormalise else 1) < p_node) & (p_node > 0)           # [B, N]
+    if greedy:      # the one child whose token is the parent's argmax passes (u < 1 = its renormalised law)
+        passes = p_node > 0
+    else:
+        rejected_mass = (sib.to(DTYPE) * p_node[:, None, :]).sum(-1)                 # mass of earlier siblings
+        rank = sib.sum(-1)
+        u = rng.uniform(seeds[:, None], offs[:, None] + (depth - 1).clamp(min=0), rng.PURPOSE_ACCEPT, rank).to(DTYPE)
+        passes = (u * ((1 - rejected_mass).clamp(min=0) if renormalise else 1) < p_node) & (p_node > 0)     # [B, N]
     # chosen child of each node: the first child that passes
     child_of = (parents[:, None, :] == idx[None, :, None]) & passes[:, None, :]       # [B, parent, child]
     first = torch.where(child_of, idx[None, None, :], torch.full_like(child_of, n, dtype=torch.int64)).min(-1).values
@@ -255,15 +288,16 @@ def _select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, s
         out[:, t - 1] = torch.where(take, tokens.gather(1, node[:, None]).squeeze(1), out[:, t - 1])
         going = take
     n_acc = (path >= 0).sum(dim=1) - 1
-    # the last token: p at the last path node with its children removed (none when it is a leaf)
-    last = probs[torch.arange(b, device=dev), node]
-    kids = (parents == node[:, None]) & real
-    gone = torch.zeros(last.shape, dtype=torch.int64, device=dev).scatter_add_(1, tokens, kids.long()) > 0
-    resid = torch.where(gone, torch.zeros_like(last), last)
-    safe = resid.sum(-1, keepdim=True) > EPS_MASS
-    resid = torch.where(safe, resid, last)        # rounding only: every child rejected means mass remained
-    stream = Stream(seeds, offs + n_acc, sampler)
-    y = stream.sample(resid)
+    if greedy:      # the last node's argmax: a child holding it would have passed
+        y = top.gather(1, node[:, None]).squeeze(1)
+    else:           # the last token: p at the last path node with its children removed (none when it is a leaf)
+        last = law.row(node)
+        kids = (parents == node[:, None]) & real
+        gone = torch.zeros(last.shape, dtype=torch.int64, device=dev).scatter_add_(1, tokens, kids.long()) > 0
+        resid = torch.where(gone, torch.zeros_like(last), last)
+        safe = resid.sum(-1, keepdim=True) > EPS_MASS
+        resid = torch.where(safe, resid, last)        # rounding only: every child rejected means mass remained
+        y = Stream(seeds, offs + n_acc, sampler).sample(resid)
     out.scatter_(1, n_acc[:, None], y[:, None])
     return TreeSelection(path=path, output_tokens=out, num_accepted=n_acc, num_emitted=n_acc + 1)
 

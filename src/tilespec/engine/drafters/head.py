@@ -118,7 +118,7 @@ class HeadRunner(DraftRunner):
         for i in range(1, gamma + 1):
             small = head.logits(h)
             if greedy:
-                tok = head.vocab_ids[small.argmax(dim=-1)]
+                tok = head.vocab_ids[ex.argmax(small)]     # a captured step's: split over many programs
             else:
                 tok = _sample_draft_vocab(small.float(), head.vocab_ids, resolved, seeds, pos0 + i)
                 all_logits.append(head.full_logits(small))

@@ -25,6 +25,7 @@ import torch
 
 from tilespec.multidraft.schemes import static_scheme
 from tilespec.multidraft.tree import TokenTree
+from tilespec.verify import wide_rows
 from tilespec.verify.distributions import log_probs
 
 from ..fused import fused, wanted
@@ -69,9 +70,15 @@ def _frontier_mask(anc, slot, valid, write, width: int) -> tuple:
 def _children(head, out, score, branch: int) -> tuple:
     """The top-``branch`` children of each frontier node (outputs ``out`` [B, k, d], path scores ``score`` [B, k])
     -> (their path scores [B, k, k], their draft-vocabulary ids [B, k, k])."""
-    lp = torch.log_softmax(head.logits(out).float(), dim=-1)                          # [B, k, Vd]
-    s2, i2 = lp.topk(branch, dim=-1)
+    s2, i2 = _top_log_probs(head.logits(out).float(), branch)                        # [B, k, k]
     return score[:, :, None] + s2, i2
+
+
+def _top_log_probs(logits: torch.Tensor, branch: int) -> tuple:
+    """logits [..., Vd] -> the ``branch`` largest log-probabilities and their ids [..., branch], largest first
+    (chunked passes: few rows of a wide vocabulary; verify/wide_rows.py)."""
+    top, ids = wide_rows.topk(logits, branch)
+    return top - wide_rows.logsumexp(logits)[..., None], ids
 
 
 def _tree_root(head, hidden, valid, seq_len, write, branch: int, slots: int) -> tuple:
@@ -79,7 +86,7 @@ def _tree_root(head, hidden, valid, seq_len, write, branch: int, slots: int) -> 
     tok [B, k], anc [B, k, S], the depth-1 frontier's mask [B, 1, k, C], its position [B] (seq_len - 1), its draft
     slot W (a copy: a :func:`_tree_level` input aliasing another, W, would be a separate compiled variant))."""
     b = hidden.shape[0]
-    score, ids = torch.log_softmax(head.logits(hidden).float(), dim=-1).topk(branch, dim=-1)   # [B, k]
+    score, ids = _top_log_probs(head.logits(hidden).float(), branch)                # [B, k]
     anc = torch.zeros(b, branch, slots, dtype=torch.bool, device=hidden.device)
     anc, mask = _frontier_mask(anc, write, valid, write, branch)
     return score, head.vocab_ids[ids], anc, mask, seq_len - 1, write.clone()

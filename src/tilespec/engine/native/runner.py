@@ -34,9 +34,9 @@ from .whisper import NativeWhisperDecoder, whisper_unsupported_reason
 NATIVE_MODES = ("native", "native-graphs")
 # parts of a Llama-family layer that run tilespec's decode-shape Triton kernels under "native-graphs"
 # (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none). "attn": the split-KV
-# attention in the shapes where it measures faster than cuDNN (attention.preferred: verify chains, large caches)
-DEFAULT_KERNELS = "attn"
-# ("compact", the one-launch compaction of a token tree's accepted K/V, is opt-in: not yet run on a GPU)
+# attention in the shapes where it measures faster than cuDNN (attention.preferred: verify chains, large caches);
+# "compact": a token tree's accepted K/V moved in every layer's buffers with one launch (native/slot_moves.py)
+DEFAULT_KERNELS = "attn,compact"
 
 
 def active_kernel_parts() -> tuple:
