@@ -49,3 +49,51 @@ def test_logsumexp_and_log_softmax_match_torch(v):
     assert got[0, 1] == -float("inf") and got[2, 3] == float("inf")
     ok = torch.isfinite(ref)
     assert torch.allclose(wide_rows.log_softmax(x)[ok], torch.log_softmax(x, dim=-1)[ok], atol=1e-5)
+
+
+@pytest.mark.parametrize("v,k", [(CHUNK * 2 + 1, 8), (5 * CHUNK - 3, 16), (32_000, 8), (CHUNK * 3, 1)])
+def test_row_topk_kernel_equals_torch_topk(v, k):
+    """The Triton kernel (interpreter on CPU): torch.topk's values, distinct indices that hold them, ties lowest
+    index first, -inf rows and short rows included."""
+    x = _rows(v, seed=3)
+    x[2, 0, 3:] = -float("inf")              # fewer than k finite entries
+    vals, idx = torch.ops.tilespec.row_topk(x, k)
+    assert torch.equal(vals, x.topk(k, dim=-1).values)
+    assert idx.dtype == torch.int64 and idx.min() >= 0 and idx.max() < v
+    assert torch.equal(x.gather(-1, idx), vals)
+    s = idx.sort(dim=-1).values
+    assert (s[..., 1:] != s[..., :-1]).all()
+    tied = idx[1, 1]                          # a row of equal values: the first k indices, in order
+    assert torch.equal(tied, torch.arange(k))
+
+
+def test_row_topk_kernel_takes_only_what_it_supports():
+    wide = torch.zeros(2, 32_000)
+    assert wide_rows.kernel_takes(wide, 8) and wide_rows.kernel_takes(wide.bfloat16(), 16)
+    assert not wide_rows.kernel_takes(wide, 17)                 # k above MAX_K
+    assert not wide_rows.kernel_takes(torch.zeros(2, 100), 8)   # narrow rows: torch.topk
+    assert not wide_rows.kernel_takes(wide.double(), 8)
+    assert not wide_rows.kernel_takes(torch.zeros(1, 2_000_000), 16)   # candidates beyond the second launch
+
+
+def test_a_failing_row_topk_kernel_falls_back_to_torch(monkeypatch):
+    import tilespec.verify.kernels.row_topk as kernel
+
+    def broken(x, k):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(kernel, "launch", broken)
+    monkeypatch.setattr(wide_rows, "_KERNEL_FAILED", [])
+    x = _rows(32_000, seed=4)
+    with pytest.warns(UserWarning, match="row top-k kernel failed"):
+        vals, _ = torch.ops.tilespec.row_topk(x, 8)
+    assert torch.equal(vals, x.topk(8, dim=-1).values)
+    assert wide_rows._KERNEL_FAILED and not wide_rows.kernel_takes(x, 8)
+
+
+def test_row_topk_operator_traces_whole_in_a_compiled_region():
+    """The frontier's compiled regions (engine/fused.py) call the kernel through this opaque operator."""
+    x = _rows(5 * CHUNK, seed=5)
+    f = torch.compile(lambda t: torch.ops.tilespec.row_topk(t * 2, 4), backend="aot_eager", fullgraph=True)
+    vals, idx = f(x)
+    assert torch.equal(vals, (x * 2).topk(4, dim=-1).values)

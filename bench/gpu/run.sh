@@ -144,7 +144,7 @@ stage_wait() {  # wait [SECONDS]: until every model in $MODELS is ready or SECON
 
 stage_tests() {
   env_setup
-  step pytest-gpu 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/
+  step pytest-gpu 420 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/
   tail -3 "$RES/pytest-gpu.log"; tarball tests
 }
 

@@ -4,7 +4,7 @@ query tokens (a step, a chain's verify, a token tree), C in {512, 1280, 4352} ca
 server's rows), ``used`` slots valid per request. Qwen2.5-1.5B heads (12 query, 2 KV, D 128), bf16, CUDA-graph
 replay µs per call. Decides which attention the native layer picks per traced shape (llama.decoder_layer).
 
-Usage: python3 bench/scripts/attention_shapes.py --json OUT.json
+Usage: python3 bench/scripts/attention_shapes.py --json OUT.json [--batches 1,8 --queries 5,32 --capacities 512]
 """
 from __future__ import annotations
 
@@ -34,11 +34,15 @@ def split_us(attention, split: int, q, k, v, mask) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ints = lambda text: tuple(int(x) for x in text.split(","))    # noqa: E731
+    ap.add_argument("--batches", type=ints, default=(1, 8, 64))
+    ap.add_argument("--queries", type=ints, default=(1, 2, 5, 16, 32))
+    ap.add_argument("--capacities", type=ints, default=(512, 1280, 4352))
     args = ap.parse_args()
     from tilespec.engine.native import attention    # registers torch.ops.tilespec.decode_attention
     from tilespec.env import run_record
     rows = []
-    for b, nq, c in itertools.product((1, 8, 64), (1, 2, 5, 16, 32), (512, 1280, 4352)):
+    for b, nq, c in itertools.product(args.batches, args.queries, args.capacities):
         used = min(c - nq, 400)
         q, k, v, mask = attention_inputs(b, nq, c, used)
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

@@ -38,6 +38,7 @@ SPLIT = None  # cache slots per program (a power of two >= BLOCK_N); None: split
 BLOCK_N = 64             # slots per inner step (a skipped step reads only its mask)
 MAX_Q = 64               # query tokens per request (a token tree's nodes)
 MAX_ROWS = 128           # rows (query heads of a KV group x tokens) per program
+MERGE_ROWS = 32          # rows per program of the merge (a tree's 128-row blocks: 4 programs each)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -101,23 +102,25 @@ def _partial_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, pm_ptr, pl_ptr, pacc_ptr, H, 
 
 @triton.jit
 def _merge_kernel(pm_ptr, pl_ptr, pacc_ptr, o_ptr, H, HKV, Q, NS, NCH,
-                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (b * H_kv + j) * NCH + ch: merges the NS pieces of its rows into o, stored [B, Q, H, D]. A row
-    that no piece attended to (every slot of the group masked) gets zeros."""
+                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                  ROWS: tl.constexpr):
+    """Program ((b * H_kv + j) * NCH + ch, r): merges the NS pieces of rows r * ROWS .. of its row block into o,
+    stored [B, Q, H, D] (ROWS < BLOCK_M spreads a tree's large row blocks over more programs: each reads NS
+    [ROWS, D] fp32 partials). A row that no piece attended to (every slot of the group masked) gets zeros."""
     bj = tl.program_id(0)           # (b * H_kv + j) * NCH + ch: the partials' row block
     b = bj // NCH // HKV
     j = bj // NCH % HKV
-    rm = tl.arange(0, BLOCK_M)       # local row of the block (the partials' layout)
+    rm = tl.program_id(1) * ROWS + tl.arange(0, ROWS)   # local row of the block (the partials' layout)
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, D)
     s_ok = rs < NS
     pm = tl.load(pm_ptr + (bj * NS + rs[:, None]) * BLOCK_M + rm[None, :], mask=s_ok[:, None], other=float("-inf"))
     pl = tl.load(pl_ptr + (bj * NS + rs[:, None]) * BLOCK_M + rm[None, :], mask=s_ok[:, None], other=0.0)
-    m = tl.max(pm, axis=0)                                              # [BLOCK_M]
+    m = tl.max(pm, axis=0)                                              # [ROWS]
     seen = m > float("-inf")
-    w = tl.where(seen[None, :], tl.exp(pm - tl.where(seen, m, 0.0)[None, :]), 0.0)   # [BLOCK_S, BLOCK_M]
+    w = tl.where(seen[None, :], tl.exp(pm - tl.where(seen, m, 0.0)[None, :]), 0.0)   # [BLOCK_S, ROWS]
     denom = tl.sum(w * pl, axis=0)
-    out = tl.zeros([BLOCK_M, D], tl.float32)
+    out = tl.zeros([ROWS, D], tl.float32)
     for si in range(NS):
         ws = tl.sum(tl.where(rs[:, None] == si, w, 0.0), axis=0)         # weight of piece si per row
         # pieces whose slots were all masked (unused capacity) have weight 0: their partials are never read
@@ -214,8 +217,10 @@ def _launch(q, k_cache, v_cache, mask) -> torch.Tensor:
         q, k_cache, v_cache, mask, pm, pl, pacc, h, hkv, nq, c, ns, nch, 1.0 / math.sqrt(d), skip_below,
         q.stride(0), q.stride(1), q.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         G=grp, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, SPLIT=split, F32DOT=f32dot, num_warps=4)
-    _merge_kernel[(b * hkv * nch,)](pm, pl, pacc, out, h, hkv, nq, ns, nch, G=grp, D=d, BLOCK_M=block_m,
-                              BLOCK_S=_pow2_at_least(ns, 2), num_warps=4)
+    rows = min(block_m, MERGE_ROWS)
+    _merge_kernel[(b * hkv * nch, block_m // rows)](pm, pl, pacc, out, h, hkv, nq, ns, nch, G=grp, D=d,
+                                                    BLOCK_M=block_m, BLOCK_S=_pow2_at_least(ns, 2), ROWS=rows,
+                                                    num_warps=4)
     return out
 
 
