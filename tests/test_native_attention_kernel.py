@@ -75,15 +75,16 @@ def test_operator_form_for_compiled_code():
 
 
 def test_preferred_follows_the_measured_shapes():
-    """cuDNN keeps single-token steps of small batches and small trees over small caches; the kernels take every
-    2-8 token verify, large caches and large batches (attention.preferred's table)."""
+    """cuDNN keeps single-token steps of small batches and the trees of a few requests over small caches; the
+    kernels take every 2-8 token verify, one request's tree, large caches and large batches (attention.preferred)."""
     def pick(b, nq, c):
         q = torch.empty(b, 12, nq, 32)
         return attention.preferred(q, torch.empty(b, 2, c, 32))
     assert not pick(1, 1, 512) and not pick(8, 1, 4352)
     assert pick(64, 1, 4352) and not pick(64, 1, 512)
     assert pick(1, 2, 512) and pick(1, 5, 4352) and pick(8, 8, 512)
-    assert not pick(1, 32, 512) and pick(1, 32, 1280) and pick(64, 32, 512)
+    assert pick(1, 32, 512) and pick(1, 32, 1280) and pick(64, 32, 512)
+    assert not pick(8, 32, 512) and pick(8, 32, 1280)
     assert not attention.preferred(torch.empty(1, 12, attention.MAX_Q + 1, 32), torch.empty(1, 2, 512, 32))
     assert [attention.split_for(1, 2, c) for c in (512, 1280, 4352)] == [64, 128, 256]
     assert [attention.split_for(64, 2, c) for c in (512, 4352)] == [256, 512]

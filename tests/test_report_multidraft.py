@@ -55,3 +55,19 @@ def test_repeatability_note_uses_the_newest_probed_run():
     assert "repeatability-a.json" in line and "2 splits" in line and "largest gap 1 ulp" in line
     assert "3 of 16" in line
     assert repeatability_lines([(Path("repeatability-b.json"), void)]) == []
+
+
+def test_multidraft_section_adds_the_runtime_rows_and_keeps_them_out_of_the_study():
+    runtime = {"benchmark": "trees", "env": {"date": "2026-11-30"},
+               "settings": {"task": "xsum", "num_prompts": 16, "max_new_tokens": 128, "draft_temperature": 1.2,
+                            "md_draft": "draft-0.5b"},
+               "rows": [{"system": "ar", "tokens_per_second": 500.0, "tau": 1.0, "graphed": True},
+                        {"system": "md-K2-L5-specinfer", "tokens_per_second": 600.0, "tau": 2.9, "graphed": True},
+                        {"system": "mdm-K2-L5-is", "error": "weights absent"}]}
+    others = [(Path("bench/results/multidraft-H100-2026-11-24.json"), _multidraft_doc()),
+              (Path("bench/results/multidraft-schemes-runtime-qwen-h200.json"), runtime)]
+    assert "multidraft-H100-2026-11-24.json" in " ".join(multidraft_summary(others))   # the study, not the runtime
+    text = "\n".join(multidraft_section(others))
+    assert "`multidraft-schemes-runtime-qwen-h200.json`" in text and "T_d = 1.2" in text
+    assert "| md-K2-L5-specinfer | 600.0 | 2.90 | 1.20× | yes |" in text
+    assert "mdm-K2-L5-is" not in text                                    # an error row has no rate to print

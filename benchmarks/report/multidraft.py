@@ -13,10 +13,14 @@ NAMES = {"sd": "SD (1 draft)", "specinfer": "SpecInfer", "spectr": "SpecTr", "is
          "optimal": "optimal (LP bound)"}
 
 
+RUNTIME = "multidraft-schemes-runtime-"    # the seed-004 schemes on the engine (bench/scripts/trees.py --stage md)
+
+
 def _newest(others: list, prefix: str) -> tuple[str, dict, Path] | None:
-    """(file name, parsed JSON, path) of the newest ``prefix*`` file from a GPU run (no "cpu" in its name)."""
+    """(file name, parsed JSON, path) of the newest ``prefix*`` file from a GPU run (no "cpu" in its name; the
+    study's ``multidraft-`` prefix leaves out the runtime files)."""
     rows = [(Path(p).name, d, Path(p)) for p, d in others if Path(p).name.startswith(prefix) and isinstance(d, dict)
-            and "cpu" not in Path(p).name]
+            and "cpu" not in Path(p).name and (prefix == RUNTIME or not Path(p).name.startswith(RUNTIME))]
     return sorted(rows, key=lambda r: (r[1].get("date") or "", r[0]))[-1] if rows else None
 
 
@@ -128,8 +132,31 @@ def multidraft_section(others: list, rel=lambda p: p.as_posix()) -> list[str]:
         for key, r in timing.items():
             out.append(f"| {_short(key.split('/')[0])} | {r['K']} | {r['tokens_per_s']:.2f} | "
                        f"{r['gain_over_sd_pct']:+.0f} % |")
+    out += _runtime_lines(others)
     png = path.with_suffix(".png")
     out += ["", f"![multi-draft]({rel(png)})" if png.is_file() else "", ""]
+    return out
+
+
+def _runtime_lines(others: list) -> list[str]:
+    """The schemes on the engine's runtime (``SpeculativeDecoder(chains=(K, L), scheme=...)``): tok/s and τ per row
+    of the newest ``multidraft-schemes-runtime-*.json``, against its target-only row."""
+    found = _newest(others, RUNTIME)
+    if found is None:
+        return []
+    name, doc, _ = found
+    rows = [r for r in doc.get("rows", []) if "tokens_per_second" in r]
+    base = next((r["tokens_per_second"] for r in rows if r["system"] == "ar"), None)
+    st = doc.get("settings", {})
+    out = ["", f"The same schemes on the engine's runtime (`{name}`: `SpeculativeDecoder(chains=(K, L), scheme=...)`, "
+           f"{st.get('task')}, {st.get('num_prompts')} prompts × {st.get('max_new_tokens')} tokens, B = 1, T = 1, "
+           f"T_d = {st.get('draft_temperature')}; `mdm-*` draft with {st.get('md_draft')}, `md-*` with the head; "
+           "`graphed`: whole-step graphs, else the host-commit path):", "",
+           "| system | tok/s | τ | vs target-only | graphed |", "|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['tokens_per_second'] / base:.2f}×" if base else "–"
+        out.append(f"| {r['system']} | {r['tokens_per_second']:.1f} | {r.get('tau', 0):.2f} | {ratio} | "
+                   f"{'yes' if r.get('graphed') else 'no'} |")
     return out
 
 

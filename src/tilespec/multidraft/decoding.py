@@ -74,7 +74,6 @@ def draft_and_score(target, draft, pending: torch.Tensor, *, draft_sampling: Seq
         raise ValueError("need at least one draft (draft_sampling is empty)")
     if (target_cache is not None or draft_cache is not None) and b != 1:
         raise ValueError("prefix caches need a single request (B = 1)")
-    dev = pending.device
     rows = pending.repeat_interleave(k, dim=0)                                     # [B*K, P], row = b*K + k
     temps = [ds.temperature for ds in draft_sampling] * b
     row_sampling = SamplingParams(temperature=temps, top_k=draft_sampling[0].top_k, top_p=draft_sampling[0].top_p,

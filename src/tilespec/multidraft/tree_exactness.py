@@ -23,7 +23,8 @@ from ..verify.distributions import log_probs
 from ..verify.types import SamplingParams
 from ..verify.validation import resolve_sampling
 from .common import DTYPE
-from .tree import TokenTree, _select_distinct, select_tree
+from .tree import TokenTree, select_tree
+from .tree_distinct import select_distinct
 
 V = 4
 EMIT = 3
@@ -97,7 +98,7 @@ def tree_case(shape: str, kind: str, scheme: str, sampling: SamplingParams, samp
             tree = _ragged(tree, gen)
         tl = logits[tree.tokens.clamp(min=0)].float()
         if planted:
-            sel = _select_distinct(tree, tl, None, sampling, seeds[rows], have[rows], sampler, renormalise=False)
+            sel = select_distinct(tree, tl, None, sampling, seeds[rows], have[rows], sampler, renormalise=False)
         else:
             sel = select_tree(tree, tl, sampling=sampling, scheme=scheme, seed=seeds[rows], offsets=have[rows],
                               sampler=sampler, **(shape_bounds(shape) if static else {}))

@@ -75,7 +75,7 @@ def _row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if not _KERNEL_FAILED:
         try:
             from .kernels.row_topk import launch
-            return launch(x, k)
+            return launch(x, k, CHUNK)
         except Exception as err:   # noqa: BLE001 - a kernel that fails to build must not end decoding
             _KERNEL_FAILED.append(f"{type(err).__name__}: {err}")
             warnings.warn(f"the row top-k kernel failed ({_KERNEL_FAILED[0]}); using torch.topk")

@@ -146,17 +146,20 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def preferred(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """True where these kernels beat cuDNN's SDPA (bench/results/attention-shapes-h200.json, bf16, Qwen2.5-1.5B
-    heads, graph replay): every verify shape of 2-8 query tokens (cuDNN's q > 1 kernel walks the whole capacity:
-    15.7 µs against 9.5 at B 1, C 512; 89.9 against 18.6 at C 4,352), token trees (q > 8) once the capacity or the
-    batch is large (C >= 1024 or B >= 32), and single-token steps of large batches over large caches (B >= 32,
-    C >= 1024: 34 against 71 µs at B 64, C 4,352). Elsewhere cuDNN is as fast or faster (q = 1 at B <= 8: ~9 µs)."""
+    """True where these kernels beat cuDNN's SDPA (bf16, Qwen2.5-1.5B heads, graph replay;
+    bench/results/attention-shapes-h200.json, and attention-tree-shapes-h200.json since the merge spreads a tree's
+    row blocks): every verify shape of 2-8 query tokens (cuDNN's q > 1 kernel walks the whole capacity: 15.7 µs
+    against 9.5 at B 1, C 512; 89.9 against 18.6 at C 4,352), token trees (q > 8) of one request (q 32: 13.1 against
+    16.3 µs at C 512, 19.6 against 31.8 at C 1,280) or over a large capacity or batch (C >= 1024 or B >= 32), and
+    single-token steps of large batches over large caches (B >= 32, C >= 1024: 34 against 71 µs at B 64, C 4,352).
+    Elsewhere cuDNN is as fast or faster (q = 1 at B <= 8: ~9 µs; trees of 2-31 requests over small caches, not
+    re-measured since the merge change)."""
     if not supported(q, k_cache):
         return False
     b, nq, c = q.shape[0], q.shape[2], k_cache.shape[2]
     if nq == 1:
         return b >= 32 and c >= 1024
-    return nq <= 8 or c >= 1024 or b >= 32
+    return nq <= 8 or b == 1 or c >= 1024 or b >= 32
 
 
 def split_for(b: int, hkv: int, c: int) -> int:

@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..wide_rows import CHUNK   # entries per program of launch 1 (limits on k and V: wide_rows.kernel_takes)
 NONE = tl.constexpr(-2147483648)   # the key of a knocked-out or padding entry (INT32_MIN)
 
 
@@ -87,17 +86,18 @@ def _pow2(n: int) -> int:
     return p
 
 
-def launch(x: torch.Tensor, k: int) -> tuple:
-    """x [..., V] float -> (values [..., k] in x's dtype, indices [..., k] int64), largest first; callers check
-    :func:`tilespec.verify.wide_rows.kernel_takes` first."""
+def launch(x: torch.Tensor, k: int, chunk: int = 2048) -> tuple:
+    """x [..., V] float -> (values [..., k] in x's dtype, indices [..., k] int64), largest first; ``chunk``: entries
+    per program of launch 1 (a power of two). Callers check :func:`tilespec.verify.wide_rows.kernel_takes` first
+    (k <= 16, the candidates of launch 2 bounded)."""
     v = x.shape[-1]
     rows = x.reshape(-1, v)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    r, s, kp = rows.shape[0], -(-v // CHUNK), _pow2(k)
+    r, s, kp = rows.shape[0], -(-v // chunk), _pow2(k)
     keys = torch.empty((r, s, kp), dtype=torch.int32, device=x.device)
     idx = torch.empty((r, s, kp), dtype=torch.int32, device=x.device)
-    _chunk_kernel[(r, s)](rows, keys, idx, v, rows.stride(0), s, K=k, KP=kp, CHUNK=CHUNK, num_warps=4)
+    _chunk_kernel[(r, s)](rows, keys, idx, v, rows.stride(0), s, K=k, KP=kp, CHUNK=chunk, num_warps=4)
     vals = torch.empty((r, k), dtype=torch.float32, device=x.device)
     out = torch.empty((r, k), dtype=torch.int64, device=x.device)
     _final_kernel[(r,)](keys, idx, vals, out, s * kp, K=k, KP=kp, BLOCK=_pow2(max(s * kp, 16)), num_warps=4)
