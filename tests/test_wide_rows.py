@@ -97,3 +97,20 @@ def test_row_topk_operator_traces_whole_in_a_compiled_region():
     f = torch.compile(lambda t: torch.ops.tilespec.row_topk(t * 2, 4), backend="aot_eager", fullgraph=True)
     vals, idx = f(x)
     assert torch.equal(vals, (x * 2).topk(4, dim=-1).values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_topk_kernel_on_the_gpu_equals_torch_and_replays_in_a_graph(dtype):
+    """The kernel compiled for the GPU (not the interpreter): torch.topk's values, and the same inside a CUDA graph."""
+    x = torch.randn(2, 8, 32_000, device="cuda").to(dtype)
+    vals, idx = wide_rows.topk(x, 8)
+    assert not wide_rows._KERNEL_FAILED
+    assert torch.equal(vals, x.topk(8, dim=-1).values) and torch.equal(x.gather(-1, idx), vals)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_vals, g_idx = wide_rows.topk(x, 8)
+    x.copy_(torch.randn_like(x.float()).to(dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_vals, x.topk(8, dim=-1).values) and torch.equal(x.gather(-1, g_idx), g_vals)
