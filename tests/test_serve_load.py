@@ -29,17 +29,24 @@ def test_percentiles():
     assert load.percentile([3, 1, 2], 50) == 2 and load.percentile(list(range(101)), 99) == 99
 
 
-def test_load_levels_write_the_json(tmp_path):
-    load = _script()
+def _run_levels(load, tmp_path, name: str, extra: list) -> tuple:
+    """serve_load.main at 1 and 4 clients (2 requests each, 8 tokens) against a tiny in-process server -> (the server,
+    stopped; the JSON path; the argv, to run again). ``{url}`` in ``extra`` becomes the server's URL."""
     srv = Server(make_app(max_batch=4, max_len=200, prefill_chunk=256))
     try:
-        out = tmp_path / "serve-load.json"
+        out = tmp_path / name
         argv = ["--systems", f"url:tiny={srv.url}", "--clients", "1,4", "--requests-per-client", "2", "--task",
-                "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--warmup", "2", "--rate", "50",
-                "--log-dir", str(tmp_path), "--out", str(out)]
+                "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--log-dir", str(tmp_path), "--out", str(out),
+                *(a.format(url=srv.url) for a in extra)]
         assert load.main(argv) == 0
     finally:
         srv.stop()
+    return srv, out, argv
+
+
+def test_load_levels_write_the_json(tmp_path):
+    load = _script()
+    srv, out, argv = _run_levels(load, tmp_path, "serve-load.json", ["--warmup", "2", "--rate", "50"])
     result = json.loads(out.read_text())
     assert load.main(argv) == 0                  # a rerun resumes: every level is done, no server is contacted
     assert json.loads(out.read_text())["levels"] == result["levels"]
@@ -75,15 +82,8 @@ def test_a_soak_runs_for_its_duration_and_compares_greedy_texts(tmp_path):
     """--soak-seconds keeps the largest level's load for that long (whatever the measured request rate) and counts
     the greedy texts that differ from the one-client level's."""
     load = _script()
-    srv = Server(make_app(max_batch=4, max_len=200, prefill_chunk=256))
-    try:
-        out = tmp_path / "soak.json"
-        argv = ["--systems", f"url:tiny={srv.url}", "--clients", "1,4", "--requests-per-client", "2", "--task",
-                "synthetic", "--num-prompts", "8", "--max-tokens", "8", "--warmup", "0", "--soak-seconds", "3",
-                "--soak-system", f"url:tiny={srv.url}", "--log-dir", str(tmp_path), "--out", str(out)]
-        assert load.main(argv) == 0
-    finally:
-        srv.stop()
+    _, out, _ = _run_levels(load, tmp_path, "soak.json", ["--warmup", "0", "--soak-seconds", "3", "--soak-system",
+                                                          "url:tiny={url}"])
     soak = json.loads(out.read_text())["soak"]
     assert soak["errors"] == 0 and soak["ok"] == soak["requests"] > 16
     assert 2.5 < soak["wall_s"] < 30

@@ -67,6 +67,13 @@ def test_row_topk_kernel_equals_torch_topk(v, k):
     assert torch.equal(tied, torch.arange(k))
 
 
+def test_topk_refuses_a_k_outside_the_row():
+    x = torch.zeros(2, 100)
+    for k in (0, 101, 2.0, True):
+        with pytest.raises(ValueError, match="int k in \\[1, 100\\]"):
+            wide_rows.topk(x, k)
+
+
 def test_row_topk_kernel_takes_only_what_it_supports():
     wide = torch.zeros(2, 32_000)
     assert wide_rows.kernel_takes(wide, 8) and wide_rows.kernel_takes(wide.bfloat16(), 16)

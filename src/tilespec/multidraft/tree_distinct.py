@@ -33,12 +33,13 @@ def select_distinct(tree, target_logits, target_probs, sampling, seeds, offs, sa
     depth = anc.sum(dim=-1) - 1
     real = capped(tree.real(), depth, depth_cap)
     tokens = torch.where(real, tree.tokens.long(), torch.zeros_like(tree.parents.long()))   # padding: any id
-    greedy = target_logits is not None and resolved_sampling(sampling, b, dev).all_greedy
+    resolved = resolved_sampling(sampling, b, dev)
+    greedy = target_logits is not None and resolved.all_greedy
     if greedy:      # one-hot laws: only each node's argmax is needed, never a [B, N, V] law
         top = wide_rows.argmax(target_logits)                                         # [B, N]
         p_node = (top.gather(1, parents.clamp(min=0)) == tokens).to(DTYPE)
     else:
-        law = _NodeLaws(target_logits, target_probs, sampling)
+        law = _NodeLaws(target_logits, target_probs, resolved)
         p_node = law.at(parents.clamp(min=0), tokens)          # p(x_n) under the law of n's parent
     idx = torch.arange(n, device=dev)
     sib = (parents[:, :, None] == parents[:, None, :]) & real[:, :, None] & real[:, None, :] \
@@ -88,14 +89,13 @@ class _NodeLaws:
     """The target's processed law at every tree node, read where the selection needs it (never a float64
     [B, N, V] copy): :meth:`at` single entries, :meth:`row` one node's whole law per request. From logits: the
     fp32 log-law (:func:`~tilespec.verify.distributions.log_probs`; without filters or greedy rows a chunked
-    log-softmax, :mod:`tilespec.verify.wide_rows`), exponentiated in float64 where read."""
+    log-softmax, :mod:`tilespec.verify.wide_rows`), exponentiated in float64 where read; given probabilities are
+    converted to float64 where read."""
 
-    def __init__(self, target_logits, target_probs, sampling):
+    def __init__(self, target_logits, target_probs, resolved):
         if target_probs is not None:
-            self.probs, self.logp = target_probs.to(DTYPE), None
+            self.probs, self.logp = target_probs, None
             return
-        b, _, v = target_logits.shape
-        resolved = resolved_sampling(sampling, b, target_logits.device)
         logits = target_logits.float()
         if resolved.has_filters or resolved.any_greedy:
             self.logp = log_probs(logits, resolved)
@@ -107,12 +107,12 @@ class _NodeLaws:
         """nodes, tokens [B, M] -> [B, M] float64: p_nodes[b, m](tokens[b, m])."""
         rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
         if self.probs is not None:
-            return self.probs[rows, nodes, tokens]
+            return self.probs[rows, nodes, tokens].to(DTYPE)
         return torch.exp(self.logp[rows, nodes, tokens].to(DTYPE))
 
     def row(self, node: torch.Tensor) -> torch.Tensor:
         """node [B] -> [B, V] float64: the law at node[b]."""
         rows = torch.arange(node.shape[0], device=node.device)
         if self.probs is not None:
-            return self.probs[rows, node]
+            return self.probs[rows, node].to(DTYPE)
         return torch.exp(self.logp[rows, node].to(DTYPE))

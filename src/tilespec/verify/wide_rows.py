@@ -44,7 +44,10 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 def topk(x: torch.Tensor, k: int) -> tuple:
     """[..., V] float -> (values, indices) [..., k], largest first: ``x.topk(k, dim=-1)``. On CUDA two launches of
     :mod:`tilespec.verify.kernels.row_topk` where :func:`kernel_takes` says so; else chunked ``torch.topk`` passes.
-    A row with fewer than k entries above -inf may get -inf entries (any of them), as from torch.topk."""
+    A row with fewer than k entries above -inf may get -inf entries (any of them), as from torch.topk. ValueError for
+    k outside [1, V]."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= x.shape[-1]:
+        raise ValueError(f"top-k needs an int k in [1, {x.shape[-1]}] (the row width), got {k!r}")
     if x.is_cuda and kernel_takes(x, k):
         return torch.ops.tilespec.row_topk(x, k)
     return _chunked_topk(x, k)
