@@ -203,7 +203,7 @@ def test_code_edit_file_is_the_generators_output():
     version = load_code_edit()[0]["python"]
     if platform.python_version() != version:
         pytest.skip(f"the committed prompts come from CPython {version}, this is {platform.python_version()}")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.make_code_edit", "--check"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "bench.make_code_edit", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 

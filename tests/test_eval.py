@@ -12,8 +12,8 @@ import tilespec.verify.kernels  # noqa: F401  (Triton interpreter on CPU before 
 from tilespec import datasets as data
 from tilespec.bench import metrics
 from tilespec.bench.config import EvalConfig
-from benchmarks.report.build import build_report
-from benchmarks.studies import STUDIES
+from bench.report.build import build_report
+from bench.studies import STUDIES
 from tilespec.bench.quality import evaluate, write_results
 from tilespec.bench.tasks import AsrTask, TextTask
 from tilespec.verify import SamplingParams

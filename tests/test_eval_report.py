@@ -1,4 +1,4 @@
-"""Tests of `python -m benchmarks.report` on the committed results and on fake results of every kind (written to tmp only)."""
+"""Tests of `python -m bench.report` on the committed results and on fake results of every kind (written to tmp only)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report.build import _warmup_kind, SYNTH_CAVEAT, build_report
+from bench.report.build import _warmup_kind, SYNTH_CAVEAT, build_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
@@ -102,15 +102,11 @@ def _gpu_runs(folder):
 
 
 def test_report_cli(tmp_path, capsys):
-    from benchmarks.report.__main__ import main as report_main
-    from tilespec.cli import main
+    from bench.report.__main__ import main as report_main
 
     (tmp_path / "res").mkdir()
     assert report_main(["--results", str(tmp_path / "res"), "--out", str(tmp_path / "R.md")]) == 0
     assert "No eval results yet" in (tmp_path / "R.md").read_text()
     with pytest.raises(SystemExit):
         report_main(["--results", str(tmp_path / "missing"), "--out", str(tmp_path / "R.md")])
-    capsys.readouterr()
-    # the installed CLI's `tilespec report` points to the repository's command, whatever the arguments
-    assert main(["report", "--results", str(tmp_path / "res"), "--out", str(tmp_path / "R.md")]) == 2
-    assert "python -m benchmarks.report" in capsys.readouterr().err
+    assert "--results" in capsys.readouterr().err

@@ -1,8 +1,8 @@
-"""`python -m benchmarks.scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
+"""`python -m bench.scale` splits --total-s over its stages and hands what a stage leaves unused to the next ones."""
 import argparse
 import time
 
-from benchmarks import scale
+from bench import scale
 
 
 def _args(tmp_path, stages, total):

@@ -1,12 +1,12 @@
-"""Experiment helpers of ``python -m benchmarks.multidraft`` on synthetic logits (no real models needed)."""
+"""Experiment helpers of ``python -m bench.multidraft`` on synthetic logits (no real models needed)."""
 import argparse
 
 import pytest
 import torch
 
-from benchmarks.multidraft import study as bench_multidraft
+from bench.multidraft import study as bench_multidraft
 from tilespec.multidraft.decoding import Round
-from benchmarks.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
+from bench.multidraft.experiments import paper_configs, round_block_efficiency, token_acceptance
 from tilespec.verify.types import SamplingParams
 
 

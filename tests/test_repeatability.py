@@ -1,7 +1,7 @@
-"""benchmarks.repeatability's comparison: which (method, repeat) outputs differ, and at which token."""
+"""bench.repeatability's comparison: which (method, repeat) outputs differ, and at which token."""
 import pytest
 
-from benchmarks import repeatability as rep
+from bench import repeatability as rep
 
 
 def test_first_divergence():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.report.build import build_report, load_results
-from benchmarks.report.e2e import TITLE, e2e_section
+from bench.report.build import build_report, load_results
+from bench.report.e2e import TITLE, e2e_section
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "transformers": "5.17", "commit": "abc1234 (no .git)",
        "date": "2026-11-22T10:00:00+00:00"}

@@ -1,7 +1,7 @@
 """REPORT.md's multi-draft section and T=0 repeatability note: rendered from the committed JSON shapes."""
 from pathlib import Path
 
-from benchmarks.report.multidraft import multidraft_section, multidraft_summary, repeatability_lines
+from bench.report.multidraft import multidraft_section, multidraft_summary, repeatability_lines
 
 
 def _stats(mean, err=0.1, n=10):

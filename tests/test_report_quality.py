@@ -2,7 +2,7 @@
 import pytest
 
 from tilespec.bench.metrics import bootstrap_ci, rouge1, rouge_per_example
-from benchmarks.report.quality import method_quality, quality_table
+from bench.report.quality import method_quality, quality_table
 
 
 def test_rouge_per_example_matches_rouge1_and_orders_types():

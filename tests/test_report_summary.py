@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.report.build import build_report, load_results
-from benchmarks.report.summary import TITLE, summary_section
+from bench.report.build import build_report, load_results
+from bench.report.summary import TITLE, summary_section
 
 ENV = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "transformers": "5.17", "commit": "abc1234",
        "date": "2026-11-24T10:00:00+00:00"}
@@ -175,7 +175,7 @@ def test_no_results_at_all(tmp_path):
 
 def test_e2e_groups_spread_and_kinds():
     """Whiskers come from the per-batch rates of a row's ``runs``; old system names map to the same kinds."""
-    from benchmarks.report.summary_data import e2e_groups, kind
+    from bench.report.summary_data import e2e_groups, kind
     groups = dict(e2e_groups(_new_layout()))
     best = {r["kind"]: r for r in groups[("xsum", 0.0, 1)]}
     assert best["tilespec"]["spread"] == (200.0, 400.0) and best["ngram"]["spread"] is None
@@ -207,7 +207,7 @@ def _scale_run(dataset, temp, n, req, sig=False):
 
 def test_eval_scale_in_summary_and_tables(tmp_path):
     """Batched partial runs: n of target, B, 'partial', identity counts from raw sequences, sigmoid's drop + speed."""
-    from benchmarks.report.tables import identical_count
+    from bench.report.tables import identical_count
     _write(tmp_path, "eval-scale-H100-xsum-t0-2026-11-24.json",
            {"kind": "eval", "commit_note": "code of abc1234", "runs": [_scale_run("xsum", 0.0, 5, 304)]})
     _write(tmp_path, "eval-scale-H100-xsum-t1-2026-11-24.json",
@@ -236,7 +236,7 @@ def test_eval_scale_in_summary_and_tables(tmp_path):
 def test_whisper_settings_drafters_and_filters(tmp_path):
     """A --whisper file that recorded the text defaults is shown as whisper-base; same-day files are ordered by
     time; best drafter per task names what was not measured; verify filter rows; GPU exactness first."""
-    from benchmarks.report.summary import filter_cells
+    from bench.report.summary import filter_cells
     whisper = {"environment": dict(ENV, date="2026-11-24T18:00:00"), "note": "ar tokens shifted by one",
                "settings": dict(target="qwen2.5-coder-1.5b-instruct", whisper=True, num_prompts=32,
                                 max_new_tokens=96, task="xsum"),

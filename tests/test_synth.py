@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import synth, synth_espeak
+from bench import synth, synth_espeak
 from tilespec.datasets import load_synthetic
 
 ROWS = [dict(id="1", reference="The cat sat on the mat all day long."),

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import synth
+from bench import synth
 from tilespec.datasets import LJSPEECH_EVAL_CLIPS, ljspeech_split
 from tilespec.training.whisper_training import training_speech
 

@@ -100,7 +100,7 @@ case ${1:-} in
     mkdir -p "$EXTRA" "$PARTS" "$RES" "$CODE" "$TILESPEC_HOME" "$ROOT/lane-out"
     echo $(( $(now) + ${2:-1500} )) > "$ROOT/deadline"
     bash bench/gpu/run.sh extras 2>&1 | tail -3     # extras from .parts/u00, wheels into /tmp/site
-    (cd "${CODE_FROM:-.}" && cp -r src bench benchmarks tests pyproject.toml "$CODE"/)   # CODE_FROM: a committed copy
+    (cd "${CODE_FROM:-.}" && cp -r src bench tests pyproject.toml "$CODE"/)   # CODE_FROM: a committed copy
     export XSUM_FILE=$EXTRA/xsum-test.jsonl HEADS_PROMPTS_FILE=$EXTRA/train-prompts.json HEADS_MINUTES=${HEADS_MINUTES:-3.5}
     export E2E_ARGS="--ignore-eos --xsum-wheel $XSUM_FILE" SYNTH_JOBS=12 OMP_NUM_THREADS=8
     gpus=$(nvidia-smi -L | wc -l); lanes=(${LANES:-A B C D}); per=$(( $(nproc) / ${#lanes[@]} )); i=0

@@ -235,9 +235,9 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
                        # $TILESPEC_HOME/data/synth-train, plus LJSpeech LJ001-0017..0032. The draft stays in
                        # $TILESPEC_HOME/drafts/ for whisper-asr (it does not come back; its manifest is in the JSON)
         ts "$stage: ${WHISPER_MINUTES:-4} min"
-        [ -f "$TILESPEC_SYNTH_DIR/manifest.jsonl" ] || timeout 150 python3 -m benchmarks.synth --out "$TILESPEC_SYNTH_DIR" \
+        [ -f "$TILESPEC_SYNTH_DIR/manifest.jsonl" ] || timeout 150 python3 -m bench.synth --out "$TILESPEC_SYNTH_DIR" \
           -n "${WHISPER_EVAL_CLIPS:-64}" --seed 0 --xsum "$wheel" > "$RES/synth-eval.log" 2>&1
-        [ -f "$TILESPEC_HOME/data/synth-train/manifest.jsonl" ] || timeout 240 python3 -m benchmarks.synth \
+        [ -f "$TILESPEC_HOME/data/synth-train/manifest.jsonl" ] || timeout 240 python3 -m bench.synth \
           --out "$TILESPEC_HOME/data/synth-train" --text documents -n "${WHISPER_TRAIN_CLIPS:-2000}" --seed 1 \
           --format wav --exclude "$TILESPEC_SYNTH_DIR" --jobs "${SYNTH_JOBS:-$(nproc)}" --xsum "$wheel" > "$RES/synth-train.log" 2>&1
         tail -n 1 "$RES/synth-eval.log" "$RES/synth-train.log" 2>/dev/null
@@ -335,7 +335,7 @@ stage_serve() {  # load benchmark of tilespec serve (none / ngram) against trans
   tail -30 "$RES/$name.log"; tarball serve
 }
 
-stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), one process per model family, resumable.
+stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one process per model family, resumable.
                 # EVAL_TOTAL_S (480) bounds the call; EVAL_BATCH (16); EVAL_ARGS / EVAL_MD_ARGS appended
   UNPACK=1 env_setup
   local stages=${*:-xsum-t0 xsum-t1 cnndm-t0 cnndm-t1 drafters studies-text asr-t0 asr-t1 studies-asr multidraft}
@@ -352,12 +352,12 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
       *) echo "unknown eval stage $s" >&2; return 2 ;;
     esac
   done
-  group() {  # NAME SHARE_PERCENT STAGES...: one `benchmarks.scale` process with its share of what is left
+  group() {  # NAME SHARE_PERCENT STAGES...: one `bench.scale` process with its share of what is left
     local name=$1 share=$2; shift 2
     local budget=$(( (total - ($(date +%s) - START)) * share / 100 ))
     if (( budget < 30 )); then ts "skip $name ($*): run it again to continue"; return; fi
     ts "$name: $* (${budget}s)"
-    timeout -k 5 $(( budget + grace )) python3 -m benchmarks.scale "$@" --res "$res" --total-s "$budget" \
+    timeout -k 5 $(( budget + grace )) python3 -m bench.scale "$@" --res "$res" --total-s "$budget" \
       --batch-size "${EVAL_BATCH:-16}" --xsum-limit "${EVAL_XSUM_LIMIT:-304}" \
       --asr-synth-limit "${EVAL_SYNTH_LIMIT:-304}" "${xs[@]}" ${EVAL_ARGS:-} > "$res/eval-$name.log" 2>&1
     ts "$name: exit $?"; grep -E "^\[scale\]|tok/s|budget|rror" "$res/eval-$name.log" | tail -n 40
@@ -369,7 +369,7 @@ stage_eval() {  # eval [STAGE ...]: python -m benchmarks.scale (docs/eval.md), o
     local l=$(( total - ($(date +%s) - START) )) mb=${EVAL_MD_BUDGET_S:-100}
     (( mb > l - 60 )) && mb=$(( l - 60 ))
     if (( mb < 20 )); then ts "skip multidraft: run it again to continue"; else
-      timeout -k 5 "$l" python3 -m benchmarks.multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
+      timeout -k 5 "$l" python3 -m bench.multidraft --device cuda --dtype "${EVAL_MD_DTYPE:-bfloat16}" \
         --prompts "${EVAL_MD_PROMPTS:-50}" --datasets xsum,cnndm "${xm[@]}" --budget-s "$mb" --timing \
         --timing-prompts 4 --timing-ks 2,3,4 --timing-temps 1.2 --timing-tokens 64 --out "$res/multidraft.json" \
         --plot ${EVAL_MD_ARGS:-} > "$res/multidraft.log" 2>&1

@@ -7,14 +7,14 @@ Where the data comes from:
   * CNN/DM: ``cnndm/test.jsonl`` of the shared data folder (199 articles, fields ``id``, ``document``,
     ``summaries``).
   * code-edit: ``assets/code_edit.jsonl`` in this package (190 functions of CPython's standard library, each with one
-    editing instruction; rebuilt by the repository's ``python -m benchmarks.make_code_edit``, which records the
+    editing instruction; rebuilt by the repository's ``python -m bench.make_code_edit``, which records the
     CPython version).
   * LJSpeech: ``ljspeech/`` of the shared data folder; the 8 transcribed clips, 22.05 kHz resampled to 16 kHz.
     :func:`ljspeech_split`: clips LJ001-0001 .. 0016 are for evaluation, 0017 .. 0032 may train drafts.
   * synthetic: a set folder of English sentences spoken by ``espeak-ng`` (``clips/``, ``manifest.jsonl`` with the
     exact ``transcript`` of each clip, ``meta.json``), read from ``--synthetic-dir`` / ``$TILESPEC_SYNTH_DIR``. The
     speech is robotic: it is NOT LibriSpeech and its WER is not comparable with the paper's. The set is written by
-    the repository's ``python -m benchmarks.synth --out DIR``.
+    the repository's ``python -m bench.synth --out DIR``.
 
 The data folder is ``tilespec.env.data_root()``: ``$TILESPEC_DATA`` when set, else ``$TILESPEC_HOME/data``.
 Every loader returns a list of dicts with at least ``id`` and ``reference``; ``subsample`` picks ``n`` of them
@@ -170,7 +170,7 @@ def load_synthetic(n: int | None = 32, seed: int = 0, folder: Path | None = None
     found = synthetic_dir(folder)
     if found is None:
         raise FileNotFoundError("no synthetic ASR set: pass --synthetic-dir DIR or set $TILESPEC_SYNTH_DIR (a set is "
-                                "written by `python -m benchmarks.synth --out DIR` in a tilespec checkout)")
+                                "written by `python -m bench.synth --out DIR` in a tilespec checkout)")
     return subsample(load_manifest(found), n, seed)
 
 
@@ -183,7 +183,7 @@ def load_manifest(folder: Path) -> list[dict]:
     manifest = folder / "manifest.jsonl"
     if not manifest.is_file():
         raise FileNotFoundError(f"no synthetic ASR manifest at {manifest} (write a set with `python -m "
-                                "benchmarks.synth --out DIR`, or pass --synthetic-dir)")
+                                "bench.synth --out DIR`, or pass --synthetic-dir)")
     out = []
     for i, line in enumerate(manifest.read_text(encoding="utf-8").splitlines()):
         if not line.strip():

@@ -9,6 +9,6 @@
   :mod:`.metrics`, datasets in :mod:`.data`).
 
 Each writes one JSON record with the device, versions, commit and raw numbers. Report generation, the paper's side
-studies, paper-scale runs and data makers are the repository's own (its top-level ``benchmarks`` package); nothing
+studies, paper-scale runs and data makers are the repository's own (its top-level ``bench`` package); nothing
 in the library imports them. Arrows point one way: bench -> engine -> verify.
 """

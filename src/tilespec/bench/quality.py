@@ -3,7 +3,7 @@ return one JSON-able record of measured quality (ROUGE / WER) beside speed (time
 acceptance, peak memory) per method.
 
 Side studies (γ sweeps, acceptance vs initial γ, sigmoid scales) are not part of the library: a caller passes them
-as ``studies`` (the repository's ``benchmarks.studies`` does), and ``evaluate`` runs them after the main comparison
+as ``studies`` (the repository's ``bench.studies`` does), and ``evaluate`` runs them after the main comparison
 under the same time budget, resume and record rules.
 
 Results files (``bench/results/eval-*.json``) hold ``{"kind": "eval", "runs": [record, ...]}``; writing a record
@@ -100,7 +100,7 @@ def evaluate(cfg: EvalConfig, models: Optional[tuple] = None, examples: Optional
     unknown = [s for s in cfg.studies if s != "main" and s not in studies]
     if unknown:
         raise ValueError(f"unknown stud{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}: the library runs "
-                         "the main comparison; side studies come from the caller (python -m benchmarks.studies)")
+                         "the main comparison; side studies come from the caller (python -m bench.studies)")
     if any(get_method(m).needs_triton for m in cfg.methods):
         # import the kernels package before the models: without CUDA it selects Triton's interpreter, which must
         # happen before anything else imports triton (interpreted kernels fail otherwise)

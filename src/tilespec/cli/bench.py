@@ -1,14 +1,12 @@
 """``tilespec bench verify|e2e``: benchmarks, each implemented by ``tilespec.bench.<name>``.
 
 Each benchmark module defines ``add_arguments(parser)`` and ``run(args) -> int`` and keeps heavy imports inside
-``run`` so that building the CLI stays fast. ``bench multidraft`` (the multi-draft paper study) moved to the
-repository's ``python -m benchmarks.multidraft``.
+``run`` so that building the CLI stays fast. The multi-draft selection study is the repository's
+``python -m bench.multidraft``.
 """
 from __future__ import annotations
 
 import importlib
-
-from ._moved import add_moved
 
 BENCHMARKS = {
     "verify": "verification step: every method vs transformers and FlashInfer (GPU)",
@@ -24,4 +22,3 @@ def register(sub) -> None:
         parser = bench_sub.add_parser(name, help=help_text)
         module.add_arguments(parser)
         parser.set_defaults(func=module.run)
-    add_moved(bench_sub, "multidraft", "multidraft", "the multi-draft selection study")

@@ -1,17 +1,15 @@
 """``tilespec eval summarization|asr``: measured quality (ROUGE / WER) beside speed, per verification method, on the
 same examples and seeds (the seed paper's accuracy / profiling comparison; docs/eval.md).
 
-``add_eval_arguments`` and ``run`` are shared with the repository's ``python -m benchmarks.studies``, which adds the
-side studies (γ sweeps, acceptance vs initial γ, sigmoid scales); ``eval scale`` and ``eval make-synthetic`` moved
-to ``python -m benchmarks.scale`` and ``python -m benchmarks.synth``.
+``add_eval_arguments`` and ``run`` are shared with the repository's ``python -m bench.studies``, which adds the
+side studies (γ sweeps, acceptance vs initial γ, sigmoid scales); the paper-scale runs and the synthetic ASR set
+are ``python -m bench.scale`` and ``python -m bench.synth``.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from tilespec.bench.config import default_methods
-
-from ._moved import add_moved
 
 DEFAULTS = {
     "summarization": dict(dataset="xsum", target="qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct"),
@@ -26,7 +24,7 @@ def add_eval_arguments(p, task: str) -> None:
     p.add_argument("--data", type=Path, default=None, help="dataset file/folder (default: the shared data folder)")
     if task == "asr":
         p.add_argument("--synthetic-dir", type=Path, default=None,
-                       help="folder made by `python -m benchmarks.synth` for --dataset synthetic (default "
+                       help="folder made by `python -m bench.synth` for --dataset synthetic (default "
                             "$TILESPEC_SYNTH_DIR; synthetic speech (espeak-ng), NOT LibriSpeech)")
     p.add_argument("--limit", type=int, default=None, help="examples, subsampled with --seed (default: all)")
     p.add_argument("--seed", type=int, default=0, help="subsampling and decoding seed (default 0)")
@@ -69,8 +67,6 @@ def register(sub) -> None:
     ev_sub = ev.add_subparsers(dest="eval_task", metavar="TASK")
     add_eval_arguments(ev_sub.add_parser("summarization", help="XSum / CNN-DM, ROUGE-1"), "summarization")
     add_eval_arguments(ev_sub.add_parser("asr", help="LJSpeech / a synthetic espeak-ng set, WER"), "asr")
-    add_moved(ev_sub, "scale", "scale", "the paper-scale evaluation in time-budgeted stages")
-    add_moved(ev_sub, "make-synthetic", "synth", "writing the synthetic espeak-ng ASR set")
 
 
 def build_config(args, **study_settings):

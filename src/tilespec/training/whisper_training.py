@@ -7,7 +7,7 @@ the training speech, loss KL(p_target || p_draft) per transcript position (whisp
 Training speech (:func:`training_speech`), never the evaluation clips:
   * LJSpeech clips LJ001-0017 .. LJ001-0032 (``tilespec.datasets.ljspeech_split``; LJ001-0001 .. 0016 are the
     evaluation clips and are dropped from any folder given);
-  * synthetic speech: set folders written by ``python -m benchmarks.synth --text documents`` (sentences of XSum
+  * synthetic speech: set folders written by ``python -m bench.synth --text documents`` (sentences of XSum
     *articles* spoken by espeak-ng; the synthetic evaluation set speaks XSum *summaries*), by default
     ``$TILESPEC_HOME/data/synth-train``; clips whose transcript is also in the synthetic evaluation set
     (``$TILESPEC_SYNTH_DIR``) are dropped.
@@ -101,7 +101,7 @@ def training_speech(sources: Optional[Sequence] = None, log=print) -> tuple[list
                           "dropped_as_evaluation": len(files) - len(kept)})
     if not rows:
         raise FileNotFoundError("no training speech: give --speech DIR (audio files or a set from `python -m "
-                                "benchmarks.synth --text documents --out DIR`), or put LJSpeech in $TILESPEC_DATA "
+                                "bench.synth --text documents --out DIR`), or put LJSpeech in $TILESPEC_DATA "
                                 f"and/or a synthetic set in $TILESPEC_HOME/data/{DEFAULT_SYNTH}")
     seconds = sum(len(r["audio"]) for r in rows) / 16000
     if log:

@@ -11,7 +11,7 @@ every run with the committed eval record of that chunk. ``--probe`` runs the tar
 dtype, and fp32) on each divergent prefix and records its top logits there: a gap of about one bf16 ulp says the
 split is a near tie that rounding decides.
 
-    python3 -m benchmarks.repeatability --dataset xsum --offset 80 --committed \\
+    python3 -m bench.repeatability --dataset xsum --offset 80 --committed \\
         bench/results/eval-scale-text-h100.json --probe --json bench/results/repeatability-bf16-h100.json
 
 Same tokens for one method across repeats but different across methods: the methods see different logits (a shape

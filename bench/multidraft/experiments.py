@@ -1,4 +1,4 @@
-"""Measurement helpers of the multi-draft study (``python -m benchmarks.multidraft``; paper settings: Fig. 3, Fig. 4,
+"""Measurement helpers of the multi-draft study (``python -m bench.multidraft``; paper settings: Fig. 3, Fig. 4,
 Tables 1-3).
 
 * Token-level acceptance (Table 3): at a context on a target-generated trajectory, with target law p and draft

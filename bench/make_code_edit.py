@@ -11,8 +11,8 @@ lines, at most ``PER_MODULE`` per module; each function gets the applicable kind
 ``KINDS`` order), and rename targets are the function's first local name in source order. Run with the interpreter
 whose stdlib you want (the committed file says which one it was):
 
-    python3 -m benchmarks.make_code_edit            # writes the package file
-    python3 -m benchmarks.make_code_edit --check    # exit 1 if the committed file differs from a rebuild
+    python3 -m bench.make_code_edit            # writes the package file
+    python3 -m bench.make_code_edit --check    # exit 1 if the committed file differs from a rebuild
 """
 from __future__ import annotations
 

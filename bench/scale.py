@@ -1,4 +1,4 @@
-"""``python -m benchmarks.scale STAGE...``: the paper-scale evaluation in stages that fit one GPU's minutes.
+"""``python -m bench.scale STAGE...``: the paper-scale evaluation in stages that fit one GPU's minutes.
 
 One process runs the requested stages in order, loading each model pair once and keeping its compiled runners
 (CUDA graphs are keyed by (batch, q, capacity) and shared by every run of the process). Each stage is one or more
@@ -254,7 +254,7 @@ def run(a) -> int:
 
 
 def main(argv: list | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n")[0].strip("`"),
+    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0].strip("`"),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))

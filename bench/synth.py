@@ -5,7 +5,7 @@ than read human speech depending on the word; WER on this set is not comparable 
 TED-LIUM or Common Voice numbers. What it gives is many (audio, exact transcript) pairs for accuracy checks of the
 exact methods against the baseline, and for speed / acceptance measurements on realistic decoder lengths.
 
-Layout of a set folder (``python -m benchmarks.synth --out DIR``; read by ``tilespec.datasets.load_manifest``):
+Layout of a set folder (``python -m bench.synth --out DIR``; read by ``tilespec.datasets.load_manifest``):
   * ``clips/<id>.flac`` (or ``.wav``): 16 kHz mono 16-bit PCM;
   * ``manifest.jsonl``: one JSON object per clip: ``id``, ``path`` (relative to the folder), ``transcript`` (the
     exact text given to espeak-ng), ``voice``, ``speed`` (words per minute), ``source`` (``xsum:<id>``),
@@ -283,7 +283,7 @@ def make_synthetic(out: Path, n: int = 64, seed: int = 0, *, rows: Optional[list
 
 
 def main(argv: Optional[list] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.synth", description="Write the synthetic espeak-ng ASR set "
+    p = argparse.ArgumentParser(prog="python -m bench.synth", description="Write the synthetic espeak-ng ASR set "
                                 "(clips + manifest; NOT LibriSpeech) that `tilespec eval asr --dataset synthetic` reads.")
     p.add_argument("--out", type=Path, required=True, help="folder to write clips/, manifest.jsonl, meta.json into")
     p.add_argument("-n", "--n", type=int, default=64, help="number of clips (default 64)")

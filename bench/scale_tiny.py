@@ -1,4 +1,4 @@
-"""Tiny random models for a CPU dry run of the paper-scale evaluation (``python -m benchmarks.scale --tiny``).
+"""Tiny random models for a CPU dry run of the paper-scale evaluation (``python -m bench.scale --tiny``).
 
 Nothing here is a measurement: the models are random (a 2-layer Qwen2 target with a 1-layer layer-skip draft over a
 128-token vocabulary; a 2+2-layer Whisper with 16 mel bins and 32 input frames), the tokenizers are word-level toys.

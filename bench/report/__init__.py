@@ -1,4 +1,4 @@
-"""REPORT.md from the committed results under ``bench/results/``: ``python -m benchmarks.report``.
+"""REPORT.md from the committed results under ``bench/results/``: ``python -m bench.report``.
 
 :mod:`.build` loads the results and assembles the report; :mod:`.summary` (with :mod:`.summary_data`,
 :mod:`.summary_kernels`, :mod:`.glance`) renders the one-screen summary, :mod:`.tables` the paper-layout tables

@@ -1,4 +1,4 @@
-"""REPORT.md's tables of the side studies (``python -m benchmarks.studies``), ours beside the paper's: Table 8
+"""REPORT.md's tables of the side studies (``python -m bench.studies``), ours beside the paper's: Table 8
 (acceptance rate and verify ms per step vs the initial γ) and Tables 2/7 (the sigmoid scaling sweep with its measured
 distortion)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plot a ``python -m benchmarks.multidraft`` result: Fig. 3 (BE vs draft temperature), Table 1 (BE vs K), Fig. 4
+"""Plot a ``python -m bench.multidraft`` result: Fig. 3 (BE vs draft temperature), Table 1 (BE vs K), Fig. 4
 (non-identical drafts) and Table 3 (token-level acceptance vs K), one row of panels per dataset."""
 from __future__ import annotations
 

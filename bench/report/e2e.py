@@ -1,6 +1,6 @@
 """REPORT.md section "End-to-end decoding (engine benchmark)", rendered from ``bench/results/e2e-*.json``.
 
-Inputs: the ``(path, parsed JSON)`` pairs of :func:`benchmarks.report.build.load_results` (other files are ignored).
+Inputs: the ``(path, parsed JSON)`` pairs of :func:`bench.report.build.load_results` (other files are ignored).
 Each ``e2e-*`` document (written by ``tilespec bench e2e``) holds ``environment`` (gpu, torch, transformers,
 commit, date), ``settings`` (target, draft, gamma, gamma_schedule, num_prompts, max_new_tokens, compile,
 random_init, whisper), optional ``provenance``/``note`` and ``results``: rows with system (``hf``,

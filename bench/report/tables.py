@@ -4,7 +4,7 @@ Table 3 (realized bandwidth, plus the kernel-only ``verify-*`` benchmark table).
 registered methods (``tilespec.verify.registry``) the runs measured, beside the baseline ``BASELINE``; exactness
 comes from the registry. The side studies' tables are in :mod:`.studies`.
 
-Inputs: eval run records as loaded by :func:`benchmarks.report.build.load_results` (and, for Table 3, its list of
+Inputs: eval run records as loaded by :func:`bench.report.build.load_results` (and, for Table 3, its list of
 other result files). The small formatting helpers at the top are shared with ``build.py``, which imports them from
 here (this module never imports ``report``).
 """

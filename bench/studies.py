@@ -8,7 +8,7 @@
   ``hf`` baseline on the same subset; beside each row the acceptance inflation measured in the run itself
   (α_sigmoid - α_baseline) and, when ``tilespec.exactness.distortion`` is available, its TV distance.
 
-``python -m benchmarks.studies summarization|asr [tilespec eval options] --studies main,acceptance,gamma,alphabeta``
+``python -m bench.studies summarization|asr [tilespec eval options] --studies main,acceptance,gamma,alphabeta``
 runs ``tilespec eval`` with these studies after its main comparison (same record, same resume and time budget).
 """
 from __future__ import annotations
@@ -202,7 +202,7 @@ def study_settings(args) -> dict:
 def main(argv: list | None = None) -> int:
     from tilespec.cli.eval import add_eval_arguments, run
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.studies",
+    p = argparse.ArgumentParser(prog="python -m bench.studies",
                                 description="tilespec eval plus the seed paper's side studies")
     sub = p.add_subparsers(dest="eval_task", metavar="TASK", required=True)
     for task in ("summarization", "asr"):

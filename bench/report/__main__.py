@@ -1,4 +1,4 @@
-"""``python -m benchmarks.report``: write REPORT.md (and PNG figures) from the results under bench/results/."""
+"""``python -m bench.report``: write REPORT.md (and PNG figures) from the results under bench/results/."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from .build import build_report
 
 
 def main(argv: list | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
     p.add_argument("--results", type=Path, default=Path("bench/results"), help="results folder (bench/results)")
     p.add_argument("--out", type=Path, default=Path("REPORT.md"), help="markdown file to write (REPORT.md)")
     p.add_argument("--figures", type=Path, default=None,

