@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from tilespec.verify.logit_transforms import LogitSettings
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
@@ -16,6 +17,9 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # a request's s
 class BatchRequest:
     """One request: ``prompt`` token ids (>= 1), at most ``max_tokens`` new tokens, its sampling parameters and seed;
     ``gamma``: cap on its draft tokens per step (0: never speculate; None or above the engine's gamma: the engine's).
+    ``logits``: transforms of the target's logits (penalties, logit_bias, min_tokens: verify/logit_transforms.py;
+    its ``banned`` ids are set by the engine to the request's stop ids); ``stop_token_ids``: more ids that end it
+    (finish reason "stop"); ``ignore_eos``: EOS does not end it.
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 
@@ -27,6 +31,9 @@ class BatchRequest:
     min_p: float = 0.0
     seed: int = 0
     gamma: Optional[int] = None
+    logits: Optional[LogitSettings] = None
+    stop_token_ids: tuple = ()
+    ignore_eos: bool = False
     rid: int = -1
     tokens: list = field(default_factory=list)
     finish_reason: Optional[str] = None
@@ -73,6 +80,10 @@ def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None
         raise ValueError(f"the prompt holds token ids outside the vocabulary [0, {vocab})")
     if req.gamma is not None and not (isinstance(req.gamma, int) and 0 <= req.gamma <= 32):
         raise ValueError(f"gamma must be an integer in [0, 32], got {req.gamma!r}")
+    if vocab is not None and not all(isinstance(t, int) and 0 <= t < vocab for t in req.stop_token_ids):
+        raise ValueError(f"stop_token_ids hold ids outside the vocabulary [0, {vocab})")
+    if req.logits is not None:
+        req.logits.check(vocab)
     if not -2**63 <= req.seed < 2**63:
         raise ValueError(f"seed {req.seed} does not fit int64")
     resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from tilespec.verify.logit_transforms import TransformBatch, transform_logits
+
 from .drafters.contract import DraftRunner, Proposal
 from .execution import HostExecution
 from .metrics import PhaseTimer
@@ -103,15 +105,39 @@ def mixed_proposal(draft: DraftRunner, view: BatchState, drafts: StepDrafts, cou
     return Proposal(tokens, logits, counts)
 
 
+class TransformedTarget:
+    """The target runner of one host-commit step with its verify forward's logits transformed
+    (verify/logit_transforms.py): the forward's tokens are [pending, d_1 .. d_K], so position i's penalties count
+    the block's first i drafts. Everything else is the runner's."""
+
+    def __init__(self, runner, transforms: TransformBatch):
+        self.runner, self.transforms = runner, transforms
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def forward(self, tokens, positions, mask, write, **kw):
+        if kw.get("keep") is not None:
+            raise ValueError("logit transforms need the logits of every verified position (keep=None)")
+        out = self.runner.forward(tokens, positions, mask, write, **kw)
+        logits, feats = out if kw.get("capture") else (out, None)
+        logits = transform_logits(logits, tokens[:, 1:], self.transforms)
+        return (logits, feats) if kw.get("capture") else logits
+
+
 @torch.inference_mode()
 def step_rows(target, draft, fast, state: BatchState, rows: int, drafts: StepDrafts, sampling, resolved, method: str,
-              method_options: tuple, pad: int, graphs: bool, live: list) -> torch.Tensor:
+              method_options: tuple, pad: int, graphs: bool, live: list,
+              transforms: Optional[TransformBatch] = None) -> torch.Tensor:
     """Run one step over rows [0, rows) of ``state`` and return the host copy [rows, 1 + K + 1] of (num_emitted,
     output tokens); ``state`` is updated (write pointer included, and ``state.hidden``, the runner's per-row
     state). ``draft``: the drafter's DraftRunner (the model runners it owns and its own ``row_buffers`` are narrowed
     too; it observes every step that ``observes``, drafted or not) or None; ``drafts``: what the step verifies
     (:func:`choose_drafts`); ``graphs``: run on ``fast`` (StepGraphs); ``live``: the live row indices (they set how
-    far W moves)."""
+    far W moves); ``transforms``: the rows' logit transforms, applied to the target's logits before verification
+    (host-commit path only: ``graphs`` must be False)."""
+    if transforms is not None and graphs:
+        raise ValueError("logit transforms run on the host-commit step, not the whole-step graphs")
     sub = BatchState(write=state.write, rows=list(range(rows)), eos=state.eos,
                      **{f: getattr(state, f)[:rows] for f in _FIELDS})
     if state.hidden is not None:
@@ -131,7 +157,8 @@ def step_rows(target, draft, fast, state: BatchState, rows: int, drafts: StepDra
             out = fast.step(sub, gamma, sampling, resolved, method, timer, context=proposal, counts=caps,
                             method_options=method_options)
         else:
-            out = speculative_step(target, draft, sub, gamma, sampling, resolved, method, timer, graph_verify=False,
+            scorer = target if transforms is None else TransformedTarget(target, transforms)
+            out = speculative_step(scorer, draft, sub, gamma, sampling, resolved, method, timer, graph_verify=False,
                                    context=proposal, counts=caps, method_options=method_options)
     host = torch.cat([out.num_emitted[:, None], out.output_tokens], dim=1).cpu()   # the step's one host read
     emitted = host[:, 0].tolist()

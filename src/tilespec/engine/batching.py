@@ -39,6 +39,7 @@ the target's exact law only, not a sampled request's tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from typing import Optional
 
 import torch
 
+from tilespec.verify.logit_transforms import TransformBatch
 from tilespec.verify.registry import get_method, resolve_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
@@ -159,6 +161,8 @@ class BatchEngine:
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
         req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)   # the caches hold gamma
+        if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
+            req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(self._stops(req))))
         self.waiting.append(req)
         return req.rid
 
@@ -176,6 +180,19 @@ class BatchEngine:
                 self._retire(req, "cancelled")
                 return req
         return None
+
+    def _stops(self, req: BatchRequest) -> set:
+        """The ids that end ``req``: EOS (unless it ignores EOS) and its stop_token_ids."""
+        return (set() if req.ignore_eos else set(self.eos)) | set(req.stop_token_ids)
+
+    def _transforms(self, rows: int) -> Optional[TransformBatch]:
+        """The step's logit transforms over rows [0, rows) (None when no live request has one)."""
+        reqs = [self.rows[b] if self.rows[b] is not None and self.rows[b].live else None for b in range(rows)]
+        settings = [r.logits if r is not None and r.logits is not None and r.logits.active else None for r in reqs]
+        if not any(settings):
+            return None
+        return TransformBatch.from_settings(settings, [r.tokens if r is not None else [] for r in reqs],
+                                            self.out_vocab, self.device)
 
     @property
     def running(self) -> int:
@@ -296,8 +313,13 @@ class BatchEngine:
                                width=self.gamma)
         sampling = self._sampling(live, rows)
         resolved = resolve_sampling(sampling, rows, self.device)
+        transforms = self._transforms(rows)
+        # the whole-step graphs know neither transforms nor per-request stop rules (their device commit ends a row
+        # at EOS): such steps take the host-commit path
+        plain = transforms is None and not any(self.rows[b].ignore_eos for b in live)
         host = step_rows(self.target, self.drafting, self.fast, self.state, rows, drafts, sampling, resolved,
-                         self.method, self.method_options, self.pad, self._graph_ok(sampling), live)
+                         self.method, self.method_options, self.pad, plain and self._graph_ok(sampling), live,
+                         transforms=transforms)
         drafted, counts = drafts.drafted, drafts.counts
         if self.switch is not None:
             emitted = host[:, 0].tolist()
@@ -337,9 +359,9 @@ class BatchEngine:
             req = self.rows[b]
             n = emitted[b]
             toks = host[b, 1:1 + n].tolist()[:req.max_tokens - len(req.tokens)]
-            reason = None
+            reason, stops = None, self._stops(req)
             for j, t in enumerate(toks):
-                if t in self.eos:
+                if t in stops:
                     toks, reason = toks[:j + 1], "stop"
                     break
             req.tokens += toks
