@@ -1,0 +1,332 @@
+"""Attention of a step's new tokens over a paged K/V cache: a split-KV Triton kernel (CUDA, or Triton's interpreter)
+and its PyTorch reference.
+
+Layout: ``q`` [T, H, D] holds the new tokens of S sequences back to back, sequence s owning rows
+cu_q[s]:cu_q[s+1] (n_s >= 0 of them; 0 for a padding sequence). ``k_cache`` / ``v_cache`` [num_blocks, block_size,
+H_kv, D] already hold the step's new K/V; ``block_tables`` [S, max_blocks] int32 maps a sequence's i-th block of
+positions [i*bs, (i+1)*bs) to a physical block (entries past kv_lens are never read). ``kv_lens`` [S] int32 is a
+sequence's length after the step: its query j sits at position kv_lens[s] - n_s + j and attends causally to keys
+[0, that position]. H = G * H_kv (GQA). Output [T, H, D] in q's dtype: softmax(q k^T * scale) v with fp32 math;
+rows outside cu_q[0]:cu_q[S] are zeros from the reference and left unwritten by the kernel.
+
+Kernel: a tile is up to BLOCK_M consecutive tokens of one sequence x the G heads of one KV head (BLOCK_M * G_pow2
+rows against BLOCK_N keys per ``tl.dot``, K/V read once per group); tiles are packed over sequences (a program maps
+its tile id to (sequence, tile) from cu_q on the device), so the grid (tiles, H_kv, splits) depends on host ints
+only: no host sync, CUDA-graph safe. Each tile's keys [0, last position] are cut into ``splits`` even pieces
+(flash decoding, so B = 1 decode over 2k keys still fills the GPU) whose online-softmax partials a second kernel
+merges; one split writes the output directly. Requirements of the kernel: block_size a power of two, D <= 256.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from tilespec.env import triton_available, triton_interpreted, use_triton_interpreter_without_cuda
+
+BLOCK_N = 64        # keys per inner step
+MAX_ROWS = 128      # rows (tokens x padded group heads) per tile
+MERGE_ROWS = 32     # rows per program of the merge
+MIN_SPLIT_KEYS = 128  # a split covers at least this many keys of the cache's capacity
+MAX_SPLITS = 64
+SPLITS = None       # force the number of KV splits (tests, benchmarks); None: splits_for(...)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_KERNEL_FAILED: list = []   # the first failure of the kernels, if any (they are not tried again)
+
+_TRITON = triton_available()
+if _TRITON:
+    use_triton_interpreter_without_cuda()   # before triton is imported (CPU runs use the interpreter)
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _tile_of(pid, cu_ptr, S, BLOCK_M: tl.constexpr, SP: tl.constexpr):
+        """Packed tile ``pid`` -> (sequence s, its tile t, live): sequence s has ceil(n_s / BLOCK_M) tiles."""
+        rs = tl.arange(0, SP)
+        lo = tl.load(cu_ptr + rs, mask=rs < S, other=0)
+        hi = tl.load(cu_ptr + rs + 1, mask=rs < S, other=0)
+        cnt = (hi - lo + BLOCK_M - 1) // BLOCK_M
+        s = tl.sum((tl.cumsum(cnt, axis=0) <= pid).to(tl.int32), axis=0)
+        t = pid - tl.sum(tl.where(rs < s, cnt, 0), axis=0)
+        return tl.minimum(s, S - 1), t, s < S
+
+    @triton.jit
+    def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                        S, H, NS, qk_scale, sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
+                        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr, SINGLE: tl.constexpr,
+                        F32DOT: tl.constexpr):
+        """Program (tile, j, split): rows r = m * GP + g (token t * BLOCK_M + m of the sequence, head j * G + g)
+        over the split's keys. SINGLE: writes the normalised output; else the row max pm (log2 units), sum pl and
+        unnormalised P @ V pacc (fp32) at slot (tile * H_kv + j) * NS + split."""
+        pid = tl.program_id(0)
+        j = tl.program_id(1)
+        sp = tl.program_id(2)
+        s, t, live = _tile_of(pid, cu_ptr, S, BLOCK_M, SP)
+        q0 = tl.load(cu_ptr + s)
+        n = tl.load(cu_ptr + s + 1) - q0
+        kv_len = tl.load(len_ptr + s)
+        r = tl.arange(0, BLOCK_M * GP)
+        i = t * BLOCK_M + r // GP
+        g = r % GP
+        row_ok = (i < tl.where(live, n, 0)) & (g < G)
+        pos = kv_len - n + i                                    # each row attends to keys [0, pos]
+        rd = tl.arange(0, DP)
+        d_ok = rd < D
+        kv_end = kv_len - n + tl.minimum(n, (t + 1) * BLOCK_M)  # keys the tile needs
+        per = ((kv_end + BLOCK_N - 1) // BLOCK_N + NS - 1) // NS * BLOCK_N   # keys per split, whole steps
+        lo = sp * per
+        hi = tl.where(live, tl.minimum(lo + per, kv_end), lo)
+        qv = tl.load(q_ptr + (q0 + i)[:, None].to(tl.int64) * sqt + (j * G + g)[:, None] * sqh + rd[None, :],
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if F32DOT:
+            qv = qv.to(tl.float32)
+        m_i = tl.full([BLOCK_M * GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M * GP], tl.float32)
+        acc = tl.zeros([BLOCK_M * GP, DP], tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            kp = n0 + tl.arange(0, BLOCK_N)
+            k_ok = kp < hi
+            blk = tl.load(bt_ptr + s.to(tl.int64) * sbt + kp // BS, mask=k_ok, other=0).to(tl.int64)
+            kmask = k_ok[:, None] & d_ok[None, :]
+            kt = tl.load(k_ptr + (blk * skb + (kp % BS) * sks + j * skh)[:, None] + rd[None, :], mask=kmask,
+                         other=0.0)
+            vt = tl.load(v_ptr + (blk * svb + (kp % BS) * svs + j * svh)[:, None] + rd[None, :], mask=kmask,
+                         other=0.0)
+            if F32DOT:
+                sc = tl.dot(qv, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+            else:
+                sc = tl.dot(qv, tl.trans(kt))
+            sc = tl.where(k_ok[None, :] & (kp[None, :] <= pos[:, None]), sc * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet in this split
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(sc - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if F32DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        if SINGLE:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            o_off = (q0 + i)[:, None].to(tl.int64) * (H * D) + (j * G + g)[:, None] * D + rd[None, :]
+            tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            slot = ((pid * tl.num_programs(1) + j) * NS + sp).to(tl.int64) * (BLOCK_M * GP)
+            tl.store(pm_ptr + slot + r, m_i)
+            tl.store(pl_ptr + slot + r, l_i)
+            tl.store(pacc_ptr + (slot + r[:, None]) * DP + rd[None, :], acc)
+
+    @triton.jit
+    def _merge_kernel(cu_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, S, H, NS,
+                      G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SP: tl.constexpr, BLOCK_S: tl.constexpr, ROWS: tl.constexpr):
+        """Program (tile, j, row block): merges the NS splits' partials of ROWS rows (log-sum-exp weights) into o."""
+        pid = tl.program_id(0)
+        j = tl.program_id(1)
+        s, t, live = _tile_of(pid, cu_ptr, S, BLOCK_M, SP)
+        q0 = tl.load(cu_ptr + s)
+        n = tl.where(live, tl.load(cu_ptr + s + 1) - q0, 0)
+        r = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
+        i = t * BLOCK_M + r // GP
+        g = r % GP
+        row_ok = (i < n) & (g < G)
+        rs = tl.arange(0, BLOCK_S)
+        rd = tl.arange(0, DP)
+        base = ((pid * tl.num_programs(1) + j) * NS).to(tl.int64)
+        pmask = (rs < tl.where(live, NS, 0))[:, None]
+        pm = tl.load(pm_ptr + (base + rs[:, None]) * (BLOCK_M * GP) + r[None, :], mask=pmask, other=float("-inf"))
+        pl = tl.load(pl_ptr + (base + rs[:, None]) * (BLOCK_M * GP) + r[None, :], mask=pmask, other=0.0)
+        m = tl.max(pm, axis=0)
+        seen = m > float("-inf")
+        w = tl.where(seen[None, :], tl.exp2(pm - tl.where(seen, m, 0.0)[None, :]), 0.0)   # [BLOCK_S, ROWS]
+        denom = tl.sum(w * pl, axis=0)
+        out = tl.zeros([ROWS, DP], tl.float32)
+        for si in range(NS):
+            ws = tl.sum(tl.where(rs[:, None] == si, w, 0.0), axis=0)
+            part = tl.load(pacc_ptr + ((base + si) * (BLOCK_M * GP) + r[:, None]) * DP + rd[None, :],
+                           mask=(ws > 0)[:, None], other=0.0)
+            out += part * ws[:, None]
+        out = out / tl.where(denom > 0, denom, 1.0)[:, None]
+        o_off = (q0 + i)[:, None].to(tl.int64) * (H * D) + (j * G + g)[:, None] * D + rd[None, :]
+        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (rd < D)[None, :])
+
+
+def _pow2(n: int, low: int = 1) -> int:
+    p = low
+    while p < n:
+        p *= 2
+    return p
+
+
+def _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q) -> None:
+    """Shape / dtype / device checks on host metadata only (no tensor values are read: no sync)."""
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [T, H, D] and k_cache [num_blocks, block_size, H_kv, D]; got "
+                         f"{tuple(q.shape)} and {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} must have k_cache's shape {tuple(k_cache.shape)}")
+    t, h, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"head dim of q ({d}) and of the cache ({k_cache.shape[3]}) differ")
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"query heads H={h} must be a multiple of the cache's KV heads H_kv={hkv}")
+    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache and v_cache must share one of float32/bfloat16/float16; got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    if block_tables.dim() != 2 or cu_q.dim() != 1 or kv_lens.dim() != 1:
+        raise ValueError("block_tables must be [S, max_blocks], cu_q [S + 1] and kv_lens [S]")
+    s = block_tables.shape[0]
+    if cu_q.shape[0] != s + 1 or kv_lens.shape[0] != s:
+        raise ValueError(f"{s} block-table rows need cu_q of {s + 1} and kv_lens of {s} entries; got "
+                         f"{cu_q.shape[0]} and {kv_lens.shape[0]}")
+    for name, x in (("block_tables", block_tables), ("cu_q", cu_q), ("kv_lens", kv_lens)):
+        if x.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {x.dtype}")
+    devs = {x.device for x in (q, k_cache, v_cache, block_tables, cu_q, kv_lens)}
+    if len(devs) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devs))}")
+    if max_q is not None and (isinstance(max_q, bool) or not isinstance(max_q, int) or max_q < 1):
+        raise ValueError(f"max_q must be a positive int (an upper bound on tokens per sequence), got {max_q!r}")
+
+
+def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None
+                              ) -> torch.Tensor:
+    """The PyTorch path and test oracle (syncs once to read cu_q / kv_lens): per sequence, its blocks gathered into
+    contiguous [L, H_kv, D] K/V and SDPA in fp32 with the causal offset mask and GQA."""
+    _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
+    t, h, d = q.shape
+    bs = k_cache.shape[1]
+    out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
+    cu, lens = cu_q.tolist(), kv_lens.tolist()
+    for s, L in enumerate(lens):
+        a, b = cu[s], cu[s + 1]
+        n = b - a
+        if n == 0:
+            continue
+        if not (0 <= a <= b <= t and n <= L <= block_tables.shape[1] * bs) or (max_q is not None and n > max_q):
+            raise ValueError(f"sequence {s}: rows {a}:{b} of {t}, kv_len {L} (max_q {max_q}, capacity "
+                             f"{block_tables.shape[1] * bs}) are inconsistent")
+        blocks = block_tables[s, :-(-L // bs)].long()
+        k = k_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()          # [H_kv, L, D]
+        v = v_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()
+        keep = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
+        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).float(), k, v, attn_mask=keep, scale=scale,
+                                           enable_gqa=True)
+        out[a:b] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def splits_for(programs: int, capacity: int, sms: int) -> int:
+    """KV splits per tile: about two waves of ``sms`` programs over ``programs`` (tiles x H_kv) when they are
+    fewer, at most ``capacity`` / MIN_SPLIT_KEYS and MAX_SPLITS; 1 once the tiles fill the GPU."""
+    if SPLITS:
+        return SPLITS
+    if programs >= sms:
+        return 1
+    return max(1, min(-(-2 * sms // programs), capacity // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def kernel_takes(q, k_cache) -> bool:
+    """Whether the Triton kernel can run these inputs: Triton installed, CUDA or the interpreter, block_size a
+    power of two, D <= 256, unit stride along D, and the kernel never failed to build."""
+    bs, d = k_cache.shape[1], q.shape[-1]
+    return (_TRITON and not _KERNEL_FAILED and (q.is_cuda or triton_interpreted()) and bs & (bs - 1) == 0
+            and d <= 256 and q.stride(-1) == 1 and k_cache.stride(-1) == 1)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto"
+                    ) -> torch.Tensor:
+    """Attention of the step's tokens over the paged cache (module docstring: shapes and semantics).
+
+    ``scale``: default 1/sqrt(D). ``max_q``: a host upper bound on n_s (default T); it sizes the kernel's tiles and
+    must hold. ``kernel``: "auto" (Triton on CUDA, the reference elsewhere), "triton" (also in Triton's interpreter
+    on CPU) or "torch" (:func:`paged_attention_reference`). The Triton path reads no tensor value on the host and is
+    opaque to ``torch.compile`` (``torch.ops.tilespec.paged_attention``). A kernel that fails to build warns once and
+    the reference runs from then on."""
+    if kernel not in ("auto", "torch", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
+    _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if kernel == "torch" or (kernel == "auto" and not q.is_cuda):
+        return paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
+    if not kernel_takes(q, k_cache) and not _KERNEL_FAILED:
+        raise ValueError(f"the paged attention kernel needs Triton on CUDA (or TRITON_INTERPRET=1), block_size a "
+                         f"power of two (got {k_cache.shape[1]}), D <= 256 (got {q.shape[-1]}) and unit stride "
+                         f"along D; use kernel='torch' otherwise")
+    mq = q.shape[0] if max_q is None else max_q
+    if torch.compiler.is_compiling():
+        return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
+
+
+def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int) -> torch.Tensor:
+    """The kernels; the reference from the first time they fail to build (warned once)."""
+    if not _KERNEL_FAILED:
+        try:
+            return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q)
+        except Exception as err:   # noqa: BLE001 - a kernel that fails to build must not end decoding
+            _KERNEL_FAILED.append(f"{type(err).__name__}: {err}")
+            warnings.warn(f"the paged attention kernel failed ({_KERNEL_FAILED[0]}); using the PyTorch reference")
+    return paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale)
+
+
+@torch.library.custom_op("tilespec::paged_attention", mutates_args=())
+def _paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+              cu_q: torch.Tensor, kv_lens: torch.Tensor, scale: float, max_q: int) -> torch.Tensor:
+    """:func:`_run` as an operator opaque to compiled callers (inductor neither traces nor re-specialises it)."""
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q)
+
+
+@_paged_op.register_fake
+def _(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def tile_shape(g: int, max_q: int) -> tuple:
+    """(BLOCK_M tokens per tile, padded group GP): BLOCK_M * GP rows, at least 16 (tl.dot), at most MAX_ROWS
+    unless one token's group needs more."""
+    gp = _pow2(g)
+    block_m = min(_pow2(max_q), max(1, MAX_ROWS // gp))
+    return max(block_m, -(-16 // gp)), gp
+
+
+def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> torch.Tensor:
+    t, h, d = q.shape
+    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    s = block_tables.shape[0]
+    if t == 0 or s == 0:
+        return out
+    hkv, bs = k_cache.shape[2], k_cache.shape[1]
+    block_tables, cu_q, kv_lens = block_tables.contiguous(), cu_q.contiguous(), kv_lens.contiguous()
+    g = h // hkv
+    block_m, gp = tile_shape(g, max_q)
+    rows, dp = block_m * gp, _pow2(d, 16)
+    tiles = min(s * -(-max_q // block_m), (t + s * (block_m - 1)) // block_m)   # packed tiles: an upper bound
+    ns = splits_for(tiles * hkv, block_tables.shape[1] * bs, _sm_count(q.device))
+    f32dot = q.dtype == torch.float32 or triton_interpreted()   # the interpreter's bf16 / fp16 dot is unreliable
+    warps = 8 if rows * dp >= 128 * 128 else 4
+    common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=_pow2(s))
+    if ns == 1:
+        pm = pl = pacc = out     # unused
+    else:
+        pm = torch.empty((tiles * hkv * ns, rows), dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty((tiles * hkv * ns, rows, dp), dtype=torch.float32, device=q.device)
+    _partial_kernel[(tiles, hkv, ns)](
+        q, k_cache, v_cache, block_tables, cu_q, kv_lens, out, pm, pl, pacc, s, h, ns, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        BS=bs, BLOCK_N=BLOCK_N, SINGLE=ns == 1, F32DOT=f32dot, num_warps=warps, **common)
+    if ns > 1:
+        mr = min(rows, MERGE_ROWS)
+        _merge_kernel[(tiles, hkv, rows // mr)](cu_q, out, pm, pl, pacc, s, h, ns, BLOCK_S=_pow2(ns, 2), ROWS=mr,
+                                                num_warps=4, **common)
+    return out
