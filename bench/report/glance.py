@@ -13,7 +13,7 @@ from tilespec.bench.config import BASELINE
 from tilespec.bench.metrics import paired_bootstrap
 from tilespec.verify.registry import all_methods
 
-from .summary_data import (is_drafter_kind, spec_label, _dev, _f, best_drafters, e2e_groups, e2e_models,
+from .summary_data import (spec_label, _dev, _f, best_drafters, e2e_groups, e2e_models,
                            exactness_files,
                                   file_date, is_gpu_device, newest_e2e, verify_headline)
 from .tables import _batch, identical_count, tokens_per_s

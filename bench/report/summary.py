@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilespec.bench.e2e_systems import HF_KINDS
+
 from .glance import EXACT, glance_lines
 from .tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
-from .summary_data import (is_context_kind, is_drafter_kind, spec_label, HF_KINDS, SMALL_N, _dev, _f, _x, best_drafters,
+from .summary_data import (is_context_kind, is_drafter_kind, spec_label, SMALL_N, _dev, _f, _x, best_drafters,
                                   e2e_groups, e2e_models, exactness_files, file_date, file_time, is_gpu_device,
                                   newest_e2e, verify_headline)
 from .summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table,  # noqa: F401

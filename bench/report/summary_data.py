@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tilespec.bench.e2e_systems import HF_KINDS, engine_draft_name
+from tilespec.bench.e2e_systems import engine_draft_name
 
 SMALL_N = 100  # sample sizes below this get a warning (quality claims need hundreds of examples per dataset)
 # system kind -> summary label, in display order; a drafter kind not named here (any name the engine resolves, and

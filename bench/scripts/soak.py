@@ -98,7 +98,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    import transformers
     from tilespec.engine import SpeculativeDecoder
     from tilespec.env import run_record
     from tilespec.verify import SamplingParams

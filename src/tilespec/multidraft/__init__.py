@@ -3,12 +3,10 @@ chain verification over K draft sequences, exactness checks and sequence-level d
 
 See docs/multidraft.md. Entry points: :func:`select`, :func:`verify_multidraft`, :func:`optimal_acceptance`.
 """
+from .chain import verify_multidraft
 from .common import Selection, Stream
 from .optimum import acceptance_gap, lp_optimum, optimal_acceptance, optimal_acceptance_brute, theorem3_acceptance
 from .schemes import SCHEMES, parse_scheme, select, accept_probability
 
-__all__ = ["Selection", "Stream", "select", "parse_scheme", "accept_probability", "SCHEMES",
+__all__ = ["Selection", "Stream", "select", "parse_scheme", "accept_probability", "SCHEMES", "verify_multidraft",
            "optimal_acceptance", "optimal_acceptance_brute", "theorem3_acceptance", "lp_optimum", "acceptance_gap"]
-from .chain import verify_multidraft  # noqa: E402
-
-__all__.append("verify_multidraft")
