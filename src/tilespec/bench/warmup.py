@@ -168,10 +168,6 @@ def capacity_bucket(width: int, limit: int, gamma_max: int, batch: int = 1, spec
     return -(-(width + limit + slack + (gamma_max + 2 if spec else 2)) // 256) * 256
 
 
-def _capacity_bucket(width: int, limit: int, gamma_max: int) -> int:   # batch-1 form, kept for callers
-    return capacity_bucket(width, limit, gamma_max, 1)
-
-
 def plan_forced(ks, limit: int) -> list[list[int]]:
     """Split the draft lengths ``ks`` (> 0) into forced-γ sequences that each fit one generation of ``limit`` new
     tokens: a step drafting k consumes at most k + 1 tokens and the engine drafts min(γ, remaining - 1)."""

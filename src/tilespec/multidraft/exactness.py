@@ -93,13 +93,6 @@ def _planted_case(samples, alpha, seed, gen) -> CaseResult:
                      note="power check: IS step without the SD correction (law p_I != p); must FAIL")
 
 
-def _markov(v: int, temp: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Order-1 chain (P0 [V], P [V, V]) from fixed random logits, at temperature temp."""
-    logits = torch.randn(v + 1, v, generator=gen, dtype=DTYPE) * 1.3
-    probs = torch.softmax(logits / temp, dim=-1)
-    return probs[0], probs[1:]
-
-
 def chain_case(scheme: str, temps: tuple[float, ...], samples: int, alpha: float, seed: int,
                v: int = 5, L: int = 2, sampler: str = "gumbel") -> CaseResult:
     """Sequence-level check of ``verify_multidraft``: law of the first two emitted tokens."""
