@@ -1,0 +1,329 @@
+"""The paged engine: continuous batching over paged K/V with prefix caching, chunked prefill in the decode batch,
+and context speculation verified exactly per request.
+
+One iteration (:meth:`PagedEngine.step`):
+  1. every decoding request proposes its context drafts (ngram / suffix; none where the load switch says drafting
+     does not pay at this batch size, engine/spec_switch.py);
+  2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of
+     waiting requests, within a token budget; it grows block tables, preempts when blocks run out;
+  3. one forward (model.py) over every item's tokens; a step of decode rows alone replays a CUDA graph per
+     (rows bucket, width);
+  4. ``verify()`` on the rows that sample ([N, K + 1, V] logits, ragged draft counts, per-request seeds keyed by
+     absolute position): accepted drafts and one more token per request;
+  5. bookkeeping: computed lengths advance past the fed tokens and accepted drafts (rejected drafts' K/V are simply
+     overwritten later: rollback copies nothing), full blocks are sealed into the prefix cache, finished requests
+     release their blocks.
+
+Exactness: a request's logits depend only on its own tokens; its random numbers are keyed by its seed and absolute
+positions; its drafts come from its own history. With ``coupled`` verification (the default) and context drafts its
+tokens are those of target-only decoding, whatever was drafted, so the load switch, preemption, prefix sharing and
+the rest of the batch change none of its tokens (tests/test_paged_engine.py).
+The requests are engine/batch_request.BatchRequest records and the events BatchEvent, as for BatchEngine: the server
+(serve/worker.py) drives either.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Optional
+
+import torch
+
+from tilespec.verify.api import verify
+from tilespec.verify.registry import resolve_method
+from tilespec.verify.types import SamplingParams
+
+from ..batch_request import BatchEvent, BatchRequest, check_request
+from ..drafters import resolve_drafter
+from ..generation import eos_ids
+from ..inputs import context_limit, vocab_limit
+from ..spec_switch import SpecSwitch
+from .blocks import SCRATCH, BlockManager
+from .model import PagedModel, StepInputs
+from .scheduler import Item, Scheduler, Seq
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+def bucket(rows: int) -> int:
+    """The captured decode shape for ``rows`` decoding requests: the next size in BUCKETS (or ``rows`` above it)."""
+    return next((b for b in BUCKETS if b >= rows), rows)
+
+
+class PagedEngine:
+    """Serve ``target`` (a Llama-family transformers model) with continuous batching over paged K/V.
+
+    draft: None, "ngram", "suffix" or a context Drafter (drafts from the request's own tokens); gamma: draft cap per
+    request and step; max_batch: running requests at most; token_budget: tokens per forward (decode rows with their
+    drafts + prefill chunks); block_size: slots per block (a power of two > gamma); num_blocks: K/V blocks (default:
+    ``kv_fraction`` of the free GPU memory, or enough for max_batch full-length requests on CPU); max_len: longest
+    prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between requests;
+    adaptive: drafting on / off per batch size as measured (default on with a drafter: with coupled verification it
+    changes no token). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit,
+    cancel and step.
+    """
+
+    finished = False
+
+    def __init__(self, target, draft=None, *, max_batch: int = 64, gamma: int = 4, token_budget: int = 2048,
+                 block_size: int = 16, num_blocks: Optional[int] = None, kv_fraction: float = 0.5,
+                 max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
+                 compile: bool = False, adaptive: Optional[bool] = None, min_alpha: float = 0.1,
+                 eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+        drafter = resolve_drafter(draft)
+        if drafter is not None and (not drafter.has_context or drafter.model is not None
+                                    or drafter.runner(1, 16, target=None, compile=False) is not None):
+            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix); "
+                             f"{getattr(drafter, 'name', drafter)!r} needs a draft runner: serve it with BatchEngine")
+        if not (isinstance(gamma, int) and 0 <= gamma < 32):
+            raise ValueError(f"gamma must be an integer in [0, 32), got {gamma!r}")
+        gamma = gamma if drafter is not None else 0
+        if gamma >= block_size:
+            raise ValueError(f"gamma {gamma} must be below block_size {block_size} (padding rows share one block)")
+        if token_budget < max_batch * (1 + gamma):
+            token_budget = max_batch * (1 + gamma)        # a full decode batch always fits one step
+        self.drafter, self.gamma = drafter, gamma
+        self.device = next(target.parameters()).device
+        self.method = resolve_method(method, self.device)
+        self.max_batch, self.min_alpha = max_batch, min_alpha
+        self.max_len = min(max_len or context_limit(target) or 4096, context_limit(target) or 1 << 30)
+        self.vocab = vocab_limit(target)
+        self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
+        if num_blocks is None:
+            num_blocks = self._default_blocks(target, block_size, kv_fraction)
+        self.model = PagedModel(target, num_blocks, block_size, compile=compile)
+        self.vocab_out = self.model.native.lm_head.shape[0]
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(self.blocks, token_budget=token_budget, max_seqs=max_batch)
+        if adaptive is None:
+            adaptive = drafter is not None and self.method == "coupled"
+        self.switch = SpecSwitch() if adaptive and drafter is not None else None
+        self.seqs: dict = {}                  # rid -> Seq
+        self._ids, self._order = itertools.count(), itertools.count()
+        self.counters = {"steps": 0, "decode_graph_steps": 0, "prefill_tokens": 0,
+                         "generated_tokens": 0, "drafted": 0, "accepted": 0, "spec_steps": 0,
+                         "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0}
+
+    def _default_blocks(self, target, block_size: int, fraction: float) -> int:
+        per_block = PagedModel.kv_bytes_per_token(target) * block_size
+        full = self.max_batch * (-(-self.max_len // block_size)) + 1
+        if self.device.type != "cuda":
+            return full
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(2, min(full, int(free * fraction) // per_block))
+
+    # ------------------------------------------------------------------------------------------------ requests
+    @property
+    def capacity_tokens(self) -> int:
+        return (self.blocks.num_blocks - 1) * self.blocks.block_size
+
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def kv_bytes_in_use(self) -> int:
+        used = self.blocks.num_blocks - 1 - self.blocks.num_free
+        return used * self.blocks.block_size * PagedModel.kv_bytes_per_token(self.model.native.model)
+
+    def check(self, req: BatchRequest) -> None:
+        """Raise ValueError with the reason when ``req`` cannot be served (before admission)."""
+        check_request(req, min(self.max_len, self.capacity_tokens - self.gamma), self.vocab)
+
+    def submit(self, req: BatchRequest) -> int:
+        self.check(req)
+        req.rid, req.t_submit = next(self._ids), time.perf_counter()
+        req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
+        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order))
+        if self.drafter is not None:
+            seq.context = self.drafter.start([req.prompt])
+        self.seqs[req.rid] = seq
+        self.scheduler.add(seq)
+        return req.rid
+
+    def cancel(self, rid: int) -> Optional[BatchRequest]:
+        """Drop request ``rid`` (waiting or running): its blocks are released at once."""
+        seq = self.seqs.get(rid)
+        if seq is None:
+            return None
+        self._retire(seq, "cancelled")
+        return seq.req
+
+    def _retire(self, seq: Seq, reason: str) -> None:
+        self.scheduler.remove(seq)
+        self.seqs.pop(seq.req.rid, None)
+        seq.req.finish_reason, seq.req.t_end = reason, time.perf_counter()
+        self.counters["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def _draft_cap(self, seq: Seq) -> int:
+        req = seq.req
+        if req.cap <= 0 or (req.drafted >= 32 and req.accepted < self.min_alpha * req.drafted):
+            return 0
+        return max(0, min(req.cap, req.max_tokens - len(req.tokens) - 1))
+
+    def _propose(self) -> bool:
+        decoding = [s for s in self.scheduler.running if s.decoding]
+        allow = self.switch is None or self.switch.draft(bucket(len(decoding)))
+        for seq in self.scheduler.running:
+            cap = self._draft_cap(seq) if allow and seq.decoding and seq.context is not None else 0
+            seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
+        return allow and self.drafter is not None
+
+    @torch.inference_mode()
+    def step(self) -> list:
+        """One iteration (see the module docstring). Returns the BatchEvent of every request that got tokens or
+        ended."""
+        started = time.perf_counter()
+        drafting = self._propose()
+        items = self.scheduler.schedule()
+        self.counters["preemptions"] = self.scheduler.preemptions
+        if not items:
+            if self.scheduler.waiting and not self.scheduler.running:
+                raise RuntimeError("the paged engine could not admit a checked request into an empty cache")
+            return []
+        sampling = [it for it in items if it.samples]
+        decode_only = all(it.seq.decoding and it.samples for it in items)
+        width = 1 + max(len(it.seq.drafts) for it in items) if decode_only else 0
+        if decode_only and self.model.graphs:
+            inputs = self._decode_inputs(items, width)
+            logits = self.model.decode(inputs).view(-1, width, self.vocab_out)[:len(items)]
+            self.counters["decode_graph_steps"] += 1
+        else:
+            inputs, width = self._mixed_inputs(items, sampling)
+            logits = self.model.forward(inputs).view(len(sampling), width, self.vocab_out)
+        events = self._verify_and_commit(items, sampling, logits)
+        self.counters["steps"] += 1
+        if self.switch is not None and decode_only:
+            emitted = sum(len(e.tokens) for e in events)
+            self.switch.observe(bucket(len(items)), drafting and width > 1, time.perf_counter() - started,
+                                emitted / len(items))
+        return events
+
+    def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def _slot(self, seq: Seq, pos: int) -> int:
+        bs = self.blocks.block_size
+        return seq.table[pos // bs] * bs + pos % bs
+
+    def _decode_inputs(self, items: list, width: int) -> StepInputs:
+        """Every request fed ``width`` tokens (pending + drafts, padded; padding writes to the scratch block), the
+        row count rounded up to a bucket with absent rows on the scratch block: a fixed shape per (bucket, width)."""
+        rows = bucket(len(items))
+        m = max(len(it.seq.table) for it in items)
+        m = -(-m // 8) * 8
+        tokens, positions, slots, lens = [], [], [], []
+        tables = torch.zeros((rows, m), dtype=torch.int32)
+        for i, it in enumerate(items):
+            seq = it.seq
+            fed = [seq.tokens[-1]] + seq.drafts
+            tokens += fed + [self.pad] * (width - len(fed))
+            positions += [it.start + j for j in range(width)]
+            slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
+            slots += [SCRATCH * self.blocks.block_size + j for j in range(len(fed), width)]
+            lens.append(it.start + width)
+            tables[i, :len(seq.table)] = torch.tensor(seq.table, dtype=torch.int32)
+        absent = rows - len(items)
+        tokens += [self.pad] * (absent * width)
+        positions += list(range(width)) * absent
+        slots += list(range(width)) * absent
+        lens += [width] * absent
+        return StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
+                          tables.to(self.device, non_blocking=True),
+                          self._tensor(range(0, (rows + 1) * width, width), torch.int32),
+                          self._tensor(lens, torch.int32), self._tensor(range(rows * width)), width)
+
+    def _mixed_inputs(self, items: list, sampling: list) -> tuple:
+        """Ragged items (prefill chunks and decode rows); logits rows: for each sampling item its last fed token
+        and its drafts, padded to the widest (repeating the last row) -> (inputs, width)."""
+        width = 1 + max(len(it.seq.drafts) for it in sampling) if sampling else 1
+        tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
+        m = max(len(it.seq.table) for it in items)
+        tables = torch.zeros((len(items), m), dtype=torch.int32)
+        for i, it in enumerate(items):
+            seq = it.seq
+            fed = seq.tokens[it.start:it.start + it.n] + (seq.drafts if it.samples else [])
+            base = cu[-1]
+            tokens += fed
+            positions += range(it.start, it.start + len(fed))
+            slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
+            cu.append(base + len(fed))
+            lens.append(it.start + len(fed))
+            tables[i, :len(seq.table)] = torch.tensor(seq.table, dtype=torch.int32)
+            if it.samples:
+                last = base + it.n - 1
+                own = [last + j for j in range(1 + len(seq.drafts))]
+                rows += own + [own[-1]] * (width - len(own))
+            self.counters["prefill_tokens"] += 0 if seq.decoding else it.n
+        inputs = StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
+                            tables.to(self.device, non_blocking=True), self._tensor(cu, torch.int32),
+                            self._tensor(lens, torch.int32), self._tensor(rows),
+                            max(it.width for it in items))
+        return inputs, width
+
+    def _sampling_params(self, reqs: list) -> SamplingParams:
+        values = [(r.temperature, r.top_k, r.top_p, r.min_p) for r in reqs]
+        if all(v == values[0] for v in values):
+            return SamplingParams(*values[0])
+        return SamplingParams(*[list(col) for col in zip(*values)])
+
+    def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor) -> list:
+        for it in items:                    # every fed token up to the sampling point is now in the cache
+            if not it.samples:
+                it.seq.computed = it.start + it.n
+        events = []
+        if sampling:
+            k = logits.shape[1] - 1
+            reqs = [it.seq.req for it in sampling]
+            counts = [len(it.seq.drafts) for it in sampling]
+            drafts = torch.full((len(sampling), k), self.pad, dtype=torch.int64)
+            for i, it in enumerate(sampling):
+                drafts[i, :counts[i]] = torch.tensor(it.seq.drafts, dtype=torch.int64)
+            result = verify(logits, drafts.to(self.device), num_draft_tokens=self._tensor(counts),
+                            sampling=self._sampling_params(reqs), method=self.method,
+                            seed=self._tensor([r.seed for r in reqs]),
+                            offsets=self._tensor([len(it.seq.tokens) for it in sampling]), check_values=False)
+            host = torch.cat([result.num_emitted[:, None], result.output_tokens], dim=1).cpu().tolist()
+            for it, count, row in zip(sampling, counts, host):
+                events.append(self._commit(it, count, row[1:1 + row[0]]))
+        for it in items:
+            seq = it.seq
+            if seq.req.finish_reason is None:
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
+        return events
+
+    def _commit(self, it: Item, drafted: int, new: list) -> BatchEvent:
+        seq, req = it.seq, it.seq.req
+        seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
+        if seq.context is not None and drafted:
+            req.drafted += drafted
+            req.accepted += len(new) - 1
+            self.counters["drafted"] += drafted
+            self.counters["accepted"] += len(new) - 1
+            self.counters["spec_steps"] += 1
+        toks, reason = new[:req.max_tokens - len(req.tokens)], None
+        for j, t in enumerate(toks):
+            if t in self.eos:
+                toks, reason = toks[:j + 1], "stop"
+                break
+        seq.tokens += toks
+        req.tokens += toks
+        req.steps += 1
+        self.counters["generated_tokens"] += len(toks)
+        if req.t_first is None:
+            req.t_first = time.perf_counter()
+        if seq.context is not None:
+            seq.context.extend(0, toks)
+        if reason is None and len(req.tokens) >= req.max_tokens:
+            reason = "length"
+        if reason is not None:
+            self._retire(seq, reason)
+        return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason)

@@ -1,0 +1,139 @@
+"""The target's forward over paged K/V: every scheduled request's new tokens flattened into one [T] batch.
+
+Weights and maths are the native Llama-family decoder's (engine/native/llama.py: fused q/k/v and gate/up, fp32
+RMSNorm, transformers' RoPE); only the cache differs: per layer K and V of shape [num_blocks, block_size, H_kv, D],
+the step's K/V written at ``slots`` (block * block_size + offset; padding tokens write to the scratch block 0), and
+attention through the requests' block tables (engine/paged/attention.py). Prefill chunks of several prompts and the
+decode rows of every running request go through the same forward, so the weights are read once per step.
+
+On CUDA with ``compile=True`` the layer, prologue and head are ``torch.compile``d with symbolic sizes (one compile
+serves every T), and decode steps of a fixed (rows, width) shape are captured as CUDA graphs (:meth:`decode`).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..graphs import GraphCache
+from ..native.llama import NativeLlama, _rotate_half, rms_norm
+from ..native.runner import native_model
+from .attention import paged_attention
+
+
+@dataclass
+class StepInputs:
+    """One step's device inputs. tokens / positions / slots [T] int64; tables [S, M] int32 (block ids per request);
+    cu_q [S + 1] int32 (request s owns rows cu_q[s]:cu_q[s+1]); kv_lens [S] int32 (its length after the step);
+    rows [N] int64 (the token rows whose logits are wanted); max_q: a host bound on any request's token count."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    tables: torch.Tensor
+    cu_q: torch.Tensor
+    kv_lens: torch.Tensor
+    rows: torch.Tensor
+    max_q: int
+
+    def tensors(self) -> tuple:
+        return (self.tokens, self.positions, self.slots, self.tables, self.cu_q, self.kv_lens, self.rows)
+
+
+def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
+                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int):
+    """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` and attends
+    through the block tables. Same maths as native.llama.decoder_layer (the residual carried as a pair)."""
+    t = h.shape[0]
+    res = h + res
+    proj = F.linear(rms_norm(res, ln1, eps), qkv, qkv_bias)
+    nq, nkv = heads * head_dim, kv_heads * head_dim
+    xq = proj[:, :nq].view(t, heads, head_dim)
+    xk = proj[:, nq:nq + nkv].view(t, kv_heads, head_dim)
+    xv = proj[:, nq + nkv:].view(t, kv_heads, head_dim)
+    cos, sin = cos[:, None], sin[:, None]
+    xq = (xq * cos + _rotate_half(xq) * sin).to(h.dtype)
+    xk = (xk * cos + _rotate_half(xk) * sin).to(h.dtype)
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, xk)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, xv)
+    attn = paged_attention(xq, k_cache, v_cache, tables, cu_q, kv_lens, max_q=max_q)
+    res = res + F.linear(attn.reshape(t, nq), o)
+    gu = F.linear(rms_norm(res, ln2, eps), gate_up)
+    f = gu.shape[-1] // 2
+    return F.linear(F.silu(gu[:, :f]) * gu[:, f:], down), res
+
+
+def paged_prologue(tokens, positions, embed, inv_freq, rope_scale: float):
+    """tokens / positions [T] -> (h, zeros) [T, d], cos / sin [T, D] fp32."""
+    h = F.embedding(tokens, embed)
+    freqs = positions.float()[:, None] * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return h, torch.zeros_like(h), emb.cos() * rope_scale, emb.sin() * rope_scale
+
+
+def paged_head(h, res, rows, norm, lm_head, eps: float):
+    """(h, res) [T, d] -> logits [N, V] at token ``rows`` (model dtype)."""
+    x = (h + res).index_select(0, rows)
+    return F.linear(rms_norm(x, norm, eps), lm_head)
+
+
+class PagedModel:
+    """A Llama-family target over ``num_blocks`` paged blocks (see the module docstring)."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, *, compile: bool = False):
+        native = native_model(model)
+        if not isinstance(native, NativeLlama):
+            raise ValueError("the paged engine runs Llama-family decoders (Llama, Qwen2, Mistral, SmolLM2)")
+        self.native, self.block_size, self.num_blocks = native, block_size, num_blocks
+        self.device = native.embed.device
+        shape = (num_blocks, block_size, native.kv_heads, native.head_dim)
+        self.caches = [(torch.zeros(shape, dtype=native.dtype, device=self.device),
+                        torch.zeros(shape, dtype=native.dtype, device=self.device)) for _ in native.layers]
+        self.graphs = compile and self.device.type == "cuda"
+        self._fns = (paged_prologue, paged_layer, paged_head)
+        if self.graphs:
+            self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
+        self._decode = GraphCache(self._graph_forward, max_graphs=64) if self.graphs else None
+
+    @staticmethod
+    def kv_bytes_per_token(model) -> int:
+        native = native_model(model)
+        return 2 * native.num_layers * native.kv_heads * native.head_dim * native.embed.element_size()
+
+    def memory_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.caches)
+
+    def _run(self, fns, tokens, positions, slots, tables, cu_q, kv_lens, rows, max_q: int):
+        prologue, layer, head = fns
+        n = self.native
+        h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
+        for w, (k_cache, v_cache) in zip(n.layers, self.caches):
+            h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
+                           w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
+                           head_dim=n.head_dim, eps=n.eps, max_q=max_q)
+        return head(h, res, rows, n.norm, n.lm_head, n.eps)
+
+    def _graph_forward(self, *tensors, key=None):
+        return self._run(self._fns, *tensors, max_q=key)
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Any step (prefill chunks, decode rows, both) -> fp32 logits [N, V] at ``inputs.rows``."""
+        try:
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q).float()
+        except Exception as err:        # stay correct where a compile fails: eager from now on
+            if self._fns[1] is paged_layer:
+                raise
+            warnings.warn(f"compiled paged forward failed ({type(err).__name__}: {err}); running eagerly")
+            self._fns, self.graphs, self._decode = (paged_prologue, paged_layer, paged_head), False, None
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q).float()
+
+    @torch.inference_mode()
+    def decode(self, inputs: StepInputs) -> torch.Tensor:
+        """A decode step of fixed shape (every request the same width): a CUDA-graph replay where graphs are on
+        (captured on the first call of each shape), else :meth:`forward`. Returns fp32 logits [N, V] (fresh)."""
+        if self._decode is None:
+            return self.forward(inputs)
+        return self._decode(*inputs.tensors(), key=inputs.max_q).float()

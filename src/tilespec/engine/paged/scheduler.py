@@ -1,0 +1,153 @@
+"""Who runs in a step of the paged engine, and with how many tokens.
+
+A request is a :class:`Seq`: its tokens (prompt, then emitted tokens), ``computed`` (how many of them have their K/V
+in the cache), its block table and the prefix keys of its sealed blocks. Every step feeds each scheduled request the
+tokens ``tokens[computed : computed + n]``; when that reaches its last token the request also feeds its drafts and
+its logits are verified (it *samples*). So prefill, chunked prefill, decode, speculative verify and recompute after
+preemption are one operation: a decode is a request with ``len(tokens) - computed == 1``.
+
+Per step (vLLM v1's policy, simplified):
+  1. Running requests in arrival order: a decoding one costs 1 + its drafts, a prefilling one the next chunk of its
+     prompt. Blocks are grown to cover what it will write. When blocks run out: drop its drafts first, then preempt
+     the newest running request (its blocks are released; it waits at the front of the queue and recomputes later,
+     with its sealed prefix usually still cached), never failing a request that fits the cache.
+  2. Waiting requests are admitted (prefix-cache lookup first) while the step's token budget, ``max_seqs`` and the
+     free blocks allow; a prompt larger than the remaining budget is prefilled in chunks over several steps, in the
+     same forwards as the decoding requests (chunked prefill: no step ever waits for a whole prompt).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .blocks import BlockManager
+
+
+@dataclass(eq=False)
+class Seq:
+    """One request in the engine. ``req``: the caller's record (engine/batch_request.BatchRequest); ``tokens``: prompt
+    + emitted tokens; ``drafts``: this step's draft tokens (set by the engine before scheduling; the scheduler may
+    drop them); ``context``: its context drafter state or None."""
+
+    req: object
+    tokens: list
+    order: int
+    computed: int = 0
+    table: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+    drafts: list = field(default_factory=list)
+    context: object = None
+    preemptions: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Tokens not yet in the cache (>= 1 while the request runs: the last emitted token is fed next step)."""
+        return len(self.tokens) - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        return self.remaining == 1
+
+
+@dataclass
+class Item:
+    """One request's part of a step: it feeds ``tokens[start : start + n]`` (+ its drafts when ``samples``)."""
+
+    seq: Seq
+    start: int
+    n: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.n == len(self.seq.tokens)
+
+    @property
+    def width(self) -> int:
+        """Tokens this item puts through the forward."""
+        return self.n + (len(self.seq.drafts) if self.samples else 0)
+
+
+class Scheduler:
+    """Waiting queue + running list over a :class:`BlockManager` (see the module docstring).
+
+    ``token_budget``: tokens per step (decode rows with their drafts, plus prefill chunks); ``max_seqs``: running
+    requests at most (the largest decode batch)."""
+
+    def __init__(self, blocks: BlockManager, *, token_budget: int = 2048, max_seqs: int = 256,
+                 watermark: float = 0.01):
+        if token_budget < 1 or max_seqs < 1:
+            raise ValueError(f"token_budget and max_seqs must be >= 1, got {token_budget}, {max_seqs}")
+        self.blocks, self.token_budget, self.max_seqs = blocks, token_budget, max_seqs
+        self.watermark = max(1, int(watermark * blocks.num_blocks))
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.preemptions = 0
+
+    def add(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Seq) -> None:
+        """The request ended or was cancelled: release its blocks (sealed ones stay cached)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq.table, seq.keys)
+
+    def preempt(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq.table, seq.keys)
+        seq.computed, seq.drafts = 0, []
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> list:
+        """The step's items (see the module docstring); may preempt. Empty when nothing can run."""
+        budget, items = self.token_budget, []
+        for seq in list(self.running):
+            if seq not in self.running:          # preempted below for an earlier request
+                continue
+            item = self._running_item(seq, budget)
+            if item is not None:
+                items.append(item)
+                budget -= item.width
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            item = self._admit(self.waiting[0], budget)
+            if item is None:
+                break
+            self.running.append(self.waiting.popleft())
+            items.append(item)
+            budget -= item.width
+        return items
+
+    def _running_item(self, seq: Seq, budget: int) -> Optional[Item]:
+        if budget <= 0:
+            seq.drafts = []
+            return None
+        n = min(seq.remaining, budget)
+        if not seq.decoding or n + len(seq.drafts) > budget:
+            seq.drafts = []
+        while not self.blocks.grow(seq.table, seq.computed + n + (len(seq.drafts) if n == seq.remaining else 0)):
+            if seq.drafts:
+                seq.drafts = []
+                continue
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return None
+        return Item(seq, seq.computed, n)
+
+    def _admit(self, seq: Seq, budget: int) -> Optional[Item]:
+        seq.drafts = []
+        if not seq.table:
+            seq.computed = self.blocks.match_prefix(seq.tokens, seq.table, seq.keys)
+        reserve = self.watermark if self.running else 0     # room for the running requests' next tokens
+        room = (len(seq.table) + self.blocks.num_free - reserve) * self.blocks.block_size - seq.computed
+        n = min(seq.remaining, budget, room)
+        if n < 1 or not self.blocks.grow(seq.table, seq.computed + n):
+            self.blocks.release(seq.table, seq.keys)       # a waiting request holds no block
+            seq.computed = 0
+            return None
+        return Item(seq, seq.computed, n)

@@ -1,0 +1,204 @@
+"""The paged engine (engine/paged/) on CPU, fp32 tiny models: block accounting never leaks, and a request's tokens
+do not depend on the batch, prefix caching, chunking, preemption or cancellations of others."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tilespec.engine import SpeculativeDecoder
+from tilespec.engine.batching import BatchEngine, BatchRequest
+from tilespec.engine.paged.blocks import BlockManager
+from tilespec.engine.paged.engine import PagedEngine, bucket
+from tilespec.engine.paged.scheduler import Scheduler, Seq
+from tilespec.verify.types import SamplingParams
+
+from engine_models import tiny_lm
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    model = tiny_lm(0, logit_scale=3.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11], [3], list(range(20, 54)), [40, 41, 40, 41, 40] * 4,
+           list(range(20, 44)) + [7, 7]]
+
+
+def _run(engine, reqs, stagger=True, cancel=None):
+    half = len(reqs) // 2 if stagger else len(reqs)
+    for r in reqs[:half]:
+        engine.submit(r)
+    engine.step()
+    if cancel is not None:
+        engine.submit(cancel)
+    engine.step()
+    if cancel is not None:
+        engine.cancel(cancel.rid)
+    for r in reqs[half:]:
+        engine.submit(r)
+    while engine.has_work:
+        engine.step()
+        if hasattr(engine, "blocks"):
+            engine.blocks.check()
+
+
+# ---------------------------------------------------------------------------------------------- blocks / scheduler
+def test_blocks_share_prefixes_and_evict_lru():
+    bm = BlockManager(8, 4)
+    tokens = list(range(13))
+    table, keys = [], []
+    assert bm.match_prefix(tokens, table, keys) == 0
+    assert bm.grow(table, 13) and len(table) == 4
+    bm.seal(tokens, table, keys, 12)
+    assert len(keys) == 3
+    other_t, other_k = [], []
+    assert bm.match_prefix(tokens[:9] + [99, 98, 97], other_t, other_k) == 8     # two full blocks shared
+    assert other_t == table[:2] and bm.ref[table[0]] == 2
+    bm.release(table, keys)
+    bm.release(other_t, other_k)
+    bm.check()
+    again_t, again_k = [], []
+    assert bm.match_prefix(tokens, again_t, again_k) == 12                         # cached after release
+    bm.release(again_t, again_k)
+    big_t = []
+    assert bm.grow(big_t, 7 * 4)                                                   # evicts every cached block
+    assert not bm.by_key
+    assert not bm.grow(big_t, 8 * 4)                                               # block 0 is never handed out
+    bm.release(big_t, [])
+    bm.check()
+
+
+def test_bad_block_settings_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        BlockManager(8, 6)
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockManager(1, 4)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_accounting_never_leaks(seed):
+    """Random arrivals, chunked prefills, drafts, cancellations and preemptions on a small pool: the pool's
+    accounting holds after every step and every block comes back at the end."""
+    rng = random.Random(seed)
+    bm = BlockManager(12, 4)
+    sched = Scheduler(bm, token_budget=rng.choice([3, 8, 16]), max_seqs=rng.choice([2, 4, 8]))
+    live, order = [], 0
+    for _ in range(200):
+        if rng.random() < 0.3:
+            seq = Seq(req=None, tokens=[rng.randrange(3) for _ in range(rng.randrange(1, 14))], order=order)
+            order += 1
+            sched.add(seq)
+            live.append(seq)
+        for seq in sched.running:
+            seq.drafts = [1] * rng.randrange(3) if seq.decoding else []
+        for it in sched.schedule():
+            seq = it.seq
+            seq.computed = it.start + it.n
+            if it.samples:
+                accepted = rng.randrange(len(seq.drafts) + 1)
+                seq.tokens += seq.drafts[:accepted] + [rng.randrange(3)]
+                seq.computed += accepted
+            bm.seal(seq.tokens, seq.table, seq.keys, seq.computed)
+            assert all(b != 0 for b in seq.table)
+        if live and rng.random() < 0.15:
+            seq = live.pop(rng.randrange(len(live)))
+            sched.remove(seq)
+        for seq in [s for s in sched.running if len(s.tokens) > 24]:
+            live.remove(seq)
+            sched.remove(seq)
+        bm.check()
+    for seq in live:
+        sched.remove(seq)
+    bm.check()
+    assert bm.num_free == bm.num_blocks - 1
+
+
+def test_bucket():
+    assert [bucket(n) for n in (1, 3, 5, 17, 64, 65, 600)] == [1, 4, 8, 24, 64, 96, 600]
+
+
+# ---------------------------------------------------------------------------------------------- engine
+@pytest.fixture(scope="module")
+def greedy_reference(target):
+    return SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0)).generate(
+        PROMPTS, max_new_tokens=12).sequences
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "suffix"])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_greedy_tokens_equal_target_only(target, greedy_reference, draft, prefix_caching):
+    engine = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=16,
+                         prefix_caching=prefix_caching)
+    reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=0.0) for p in PROMPTS]
+    _run(engine, reqs, cancel=BatchRequest(prompt=list(range(60, 90)), max_tokens=5, temperature=0.0))
+    assert [r.tokens for r in reqs] == greedy_reference
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert engine.blocks.num_free == engine.blocks.num_blocks - 1
+    assert draft is None or engine.counters["accepted"] > 0
+
+
+def test_preemption_changes_no_token(target, greedy_reference):
+    """A pool far too small for the batch: requests are preempted and recomputed, tokens unchanged."""
+    engine = PagedEngine(target, "ngram", max_batch=6, gamma=3, block_size=4, num_blocks=20, token_budget=24)
+    reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=0.0) for p in PROMPTS]
+    _run(engine, reqs, stagger=False)
+    assert engine.counters["preemptions"] > 0
+    assert [r.tokens for r in reqs] == greedy_reference
+
+
+def test_shared_prefix_is_reused(target):
+    system = list(range(30, 62))
+    prompts = [system + [i, i + 1] for i in range(5)]
+    ref = SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0)).generate(
+        prompts, max_new_tokens=6).sequences
+    engine = PagedEngine(target, None, max_batch=2, block_size=4)
+    reqs = [BatchRequest(prompt=p, max_tokens=6, temperature=0.0) for p in prompts]
+    for r in reqs:
+        engine.submit(r)
+    while engine.has_work:
+        engine.step()
+    assert [r.tokens for r in reqs] == ref
+    # the first two are admitted in one step (neither finds the other's blocks yet); the other three find all 8
+    assert engine.blocks.hits >= 3 * 8
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_sampled_tokens_do_not_depend_on_the_batch(target, draft):
+    """T = 1, per-request seeds: each request's tokens equal those it gets alone, and those of BatchEngine."""
+    def reqs():
+        return [BatchRequest(prompt=p, max_tokens=10, temperature=1.0, seed=100 + i) for i, p in enumerate(PROMPTS)]
+    together = reqs()
+    _run(PagedEngine(target, draft, max_batch=4, gamma=3, block_size=4, token_budget=12), together)
+    alone = []
+    for r in reqs():
+        e = PagedEngine(target, draft, max_batch=1, gamma=3, block_size=8)
+        e.submit(r)
+        while e.has_work:
+            e.step()
+        alone.append(r.tokens)
+    assert [r.tokens for r in together] == alone
+    batch = reqs()
+    _run(BatchEngine(target, draft, max_batch=4, gamma=3, max_len=80), batch)
+    assert [r.tokens for r in batch] == alone
+
+
+def test_bad_requests_fail_before_admission(target):
+    engine = PagedEngine(target, None, max_batch=2, block_size=4, num_blocks=8)
+    with pytest.raises(ValueError, match="positions"):
+        engine.submit(BatchRequest(prompt=list(range(20)), max_tokens=20))      # 40 > 7 blocks of 4
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.submit(BatchRequest(prompt=[1, 10_000], max_tokens=2))
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit(BatchRequest(prompt=[], max_tokens=2))
+    assert not engine.has_work
+
+
+def test_model_drafts_are_refused(target):
+    from engine_models import layer_skip
+    with pytest.raises(ValueError, match="BatchEngine"):
+        PagedEngine(target, layer_skip(target, 1))
