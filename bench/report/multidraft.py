@@ -13,7 +13,7 @@ NAMES = {"sd": "SD (1 draft)", "specinfer": "SpecInfer", "spectr": "SpecTr", "is
          "optimal": "optimal (LP bound)"}
 
 
-RUNTIME = "multidraft-schemes-runtime-"    # the seed-004 schemes on the engine (bench/scripts/trees.py --stage md)
+RUNTIME = "multidraft-schemes-runtime-"    # the multi-draft schemes on the engine (bench/scripts/trees.py --stage md)
 
 
 def _newest(others: list, prefix: str) -> tuple[str, dict, Path] | None:

@@ -1,4 +1,4 @@
-"""Tree vs chain with the same draft head, and the seed-004 multi-draft schemes, on the fast runtime (B = 1).
+"""Tree vs chain with one draft head, and the multi-draft schemes (Khisti et al. 2024), on the fast runtime (B = 1).
 
 Systems per temperature (each prompt: one untimed warm-up run, then the timed run; tok/s = new tokens / wall time):
   ar                       target-only (SpeculativeDecoder without a draft)
@@ -7,7 +7,7 @@ Systems per temperature (each prompt: one untimed warm-up run, then the timed ru
   ngram-g<G> / ctx-<m>-<l>-<n>   context drafting: one n-gram match as a chain / m matches as a tree (T = 0, 1)
   md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
                            with sd (K = 1), specinfer, spectr or is (SpeculativeDecoder, chains=(K, L))
-  mdm-K<K>-L<L>-<scheme>   the same with the draft MODEL --md-draft (seed 004's setting; skipped if it cannot load)
+  mdm-K<K>-L<L>-<scheme>   the same with the draft MODEL --md-draft (the paper's setting; skipped if it cannot load)
 Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
 the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ).
 
@@ -76,7 +76,7 @@ def _systems(args, temps, multidraft):
                 out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
         if multidraft and temp > 0:
             out.append((temp, "ar", None))
-            for prefix, extra in (("mdm", {"draft": "model"}), ("md", {})):     # seed 004's setting first
+            for prefix, extra in (("mdm", {"draft": "model"}), ("md", {})):     # the paper's setting first
                 if prefix == "mdm" and not args.md_draft:
                     continue
                 for k, length in args.chains:

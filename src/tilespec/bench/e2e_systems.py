@@ -253,7 +253,7 @@ def make_decoder(cfg: Config, target, draft, args):
 def capture_every_gamma(dec, batch, max_new_tokens: int, feats=None) -> None:
     """Warm-up for an adaptive γ schedule on a compiled runtime: one generation of ``batch`` per γ it can choose
     (1..max_gamma, each pinned by a constant schedule, same cache size), so that no CUDA-graph capture of a new γ
-    lands in a timed run (H200: captures were 2.9 of 3.2 timed seconds of a B = 8 ``optimal`` run with the head).
+    lands in a timed run (a capture there can take most of the run's time).
     The measured costs of those runs are dropped: the timed schedule starts from its own warm-up generation."""
     from tilespec.engine.gamma import GammaSchedule
     if dec.drafter is None or dec.gamma_schedule == "constant" or not dec.compile:

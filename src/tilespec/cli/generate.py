@@ -239,8 +239,8 @@ def register(sub) -> None:
     p.add_argument("--tree-depth", type=positive_int, default=6, help="--tree: levels of the tree (ngram: tokens "
                    "per match)")
     p.add_argument("--chains", default=None, metavar="K,L",
-                   help="verify K chains of L tokens sampled from the head or the draft model (seed-004 multi-draft; "
-                        "--scheme)")
+                   help="verify K chains of L tokens sampled from the head or the draft model "
+                        "(multi-draft (Khisti et al. 2024); --scheme)")
     p.add_argument("--scheme", default="specinfer", help="--chains: specinfer, spectr, is, is-lp, ... (sd for K=1)")
     add_decoding_arguments(p)
     p.set_defaults(func=run)

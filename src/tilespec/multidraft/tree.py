@@ -9,7 +9,7 @@ law gives the first emitted token); node n >= 1 has a parent ``parents[b, n] < n
   recursive rejection with one-hot draft laws, the children of the current node tried in index order
   (SpecInfer / EAGLE at T > 0; greedy rows follow the longest path matching the argmax): :mod:`.tree_distinct`.
 * ``kind="iid"`` (K drafts sampled independently from ``draft_probs``: K sampled children, or K sampled chains
-  under the root): the seed-004 multi-draft schemes (``scheme``: specinfer, spectr, is, ...) select the token among
+  under the root): the multi-draft schemes of Khisti et al. 2024 (``scheme``: specinfer, spectr, is, ...) select the token among
   the children of every alive node (nodes whose path equals the emitted tokens; duplicates of a token are separate
   drafts), as :func:`~.chain.verify_multidraft` does for K chains. The law of candidate c is ``draft_probs`` at
   its parent (``identical=True``: at the first alive node, for drafts from one law).

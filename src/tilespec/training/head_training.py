@@ -28,8 +28,8 @@ from tilespec.heads.model import DraftHead, config_for
 from tilespec.heads.store import head_dir, save_head, target_identity
 
 STATE = "train-state.pt"
-# the head's cost per draft token in target forwards, for the suggested γ (measured on an H100 for the 1.5B shape with
-# a 32k draft vocabulary: ~0.05; the engine's ``optimal`` schedule measures it online)
+# the head's cost per draft token in target forwards: the prior of the suggested γ (a 1.5B target with a 32k draft
+# vocabulary); the engine's ``optimal`` schedule measures it online
 HEAD_COST = 0.05
 
 

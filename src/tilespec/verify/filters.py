@@ -121,10 +121,9 @@ def keep_threshold(logits: torch.Tensor, sampling, z: Optional[torch.Tensor] = N
     """
     if method == "auto":
         rows = logits.shape[0] * logits.shape[1]
-        # Measured on the H100 (V = 151,936): the radix kernel beats the
-        # sort at 6 rows (graph 0.07 / 0.13 ms vs 0.33 / 0.52 for top-k 50 / top-p 0.9) and at 384 rows for top-k
-        # (1.0 ms vs 5.9; the row kernel 2.1); top-p alone at 384 rows keeps every chunk active (4.4 ms), where
-        # the one-program-per-row kernel takes 2.5 ms.
+        # The rule: on a GPU the radix kernel beats the sort from KERNEL_MIN_ROWS rows; top-p alone keeps every
+        # chunk of a row active, so from ROW_KERNEL_TOP_P_ROWS rows the one-program-per-row kernel is faster
+        # (measured by bench/scripts/filter_thresholds.py).
         method = (("triton" if triton_available() else "search") if rows >= KERNEL_MIN_ROWS else "sort") \
             if logits.is_cuda else "sort"
         if method == "triton" and sampling.has_top_p and not sampling.has_top_k and rows >= ROW_KERNEL_TOP_P_ROWS:
