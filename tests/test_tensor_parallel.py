@@ -23,11 +23,11 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 4, 9, 3, 4, 9, 3]]
 CASES = [("model", 0.0), ("model", 1.0), ("ngram", 0.0), ("ngram", 1.0), (None, 1.0)]
 
 
-def tiny_qwen(seed: int, layers: int = 2, vocab: int = 130) -> Qwen2ForCausalLM:
-    """8 query / 4 K/V heads, MLP width 128 (divisible by 2 and 4); vocab 130 (not: the LM head pads)."""
+def tiny_qwen(seed: int, layers: int = 2, vocab: int = 130, kv: int = 4) -> Qwen2ForCausalLM:
+    """8 query / ``kv`` K/V heads, MLP width 128 (divisible by 2, 4 and 8); vocab 130 (not: the LM head pads)."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                      num_attention_heads=8, num_key_value_heads=kv, max_position_embeddings=512,
                       attn_implementation="sdpa", tie_word_embeddings=False)
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -52,7 +52,8 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     torch.set_num_threads(1)
     from tilespec.engine.native.tensor_parallel import check_consistent, init_tensor_parallel, shard
     tp = init_tensor_parallel(world)
-    target, draft = tiny_qwen(3), tiny_qwen(4, layers=1)
+    kv = 8 if world == 8 else 4              # K/V heads are split, not replicated: 8 ranks need 8
+    target, draft = tiny_qwen(3, kv=kv), tiny_qwen(4, layers=1)
     reference = decode_all(copy.deepcopy(target), draft, "native") if rank == 0 else None
     shard(target, tp, check=True)
     assert target.model.layers[0].self_attn.q_proj.weight.is_meta        # the transformers path cannot run by accident
@@ -62,9 +63,36 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     if rank == 0:
         Path(folder, "out.json").write_text(json.dumps({"reference": reference, "sharded": sharded}))
     if world == 2:
+        _no_collectives(tp, folder)
         _generate_cli(rank, folder)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def _no_collectives(tp, folder: str) -> None:
+    """drop_collectives (the bench's all-reduce share): a target-only decode runs with no collective at all."""
+    import torch.distributed._functional_collectives as funcol
+
+    from tilespec.engine.native.tensor_parallel import shard
+    from tilespec.engine.native import tp_collectives
+    target = shard(tiny_qwen(3), tp)
+    target._tilespec_native.drop_collectives()
+    calls = {"gathers": 0, "sums": 0}
+    gather, reduce = funcol.all_gather_tensor, tp_collectives.funcol.all_reduce
+
+    def counted(name, fn):
+        def call(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return call
+    funcol.all_gather_tensor = counted("gathers", gather)
+    tp_collectives.funcol.all_reduce = counted("sums", reduce)
+    try:
+        seq = SpeculativeDecoder(target, None, compile="native", eos_token_id=[]).generate(
+            PROMPTS[:1], max_new_tokens=10, seed=1).sequences[0]
+    finally:
+        funcol.all_gather_tensor, tp_collectives.funcol.all_reduce = gather, reduce
+    Path(folder, f"no-collectives-{tp.rank}.json").write_text(json.dumps({"length": len(seq), **calls}))
 
 
 class _Chars:
@@ -108,7 +136,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_sharded_tokens_equal_unsharded(world, tmp_path):
     # fork: the workers inherit the imported modules (a spawned worker re-imports transformers, ~10 s per process
     # on a loaded CI machine); each sets one thread before any torch work
@@ -124,6 +152,8 @@ def test_sharded_tokens_equal_unsharded(world, tmp_path):
         assert len(cli["tokens"][0]) == 8 and cli["stats"]["drafter"] == "ngram"
         bench = json.loads((tmp_path / "bench-0.json").read_text())
         assert [r["system"] for r in bench["results"]] == ["ar"] and "error" not in bench["results"][0]
+        assert json.loads((tmp_path / "no-collectives-0.json").read_text()) == {"length": 10, "gathers": 0,
+                                                                                "sums": 0}
 
 
 def test_degree_must_divide_heads_and_mlp():

@@ -52,6 +52,8 @@ def load_pair(target_name, draft_name, device, dtype, log: Optional[Callable[[st
     check_draft_name(draft_name)
     draft_name, context = split_draft_name(draft_name)
     if tp is not None:
+        from .engine.native.tp_launch import check_target
+        check_target(target_name, tp.size)      # heads / MLP width from the configuration, before any weights load
         device = tp.device
         if draft_name and ":" in str(draft_name) and str(draft_name).split(":", 1)[0] == str(target_name):
             raise ValueError(f"draft {draft_name!r} shares the target's layers, which tensor parallelism shards: "

@@ -24,7 +24,8 @@ variable                    default                 meaning
 ``TILESPEC_DIRECT_LAUNCH``  ``1``                   verification kernels called through their compiled launcher
                                                     on CUDA (``0``: Triton's JIT dispatcher on every call)
 ``TILESPEC_TP_ALLREDUCE``   unset (``auto``)        tensor-parallel all-reduce for ``allreduce="auto"``:
-                                                    ``symm`` (symmetric memory, CUDA) or ``nccl``
+                                                    ``symm`` (symmetric memory, CUDA), ``nccl`` or ``best``
+                                                    (the faster of the two, timed per shape)
 ``TILESPEC_TP_CHECK``       ``0``                   tensor-parallel runs compare every forward's inputs across
                                                     ranks (``1``: on; a debugging check, slower)
 =========================== ======================= ==========================================================
@@ -89,8 +90,8 @@ def _sdpa(raw: Optional[str]) -> str:
 
 def _allreduce(raw: Optional[str]) -> Optional[str]:
     value = (raw or "").strip().lower()
-    if value and value not in ("symm", "nccl"):
-        raise ValueError(f"TILESPEC_TP_ALLREDUCE={raw!r}: expected symm or nccl (or unset for auto)")
+    if value and value not in ("symm", "nccl", "best"):
+        raise ValueError(f"TILESPEC_TP_ALLREDUCE={raw!r}: expected symm or nccl or best (or unset for auto)")
     return value or None
 
 

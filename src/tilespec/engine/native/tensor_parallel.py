@@ -24,175 +24,26 @@ same tokens with no broadcast; drafts (draft models, context drafters) are repli
 ``check=True`` (env ``TILESPEC_TP_CHECK=1``) verifies it: every target forward compares its input tokens and
 positions across ranks on the device (graph-safe) and :func:`check_consistent` raises on the host.
 
-Launch: ``torchrun --nproc-per-node N ...``; :func:`init_tensor_parallel` reads the launcher's environment.
+Launch: ``torchrun --nproc-per-node N ...``; :func:`init_tensor_parallel` reads the launcher's environment
+(tp_launch.py: the checks before any weight loads, ending every rank when one fails); the sums are in
+tp_collectives.py ("nccl", "symm", "best").
 """
 from __future__ import annotations
 
-import functools
-import os
-
-from tilespec import settings
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from tilespec import settings
+
 from .llama import LayerWeights, NativeLlama
-
-ALLREDUCE = ("auto", "nccl", "symm")
-SYMM_MAX_ELEMENTS = 1 << 20   # larger sums (prefill) take NCCL: symmetric buffers are kept per shape, never freed
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
-@dataclass(frozen=True)
-class TensorParallel:
-    """The process's place in a tensor-parallel group: ``rank`` of ``size``, its ``device`` and the ``mesh``."""
-
-    rank: int
-    size: int
-    device: torch.device
-    mesh: DeviceMesh
-
-    @property
-    def group_name(self) -> str:
-        return self.mesh.get_group().group_name
-
-    @property
-    def main(self) -> bool:
-        """True on rank 0 (the rank that prints and writes files)."""
-        return self.rank == 0
-
-
-def check_launch(tp: int) -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the launcher's environment, with clear errors for a missing launcher or a
-    world size other than ``tp`` (every process of the launch is one tensor-parallel rank)."""
-    if not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"the tensor-parallel degree must be an integer >= 1, got {tp!r}")
-    missing = [v for v in _LAUNCH_VARS if v not in os.environ]
-    if missing:
-        if tp == 1:
-            return 0, 1, 0
-        raise RuntimeError(f"tensor parallelism over {tp} processes needs a launcher that starts one process per "
-                           f"GPU ({', '.join(missing)} not set): run `torchrun --nproc-per-node {tp} -m tilespec ...`")
-    rank, world, local = (int(os.environ[v]) for v in _LAUNCH_VARS)
-    if world != tp:
-        raise ValueError(f"tensor-parallel degree {tp} but the launcher started {world} processes: every process is "
-                         f"one rank, so pass --nproc-per-node {tp} (or --tp {world})")
-    return rank, world, local
-
-
-def init_tensor_parallel(tp: int, backend: Optional[str] = None) -> TensorParallel:
-    """Join (or start) the default process group of a ``torchrun`` launch and build a 1-D mesh of ``tp`` ranks.
-    ``backend``: "nccl" with CUDA, else "gloo" (default by device). Each rank uses cuda:LOCAL_RANK when CUDA is
-    available."""
-    rank, world, local = check_launch(tp)
-    cuda = torch.cuda.is_available() and backend != "gloo"
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:        # tp == 1 without a launcher: a group of one
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29511")
-        dist.init_process_group(backend or ("nccl" if cuda else "gloo"), rank=rank, world_size=world,
-                                device_id=device if cuda else None)
-    elif dist.get_world_size() != world:
-        raise ValueError(f"the process group has {dist.get_world_size()} ranks, the launch {world}")
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
-    return TensorParallel(rank=dist.get_rank(), size=world, device=device, mesh=mesh)
-
-
-def check_divisible(config, tp: int) -> None:
-    """ValueError unless ``tp`` divides the query heads, the K/V heads and the MLP width of ``config``."""
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    width = config.intermediate_size
-    bad = [f"{name} {n}" for name, n in (("attention heads", heads), ("key/value heads", kv),
-                                         ("MLP width", width)) if n % tp]
-    if bad:
-        raise ValueError(f"tensor-parallel degree {tp} does not divide the model's {', '.join(bad)}: choose a "
-                         f"degree that divides {heads} query heads, {kv} key/value heads and {width} MLP columns")
-
-
-# ------------------------------------------------------------------------------------------------ the sums
-def nccl_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
-    """Sum over the group (functional collective: traced by dynamo, captured in CUDA graphs)."""
-    return funcol.all_reduce(x, "sum", group)
-
-
-SYMM_VARIANT = ["copy"]   # "copy" (one_shot_all_reduce_copy) until it fails once, then "copy_then_reduce"
-_SYMM: dict = {}   # (group name, numel, dtype, device) -> [two symmetric buffers, index of the next one]
-
-
-def _symm_buffers(group: str, x: torch.Tensor) -> list:
-    """Two symmetric-memory buffers shaped like ``x`` for this group, made on first use (collective: every rank
-    makes them at the same call, which the first, uncaptured run of each shape is: prefill or a graph's warm-up).
-    Two, used in turn: a rank may fill the next buffer while a peer still reads the previous one; the one-shot
-    kernel's entry barrier keeps the ranks within one sum of each other."""
-    key = (group, x.numel(), x.dtype, x.device)
-    entry = _SYMM.get(key)
-    if entry is None:
-        import torch.distributed._symmetric_memory as symm_mem
-        if os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
-            raise RuntimeError("set TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (and NCCL_NVLS_ENABLE=0) before using the "
-                               "symmetric-memory all-reduce: NVLink multicast must stay off")
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("symmetric buffers must exist before a graph capture (run the shape once first)")
-        bufs = []
-        for _ in range(2):
-            buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
-            symm_mem.rendezvous(buf, group)
-            bufs.append(buf)
-        entry = _SYMM[key] = [bufs, 0]
-    return entry
-
-
-@torch.library.custom_op("tilespec::symm_all_reduce", mutates_args=())
-def symm_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
-    """Sum over the group by PyTorch's one-shot symmetric-memory all-reduce (every rank loads every peer's buffer
-    over NVLink; no multicast); inputs over SYMM_MAX_ELEMENTS by NCCL. CUDA only. Opaque to inductor."""
-    if x.numel() > SYMM_MAX_ELEMENTS:
-        out = funcol.all_reduce(x.contiguous(), "sum", group)
-        return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
-    entry = _symm_buffers(group, x)
-    bufs, i = entry
-    entry[1] = 1 - i
-    flat = x.reshape(-1)
-    if SYMM_VARIANT[0] == "copy":     # one kernel: the copy into the symmetric buffer happens inside the all-reduce
-        try:
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(bufs[i], flat, "sum", group).view(x.shape)
-        except (AttributeError, RuntimeError, TypeError):   # an older PyTorch: copy first (one more kernel)
-            SYMM_VARIANT[0] = "copy_then_reduce"
-    bufs[i].copy_(flat)
-    return torch.ops.symm_mem.one_shot_all_reduce(bufs[i], "sum", group).view(x.shape)
-
-
-@symm_all_reduce.register_fake
-def _(x, group):
-    return torch.empty_like(x)
-
-
-def resolve_allreduce(allreduce: str, device: torch.device) -> str:
-    """"auto" -> "symm" on CUDA (multicast off: TORCH_SYMM_MEM_DISABLE_MULTICAST is set to 1 when unset), else
-    "nccl"; env TILESPEC_TP_ALLREDUCE overrides "auto"."""
-    if allreduce not in ALLREDUCE:
-        raise ValueError(f"allreduce must be one of {ALLREDUCE}, got {allreduce!r}")
-    if allreduce == "auto":
-        allreduce = settings.get().tp_allreduce or ("symm" if device.type == "cuda" else "nccl")
-        if allreduce == "symm":
-            os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    if allreduce == "symm" and device.type != "cuda":
-        raise ValueError("the symmetric-memory all-reduce needs CUDA devices; use allreduce='nccl'")
-    return allreduce
-
-
-def _reducer(allreduce: str, group: str):
-    fn = nccl_all_reduce if allreduce == "nccl" else symm_all_reduce
-    return functools.partial(fn, group=group)
+from .tp_collectives import (ALLREDUCE, BEST, SYMM_MAX_ELEMENTS, SYMM_VARIANT, best_all_reduce, nccl_all_reduce,
+                             reducer, resolve_allreduce, symm_all_reduce)
+from .tp_launch import (TensorParallel, check_divisible, check_gpus, check_launch, check_target, init_tensor_parallel,
+                        run_rank)
 
 
 # ------------------------------------------------------------------------------------------------ sharding
@@ -234,6 +85,10 @@ class _Placer:
         return (torch.randn(shape, generator=gen, device=self.tp.device, dtype=torch.float32) * std).to(dtype)
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class TensorParallelLlama(NativeLlama):
     """:class:`NativeLlama` over this rank's shards (see the module docstring): ``heads`` / ``kv_heads`` are the
     local counts, ``lm_head`` the local vocabulary rows (padded to a multiple of tp); :meth:`forward` returns the
@@ -269,8 +124,9 @@ class TensorParallelLlama(NativeLlama):
         self.heads, self.kv_heads = self.heads // n, self.kv_heads // n
         self.tp = tp
         self.allreduce = resolve_allreduce(allreduce, tp.device)
-        self.reduce = _reducer(self.allreduce, tp.group_name)
+        self.reduce = reducer(self.allreduce, tp.group_name)
         self.check = check
+        self.collectives = True
         self.mismatches = torch.zeros((), dtype=torch.int64, device=tp.device)
         self._place = place
 
@@ -285,10 +141,20 @@ class TensorParallelLlama(NativeLlama):
         if self.check:
             self._compare_inputs(tokens, positions)
         local = super().forward(tokens, positions, mask, write_pos, caches, keep=keep, reduce=self.reduce, **kw)
+        if not self.collectives:      # timing only: this rank's logits tiled to [B, q, V] (no communication)
+            return torch.cat([local] * self.tp.size, -1)[..., :self.vocab]
         full = funcol.all_gather_tensor(local.contiguous(), local.dim() - 1, self.tp.group_name)
         if isinstance(full, funcol.AsyncCollectiveTensor):
             full = full.wait()
         return full[..., :self.vocab] if full.shape[-1] != self.vocab else full
+
+    def drop_collectives(self) -> None:
+        """For timing only (the share of a step spent in the sums): the sums become the identity and the logits
+        this rank's own tiled to the vocabulary, so a step runs the same kernels minus every collective. The
+        outputs are wrong and the ranks no longer agree; call before the first forward (compiled code keeps it)."""
+        self.reduce = _identity
+        self.collectives = False
+        self.check = False
 
     def _compare_inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """Count (on the device, no sync) forwards whose tokens or positions differ between ranks; outside a graph
@@ -376,5 +242,7 @@ def check_consistent(model, sequences: Optional[list] = None) -> None:
             raise RuntimeError(f"tensor-parallel ranks {bad} emitted other tokens than rank 0")
 
 
-__all__ = ["ALLREDUCE", "TensorParallel", "TensorParallelLlama", "check_consistent", "check_divisible",
-           "check_launch", "init_tensor_parallel", "shard", "tensor_parallel_of"]
+__all__ = ["ALLREDUCE", "BEST", "SYMM_MAX_ELEMENTS", "SYMM_VARIANT", "TensorParallel", "TensorParallelLlama",
+           "best_all_reduce", "check_consistent", "check_divisible", "check_gpus", "check_launch", "check_target",
+           "init_tensor_parallel", "nccl_all_reduce", "resolve_allreduce", "run_rank", "shard", "symm_all_reduce",
+           "tensor_parallel_of"]
