@@ -299,6 +299,16 @@ def tile_shape(g: int, max_q: int) -> tuple:
     return max(block_m, -(-16 // gp)), gp
 
 
+def launch_plan(q, k_cache, block_tables, max_q: int) -> tuple:
+    """(BLOCK_M, GP, tiles, splits) of a launch, from host ints only: tiles bounds the packed tiles
+    sum_s ceil(n_s / BLOCK_M) by both S * ceil(max_q / BLOCK_M) and (T + S * (BLOCK_M - 1)) // BLOCK_M."""
+    t, h, _ = q.shape
+    s, hkv = block_tables.shape[0], k_cache.shape[2]
+    block_m, gp = tile_shape(h // hkv, max_q)
+    tiles = min(s * -(-max_q // block_m), (t + s * (block_m - 1)) // block_m)
+    return block_m, gp, tiles, splits_for(tiles * hkv, block_tables.shape[1] * k_cache.shape[1], _sm_count(q.device))
+
+
 def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> torch.Tensor:
     t, h, d = q.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
@@ -308,13 +318,11 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> t
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     block_tables, cu_q, kv_lens = block_tables.contiguous(), cu_q.contiguous(), kv_lens.contiguous()
     g = h // hkv
-    block_m, gp = tile_shape(g, max_q)
+    block_m, gp, tiles, ns = launch_plan(q, k_cache, block_tables, max_q)
     rows, dp = block_m * gp, _pow2(d, 16)
-    tiles = min(s * -(-max_q // block_m), (t + s * (block_m - 1)) // block_m)   # packed tiles: an upper bound
-    ns = splits_for(tiles * hkv, block_tables.shape[1] * bs, _sm_count(q.device))
     f32dot = q.dtype == torch.float32 or triton_interpreted()   # the interpreter's bf16 / fp16 dot is unreliable
     warps = 8 if rows * dp >= 128 * 128 else 4
-    common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=_pow2(s))
+    common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=_pow2(s, 2))
     if ns == 1:
         pm = pl = pacc = out     # unused
     else:
