@@ -113,6 +113,19 @@ def test_kernel_padding_first_tiles_and_default_splits(monkeypatch):
 
 
 @needs_kernel
+def test_kernel_reads_q_views(monkeypatch):
+    """q as the query part of a fused QKV projection's rows (row stride > H * D) and as a transposed view."""
+    monkeypatch.setattr(pa, "SPLITS", 2)
+    q, k, v, tables, cu_q, lens = make_inputs([(3, 40), (1, 9)], 4, 2, 32, seed=8)
+    want = pa.paged_attention_reference(q, k, v, tables, cu_q, lens)
+    qkv = torch.cat([q.flatten(1), torch.randn(4, 2 * 2 * 32)], dim=1)
+    for view in (qkv[:, :128].view(4, 4, 32), q.transpose(1, 2).contiguous().transpose(1, 2)):
+        assert not view.is_contiguous()
+        got = pa.paged_attention(view, k, v, tables, cu_q, lens, kernel="triton")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
 def test_operator_form_for_compiled_code():
     args = make_inputs([(2, 20), (1, 7)], 4, 2, 32, seed=2)
     scale = 1 / math.sqrt(32)
@@ -133,7 +146,7 @@ def test_kernel_that_fails_to_build_falls_back_once_with_a_warning(monkeypatch):
     with pytest.warns(UserWarning, match="no compiler"):
         got = pa.paged_attention(*args, kernel="triton")
     torch.testing.assert_close(got, pa.paged_attention_reference(*args))
-    assert not pa.kernel_takes(args[0], args[1])
+    assert not pa.kernel_takes(*args[:3])
     with warnings.catch_warnings():
         warnings.simplefilter("error")                               # warned once only
         pa.paged_attention(*args, kernel="triton")
@@ -205,6 +218,15 @@ def test_gpu_serving_shapes(dtype):
                  [(1, 2048)]):
         for splits in (None, 1, 4):
             _gpu_case(seqs, dtype, splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_inside_torch_compile():
+    """Compiled callers get the opaque operator (fullgraph: no graph break) and the same result."""
+    args = make_inputs([(5, 700), (1, 33), (5, 90)], 12, 2, 128, dtype=torch.bfloat16, device="cuda", seed=4)
+    compiled = torch.compile(lambda *a: pa.paged_attention(*a, max_q=5) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(*args), pa.paged_attention(*args, max_q=5) * 2)
 
 
 @pytest.mark.gpu

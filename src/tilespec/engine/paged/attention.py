@@ -196,7 +196,7 @@ def _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q) -> None:
 
 def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None
                               ) -> torch.Tensor:
-    """The PyTorch path and test oracle (syncs once to read cu_q / kv_lens): per sequence, its blocks gathered into
+    """The PyTorch path and test oracle (reads cu_q / kv_lens on the host): per sequence, its blocks gathered into
     contiguous [L, H_kv, D] K/V and SDPA in fp32 with the causal offset mask and GQA."""
     _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
     t, h, d = q.shape
@@ -235,12 +235,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def kernel_takes(q, k_cache) -> bool:
+def kernel_takes(q, k_cache, v_cache) -> bool:
     """Whether the Triton kernel can run these inputs: Triton installed, CUDA or the interpreter, block_size a
-    power of two, D <= 256, unit stride along D, and the kernel never failed to build."""
+    power of two, D <= 256, caches with unit stride along D, and the kernel never failed to build."""
     bs, d = k_cache.shape[1], q.shape[-1]
     return (_TRITON and not _KERNEL_FAILED and (q.is_cuda or triton_interpreted()) and bs & (bs - 1) == 0
-            and d <= 256 and q.stride(-1) == 1 and k_cache.stride(-1) == 1)
+            and d <= 256 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto"
@@ -248,7 +248,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
     """Attention of the step's tokens over the paged cache (module docstring: shapes and semantics).
 
     ``scale``: default 1/sqrt(D). ``max_q``: a host upper bound on n_s (default T); it sizes the kernel's tiles and
-    must hold. ``kernel``: "auto" (Triton on CUDA, the reference elsewhere), "triton" (also in Triton's interpreter
+    must hold. ``kernel``: "auto" (Triton on CUDA where it is installed, else the reference), "triton" (also in Triton's interpreter
     on CPU) or "torch" (:func:`paged_attention_reference`). The Triton path reads no tensor value on the host and is
     opaque to ``torch.compile`` (``torch.ops.tilespec.paged_attention``). A kernel that fails to build warns once and
     the reference runs from then on."""
@@ -256,12 +256,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
     _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if kernel == "torch" or (kernel == "auto" and not q.is_cuda):
+    if kernel == "torch" or (kernel == "auto" and not (q.is_cuda and _TRITON)):
         return paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
-    if not kernel_takes(q, k_cache) and not _KERNEL_FAILED:
+    if not kernel_takes(q, k_cache, v_cache) and not _KERNEL_FAILED:
         raise ValueError(f"the paged attention kernel needs Triton on CUDA (or TRITON_INTERPRET=1), block_size a "
-                         f"power of two (got {k_cache.shape[1]}), D <= 256 (got {q.shape[-1]}) and unit stride "
-                         f"along D; use kernel='torch' otherwise")
+                         f"power of two (got {k_cache.shape[1]}), D <= 256 (got {q.shape[-1]}) and caches with unit "
+                         f"stride along D; use kernel='torch' otherwise")
     mq = q.shape[0] if max_q is None else max_q
     if torch.compiler.is_compiling():
         return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
@@ -317,6 +317,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> t
         return out
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     block_tables, cu_q, kv_lens = block_tables.contiguous(), cu_q.contiguous(), kv_lens.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
     g = h // hkv
     block_m, gp, tiles, ns = launch_plan(q, k_cache, block_tables, max_q)
     rows, dp = block_m * gp, _pow2(d, 16)
