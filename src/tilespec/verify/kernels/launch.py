@@ -41,6 +41,7 @@ import triton
 from ..distributions import draft_log_probs, log_probs
 from ..types import VerifyInputs, VerifyResult
 from . import common
+from .batch_split import per_slices
 from .keep import _top_k_thresholds, keep_thresholds, keep_thresholds_pair  # noqa: F401  (tests import them)
 from .direct import _capturing, _direct_key, _launcher  # noqa: F401  (tests use launch._launcher)
 from .residual import sample_wide_kernel
@@ -185,8 +186,9 @@ def _make_plan(device, batch, k_max, vocab, mode, kind, has_thr, stats) -> _Plan
             p.grid1 = (triton.cdiv(p.nc1, cpp), *p.grid1[1:])
             p.const1.update(NC_BLOCK=triton.next_power_of_2(p.nc1), RB=RB, CPP=cpp)
             p.kernel1 = "stream"
-            p.const1.update(SUB=min(SUB1_STREAM, chunk), PREFETCH=PREFETCH1, ALIGNED=False,
-                            num_warps=NUM_WARPS1_STREAM, GROUP=GROUP1, FAST=FAST_EXP, PDL=_pdl(device))
+            sub = min(SUB1_STREAM, chunk)   # rows of V < 8 ids: lane groups no wider than the slice
+            p.const1.update(SUB=sub, PREFETCH=PREFETCH1, ALIGNED=False, num_warps=NUM_WARPS1_STREAM,
+                            GROUP=min(GROUP1, sub), FAST=FAST_EXP, PDL=_pdl(device))
             if MAXNREG1 > 0 and not _INTERPRET:   # 0: no cap
                 p.const1["maxnreg"] = MAXNREG1
             p.const1a = dict(p.const1, ALIGNED=True)   # for calls whose rows allow 16-byte loads
@@ -314,6 +316,7 @@ def _thresholds(inputs: VerifyInputs, tgt: torch.Tensor, drf: Optional[torch.Ten
     return keep_thresholds_pair(tgt, drf if kind == DRAFT_LOGITS and tgt.shape[1] > 1 else None, inputs)
 
 
+@per_slices
 @_quiet
 def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     """Exact verification from logits: pass 1 (row statistics) + pass 2 (accept, lazy residual, sample). In the
@@ -345,6 +348,7 @@ def fused_verify(inputs: VerifyInputs) -> VerifyResult:
     return _pass2(inputs, plan, MODE_LOGITS, tgt, drf, kind, thr_t, thr_q, 0.0, 1.0, "fused", True, outs)
 
 
+@per_slices
 @_quiet
 def sigmoid_verify(inputs: VerifyInputs, alpha: float, beta: float) -> VerifyResult:
     """The paper's NON-EXACT sigmoid approximation, one launch (plus the threshold pass if filters are set)."""
@@ -362,6 +366,7 @@ def sigmoid_verify(inputs: VerifyInputs, alpha: float, beta: float) -> VerifyRes
                   False)
 
 
+@per_slices
 @_quiet
 def tiled_verify(inputs: VerifyInputs) -> VerifyResult:
     """The paper's exact tiled method on probabilities (softmaxes in PyTorch, then 2 launches)."""
