@@ -202,3 +202,22 @@ def test_model_drafts_are_refused(target):
     from engine_models import layer_skip
     with pytest.raises(ValueError, match="BatchEngine"):
         PagedEngine(target, layer_skip(target, 1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logit_transforms_and_stop_ids_match_the_batch_engine(temperature):
+    """Penalties / logit_bias / min_tokens, stop ids and ignore_eos: the paged engine's tokens are BatchEngine's
+    (whose transformed speculative tokens equal transformed target-only tokens: tests/test_batching_transforms.py)."""
+    from tilespec.verify.logit_transforms import LogitSettings
+    model = tiny_lm(0, logit_scale=20.0)
+    model.generation_config.eos_token_id = None
+    settings = LogitSettings(presence_penalty=1.5, frequency_penalty=0.5, logit_bias={7: 2.0, 8: -5.0}, min_tokens=3)
+
+    def asks():
+        return [BatchRequest(prompt=p, max_tokens=16, temperature=temperature, seed=3 + i,
+                             logits=settings if i % 2 == 0 else None, stop_token_ids=(11,) if i == 1 else (),
+                             ignore_eos=i == 2) for i, p in enumerate(PROMPTS)]
+    paged, batch = asks(), asks()
+    _run(PagedEngine(model, "ngram", max_batch=3, gamma=3, block_size=4, eos_token_id=9), paged)
+    _run(BatchEngine(model, "ngram", max_batch=3, gamma=3, max_len=80, eos_token_id=9), batch)
+    assert [(r.tokens, r.finish_reason) for r in paged] == [(r.tokens, r.finish_reason) for r in batch]

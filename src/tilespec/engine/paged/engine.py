@@ -23,6 +23,7 @@ The requests are engine/batch_request.BatchRequest records and the events BatchE
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Optional
@@ -30,6 +31,7 @@ from typing import Optional
 import torch
 
 from tilespec.verify.api import verify
+from tilespec.verify.logit_transforms import TransformBatch, transform_logits
 from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
@@ -43,6 +45,14 @@ from .model import PagedModel, StepInputs
 from .scheduler import Item, Scheduler, Seq
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+def table_width(blocks: int) -> int:
+    """Block-table columns of a captured decode step: a power of two >= 16 (few shapes as contexts grow)."""
+    m = 16
+    while m < blocks:
+        m *= 2
+    return m
 
 
 def bucket(rows: int) -> int:
@@ -141,12 +151,18 @@ class PagedEngine:
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
         req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
+        if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
+            req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(self._stops(req))))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order))
         if self.drafter is not None:
             seq.context = self.drafter.start([req.prompt])
         self.seqs[req.rid] = seq
         self.scheduler.add(seq)
         return req.rid
+
+    def _stops(self, req: BatchRequest) -> set:
+        """The ids that end ``req``: EOS (unless it ignores EOS) and its stop_token_ids."""
+        return (set() if req.ignore_eos else set(self.eos)) | set(req.stop_token_ids)
 
     def cancel(self, rid: int) -> Optional[BatchRequest]:
         """Drop request ``rid`` (waiting or running): its blocks are released at once."""
@@ -161,6 +177,42 @@ class PagedEngine:
         self.seqs.pop(seq.req.rid, None)
         seq.req.finish_reason, seq.req.t_end = reason, time.perf_counter()
         self.counters["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
+
+    @torch.inference_mode()
+    def warm_up(self, max_context: Optional[int] = None, log=None) -> int:
+        """Compile the forward and capture every decode shape up to ``max_batch`` rows and ``max_context`` tokens
+        (default max_len) before serving, on the scratch block only (no request's K/V is touched). Returns the
+        number of shapes run. Without graphs (CPU) nothing to do."""
+        if not self.model.graphs:
+            return 0
+        start = time.perf_counter()
+        bs, scratch = self.blocks.block_size, []
+        for t in (64, 37):                     # two sizes: dynamo makes the token count symbolic
+            scratch.append(StepInputs(*(self._tensor([0] * t) for _ in range(3)),
+                                      torch.zeros((1, table_width(-(-t // bs))), dtype=torch.int32,
+                                                  device=self.device),
+                                      self._tensor([0, t], torch.int32), self._tensor([t], torch.int32),
+                                      self._tensor([t - 1]), t))
+        for inputs in scratch:
+            self.model.forward(inputs)
+        widths = sorted({1, 1 + self.gamma})
+        top = table_width(-(-(max_context or self.max_len) // bs))
+        shapes = 0
+        for rows in [b for b in BUCKETS if b <= bucket(self.max_batch)]:
+            for width in widths:
+                m = 16
+                while m <= top:
+                    self.model.decode(StepInputs(
+                        self._tensor([self.pad] * (rows * width)), self._tensor(list(range(width)) * rows),
+                        self._tensor(list(range(width)) * rows),
+                        torch.zeros((rows, m), dtype=torch.int32, device=self.device),
+                        self._tensor(range(0, (rows + 1) * width, width), torch.int32),
+                        self._tensor([width] * rows, torch.int32), self._tensor(range(rows * width)), width))
+                    shapes += 1
+                    m *= 2
+        if log is not None:
+            log(f"paged engine warm-up: {shapes} decode shapes in {time.perf_counter() - start:.1f} s")
+        return shapes
 
     # ------------------------------------------------------------------------------------------------ the loop
     def _draft_cap(self, seq: Seq) -> int:
@@ -218,11 +270,11 @@ class PagedEngine:
         """Every request fed ``width`` tokens (pending + drafts, padded; padding writes to the scratch block), the
         row count rounded up to a bucket with absent rows on the scratch block: a fixed shape per (bucket, width)."""
         rows = bucket(len(items))
-        m = max(len(it.seq.table) for it in items)
-        m = -(-m // 8) * 8
+        m = table_width(max(len(it.seq.table) for it in items))
         tokens, positions, slots, lens = [], [], [], []
-        tables = torch.zeros((rows, m), dtype=torch.int32)
-        for i, it in enumerate(items):
+        tables = [it.seq.table + [SCRATCH] * (m - len(it.seq.table)) for it in items]
+        tables += [[SCRATCH] * m] * (rows - len(items))
+        for it in items:
             seq = it.seq
             fed = [seq.tokens[-1]] + seq.drafts
             tokens += fed + [self.pad] * (width - len(fed))
@@ -230,14 +282,13 @@ class PagedEngine:
             slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
             slots += [SCRATCH * self.blocks.block_size + j for j in range(len(fed), width)]
             lens.append(it.start + width)
-            tables[i, :len(seq.table)] = torch.tensor(seq.table, dtype=torch.int32)
         absent = rows - len(items)
         tokens += [self.pad] * (absent * width)
         positions += list(range(width)) * absent
         slots += list(range(width)) * absent
         lens += [width] * absent
         return StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
-                          tables.to(self.device, non_blocking=True),
+                          self._tensor(tables, torch.int32),
                           self._tensor(range(0, (rows + 1) * width, width), torch.int32),
                           self._tensor(lens, torch.int32), self._tensor(range(rows * width)), width)
 
@@ -247,8 +298,8 @@ class PagedEngine:
         width = 1 + max(len(it.seq.drafts) for it in sampling) if sampling else 1
         tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
         m = max(len(it.seq.table) for it in items)
-        tables = torch.zeros((len(items), m), dtype=torch.int32)
-        for i, it in enumerate(items):
+        tables = [it.seq.table + [SCRATCH] * (m - len(it.seq.table)) for it in items]
+        for it in items:
             seq = it.seq
             fed = seq.tokens[it.start:it.start + it.n] + (seq.drafts if it.samples else [])
             base = cu[-1]
@@ -257,14 +308,13 @@ class PagedEngine:
             slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
             cu.append(base + len(fed))
             lens.append(it.start + len(fed))
-            tables[i, :len(seq.table)] = torch.tensor(seq.table, dtype=torch.int32)
             if it.samples:
                 last = base + it.n - 1
                 own = [last + j for j in range(1 + len(seq.drafts))]
                 rows += own + [own[-1]] * (width - len(own))
             self.counters["prefill_tokens"] += 0 if seq.decoding else it.n
         inputs = StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
-                            tables.to(self.device, non_blocking=True), self._tensor(cu, torch.int32),
+                            self._tensor(tables, torch.int32), self._tensor(cu, torch.int32),
                             self._tensor(lens, torch.int32), self._tensor(rows),
                             max(it.width for it in items))
         return inputs, width
@@ -287,7 +337,12 @@ class PagedEngine:
             drafts = torch.full((len(sampling), k), self.pad, dtype=torch.int64)
             for i, it in enumerate(sampling):
                 drafts[i, :counts[i]] = torch.tensor(it.seq.drafts, dtype=torch.int64)
-            result = verify(logits, drafts.to(self.device), num_draft_tokens=self._tensor(counts),
+            drafts = drafts.to(self.device)
+            settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
+            if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
+                logits = transform_logits(logits, drafts, TransformBatch.from_settings(
+                    settings, [r.tokens for r in reqs], self.vocab_out, self.device))
+            result = verify(logits, drafts, num_draft_tokens=self._tensor(counts),
                             sampling=self._sampling_params(reqs), method=self.method,
                             seed=self._tensor([r.seed for r in reqs]),
                             offsets=self._tensor([len(it.seq.tokens) for it in sampling]), check_values=False)
@@ -309,9 +364,9 @@ class PagedEngine:
             self.counters["drafted"] += drafted
             self.counters["accepted"] += len(new) - 1
             self.counters["spec_steps"] += 1
-        toks, reason = new[:req.max_tokens - len(req.tokens)], None
+        toks, reason, stops = new[:req.max_tokens - len(req.tokens)], None, self._stops(req)
         for j, t in enumerate(toks):
-            if t in self.eos:
+            if t in stops:
                 toks, reason = toks[:j + 1], "stop"
                 break
         seq.tokens += toks
