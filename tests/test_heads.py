@@ -183,3 +183,35 @@ def test_training_time_test_sees_what_drafting_sees():
             hid = head.entries(hid[:, None], nxt[:, e:e + 1], torch.tensor([[e]]), chunk_mask(valid, w, slot, 1),
                                slot, k, v)[:, 0]
             torch.testing.assert_close(hid, outs[step - 1][:, e], atol=1e-4, rtol=1e-4)
+
+
+def test_head_training_settings_refuse_bad_values():
+    from tilespec.training import HeadTrainConfig
+
+    assert HeadTrainConfig(batch=4).batch == 4 and HeadTrainConfig().ttt_steps == 4
+    for bad in ({"minutes": 0}, {"batch": 0}, {"ttt_steps": 0}, {"data_share": 1.0}, {"draft_vocab": 0}):
+        with pytest.raises(ValueError, match="head training needs"):
+            HeadTrainConfig(**bad)
+    with pytest.raises(TypeError, match="no_such_setting"):
+        train_head(None, target_name="x", no_such_setting=1)
+
+
+def test_draft_train_command_trains_a_head(tmp_path, monkeypatch):
+    """``tilespec draft train`` hands its flags to train_head through a HeadTrainConfig and writes its report."""
+    import json
+
+    from tilespec import models
+    from tilespec.cli import main
+
+    target = tiny_lm(0, "qwen2", vocab=VOCAB, layers=2)
+    monkeypatch.setattr(models, "load", lambda *a, **k: (target, None))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": _prompts(16, 2), "source": {"kind": "test"}}))
+    report = tmp_path / "report.json"
+    assert main(["draft", "train", "--target", "tiny", "--out", str(tmp_path / "head"), "--prompts-file",
+                 str(prompts), "--prompts", "16", "--max-new-tokens", "8", "--gen-batch", "16", "--seq-len", "16",
+                 "--draft-vocab", "32", "--ttt-steps", "2", "--max-steps", "3", "--eval-every", "0", "--device", "cpu",
+                 "--json", str(report)]) == 0
+    info = json.loads(report.read_text())
+    assert info["steps"] == 3 and info["draft_vocab"] == 32 and info["ttt_steps"] == 2 and info["batch"] == 8
+    assert info["data"]["kind"] == "test" and info["prompt_weight"] == 0.2

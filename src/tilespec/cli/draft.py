@@ -8,7 +8,7 @@ from pathlib import Path
 
 def run_train(args) -> int:
     from tilespec import models
-    from tilespec.training import train_head
+    from tilespec.training import HeadTrainConfig, train_head
 
     from tilespec.env import pick_device, pick_dtype
 
@@ -24,13 +24,14 @@ def run_train(args) -> int:
     target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
     if getattr(target.config, "model_type", None) == "whisper":
         return _train_whisper(args, target.float(), tok, device, log)
-    _, report = train_head(
-        target, getattr(tok, "tokenizer", tok), target_name=args.target, minutes=args.minutes, out=args.out,
-        num_prompts=args.prompts, prompts=prompts, source=source, max_new_tokens=args.max_new_tokens or 256,
+    config = HeadTrainConfig(
+        minutes=args.minutes, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens or 256,
         gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch or 8,
         lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight,
         ignore_eos=args.ignore_eos, max_steps=args.max_steps, resume=not args.fresh,
-        compile="native" if device.type == "cuda" else False, log=log)
+        compile="native" if device.type == "cuda" else False)
+    _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, config=config,
+                           out=args.out, prompts=prompts, source=source, log=log)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         from tilespec.env import run_record
