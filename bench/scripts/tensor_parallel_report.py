@@ -4,6 +4,9 @@ projected speedups of context drafts and of a draft head at TP=N (marked as proj
 TP=N combined with acceptance measured on the Qwen2.5-Coder-1.5B target, or a public anchor where we have none).
 
     python bench/scripts/tensor_parallel_report.py RAW.json bench/results/tensor-parallel-h100x2.json
+
+It reads the item format of bench/results/tensor-parallel-h100x2.json (B=1 rows with ``per_token_ms``); the current
+tensor_parallel.py writes ``per_step_ms`` rows and its own ``derived`` section (tensor_parallel_model.derive).
 """
 from __future__ import annotations
 
