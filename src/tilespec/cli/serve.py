@@ -1,7 +1,59 @@
-"""``tilespec serve``: the OpenAI-compatible server (tilespec.serve) on uvicorn."""
+"""``tilespec serve``: the OpenAI-compatible server (tilespec.serve) on uvicorn.
+
+Everything that can be checked without the model is checked before it loads (a load takes minutes on a large
+model): the port range, the compile mode (and that a CUDA-graph mode has a CUDA device), the verification method,
+the body limit, and that the host and port can be bound (a port in use fails at once, not after the load).
+"""
 from __future__ import annotations
 
+import argparse
+import errno
+import os
+import socket
+
 from tilespec.cli.generate import non_negative_int, positive_int
+
+COMPILE_MODES = ("auto", "off", "native", "native-graphs", "graphs", "compiled-graphs", "default", "reduce-overhead",
+                 "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_ONLY = ("native-graphs", "graphs", "compiled-graphs")
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 65535], got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 65535], got {port}")
+    return port
+
+
+def positive_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 4096:
+        raise argparse.ArgumentTypeError(f"must be a number of MiB in (0, 4096], got {text!r}")
+    return value
+
+
+def check_bind(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (SO_REUSEADDR), then release it: RuntimeError naming the fix if not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise RuntimeError(f"--host {host!r} does not resolve ({err.strerror}); use an address such as 127.0.0.1 "
+                           f"or 0.0.0.0") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            hint = "another process listens there: stop it or pick another --port" \
+                if err.errno == errno.EADDRINUSE else "pick another --port / --host"
+            raise RuntimeError(f"cannot listen on {host}:{port}: {err.strerror} ({hint})") from None
 
 
 def run(args) -> int:
@@ -13,6 +65,11 @@ def run(args) -> int:
     from tilespec.verify.registry import get_method
     get_method(args.method)                      # a typo fails before loading models
     device = pick_device(args.device)
+    if args.compile in CUDA_ONLY and device.type != "cuda":
+        raise ValueError(f"--compile {args.compile} captures CUDA graphs and needs a CUDA device (the device is "
+                         f"{device}); use --compile auto, off or native")
+    check_bind(args.host, args.port)
+    api_key = args.api_key or os.environ.get("TILESPEC_API_KEY") or None
     dtype = pick_dtype(args.dtype, device)
     draft_name = None if args.draft in (None, "none") else args.draft
     target, draft, tok = load_pair(args.target, draft_name, device, dtype, log=print)
@@ -23,7 +80,8 @@ def run(args) -> int:
                        chat=not args.no_chat, method=args.method, compile=compile_mode,
                        prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
                        adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
-                       warmup=not args.no_warmup, log=print)
+                       warmup=not args.no_warmup, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
+                       cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout))
     return 0
@@ -39,7 +97,14 @@ def register(sub) -> None:
                         "folder (optionally +ngram), a draft model name (e.g. NAME:layers=8), or MODEL+ngram")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --target)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: the "
+                        "TILESPEC_API_KEY environment variable; none: open)")
+    p.add_argument("--cors-origins", default=None,
+                   help="comma-separated origins browsers may call from ('*' for any; default: no CORS headers)")
+    p.add_argument("--max-body-mb", type=positive_mb, default=4.0,
+                   help="largest request body in MiB (larger: HTTP 413)")
     p.add_argument("--max-batch", type=positive_int, default=16, help="batch rows (concurrently decoded requests)")
     p.add_argument("--max-len", type=positive_int, default=None,
                    help="longest prompt + max_tokens (default: the model's context, at most 2048)")
@@ -58,8 +123,10 @@ def register(sub) -> None:
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "
                         "target-only decoding's whatever is drafted; auto, reference, fused, ...)")
-    p.add_argument("--compile", default="auto",
-                   help="auto (CUDA graphs on a GPU), off, or a decoder compile mode: native, native-graphs, graphs")
+    p.add_argument("--compile", default="auto", choices=COMPILE_MODES, metavar="MODE",
+                   help="auto (CUDA graphs on a GPU), off, or a decoder compile mode: native, native-graphs, graphs, "
+                        "compiled-graphs, or a torch.compile mode (default, reduce-overhead, max-autotune, "
+                        "max-autotune-no-cudagraphs)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-chat", action="store_true", help="chat requests without the tokenizer's chat template")

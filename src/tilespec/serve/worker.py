@@ -51,6 +51,8 @@ class EngineWorker:
         self.error: Optional[str] = None
         self._submitted = 0                 # written by the event loop's thread only
         self._taken = 0                     # written by the engine thread only
+        self._cancels = 0                   # cancellations the engine thread has processed
+        self._cancelled = threading.Condition()
         self.started = time.time()
         self._thread = threading.Thread(target=self._run, name="tilespec-engine", daemon=True)
 
@@ -87,6 +89,16 @@ class EngineWorker:
             self._inbox.put(("cancel", ticket))
             self._wake.set()
 
+    @property
+    def cancels_processed(self) -> int:
+        """Cancellations the engine thread has carried out (each freed a waiting or running request)."""
+        return self._cancels
+
+    def wait_cancels(self, count: int, timeout: float) -> bool:
+        """Block until ``cancels_processed`` >= ``count`` (True) or ``timeout`` seconds passed (False)."""
+        with self._cancelled:
+            return self._cancelled.wait_for(lambda: self._cancels >= count, timeout=timeout)
+
     def drain(self, timeout: float) -> None:
         """Refuse new requests, let running ones finish for up to ``timeout`` s, cancel the rest, stop the thread."""
         self.draining = True
@@ -121,6 +133,9 @@ class EngineWorker:
                 self.engine.cancel(req.rid)
                 self._tickets.pop(id(req), None)
                 self._post(ticket, BatchEvent(rid=req.rid, tokens=[], finish_reason="cancelled"))
+                with self._cancelled:
+                    self._cancels += 1
+                    self._cancelled.notify_all()
 
     def _finish_all(self, item) -> None:
         for ticket in list(self._tickets.values()):
