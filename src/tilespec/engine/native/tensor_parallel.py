@@ -182,8 +182,9 @@ def shard(model, tp: TensorParallel, *, allreduce: str = "auto", check: Optional
     ``native-graphs`` mode): the sharded module weights are replaced by meta tensors of their full shapes (the
     transformers forward cannot run any more, and fails loudly if called), replicated parameters move to the device.
     ``check``: compare every forward's inputs across ranks (default: env ``TILESPEC_TP_CHECK=1``). ``allreduce``:
-    "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU), "symm" (CUDA: symmetric memory) or "auto"
-    (:func:`resolve_allreduce`). Meta-device models get random weights (see _Placer)."""
+    "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU), "symm" (CUDA: symmetric memory), "best"
+    (CUDA: the faster of the two, timed per shape on its first call) or "auto" (:func:`resolve_allreduce`; all in
+    tp_collectives.py). Meta-device models get random weights, each rank only its shards (see _Placer)."""
     resolve_allreduce(allreduce, tp.device)     # a bad choice fails before any work
     from .runner import native_reason
     reason = native_reason(model)
