@@ -123,15 +123,23 @@ def check_tokens(tp, allreduce: str) -> dict:
     compiled and captured, greedy, target-only and with K=2 fixed drafts. With ``allreduce`` "auto": the ranks'
     inputs compared on the device (check mode) and, with the symmetric-memory limit lowered to 512 elements, the
     prefill's sums take the NCCL fallback while decode sums take symmetric memory."""
+    from tilespec.engine.native import tp_collectives
+    limit = tp_collectives.SYMM_MAX_ELEMENTS
+    if allreduce == "auto":
+        tp_collectives.SYMM_MAX_ELEMENTS = 512
+    try:
+        return _check_tokens(tp, allreduce)
+    finally:
+        tp_collectives.SYMM_MAX_ELEMENTS = limit       # the items after this one keep the usual limit
+
+
+def _check_tokens(tp, allreduce: str) -> dict:
     import copy
 
     from transformers import Qwen2ForCausalLM
 
     from tilespec.engine import SpeculativeDecoder
-    from tilespec.engine.native import tp_collectives
     from tilespec.engine.native.tensor_parallel import check_consistent, shard
-    if allreduce == "auto":
-        tp_collectives.SYMM_MAX_ELEMENTS = 512
     torch.manual_seed(0)
     full = Qwen2ForCausalLM(qwen_config("tiny")).eval().to(tp.device)
 
