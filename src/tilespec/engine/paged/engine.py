@@ -36,9 +36,10 @@ from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
 from ..batch_request import BatchEvent, BatchRequest, check_request
-from ..drafters import resolve_drafter
+from ..drafters import Drafter, resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
+from ..native.llama import unsupported_reason
 from ..spec_switch import SpecSwitch
 from .blocks import SCRATCH, BlockManager
 from .model import PagedModel, StepInputs
@@ -58,6 +59,24 @@ def table_width(blocks: int) -> int:
 def bucket(rows: int) -> int:
     """The captured decode shape for ``rows`` decoding requests: the next size in BUCKETS (or ``rows`` above it)."""
     return next((b for b in BUCKETS if b >= rows), rows)
+
+
+def paged_reason(target, draft) -> Optional[str]:
+    """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
+    BatchEngine): a draft model or trained head (they need a draft runner), or a target without the native
+    Llama-family path."""
+    reason = unsupported_reason(target)
+    if reason is not None:
+        return reason
+    drafter = resolve_drafter(draft)
+    if drafter is not None and (not drafter.has_context or drafter.model is not None or _has_runner(drafter)):
+        return f"{getattr(drafter, 'name', drafter)!r} drafts with a model or a trained head"
+    return None
+
+
+def _has_runner(drafter) -> bool:
+    """Whether the drafter has a device side of its own (a head, a tree drafter): the paged engine has none."""
+    return type(drafter).runner is not Drafter.runner
 
 
 class PagedEngine:
@@ -80,11 +99,11 @@ class PagedEngine:
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
                  compile: bool = False, adaptive: Optional[bool] = None, min_alpha: float = 0.1,
                  eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+        reason = paged_reason(target, draft)
+        if reason is not None:
+            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
+                             f"Llama-family target; {reason}: serve it with BatchEngine")
         drafter = resolve_drafter(draft)
-        if drafter is not None and (not drafter.has_context or drafter.model is not None
-                                    or drafter.runner(1, 16, target=None, compile=False) is not None):
-            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix); "
-                             f"{getattr(drafter, 'name', drafter)!r} needs a draft runner: serve it with BatchEngine")
         if not (isinstance(gamma, int) and 0 <= gamma < 32):
             raise ValueError(f"gamma must be an integer in [0, 32), got {gamma!r}")
         gamma = gamma if drafter is not None else 0
