@@ -45,7 +45,7 @@ def gumbel_chunks_kernel(x_ptr, ids_ptr, temp_ptr, seed_ptr, pos_ptr, val_ptr, i
     for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inside = offs < N
-        x = tl.load(x_ptr + row * stride_x + offs, mask=inside, other=float("-inf")).to(tl.float32)
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=inside, other=float("-inf")).to(tl.float32)
         if HAS_IDS:
             tok = tl.load(ids_ptr + offs, mask=inside, other=0).to(tl.int32)
         else:

@@ -118,9 +118,10 @@ def _hist_kernel(x_ptr, hist_ptr, mass_ptr, base_ptr, active_ptr, thr_ptr, cmax_
         if WRITE_MAX:
             tl.store(cmax_ptr + pid, tl.max(zmax, axis=0))
     cnt = tl.where(on, cnt, 0)
-    tl.store(hist_ptr + pid * (1 << BITS) + ways, cnt)
+    slots = pid.to(tl.int64) * (1 << BITS) + ways   # int64: N * C * 2^BITS can pass 2^31
+    tl.store(hist_ptr + slots, cnt)
     if MASS:
-        tl.store(mass_ptr + pid * (1 << BITS) + ways, tl.where(on, mass, 0.0))
+        tl.store(mass_ptr + slots, tl.where(on, mass, 0.0))
         tl.store(kmin_ptr + pid, kmin)
         tl.store(kmax_ptr + pid, kmax)
 
@@ -140,7 +141,7 @@ def _combine_kernel(hist_ptr, mass_ptr, base_ptr, above_ptr, total_ptr, active_p
     b = n // rows
     ways = tl.arange(0, 1 << BITS)
     cs = tl.arange(0, NC_PAD)
-    idx = (n * nchunks + cs)[:, None] * (1 << BITS) + ways[None, :]
+    idx = (n.to(tl.int64) * nchunks + cs)[:, None] * (1 << BITS) + ways[None, :]   # int64: can pass 2^31
     cmask = (cs < nchunks)[:, None]
     hist = tl.load(hist_ptr + idx, mask=cmask, other=0)                    # [NC_PAD, 2^BITS] per-chunk counts
     if FIRST:

@@ -57,7 +57,7 @@ def _chunk_kernel(x_ptr, key_ptr, idx_ptr, V, stride_x, n_chunks, K: tl.constexp
     ch = tl.program_id(1)
     offs = ch * CHUNK + tl.arange(0, CHUNK)
     inside = offs < V
-    x = tl.load(x_ptr + row * stride_x + offs, mask=inside, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=inside, other=0.0).to(tl.float32)
     keys = tl.where(inside, _to_key(x), NONE)
     out_k, out_i = _rounds(keys, offs, K, KP, CHUNK)
     dst = (row * n_chunks + ch) * KP + tl.arange(0, KP)
