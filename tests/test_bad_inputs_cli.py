@@ -67,6 +67,7 @@ def test_unknown_hub_id_offline_is_one_line(monkeypatch, capsys, home):
     def offline(*a, **k):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    monkeypatch.setattr("tilespec.models.hub.unreachable", lambda *a: None)   # the hub answers; loading fails
     rc, err = run_cli(["generate", "--target", "someone/some-model", "--prompt", "hi"], capsys)
     assert rc == 1
     assert "could not load 'someone/some-model' as a Hugging Face model (We couldn't connect" in one_error_line(err)

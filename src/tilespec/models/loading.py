@@ -6,7 +6,8 @@ Resolution order for ``name_or_path`` (a string may carry draft options, ``NAME:
 1. a registry name (``tilespec models list``) -> its cache entry (FileNotFoundError if not fetched, unless
    ``download=True``);
 2. an existing local ``.gguf`` file or folder (folder: ``config.json`` decides Whisper vs causal LM);
-3. anything else that looks like ``org/name`` -> passed to ``from_pretrained`` as a hub id.
+3. anything else -> a hub id: from the local Hugging Face cache, else from the hub if it answers within ~1.5 s
+   (``hub.unreachable``), else FileNotFoundError at once.
 
 GGUF weights are dequantised by transformers' GGUF loader (slow: tens of seconds per GB) and then saved as
 safetensors (with the tokenizer) in the cache, in the requested dtype, so that later loads read them directly.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import hub
 from .cache import fetch as fetch_files, is_cached, model_dir, tilespec_home, verify_cached
 from .integrity import converted_problem, record_converted
 from .registry import REGISTRY, closest_name, get_entry, parse_model_spec
@@ -64,6 +66,22 @@ def _load_hf(source: str, dtype: torch.dtype, **kw):
         return model, tf.AutoProcessor.from_pretrained(source, **kw)
     model = tf.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
     return model, tf.AutoTokenizer.from_pretrained(source, **kw)
+
+
+def _load_hub(repo_id: str, dtype: torch.dtype):
+    """A hub id: from the local Hugging Face cache when it is there (no network), else from the hub if it answers
+    within ``hub.PROBE_TIMEOUT`` seconds, else FileNotFoundError at once (transformers' own retries take 26-40 s
+    without network)."""
+    try:
+        return _load_hf(repo_id, dtype, local_files_only=True)
+    except OSError:   # not (completely) in the local cache: FileNotFoundError from _load_hf, or transformers' own
+        pass
+    problem = hub.unreachable()
+    if problem:
+        raise FileNotFoundError(f"unknown model {repo_id!r}: not a registry name, file or folder, not in the local "
+                                f"Hugging Face cache, and the hub cannot be reached ({problem}); pass a registry "
+                                f"name (`tilespec models list`), a model folder or a .gguf file")
+    return _load_hf(repo_id, dtype)
 
 
 def _save_dequantized(model, folder: Path) -> None:
@@ -190,7 +208,7 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
             raise ValueError(f"unknown model {spec_name!r}: not a registry name, file or folder; did you mean "
                              f"{closest_name(spec_name)!r}? (`tilespec models list`)")
         else:
-            model, tok = _load_hf(spec_name, dtype)
+            model, tok = _load_hub(spec_name, dtype)
     model = model.to(device=device, dtype=dtype).eval()
     model.tilespec_role = role
     model.tilespec_name = spec_name     # the name a trained draft head is stored under (tilespec.heads.store)
