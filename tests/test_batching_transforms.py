@@ -88,7 +88,7 @@ def test_bad_transform_values_fail_at_submission(target):
 
 def test_a_prompt_over_the_context_says_by_how_much(target):
     engine = BatchEngine(target, None, max_batch=2, max_len=32)
-    with pytest.raises(ValueError, match="the prompt is 40 tokens, 8 over the context of 32; shorten it"):
+    with pytest.raises(ValueError, match="the prompt is 40 tokens, 8 over the context of 32 positions; shorten it"):
         engine.submit(BatchRequest(prompt=[1] * 40, max_tokens=2))
     with pytest.raises(ValueError, match="lower max_tokens to at most 2"):
         engine.submit(BatchRequest(prompt=[1] * 30, max_tokens=5))

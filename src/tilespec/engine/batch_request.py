@@ -74,8 +74,9 @@ def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None
         raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
     if len(req.prompt) >= max_len:
         over = len(req.prompt) - max_len
-        raise ValueError(f"the prompt is {len(req.prompt)} tokens, " + (f"{over} over the context of {max_len}" if over
-                         else f"filling the context of {max_len} with no room for a new token") + "; shorten it")
+        raise ValueError(f"the prompt is {len(req.prompt)} tokens, " + (f"{over} over the context of {max_len} positions"
+                         if over else f"filling the context of {max_len} positions, no room for a new token")
+                         + "; shorten it")
     if len(req.prompt) + req.max_tokens > max_len:
         raise ValueError(f"the prompt has {len(req.prompt)} tokens and max_tokens is {req.max_tokens}: together "
                          f"more than this server's {max_len} positions; shorten the prompt or lower "
