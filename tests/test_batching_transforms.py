@@ -92,3 +92,25 @@ def test_a_prompt_over_the_context_says_by_how_much(target):
         engine.submit(BatchRequest(prompt=[1] * 40, max_tokens=2))
     with pytest.raises(ValueError, match="lower max_tokens to at most 2"):
         engine.submit(BatchRequest(prompt=[1] * 30, max_tokens=5))
+
+
+@pytest.mark.gpu
+def test_transforms_on_the_gpu_native_runtime():
+    """compile=True on CUDA: transformed steps leave the whole-step graphs for the host-commit path (native-graphs
+    forwards) and still give target-only decoding's tokens under the same transforms."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = tiny_lm(0, logit_scale=20.0).cuda()
+    model.generation_config.eos_token_id = None
+
+    def go(draft):
+        engine = BatchEngine(model, draft, max_batch=4, gamma=3, max_len=64, method="coupled", compile=True)
+        reqs = asks(1.0)
+        for r in reqs:
+            engine.submit(r)
+        while engine.has_work:
+            engine.step()
+        return [r.tokens for r in reqs], engine.counters["accepted"]
+
+    (plain, _), (spec, accepted) = go(None), go("ngram")
+    assert spec == plain and accepted > 0
