@@ -66,7 +66,8 @@ def test_probe_outcomes(monkeypatch, calls):
     assert time.monotonic() - start < 1.0
 
 
-def test_unknown_name_without_network_fails_fast(monkeypatch, calls, home):
+@pytest.mark.usefixtures("home")
+def test_unknown_name_without_network_fails_fast(monkeypatch, calls):
     monkeypatch.setattr(hub.urllib.request, "urlopen", _urlopen("hang"))
     start = time.monotonic()
     with pytest.raises(FileNotFoundError, match="the hub cannot be reached .no answer from"):
@@ -75,7 +76,8 @@ def test_unknown_name_without_network_fails_fast(monkeypatch, calls, home):
     assert calls == [{"local_files_only": True}]          # the local cache only: no hub request with retries
 
 
-def test_cli_generate_unknown_name_offline_is_one_quick_line(monkeypatch, capsys, calls, home):
+@pytest.mark.usefixtures("home")
+def test_cli_generate_unknown_name_offline_is_one_quick_line(monkeypatch, capsys, calls):
     monkeypatch.setattr(hub.urllib.request, "urlopen", _urlopen("never"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.monotonic()

@@ -189,3 +189,33 @@ def test_our_transformers_calls_raise_no_deprecation_warning():
             torch.tensor([[1, 2, 3]]), max_new_tokens=2)
     ours = [w for w in seen if "past_key_values" in str(w.message) or "deprecat" in str(w.message).lower()]
     assert not ours, [str(w.message) for w in ours]
+
+
+def _greedy_ties():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "scripts"))
+    import greedy_ties
+    return greedy_ties
+
+
+def test_greedy_tie_rule_accepts_only_small_gaps_at_the_first_difference():
+    """The soak's T = 0 rule (bench/scripts/greedy_ties.py): a row may differ from the reference only where the
+    reference's top two logits are at most TIE_STEPS = 2 bf16 steps apart at the FIRST differing token; tokens
+    after it are not compared; a larger gap fails."""
+    ties = _greedy_ties()
+    logits = torch.zeros(3, 2, 8)
+    logits[:, :, 0] = 8.0                                   # top logit 8.0: a bf16 step of 2^(3 - 7) = 1/16
+    logits[0, 0, 1] = 8.0 - 2 / 16                          # row 0: 2 steps apart at token 0
+    logits[1, 1, 1] = 8.0 - 3 / 16                          # row 1: 3 steps apart at token 1
+    logits[2, :, 1] = 8.0                                   # row 2: an exact tie everywhere
+    gaps = ties.top2_gaps(logits.to(torch.bfloat16))
+    assert [round(g, 3) for g in gaps[0]] == [2.0, 128.0] and gaps[1][1] == 3.0 and gaps[2] == [0.0, 0.0]
+    want = [[0, 0], [0, 0], [0, 0]]
+    got = [[1, 5], [0, 1], [0, 0]]                         # row 0 parts at token 0 (then anything goes)
+    div, n_ties, problems = ties.judge(got, want, gaps)
+    assert div == [dict(row=0, token=0, gap_bf16_steps=2.0), dict(row=1, token=1, gap_bf16_steps=3.0)]
+    assert n_ties == 1 and len(problems) == 1 and "row 1 differs" in problems[0] and "3.0 bf16 steps" in problems[0]
+    assert ties.judge([[1, 0]], [[0, 0]], [[2.01, 0.0]])[2]             # just past the rule: fails
+    assert ties.judge([[0]], [[0, 0]], [[0.0, 0.0]])[2]                 # a short row is a difference too
+    assert ties.bf16_step(torch.tensor([1.0, -3.0, 0.5])).tolist() == [2**-7, 2**-6, 2**-8]

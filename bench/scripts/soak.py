@@ -9,8 +9,9 @@ transformers' ``generate`` (plain, then static cache: compiled with CUDA-graph t
     leaves the record of everything before it);
   * T = 0: every row equals transformers' own greedy ``generate`` of the same batch (eager, left-padded, computed
     once per shape), except at a bf16 tie: at the first differing position the top two logits of that reference
-    forward (prompt + common prefix) are at most ``--tie-steps`` bf16 steps apart (docs/eval.md: equal or one
-    step); ties are counted apart and every divergence is recorded with its gap;
+    forward (prompt + common prefix) are at most ``--tie-steps`` bf16 steps apart (``greedy_ties``: 2, the most
+    that rounding both runs' logits to bf16 can move the gap); ties are counted apart and every divergence is
+    recorded with its gap;
   * T = 1 (top-k 50, top-p 0.9): right number of tokens, every id in the vocabulary;
   * memory flat: ``torch.cuda.memory_allocated()`` after each round (cached runners and graphs included) may not
     grow by more than ``--memory-slack-mib`` over the second round (the first round builds every cache).
@@ -29,6 +30,8 @@ import itertools
 import json
 import sys
 import time
+
+from greedy_ties import TIE_STEPS, judge, top2_gaps
 
 MODES = (False, "native", True, "graphs", "compiled-graphs")
 DRAFTERS = (None, "ngram", "suffix", "model")
@@ -70,11 +73,7 @@ def hf_greedy(model, batch: list, new_tokens: int) -> tuple[list, list]:
         out = model.generate(x, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     logits = torch.stack(out.logits, dim=1).float()                  # [B, steps, V]
-    top2 = torch.topk(logits, 2, dim=-1).values
-    exponent = torch.floor(torch.log2(top2[..., 0].abs().clamp(min=1e-30)))
-    step = torch.exp2(exponent - 7)                                   # bf16 spacing at the top logit
-    gaps = ((top2[..., 0] - top2[..., 1]) / step).tolist()
-    return out.sequences[:, width:].tolist(), gaps
+    return out.sequences[:, width:].tolist(), top2_gaps(logits)
 
 
 def main(argv=None) -> int:
@@ -87,9 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.0, help="stop after the round crossing this (0: none)")
     ap.add_argument("--modes", default=",".join(str(m) for m in MODES))
     ap.add_argument("--memory-slack-mib", type=float, default=64.0)
-    ap.add_argument("--tie-steps", type=float, default=1.0,
+    ap.add_argument("--tie-steps", type=float, default=TIE_STEPS,
                     help="a T=0 difference is a tie when the target's top two logits there are at most this many "
-                         "bf16 steps apart (docs/eval.md: equal or one step)")
+                         "bf16 steps apart (greedy_ties.py says why 2)")
     ap.add_argument("--shapes", default=None, help="override SHAPES: 'BxL,BxL,...' (e.g. 16x64,1x8000)")
     ap.add_argument("--temperatures", default="0,1", help="comma-separated subset of 0,1")
     ap.add_argument("--no-hf", action="store_true", help="skip the interleaved transformers generate calls")
@@ -169,17 +168,11 @@ def main(argv=None) -> int:
                         problems.append("wrong length or token id out of range")
                     if temp == 0 and not problems:
                         want_rows, gaps = target_only(shape)
-                        for r, (got, want) in enumerate(zip(seqs, want_rows)):
-                            if got == want:
-                                continue
-                            j = next(k for k, (x, y) in enumerate(zip(got, want)) if x != y)
-                            gap = round(gaps[r][j], 2)
-                            entry.setdefault("divergences", []).append(dict(row=r, token=j, gap_bf16_steps=gap))
-                            if gap <= args.tie_steps:
-                                rec["ties"] += 1
-                            else:
-                                problems.append(f"row {r} differs from target-only at token {j} (top-2 gap "
-                                                f"{gap} bf16 steps)")
+                        divergences, ties, bad = judge(seqs, want_rows, gaps, args.tie_steps)
+                        if divergences:
+                            entry["divergences"] = divergences
+                        rec["ties"] += ties
+                        problems += bad
                     entry["ok"] = not problems
                     if problems:
                         rec["failures"].append(dict(entry, problems=problems))
