@@ -12,6 +12,7 @@ The table renderers live in ``tables.py``; this module loads the results and ass
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tilespec.datasets import SYNTHETIC_CAVEAT as SYNTH_CAVEAT
@@ -266,6 +267,33 @@ def _rel(p: Path, base: Path) -> str:
         return p.as_posix()
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading's text: lower case, punctuation dropped (letters of any script,
+    digits, ``_`` and ``-`` kept), spaces as ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def table_of_contents(lines: list[str], deepest: int = 2) -> list[str]:
+    """A nested list of links to the headings of levels 1..``deepest`` in the markdown ``lines`` (the title on the
+    first line and anything inside code fences left out); a repeated anchor gets GitHub's ``-1``, ``-2`` suffixes,
+    counted over every heading."""
+    seen: dict = {}
+    toc = ["## Contents", ""]
+    fenced = False
+    for i, line in enumerate("\n".join(lines).split("\n")):
+        fenced ^= line.startswith("```")
+        level = len(line) - len(line.lstrip("#"))
+        if fenced or not 1 <= level <= 6 or not line[level:].startswith(" ") or i == 0:
+            continue
+        text = line[level:].strip()
+        base = anchor(text)
+        slug = base if base not in seen else f"{base}-{seen[base]}"
+        seen[base] = seen.get(base, 0) + 1
+        if level <= deepest:
+            toc.append(f"{'  ' * max(0, level - 2)}- [{text}](#{slug})")
+    return toc + [""]
+
+
 def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> str:
     """Write ``out`` (REPORT.md) and its figures from ``results``; returns the markdown. Layout: the one-screen
     summary, the paper-layout tables and figures, the end-to-end and kernel tables that back the summary, then
@@ -307,6 +335,7 @@ def build_report(results: Path, out: Path, figures_dir: Path | None = None) -> s
     lines += multidraft_section(others, lambda p: _rel(p, out.parent))
     lines += ["# Methods and raw files", ""] + (setup_section(runs) + per_run_details(runs) if runs else [])
     lines += others_section(others)
+    lines[4:4] = table_of_contents(lines)       # after the title and the paragraph that says where it came from
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
