@@ -17,15 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tilespec.bench.e2e_systems import HF_KINDS
-
 from .glance import EXACT, glance_lines
 from .tables import _batch, drafter_note, identical_count, is_partial, n_cell, tokens_per_s
-from .summary_data import (is_context_kind, is_drafter_kind, spec_label, SMALL_N, _dev, _f, _x, best_drafters,
-                                  e2e_groups, e2e_models, exactness_files, file_date, file_time, is_gpu_device,
-                                  newest_e2e, verify_headline)
-from .summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table,  # noqa: F401
-                                     filter_cells, native_lines, native_table, verify_lines, verify_table)
+from .summary_data import (is_context_kind, is_drafter_kind, is_hf_kind, spec_label, SMALL_N, _dev, _f, _x,
+                           best_drafters, e2e_groups, e2e_models, exactness_files, file_date, file_time,
+                           is_gpu_device, newest_e2e, verify_headline)
+from .summary_kernels import (_exact_dev, _passed, _split, exactness_lines, exactness_table, filter_cells,
+                              native_lines, native_table, verify_lines, verify_table)
 
 TITLE = "## Summary"
 SHORT = {"hf": "HF\ndynamic", "hf-static": "HF\nstatic", "hf-assisted": "HF\nassisted", "hf-prompt-lookup":
@@ -99,13 +97,13 @@ def _headline(groups: list) -> str:
     parts = []
     for (task, temp, b), rows in groups:
         top = max(rows, key=lambda r: r["tps"])
-        hf = [r for r in rows if r["kind"] in HF_KINDS]
+        hf = [r for r in rows if is_hf_kind(r["kind"])]
         best_hf = max(hf, key=lambda r: r["tps"]) if hf else None
         s = f"{task}, T={_f(temp, '{:g}')}, B={b}: fastest is {top['label']} at {_f(top['tps'])} tok/s"
         margins = []
         if top["vs_ar"] is not None and top["kind"] != "ar":
             margins.append(f"{_x(top['vs_ar'])} target-only")
-        if best_hf is not None and top["kind"] not in HF_KINDS and best_hf["tps"]:
+        if best_hf is not None and not is_hf_kind(top["kind"]) and best_hf["tps"]:
             margins.append(f"{_x(top['tps'] / best_hf['tps'])} the fastest transformers system, {best_hf['label']}")
         s += f" ({', '.join(margins)})" if margins else ""
         spec = [r for r in rows if is_drafter_kind(r["kind"])]
@@ -232,7 +230,7 @@ def key_lines(runs: list, others: list) -> list[str]:
         cells, spec_cells = [], []
         for (task, temp, b), rows in e2e_groups(doc):
             by = {r["kind"]: r for r in rows}
-            hf = max((r for r in rows if r["kind"] in HF_KINDS and r["kind"] != "hf-prompt-lookup"),
+            hf = max((r for r in rows if is_hf_kind(r["kind"]) and r["kind"] != "hf-prompt-lookup"),
                      key=lambda r: r["tps"], default=None)
             ar = by.get("ar")
             if ar and hf:
@@ -374,7 +372,7 @@ def e2e_figure(others: list, out_dir: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.2), squeeze=False)
     for ax, (path, doc, task, rows) in zip(axes[0], panels):
         tps = [r["tps"] for r in rows]
-        colors = ["#9e9e9e" if r["kind"] in HF_KINDS else "#1f77b4" for r in rows]
+        colors = ["#9e9e9e" if is_hf_kind(r["kind"]) else "#1f77b4" for r in rows]
         ax.bar(range(len(rows)), tps, color=colors)
         for i, r in enumerate(rows):   # value above the bar or its whisker
             ax.annotate(f"{r['tps']:.3g}", (i, r["spread"][1] if r["spread"] else r["tps"]), xytext=(0, 3),

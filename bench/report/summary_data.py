@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tilespec.bench.e2e_systems import engine_draft_name
+from tilespec.bench.e2e_systems import HF_KINDS, engine_draft_name
 
 SMALL_N = 100  # sample sizes below this get a warning (quality claims need hundreds of examples per dataset)
 # system kind -> summary label, in display order; a drafter kind not named here (any name the engine resolves, and
@@ -19,6 +19,11 @@ E2E_ORDER = {"hf": "transformers (dynamic cache)", "hf-static": "transformers st
              "ar": "tilespec target-only", "tilespec": "tilespec + draft model", "ngram": "tilespec n-gram",
              "suffix": "tilespec suffix", "tilespec+ngram": "tilespec draft model + n-gram",
              "tilespec+suffix": "tilespec draft model + suffix"}
+
+
+def is_hf_kind(kind: str) -> bool:
+    """Whether an e2e row's ``kind`` is one of transformers' systems (the baselines)."""
+    return kind in HF_KINDS
 
 
 def is_drafter_kind(kind: str) -> bool:
