@@ -1,8 +1,10 @@
 """The target's forward over paged K/V: every scheduled request's new tokens flattened into one [T] batch.
 
 Weights and maths are the native Llama-family decoder's (engine/native/llama.py: fused q/k/v and gate/up, fp32
-RMSNorm, transformers' RoPE); only the cache differs: per layer K and V of shape [num_blocks, block_size, H_kv, D],
-the step's K/V written at ``slots`` (block * block_size + offset; padding tokens write to the scratch block 0), and
+RMSNorm, transformers' RoPE); only the cache differs: per layer K and V of shape [num_blocks * block_size, H_kv, D]
+(slot-major: slot = block * block_size + offset), the step's K/V written at ``slots`` (padding tokens write to the
+scratch block 0) with ``index_copy_`` on the cache tensor itself -- not on a view of it, which a compiled graph may
+turn into a copy of the whole cache per step -- and
 attention through the requests' block tables (engine/paged/attention.py). Prefill chunks of several prompts and the
 decode rows of every running request go through the same forward, so the weights are read once per step.
 
@@ -43,9 +45,10 @@ class StepInputs:
 
 
 def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
-                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int):
-    """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` and attends
-    through the block tables. Same maths as native.llama.decoder_layer (the residual carried as a pair)."""
+                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int):
+    """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` of the
+    slot-major caches [num_blocks * block_size, H_kv, D] and attends through the block tables. Same maths as
+    native.llama.decoder_layer (the residual carried as a pair)."""
     t = h.shape[0]
     res = h + res
     proj = F.linear(rms_norm(res, ln1, eps), qkv, qkv_bias)
@@ -56,9 +59,10 @@ def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache
     cos, sin = cos[:, None], sin[:, None]
     xq = (xq * cos + _rotate_half(xq) * sin).to(h.dtype)
     xk = (xk * cos + _rotate_half(xk) * sin).to(h.dtype)
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, xk)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, xv)
-    attn = paged_attention(xq, k_cache, v_cache, tables, cu_q, kv_lens, max_q=max_q)
+    k_cache.index_copy_(0, slots, xk)
+    v_cache.index_copy_(0, slots, xv)
+    attn = paged_attention(xq, k_cache.unflatten(0, (-1, block_size)), v_cache.unflatten(0, (-1, block_size)),
+                           tables, cu_q, kv_lens, max_q=max_q)
     res = res + F.linear(attn.reshape(t, nq), o)
     gu = F.linear(rms_norm(res, ln2, eps), gate_up)
     f = gu.shape[-1] // 2
@@ -88,14 +92,14 @@ class PagedModel:
             raise ValueError("the paged engine runs Llama-family decoders (Llama, Qwen2, Mistral, SmolLM2)")
         self.native, self.block_size, self.num_blocks = native, block_size, num_blocks
         self.device = native.embed.device
-        shape = (num_blocks, block_size, native.kv_heads, native.head_dim)
+        shape = (num_blocks * block_size, native.kv_heads, native.head_dim)
         self.caches = [(torch.zeros(shape, dtype=native.dtype, device=self.device),
                         torch.zeros(shape, dtype=native.dtype, device=self.device)) for _ in native.layers]
         self.graphs = compile and self.device.type == "cuda"
         self._fns = (paged_prologue, paged_layer, paged_head)
         if self.graphs:
             self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
-        self._decode = GraphCache(self._graph_forward, max_graphs=64) if self.graphs else None
+        self._decode = GraphCache(self._graph_forward, max_graphs=512) if self.graphs else None
 
     @staticmethod
     def kv_bytes_per_token(model) -> int:
@@ -112,7 +116,7 @@ class PagedModel:
         for w, (k_cache, v_cache) in zip(n.layers, self.caches):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
                            w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
-                           head_dim=n.head_dim, eps=n.eps, max_q=max_q)
+                           head_dim=n.head_dim, eps=n.eps, max_q=max_q, block_size=self.block_size)
         return head(h, res, rows, n.norm, n.lm_head, n.eps)
 
     def _graph_forward(self, *tensors, key=None):
