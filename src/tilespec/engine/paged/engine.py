@@ -229,6 +229,12 @@ class PagedEngine:
                         self._tensor([width] * rows, torch.int32), self._tensor(range(rows * width)), width))
                     shapes += 1
                     m *= 2
+                for temperature in (0.0, 1.0):       # verify's shapes compile on first use too
+                    zeros = torch.zeros(rows, dtype=torch.int64, device=self.device)
+                    verify(torch.zeros((rows, width, self.vocab_out), device=self.device),
+                           torch.full((rows, width - 1), self.pad, dtype=torch.int64, device=self.device),
+                           num_draft_tokens=zeros, sampling=SamplingParams(temperature=temperature),
+                           method=self.method, seed=zeros, offsets=zeros, check_values=False)
         if log is not None:
             log(f"paged engine warm-up: {shapes} decode shapes in {time.perf_counter() - start:.1f} s")
         return shapes
@@ -262,10 +268,10 @@ class PagedEngine:
             return []
         sampling = [it for it in items if it.samples]
         decode_only = all(it.seq.decoding and it.samples for it in items)
-        width = 1 + max(len(it.seq.drafts) for it in items) if decode_only else 0
+        width = self._width(items) if decode_only else 0
         if decode_only and self.model.graphs:
             inputs = self._decode_inputs(items, width)
-            logits = self.model.decode(inputs).view(-1, width, self.vocab_out)[:len(items)]
+            logits = self.model.decode(inputs).view(-1, width, self.vocab_out)     # bucket rows: absent ones too
             self.counters["decode_graph_steps"] += 1
         else:
             inputs, width = self._mixed_inputs(items, sampling)
@@ -277,6 +283,11 @@ class PagedEngine:
             self.switch.observe(bucket(len(items)), drafting and width > 1, time.perf_counter() - started,
                                 emitted / len(items))
         return events
+
+    def _width(self, items: list) -> int:
+        """Tokens verified per sampling request this step: 1 + gamma when any request drafts (shorter drafts are
+        padded), else 1 -- so the forward and verify() see few shapes (each new shape may compile or capture)."""
+        return 1 + (self.gamma if any(it.seq.drafts for it in items) else 0)
 
     def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -314,7 +325,7 @@ class PagedEngine:
     def _mixed_inputs(self, items: list, sampling: list) -> tuple:
         """Ragged items (prefill chunks and decode rows); logits rows: for each sampling item its last fed token
         and its drafts, padded to the widest (repeating the last row) -> (inputs, width)."""
-        width = 1 + max(len(it.seq.drafts) for it in sampling) if sampling else 1
+        width = self._width(sampling)
         tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
         m = max(len(it.seq.table) for it in items)
         tables = [it.seq.table + [SCRATCH] * (m - len(it.seq.table)) for it in items]
@@ -350,29 +361,36 @@ class PagedEngine:
                 it.seq.computed = it.start + it.n
         events = []
         if sampling:
-            k = logits.shape[1] - 1
-            reqs = [it.seq.req for it in sampling]
-            counts = [len(it.seq.drafts) for it in sampling]
-            drafts = torch.full((len(sampling), k), self.pad, dtype=torch.int64)
-            for i, it in enumerate(sampling):
-                drafts[i, :counts[i]] = torch.tensor(it.seq.drafts, dtype=torch.int64)
-            drafts = drafts.to(self.device)
-            settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
-            if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
-                logits = transform_logits(logits, drafts, TransformBatch.from_settings(
-                    settings, [r.tokens for r in reqs], self.vocab_out, self.device))
-            result = verify(logits, drafts, num_draft_tokens=self._tensor(counts),
-                            sampling=self._sampling_params(reqs), method=self.method,
-                            seed=self._tensor([r.seed for r in reqs]),
-                            offsets=self._tensor([len(it.seq.tokens) for it in sampling]), check_values=False)
-            host = torch.cat([result.num_emitted[:, None], result.output_tokens], dim=1).cpu().tolist()
-            for it, count, row in zip(sampling, counts, host):
-                events.append(self._commit(it, count, row[1:1 + row[0]]))
+            host = self._verify(sampling, logits)
+            for it, row in zip(sampling, host):
+                events.append(self._commit(it, len(it.seq.drafts), row[1:1 + row[0]]))
         for it in items:
             seq = it.seq
             if seq.req.finish_reason is None:
                 self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
         return events
+
+    def _verify(self, sampling: list, logits: torch.Tensor) -> list:
+        """verify() over the sampling requests, padded to the rows bucket (absent rows: no drafts, seed 0, their
+        logits whatever the bucket holds) so its shapes are few -> per request [num_emitted, tokens...] (host)."""
+        n, rows, k = len(sampling), bucket(len(sampling)), logits.shape[1] - 1
+        if logits.shape[0] < rows:
+            logits = torch.cat([logits, logits.new_zeros(rows - logits.shape[0], *logits.shape[1:])])
+        reqs = [it.seq.req for it in sampling]
+        counts = [len(it.seq.drafts) for it in sampling] + [0] * (rows - n)
+        drafts = [it.seq.drafts + [self.pad] * (k - len(it.seq.drafts)) for it in sampling]
+        drafts = self._tensor(drafts + [[self.pad] * k] * (rows - n)).view(rows, k)
+        settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
+        if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
+            logits = transform_logits(logits, drafts, TransformBatch.from_settings(
+                settings + [None] * (rows - n), [r.tokens for r in reqs] + [[]] * (rows - n), self.vocab_out,
+                self.device))
+        result = verify(logits, drafts, num_draft_tokens=self._tensor(counts),
+                        sampling=self._sampling_params(reqs + reqs[:1] * (rows - n)), method=self.method,
+                        seed=self._tensor([r.seed for r in reqs] + [0] * (rows - n)),
+                        offsets=self._tensor([len(it.seq.tokens) for it in sampling] + [0] * (rows - n)),
+                        check_values=False)
+        return torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
 
     def _commit(self, it: Item, drafted: int, new: list) -> BatchEvent:
         seq, req = it.seq, it.seq.req
