@@ -221,3 +221,18 @@ def test_logit_transforms_and_stop_ids_match_the_batch_engine(temperature):
     _run(PagedEngine(model, "ngram", max_batch=3, gamma=3, block_size=4, eos_token_id=9), paged)
     _run(BatchEngine(model, "ngram", max_batch=3, gamma=3, max_len=80, eos_token_id=9), batch)
     assert [(r.tokens, r.finish_reason) for r in paged] == [(r.tokens, r.finish_reason) for r in batch]
+
+
+def test_the_server_picks_its_engine(target):
+    from engine_models import layer_skip
+    from tilespec.serve import make_engine, pick_engine
+    assert pick_engine(target, "ngram", "auto", {}) == "paged"
+    assert pick_engine(target, layer_skip(target, 1), "auto", {}) == "batch"
+    assert pick_engine(target, None, "auto", {"capacity": 64}) == "batch"
+    with pytest.raises(ValueError, match="use --engine batch"):
+        pick_engine(target, layer_skip(target, 1), "paged", {})
+    with pytest.raises(ValueError, match="do not apply"):
+        pick_engine(target, None, "batch", {"prefix_caching": False})
+    eng = make_engine(target, "ngram", max_batch=2, gamma=3, prefill_chunk=8, prefix_caching=False)
+    assert isinstance(eng, PagedEngine) and not eng.blocks.prefix_caching
+    assert eng.scheduler.token_budget == 8 + 2 * 4

@@ -81,6 +81,8 @@ def run(args) -> int:
                        prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
                        adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
                        warmup=not args.no_warmup, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
+                       engine=args.engine, prefix_caching=False if args.no_prefix_caching else None,
+                       kv_fraction=args.kv_fraction,
                        cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout))
@@ -119,6 +121,14 @@ def register(sub) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="start serving at once: each step shape then compiles on its first use, stalling the batch "
                         "(default: compile and capture every shape before listening; CUDA graphs only)")
+    p.add_argument("--engine", choices=("auto", "paged", "batch"), default="auto",
+                   help="paged: paged K/V with prefix caching and chunked prefill in the decode batch (Llama-family "
+                        "targets, ngram / suffix / no drafts); batch: fixed rows (draft models, heads, other "
+                        "families); auto (default): paged wherever it serves the pair")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="paged engine: do not share full prompt blocks between requests")
+    p.add_argument("--kv-fraction", type=float, default=None,
+                   help="paged engine: share of the free GPU memory for K/V blocks (default 0.5)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",
                    help="verification method (default coupled: with n-gram / suffix drafts a request's tokens are "

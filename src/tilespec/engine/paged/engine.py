@@ -45,6 +45,7 @@ from .blocks import SCRATCH, BlockManager
 from .model import PagedModel, StepInputs
 from .scheduler import Item, Scheduler, Seq
 
+CPU_KV_BYTES = 2 << 30
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 
 
@@ -85,10 +86,10 @@ class PagedEngine:
     draft: None, "ngram", "suffix" or a context Drafter (drafts from the request's own tokens); gamma: draft cap per
     request and step; max_batch: running requests at most; token_budget: tokens per forward (decode rows with their
     drafts + prefill chunks); block_size: slots per block (a power of two > gamma); num_blocks: K/V blocks (default:
-    ``kv_fraction`` of the free GPU memory, or enough for max_batch full-length requests on CPU); max_len: longest
+    ``kv_fraction`` of the free GPU memory, at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest
     prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between requests;
     adaptive: drafting on / off per batch size as measured (default on with a drafter: with coupled verification it
-    changes no token). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit,
+    changes no token); spec_max_batch: no drafting while more requests decode. compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit,
     cancel and step.
     """
 
@@ -98,7 +99,7 @@ class PagedEngine:
                  block_size: int = 16, num_blocks: Optional[int] = None, kv_fraction: float = 0.5,
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
                  compile: bool = False, adaptive: Optional[bool] = None, min_alpha: float = 0.1,
-                 eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+                 spec_max_batch: Optional[int] = None, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         reason = paged_reason(target, draft)
         if reason is not None:
             raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
@@ -114,7 +115,7 @@ class PagedEngine:
         self.drafter, self.gamma = drafter, gamma
         self.device = next(target.parameters()).device
         self.method = resolve_method(method, self.device)
-        self.max_batch, self.min_alpha = max_batch, min_alpha
+        self.max_batch, self.min_alpha, self.spec_max_batch = max_batch, min_alpha, spec_max_batch
         self.max_len = min(max_len or context_limit(target) or 4096, context_limit(target) or 1 << 30)
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
@@ -136,8 +137,8 @@ class PagedEngine:
     def _default_blocks(self, target, block_size: int, fraction: float) -> int:
         per_block = PagedModel.kv_bytes_per_token(target) * block_size
         full = self.max_batch * (-(-self.max_len // block_size)) + 1
-        if self.device.type != "cuda":
-            return full
+        if self.device.type != "cuda":          # host memory: at most CPU_KV_BYTES of K/V
+            return max(2, min(full, CPU_KV_BYTES // per_block))
         free, _ = torch.cuda.mem_get_info(self.device)
         return max(2, min(full, int(free * fraction) // per_block))
 
@@ -248,7 +249,8 @@ class PagedEngine:
 
     def _propose(self) -> bool:
         decoding = [s for s in self.scheduler.running if s.decoding]
-        allow = self.switch is None or self.switch.draft(bucket(len(decoding)))
+        allow = self.spec_max_batch is None or len(decoding) <= self.spec_max_batch
+        allow = allow and (self.switch is None or self.switch.draft(bucket(len(decoding))))
         for seq in self.scheduler.running:
             cap = self._draft_cap(seq) if allow and seq.decoding and seq.context is not None else 0
             seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
