@@ -58,7 +58,7 @@ def coupled(inputs: VerifyInputs) -> VerifyResult:
         result = reference(inputs)
         result.method = "coupled"
         return result
-    batch, k_max, vocab = inputs.batch_size, inputs.max_draft, inputs.vocab_size
+    k_max = inputs.max_draft
     tokens = inputs.draft_tokens
     positions = inputs.offsets[:, None] + torch.arange(k_max + 1, device=inputs.device)[None, :]   # [B, K+1]
     drawn = keyed_draws(inputs, positions)                                                         # y_j
