@@ -202,22 +202,22 @@ class PagedEngine:
     def warm_up(self, max_context: Optional[int] = None, log=None) -> int:
         """Compile the forward and capture every decode shape up to ``max_batch`` rows and ``max_context`` tokens
         (default max_len) before serving, on the scratch block only (no request's K/V is touched). Returns the
-        number of shapes run. Without graphs (CPU) nothing to do."""
+        number of shapes run (mixed steps: every power of two of rows and of prompt chunk, so the attention kernel
+        compiles its variants here rather than inside a request). Without graphs (CPU) nothing to do."""
         if not self.model.graphs:
             return 0
         start = time.perf_counter()
-        bs, scratch = self.blocks.block_size, []
-        for t in (64, 37):                     # two sizes: dynamo makes the token count symbolic
-            scratch.append(StepInputs(*(self._tensor([0] * t) for _ in range(3)),
-                                      torch.zeros((1, table_width(-(-t // bs))), dtype=torch.int32,
-                                                  device=self.device),
-                                      self._tensor([0, t], torch.int32), self._tensor([t], torch.int32),
-                                      self._tensor([t - 1]), t))
-        for inputs in scratch:
-            self.model.forward(inputs)
+        bs, shapes = self.blocks.block_size, 0
+        s = 1
+        while s <= bucket(self.max_batch):       # mixed steps: the attention kernel's variants by rows and chunk
+            q = 1
+            while q <= min(self.scheduler.token_budget, self.max_len):
+                self.model.forward(self._scratch_inputs([q] + [1] * (s - 1)))
+                shapes += 1
+                q *= 2
+            s *= 2
         widths = sorted({1, 1 + self.gamma})
         top = table_width(-(-(max_context or self.max_len) // bs))
-        shapes = 0
         for rows in [b for b in BUCKETS if b <= bucket(self.max_batch)]:
             for width in widths:
                 m = 16
@@ -237,8 +237,21 @@ class PagedEngine:
                            num_draft_tokens=zeros, sampling=SamplingParams(temperature=temperature),
                            method=self.method, seed=zeros, offsets=zeros, check_values=False)
         if log is not None:
-            log(f"paged engine warm-up: {shapes} decode shapes in {time.perf_counter() - start:.1f} s")
+            log(f"paged engine warm-up: {shapes} step shapes in {time.perf_counter() - start:.1f} s")
         return shapes
+
+    def _scratch_inputs(self, counts: list) -> StepInputs:
+        """A mixed step of len(counts) requests feeding counts[s] tokens each, all on the scratch block."""
+        t, bs = sum(counts), self.blocks.block_size
+        cu = [0]
+        for c in counts:
+            cu.append(cu[-1] + c)
+        width = table_width(-(-max(counts) // bs))
+        return StepInputs(self._tensor([self.pad] * t), self._tensor([j % bs for j in range(t)]),
+                          self._tensor([j % bs for j in range(t)]),
+                          torch.zeros((len(counts), width), dtype=torch.int32, device=self.device),
+                          self._tensor(cu, torch.int32), self._tensor(counts, torch.int32),
+                          self._tensor([t - 1]), max(counts))
 
     # ------------------------------------------------------------------------------------------------ the loop
     def _draft_cap(self, seq: Seq) -> int:
