@@ -6,6 +6,9 @@ import os
 
 import torch
 
+# fixtures every test module may name without importing them: one_thread, home, fake_entry
+pytest_plugins = ["shared_fixtures"]
+
 
 def _runs_gpu_tests(markexpr: str) -> bool:
     words = markexpr.replace("(", " ").replace(")", " ").split()

@@ -1,7 +1,6 @@
 """Tiny random Hugging Face models for the engine tests (fp32, CPU, a few ms per forward)."""
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -75,15 +74,6 @@ def stub_whisper_io(monkeypatch, target):
             return " ".join(map(str, ids))
 
     return Proc()
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models: thread start-up costs more than the math. Use with ``pytestmark`` or autouse re-exports."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def exact_sequence_law(model, sampling, prompt: list, vocab: int, length: int):

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import numpy as np
 
-from test_models import PAYLOAD, fake_entry, home  # noqa: F401 (fixtures: a fake registry entry, a temp cache)
+from shared_fixtures import PAYLOAD
 from tilespec.cli import main as cli_main
 from tilespec.models import ChecksumError, fetch, is_cached, load, model_path
 from tilespec.models import cache

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from engine_models import layer_skip, one_thread, tiny_lm  # noqa: F401 (fixture)
+from engine_models import layer_skip, tiny_lm
 from tilespec import SamplingParams
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.inputs import check_request, context_limit

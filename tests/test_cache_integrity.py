@@ -13,7 +13,7 @@ from tilespec.cli import main as cli_main
 from tilespec.models import cache, fetch, is_cached, load, loading, model_path
 from tilespec.models.integrity import RECORD, cache_state, entry_problems
 
-from test_models import _tiny_qwen, _tiny_tokenizer, fake_entry, home  # noqa: F401  (fixtures)
+from test_models import _tiny_qwen, _tiny_tokenizer
 
 
 @pytest.fixture

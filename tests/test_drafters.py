@@ -13,7 +13,7 @@ from tilespec.engine.drafters import resolve_drafter
 from tilespec.exactness.stats import fit_test
 from tilespec.verify import SamplingParams
 
-from engine_models import exact_sequence_law, layer_skip, one_thread, tiny_lm  # noqa: F401  (one_thread: fixture)
+from engine_models import exact_sequence_law, layer_skip, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GREEDY = SamplingParams(temperature=0.0)

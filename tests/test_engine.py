@@ -7,7 +7,7 @@ import torch
 from tilespec.engine import GammaSchedule, SpeculativeDecoder, optimal_gamma
 from tilespec.verify import SamplingParams
 
-from engine_models import layer_skip, one_thread, tiny_lm  # noqa: F401 (fixture)
+from engine_models import layer_skip, tiny_lm
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

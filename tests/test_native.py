@@ -10,7 +10,7 @@ from tilespec.engine.runner import ModelRunner, make_runner, step_mode
 from tilespec.engine.state import prefill_mask
 from tilespec.verify import SamplingParams
 
-from engine_models import layer_skip, one_thread, tiny_lm, tiny_whisper  # noqa: F401
+from engine_models import layer_skip, tiny_lm, tiny_whisper
 
 PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [100, 3]]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

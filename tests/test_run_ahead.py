@@ -12,7 +12,7 @@ from tilespec.engine.metrics import PhaseTimer
 from tilespec.engine.state import still_alive
 from tilespec.verify import SamplingParams
 
-from engine_models import layer_skip, one_thread, tiny_lm  # noqa: F401
+from engine_models import layer_skip, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ from tilespec.engine import GammaSchedule, SpeculativeDecoder
 from tilespec.engine.payoff import DEFAULT_SLOPE, RequestAlphas, WidthCost, best_cap
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread, tiny_lm  # noqa: F401 (fixture)
+from engine_models import tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,7 +24,7 @@ from tilespec.heads import DraftHead, config_for
 from tilespec.multidraft.tree import TokenTree, ancestors
 from tilespec.verify import SamplingParams
 
-from engine_models import exact_sequence_law, one_thread, tiny_lm  # noqa: F401
+from engine_models import exact_sequence_law, tiny_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GREEDY = SamplingParams(temperature=0.0)

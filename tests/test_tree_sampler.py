@@ -12,8 +12,6 @@ from tilespec.multidraft.tree import TokenTree, ancestors, depths, select_tree
 from tilespec.multidraft.tree_exactness import run_tree_exactness, summary_ok, tree_case
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread  # noqa: F401
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PARENTS = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, -1], [-1, 0, 1, 2, -1, -1, -1, -1]])

@@ -11,7 +11,7 @@ from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.runner import shares_encoder
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread, tiny_lm, tiny_whisper  # noqa: F401 (fixture)
+from engine_models import tiny_lm, tiny_whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ from tilespec.exactness.stats import fit_test
 from tilespec.models.distilled import student
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread, stub_whisper_io, tiny_whisper  # noqa: F401 (fixture)
+from engine_models import stub_whisper_io, tiny_whisper
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB, LENGTH, N, PREFIX = 6, 3, 3000, [1]

@@ -17,7 +17,7 @@ from tilespec.models.distilled import own_state
 from tilespec.training.whisper_training import train_whisper_draft
 from tilespec.verify import SamplingParams
 
-from engine_models import one_thread, stub_whisper_io, tiny_whisper  # noqa: F401 (fixture)
+from engine_models import stub_whisper_io, tiny_whisper
 from test_whisper_distill import distinct_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

