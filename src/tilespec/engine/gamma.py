@@ -327,7 +327,8 @@ class GammaSchedule:
         depends on the random numbers the step then consumes), pinned for the next :meth:`next`; None before the
         first recorded step and where that decision is to stop drafting (the fallback is taken after the read).
         Without run-ahead every drafting step of ``optimal`` paid the host's read-and-launch gap that target-only
-        steps hide (H200: whisper-base's distilled draft fell back where a constant γ ran 1.46× target-only)."""
+        steps hide (bench/results/e2e-whisper-base-distilled-h200.json: at B = 1, T = 0 whisper-base's distilled
+        draft fell back on every step where a constant γ = 3 ran 1.46× target-only)."""
         if self.kind == "constant":
             return self.gamma
         if self.kind != "optimal" or self.context or self._fallen or self.steps < 1:

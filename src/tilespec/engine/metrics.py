@@ -1,6 +1,6 @@
 """Run metrics of the engine: acceptance, block efficiency, throughput and where the time goes.
 
-Definitions (see docs/engine.md and decoding-peers.md §5):
+Definitions (see docs/engine.md):
   * alpha (acceptance rate) = accepted draft tokens / drafted tokens (vLLM V1's "draft acceptance rate"; it is
     below Leviathan's α because tokens after a rejection count as drafted but never tested);
   * alpha_tested = accepted / tested positions (Leviathan's α under the i.i.d. model, what the γ schedule uses);

@@ -1,8 +1,8 @@
 """What a speculative step costs and yields, measured online, for the ``optimal`` γ schedule (gamma.py).
 
 Leviathan's Theorem 3.8 prices a step as γ draft forwards plus one target forward of the same cost as a target-only
-step. On a fast runtime neither holds, and the errors are what made ``optimal`` lose (H100: ``ngram`` at B = 8 0.76×,
-``suffix`` at T = 1 0.90×, a 2-layer Whisper self-draft at B = 8 0.35× of target-only decoding):
+step. On a fast runtime neither holds, and pricing a step by the theorem alone makes ``optimal`` draft where
+target-only decoding is faster:
 
 * the verify forward scores q = γ + 1 positions for *every* row of the batch, and at B = 8 a q = 6 forward costs
   visibly more than q = 1 -- rows whose drafts were empty or rejected still pay it. :class:`WidthCost` fits the

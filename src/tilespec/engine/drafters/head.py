@@ -45,8 +45,7 @@ def _sample_draft_vocab(small: torch.Tensor, vocab_ids: torch.Tensor, resolved, 
     are -inf outside the draft vocabulary, so temperature, top-k, top-p and min-p keep the same tokens with the
     same probabilities here, and the Gumbel noise is keyed by the target id (as engine.step.sample_draft keys it):
     the law is the full vector's, at N / V of the sampling cost, in one kernel launch on a GPU
-    (``verify.sampling.sample_keyed``: PyTorch's Philox over the row, ~150 kernels, dominated the head's draft time
-    at T > 0 on an H100)."""
+    (``verify.sampling.sample_keyed``; PyTorch's Philox over the row is ~150 small kernels per call)."""
     return sample_keyed(small, resolved, seeds, positions, rng.PURPOSE_EXTRA, ids=vocab_ids)
 
 

@@ -12,7 +12,8 @@ are overwritten by the ``observe`` that follows verification, so only committed 
   candidates form the tree (EAGLE-2's re-ranking; a child never outscores its parent, so the set is a tree).
 * :func:`propose_chains` (``kind="iid"``): K chains of length L, each token sampled from the head's processed law
   at the draft temperature, independently per chain (Gumbel noise keyed by a per-chain seed, a stream no verify
-  scheme uses); the laws are kept as the tree's ``draft_probs`` for the seed-004 schemes.
+  scheme uses); the laws are kept as the tree's ``draft_probs`` for the multi-draft schemes
+  (Khisti et al. 2024).
 Static shapes, no host syncs: both can run inside a captured CUDA graph (the selection of sampled chains cannot: it
 reads the alive drafts on the host, so those steps run on the host-commit path).
 :class:`HeadTreeDrafter` (the tree form of a HeadDrafter) hands out a :class:`HeadTreeRunner`: the head's runner whose

@@ -1,4 +1,5 @@
-"""K sampled chains from a draft MODEL (its own slot cache), for the seed-004 multi-draft schemes on tree steps.
+"""K sampled chains from a draft MODEL (its own slot cache), for the multi-draft schemes (Khisti et al. 2024) on tree
+steps.
 
 The draft's cache keeps the committed tokens in the target's slot layout. Each step starts with one draft forward
 over the previous step's committed chunk (:class:`Resync`): [old pending, accepted drafts, holes, new pending] at

@@ -6,7 +6,7 @@ drafter's runner then proposes a tree :class:`~.contract.Proposal` (``tree`` set
 drafters propose trees:
   * a draft head (``draft="head"``, a head folder, a HeadDrafter; drafters/head_tree.py): ``tree=(branch, depth,
     nodes)`` an EAGLE-2-style dynamic tree (deterministic drafts, captured whole on native-graphs), or
-    ``chains=(K, L)`` K chains sampled from the head (the seed-004 schemes, ``scheme``);
+    ``chains=(K, L)`` K chains sampled from the head (the multi-draft schemes of Khisti et al. 2024, ``scheme``);
   * a context drafter without a model (``draft="ngram"``; drafters/context_tree.py): ``tree=(matches, length,
     nodes)``, several matches of the context merged into a trie;
   * a draft model (drafters/model_tree.py): ``chains=(K, L)`` K chains sampled from it.

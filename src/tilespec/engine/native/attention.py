@@ -1,12 +1,12 @@
 """Decode attention over the slot KV cache: split-KV ("flash decoding") Triton kernels for few query tokens.
 
 Why: at decode and verification shapes (q <= 64 new tokens: a chain or a token tree, a cache of C slots) cuDNN's
-SDPA kernels loop a handful of thread blocks over the whole capacity, masked slots included: ~7.6 µs per layer on
-an H100 at q = 1, C = 512 (Qwen2.5-1.5B), and at q > 1 ~13 µs at C = 512 but ~89 µs at C = 4,352 (a server's
-rows, H200). Here the capacity is split into SPLIT-slot pieces, each (request, KV head, piece) program handles every
-query head of its group at once (G = H / H_kv heads x q tokens = one [M, D] tile, so K/V are read once per group),
-skips slot blocks that the mask hides entirely (unused capacity costs a mask read, not a K/V read), and a second
-small kernel merges the pieces' online-softmax partials.
+SDPA kernels loop a handful of thread blocks over the whole capacity, masked slots included: at B = 1 ~9 µs per
+layer at q = 1, C = 512 (Qwen2.5-1.5B heads), and at q > 1 ~15 µs at C = 512 but ~88-94 µs at C = 4,352 (a server's
+rows; bench/results/attention-shapes-h200.json, ``sdpa_us``). Here the capacity is split into SPLIT-slot pieces,
+each (request, KV head, piece) program handles every query head of its group at once (G = H / H_kv heads x q tokens
+= one [M, D] tile, so K/V are read once per group), skips slot blocks that the mask hides entirely (unused capacity
+costs a mask read, not a K/V read), and a second small kernel merges the pieces' online-softmax partials.
 
 Semantics: ``F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=True)`` with the
 default scale 1/sqrt(D), for an additive mask in the model dtype whose masked entries are finfo.min (never -inf,

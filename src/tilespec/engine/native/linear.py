@@ -1,12 +1,12 @@
 """Skinny linear layers for decode shapes: y = epilogue(prologue(x) @ W^T) in one Triton kernel.
 
 Why: at decode and verification shapes (M = B * q <= 64 rows) a projection is a matrix-vector product bound by
-reading W once. cuBLAS reaches 77-81 % of the H100's bandwidth on the large MLP weights but only ~1 TB/s on the
-small q/k/v and output projections of a 1.5B model (5-6 µs each, one wave of 32-64 blocks), and every RMSNorm in
-front of a projection is a kernel of its own (~1.7 µs). This kernel gives every program a BLOCK_N-row slice of W,
-streams it over K with pipelined loads, recomputes the RMS of the few x rows itself (they are tiny and stay in L2),
-and applies the epilogue before the single store, so a layer's norm + projection + bias / residual / SiLU-gate is
-one launch.
+reading W once. cuBLAS streams the large fused gate/up weight of a 1.5B model at ~2.5 TB/s but the small q/k/v and
+output projections at only ~1 TB/s (5-6 µs each, one wave of 32-64 blocks), and every RMSNorm in front of a
+projection is a kernel of its own (~1.7 µs) (the ``profile`` of bench/results/native-forward-random-init-h100.json).
+This kernel gives every program a BLOCK_N-row slice of W, streams it over K with pipelined loads, recomputes the RMS
+of the few x rows itself (they are tiny and stay in L2), and applies the epilogue before the single store, so a
+layer's norm + projection + bias / residual / SiLU-gate is one launch.
 
 Shapes and dtypes: x [..., K] (M = prod(leading dims) rows), W [N, K] row-major (an ``nn.Linear`` weight, the
 fused q/k/v or gate/up tensors of engine/native/llama.py), bias [N], residual [..., N], norm weight [K], all in
@@ -43,7 +43,7 @@ NUM_STAGES = 4
 NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
-SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (the H100 allows 227 KB; leave room for the rest)
+SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (sm_90 allows 227 KB a block; leave room for the rest)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -9,8 +9,8 @@ Modes:
   * "native-graphs" (CUDA): decode/verify forwards run a ``torch.compile``d copy of the layer function (compiled
     once per model and shared by its layers; shapes become dynamic after the first change, so a new batch size, q
     or capacity costs at most one recompile) and are captured whole, with the mask conversion, in one CUDA graph
-    per (B, q, C). Prefill (long, one per generation) runs the eager layer. Whisper's transformers encoder (eager:
-    ~8 ms per 30 s clip on an H100, launch-bound) is captured in one CUDA graph per input shape and model.
+    per (B, q, C). Prefill (long, one per generation) runs the eager layer. Whisper's transformers encoder (eager, it
+    is launch-bound) is captured in one CUDA graph per input shape and model.
 Compiled code is cached across processes by inductor's own on-disk caches (FX graph and autotune caches, on by
 default); :attr:`compile_seconds` records the time spent compiling in this process.
 """
@@ -170,8 +170,8 @@ class NativeRunner:
         self._graphs = GraphCache(self._graph_forward) if mode == "native-graphs" else None
         self._fns = compiled_parts(model) if mode == "native-graphs" else {}
         self._prefill: Optional[dict] = None
-        # FlexAttention's decoding kernel (compiled only) measured slower than cuDNN SDPA at decode shapes on an H100
-        # (bench/results/native-flex-vs-sdpa-*.json), so it is opt-in: tilespec.settings.configure(native_flex=True)
+        # FlexAttention's decoding kernel (compiled only) is opt-in: tilespec.settings.configure(native_flex=True);
+        # by default decode shapes run cuDNN SDPA
         self._layer_kw = {"flex": mode == "native-graphs" and settings.get().native_flex}
         if self.encdec:
             kernels = ""
@@ -271,8 +271,8 @@ class NativeRunner:
     def _prefill_fns(self) -> dict:
         """Compiled (dynamic-shape) functions for forwards outside a graph (prefill) on "native-graphs", opt-in
         (``tilespec.settings.configure(compiled_prefill=True)``): ~13 kernels per layer instead of the eager layer's ~40 launches from
-        Python (a 500-token Qwen2.5-1.5B prefill takes ~30 ms eagerly on an H100, 9 % of a 128-token generation).
-        Off by default: on the H100 (torch 2.11) dynamo failed on SDPA with fake tensors under dynamic shapes
+        Python (an eager prefill is launch-bound).
+        Off by default: on CUDA with torch 2.11 dynamo failed on SDPA with fake tensors under dynamic shapes
         ("TypeError when making fake tensor call"), so every prefill fell back to eager after a wasted attempt.
         Empty elsewhere (eager native)."""
         if self._prefill is None:

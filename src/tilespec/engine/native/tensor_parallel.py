@@ -16,7 +16,7 @@ functional collectives DTensor itself issues for a ``Partial -> Replicate`` redi
 (``torch.distributed._functional_collectives.all_reduce``), which dynamo traces into the compiled layer and a CUDA
 graph captures. On CUDA the default (``allreduce="auto"``) is PyTorch's symmetric-memory one-shot all-reduce (P2P
 over NVLink, multicast never used) for decode-sized inputs: 0.39 ms less per token than NCCL for a 14B shape at TP=2
-on two H100s (7.90 vs 8.29 ms, bench/results/tensor-parallel-h100x2.json); larger inputs (prefill) take NCCL.
+(7.90 vs 8.29 ms, bench/results/tensor-parallel-h100x2.json); larger inputs (prefill) take NCCL.
 
 Same tokens on every rank: the gathered logits are identical on every rank (all-gather and all-reduce results are
 bitwise equal across ranks) and the sampling is keyed by (seed, position) through Philox, so every rank draws the

@@ -9,7 +9,8 @@ all-reduce, or the faster of the two measured per shape ("best").
 * ``"best"`` (CUDA): on the first, uncaptured call of each input shape every rank times both, each as BEST_CALLS
   calls captured in one CUDA graph (the fastest of BEST_REPLAYS replays), takes the slowest rank's time of each and
   keeps the faster for that shape: every rank picks the same. The measurements are kept in :data:`BEST`.
-* ``"auto"``: ``"symm"`` on CUDA (measured faster on two H100s), ``"nccl"`` elsewhere; env
+* ``"auto"``: ``"symm"`` on CUDA (faster than NCCL for decode-sized inputs:
+  bench/results/tensor-parallel-h100x2.json), ``"nccl"`` elsewhere; env
   ``TILESPEC_TP_ALLREDUCE`` overrides it.
 """
 from __future__ import annotations

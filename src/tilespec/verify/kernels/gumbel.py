@@ -1,6 +1,5 @@
 """Keyed Gumbel-max sampling in one or two launches: one token per row from logits (or log-weights) without a
-probability tensor and without PyTorch's Philox (~150 small kernels per call over a row; they dominated a draft
-head's time per token at T > 0 on an H100).
+probability tensor and without PyTorch's Philox (~150 small kernels per call over a row).
 
 Row b's token is argmax_i (x[b, i] / T_b + G(seed_b, position_b, purpose, id_i)) with G = -log(-log u) and u the
 keyed uniform of :mod:`tilespec.verify.rng` (``keyed_uniform``: the same numbers as ``rng.uniform``), the first index

@@ -70,7 +70,7 @@ CPP_AUTO, CPP_AUTO_MIN_BATCH = 2, 16
 # fused pass 1 of the per-request layout, stream.row_stats_stream_kernel: lanes of GROUP1 contiguous ids over slices
 # of SUB1_STREAM ids (NUM_WARPS1_STREAM warps; the lane layout never depends on B: batch invariance), PREFETCH1
 # slices loaded ahead (no bits change), at most MAXNREG1 registers per thread (register allocation only: no bits
-# change; on the H100 B=64 148 us vs 163 uncapped).
+# change).
 SUB1_STREAM = 2048
 NUM_WARPS1_STREAM = 8
 GROUP1 = 8

@@ -1,6 +1,7 @@
 """Top-k (k <= 16) of a few wide rows in two launches: a draft head's tree frontier (B·k rows of a 32,000-151,936
-entry vocabulary) at every depth. ``torch.topk`` spends 30-45 µs a call there (multi-pass radix selects, then a
-sort), ~270 µs of a (8, 6, 32) tree step on an H200 (``step-cost-trees-*.json``).
+entry vocabulary) at every depth. ``torch.topk`` runs multi-pass radix selects there, then a sort: its radix-select
+kernels alone took ~140 µs of a (8, 6, 32) tree step (bench/results/step-cost-random-qwen2.5-1.5b-shaped-h200.json,
+measured before this kernel).
 
 Launch 1, grid (R, S): chunk s (CHUNK entries) of row r -> its k largest entries, largest first, by k rounds of
 (maximum, first index of it, knock it out) over the chunk held in registers. Launch 2, grid (R,): the same rounds
