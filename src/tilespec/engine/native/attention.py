@@ -23,11 +23,10 @@ grids from shapes only) or under ``TRITON_INTERPRET=1``; :func:`supported` says 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from tilespec.env import use_triton_interpreter_without_cuda
+from tilespec.env import triton_interpreted, use_triton_interpreter_without_cuda
 
 use_triton_interpreter_without_cuda()   # before the kernels are decorated (CPU tests run them in the interpreter)
 
@@ -39,7 +38,7 @@ BLOCK_N = 64             # slots per inner step (a skipped step reads only its m
 MAX_Q = 64               # query tokens per request (a token tree's nodes)
 MAX_ROWS = 128           # rows (query heads of a KV group x tokens) per program
 MERGE_ROWS = 32          # rows per program of the merge (a tree's 128-row blocks: 4 programs each)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = triton_interpreted()
 
 
 @triton.jit

@@ -25,12 +25,11 @@ grid from shapes only) or under ``TRITON_INTERPRET=1`` (the CPU tests). Elsewher
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
-from tilespec.env import use_triton_interpreter_without_cuda
+from tilespec.env import triton_interpreted, use_triton_interpreter_without_cuda
 
 use_triton_interpreter_without_cuda()   # before the kernel is decorated (CPU tests run it in the interpreter)
 
@@ -44,7 +43,7 @@ NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (sm_90 allows 227 KB a block; leave room for the rest)
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = triton_interpreted()
 
 
 @triton.jit

@@ -6,13 +6,13 @@ Used by :mod:`tilespec.verify.kernels.launch` (per plan) and the keep-threshold 
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 from tilespec import settings
+from tilespec.env import triton_interpreted
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = triton_interpreted()
 
 
 def _capturing(device: torch.device) -> bool:

@@ -31,12 +31,13 @@ value, so choosing it by batch size keeps results batch invariant.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import numpy as np
 import torch
 import triton
+
+from tilespec.env import triton_interpreted
 
 from ..distributions import draft_log_probs, log_probs
 from ..types import VerifyInputs, VerifyResult
@@ -82,7 +83,7 @@ MAXNREG1 = 40
 # fp32 rounding. Rows that allow 16-byte loads (see _aligned) take the ALIGNED variants of both passes.
 WIDE_TILES = 4
 NUM_WARPS2_WIDE = 8
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = triton_interpreted()
 FAST_EXP = not _INTERPRET
 PDL = not _INTERPRET
 # Requests batched per program = ROW_ELEMS // block (at most MAX_BLOCK_B): large blocks in the interpreter (few,
