@@ -1,8 +1,8 @@
-"""Input checks and preparation for :func:`tilespec.verify`: clear errors instead of crashes inside kernels.
+"""Preparation of :func:`tilespec.verify`'s arguments: checked, broadcast to per-request tensors, on one device.
 
-Shape, dtype and device checks are free (no device work). Value checks (NaN/Inf logits, token ids, per-request
-draft lengths, tensor-valued sampling parameters) read the inputs once and synchronise with the device; callers
-that hand over trusted inputs in a hot loop pass ``check_values=False``.
+The checks live in :mod:`.input_checks`. Shape, dtype and device checks are free (no device work). Value checks
+(NaN/Inf logits, token ids, per-request draft lengths, tensor-valued sampling parameters) read the inputs once and
+synchronise with the device; callers that hand over trusted inputs in a hot loop pass ``check_values=False``.
 """
 from __future__ import annotations
 
@@ -10,104 +10,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from .input_checks import (check_draft_distributions, check_draft_tokens, check_input_values, check_int64_ranges,
+                           check_seed_arguments, check_target_logits)
+from .input_checks import check_shared_stream_seed, draft_probs_tolerance  # noqa: F401  (imported from here)
 from .rng import normalize_seed, seeds_from  # noqa: F401  (normalize_seed: verify() imports it here)
 from .types import PerRequest, ResolvedSampling, SamplingParams, VerifyInputs
-
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _require_tensor(name: str, value, *, ndim: int) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.is_meta:
-        raise ValueError(f"{name} is on the meta device (a shape without values, e.g. from a model that was never "
-                         f"loaded): move real data to a CPU or CUDA device first")
-    if value.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
-    return value
-
-
-def _require_float(name: str, value: torch.Tensor) -> None:
-    if value.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, bfloat16, float16 or float64, got {value.dtype}")
-
-
-def _check_finite_logits(name: str, logits: torch.Tensor, rows_valid: Optional[torch.Tensor]) -> None:
-    """NaN and +inf in used rows are errors; -inf (a masked token) is fine unless a whole used row is masked.
-    Padding rows (rows_valid False) are never read by a method, so they may hold anything."""
-    used = rows_valid[..., None] if rows_valid is not None else True
-    if (torch.isnan(logits) & used).any():
-        raise ValueError(f"{name} contains NaN")
-    if (torch.isposinf(logits) & used).any():
-        raise ValueError(f"{name} contains +inf")
-    all_masked = torch.isneginf(logits).all(dim=-1)
-    if rows_valid is not None:
-        all_masked = all_masked & rows_valid
-    if all_masked.any():
-        b, r = (int(i) for i in all_masked.nonzero()[0])
-        raise ValueError(f"{name}[{b}, {r}] is -inf everywhere: no token can be sampled from it")
-
-
-def draft_probs_tolerance(dtype: torch.dtype) -> float:
-    """How far a used draft_probs row's sum may be from 1: 1e-3, or one unit of rounding for bf16 (whose softmax
-    rows are off by up to ~3e-3 after the cast)."""
-    return max(1e-3, torch.finfo(dtype).eps)
-
-
-def _check_draft_probs(draft_probs: torch.Tensor, valid: torch.Tensor) -> None:
-    """Used rows must be finite, non-negative and sum to 1 within :func:`draft_probs_tolerance`. Rows are taken as
-    given (never renormalised), so every method sees the same q; a row off by more than the tolerance would
-    silently change the output law, hence an error. Padding rows (valid False) are not read."""
-    if not torch.isfinite(draft_probs).all() or (draft_probs < 0).any():
-        raise ValueError("draft_probs must be finite and non-negative")
-    sums = draft_probs.sum(-1, dtype=torch.float32)
-    if ((sums <= 0) & valid).any():
-        raise ValueError("draft_probs has a used row with zero mass: pass the distribution the draft tokens were "
-                         "sampled from")
-    tol = draft_probs_tolerance(draft_probs.dtype)
-    off = ((sums - 1).abs() > tol) & valid
-    if off.any():
-        b, i = (int(v) for v in off.nonzero()[0])
-        raise ValueError(f"draft_probs[{b}, {i}] sums to {float(sums[b, i]):.6g}, not 1 (tolerance {tol:.3g}): "
-                         f"pass normalised probabilities, e.g. probs / probs.sum(-1, keepdim=True), or pass "
-                         f"draft_logits instead")
-
-
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
-
-
-def _check_int64(name: str, value, spread: int) -> None:
-    """Python-int seeds / offsets (or sequences of them) must fit int64, including ``value + spread`` (an int seed
-    gives request b the seed + b). Tensors are already int64 or converted by torch."""
-    if isinstance(value, int):
-        values = [value]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
-        values, spread = list(value), 0
-    else:
-        return
-    bad = [v for v in values if not INT64_MIN <= v <= INT64_MAX - spread]
-    if bad:
-        raise ValueError(f"{name} = {bad[0]} does not fit a signed 64-bit integer"
-                         f"{f' (request b uses {name} + b, up to + {spread})' if spread else ''}: "
-                         f"use values in [-2**63, 2**63 - {1 + spread}], e.g. {name} % 2**62")
-
-
-def check_shared_stream_seed(method: str, seed, check_values: bool) -> None:
-    """A method that draws the whole batch from one generator (``hf``) cannot honour per-request seeds: reject a
-    per-request seed list/tensor with different values instead of silently ignoring it. Tensors are read only when
-    ``check_values`` (one host sync)."""
-    if seed is None or isinstance(seed, int):
-        return
-    if isinstance(seed, torch.Tensor):
-        if not check_values:
-            return
-        distinct = int(torch.unique(seed).numel())
-    else:
-        distinct = len({int(s) for s in seed})
-    if distinct > 1:
-        raise ValueError(f"method {method!r} draws every request from one generator, so it cannot honour "
-                         f"{distinct} different per-request seeds (its tokens depend on the batch); pass one int "
-                         f"seed, or use method 'reference', 'tiled' or 'fused' for per-request seeds")
 
 
 # ---------------------------------------------------------------------------------------------- constant tensors
@@ -259,109 +166,92 @@ def _resolve_sampling(sampling: SamplingParams, batch: int, device, check_values
         top_k_range=None if top_k_v is None else (int(min(top_k_v)), int(max(top_k_v))))
 
 
+def _resolve_num_draft(num_draft_tokens, batch: int, k_max: int, device: torch.device,
+                       check_values: bool) -> torch.Tensor:
+    """[B] int64 on ``device``: K_b, the number of drafted tokens of each request (K_max for all when None, a cached
+    constant). Integer values only: lists / numpy arrays go through as_tensor without a dtype so 1.5 or True are
+    rejected, not truncated. The range 0 <= K_b <= K_max is checked (one host read) when ``check_values`` or when
+    the value is not a tensor; a tensor with ``check_values=False`` is not read."""
+    if num_draft_tokens is None:
+        return const_full(device, batch, k_max, torch.int64)
+    raw = num_draft_tokens if isinstance(num_draft_tokens, torch.Tensor) else torch.as_tensor(num_draft_tokens)
+    if raw.dtype.is_floating_point or raw.dtype.is_complex or raw.dtype == torch.bool:
+        raise TypeError(f"num_draft_tokens must hold integers, got {raw.dtype}")
+    num_draft = raw.to(device=device, dtype=torch.int64)
+    if tuple(num_draft.shape) != (batch,):
+        raise ValueError(f"num_draft_tokens must have shape [{batch}], got {tuple(num_draft.shape)}")
+    if check_values or not isinstance(num_draft_tokens, torch.Tensor):
+        low, high = int(num_draft.min()), int(num_draft.max())
+        if low < 0 or high > k_max:
+            raise ValueError(f"num_draft_tokens must lie in [0, K_max = {k_max}], got values in [{low}, {high}]")
+    return num_draft
+
+
+def _canonical_draft_tokens(draft_tokens: torch.Tensor, num_draft: torch.Tensor, ragged: bool) -> torch.Tensor:
+    """[B, K] int64 draft tokens. In a ragged batch padding positions (i >= K_b) become 0, a valid id for methods
+    that gather there; only a ragged batch has padding, so the full-length common case needs no mask at all."""
+    if draft_tokens.dtype != torch.int64:
+        draft_tokens = draft_tokens.long()
+    k_max = draft_tokens.shape[1]
+    if ragged and k_max > 0:
+        draft_tokens = draft_tokens.masked_fill(_const_positions(draft_tokens.device, k_max) >= num_draft[:, None], 0)
+    return draft_tokens
+
+
+def _resolve_offsets(offsets, batch: int, device: torch.device) -> torch.Tensor:
+    """[B] int64 RNG stream offsets on ``device``: zeros (cached) for None, an int broadcast, or B integers (used
+    as given when already an int64 tensor on ``device``)."""
+    if offsets is None:
+        return const_full(device, batch, 0, torch.int64)
+    if isinstance(offsets, int):
+        return torch.full((batch,), offsets, device=device, dtype=torch.int64)
+    offsets_t = (offsets if _ready(offsets, torch.int64, device)
+                 else torch.as_tensor(offsets, dtype=torch.int64).to(device))
+    if tuple(offsets_t.shape) != (batch,):
+        raise ValueError(f"offsets must be an int or have shape [{batch}], got {tuple(offsets_t.shape)}")
+    return offsets_t
+
+
+def _resolve_seeds(seed, generator, batch: int, device: torch.device) -> torch.Tensor:
+    """[B] int64 per-request seeds on ``device`` (arguments already checked): an int seed gives request b the seed
+    + b (cached), an int64 tensor on ``device`` is used as given, anything else (None, a sequence, another tensor)
+    goes through :func:`.rng.seeds_from` (None draws from ``generator``)."""
+    if type(seed) is int:
+        return _const_seeds(device, batch, seed)
+    if _ready(seed, torch.int64, device):
+        return seed
+    return seeds_from(seed, batch, device, generator)
+
+
+def _resolve_seeds_and_offsets(seed, offsets, generator, batch: int,
+                               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check and resolve ``seed`` / ``offsets`` / ``generator`` to ([B] int64 seeds, [B] int64 offsets)."""
+    check_int64_ranges(seed, offsets, batch)
+    offsets_t = _resolve_offsets(offsets, batch, device)
+    check_seed_arguments(seed, generator, batch)
+    return _resolve_seeds(seed, generator, batch, device), offsets_t
+
+
 def prepare_inputs(target_logits, draft_tokens, *, draft_logits=None, draft_probs=None, num_draft_tokens=None,
                    sampling: SamplingParams = SamplingParams(), seed=None, generator=None, offsets=None,
                    check_values: bool = True) -> VerifyInputs:
-    """Validate every argument of :func:`tilespec.verify` and return the prepared :class:`VerifyInputs`."""
-    target_logits = _require_tensor("target_logits", target_logits, ndim=3)
-    _require_float("target_logits", target_logits)
-    batch, rows, vocab = target_logits.shape
-    if batch == 0:
-        raise ValueError("empty batch: target_logits has B = 0 requests")
-    if rows == 0 or vocab == 0:
-        raise ValueError(f"target_logits must have shape [B, K+1, V] with K+1 >= 1 and V >= 1, "
-                         f"got {tuple(target_logits.shape)}")
-    device = target_logits.device
-    draft_tokens = _require_tensor("draft_tokens", draft_tokens, ndim=2)
-    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype == torch.bool:
-        raise TypeError(f"draft_tokens must be an integer tensor, got {draft_tokens.dtype}")
-    k_max = rows - 1
-    if tuple(draft_tokens.shape) != (batch, k_max):
-        raise ValueError(f"draft_tokens must have shape [B, K] = [{batch}, {k_max}] to match target_logits "
-                         f"[B, K+1, V] = {tuple(target_logits.shape)}, got {tuple(draft_tokens.shape)}")
-    if draft_tokens.device != device:
-        raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits on {device}")
-    if draft_logits is not None and draft_probs is not None:
-        raise ValueError("pass draft_logits or draft_probs, not both")
-    for name, draft in (("draft_logits", draft_logits), ("draft_probs", draft_probs)):
-        if draft is None:
-            continue
-        _require_tensor(name, draft, ndim=3)
-        _require_float(name, draft)
-        if draft.shape[2] != vocab:
-            raise ValueError(f"vocabulary mismatch: target_logits has V = {vocab}, {name} has V = {draft.shape[2]}")
-        if tuple(draft.shape[:2]) != (batch, k_max):
-            raise ValueError(f"{name} must have shape [B, K, V] = [{batch}, {k_max}, {vocab}], "
-                             f"got {tuple(draft.shape)}")
-        if draft.device != device:
-            raise ValueError(f"{name} is on {draft.device} but target_logits on {device}")
+    """Validate every argument of :func:`tilespec.verify` and return the prepared :class:`VerifyInputs`.
 
-    ragged = num_draft_tokens is not None
-    if num_draft_tokens is None:
-        num_draft = const_full(device, batch, k_max, torch.int64)
-    else:
-        # lists / numpy arrays go through as_tensor without a dtype so 1.5 or True are rejected, not truncated
-        raw = num_draft_tokens if isinstance(num_draft_tokens, torch.Tensor) else torch.as_tensor(num_draft_tokens)
-        if raw.dtype.is_floating_point or raw.dtype.is_complex or raw.dtype == torch.bool:
-            raise TypeError(f"num_draft_tokens must hold integers, got {raw.dtype}")
-        num_draft = raw.to(device=device, dtype=torch.int64)
-        if tuple(num_draft.shape) != (batch,):
-            raise ValueError(f"num_draft_tokens must have shape [{batch}], got {tuple(num_draft.shape)}")
-        if check_values or not isinstance(num_draft_tokens, torch.Tensor):
-            low, high = int(num_draft.min()), int(num_draft.max())
-            if low < 0 or high > k_max:
-                raise ValueError(f"num_draft_tokens must lie in [0, K_max = {k_max}], got values in [{low}, {high}]")
-
-    # padding positions (i >= K_b) must hold ids in [0, V) for methods that gather there; only a ragged batch has
-    # padding, so the full-length common case needs no mask at all
-    valid = _const_positions(device, k_max) < num_draft[:, None] if check_values else None
+    Checks run in a fixed order and the first failure raises: target_logits [B, K+1, V], draft_tokens [B, K], the
+    draft distribution [B, K, V], num_draft_tokens [B], then (when ``check_values``) the values, then seeds /
+    offsets / generator, then sampling. With ``check_values=False`` no tensor argument is read back to the host
+    (Python / numpy num_draft_tokens are still range-checked)."""
+    batch, rows, _ = check_target_logits(target_logits)
+    k_max, device = rows - 1, target_logits.device
+    check_draft_tokens(draft_tokens, target_logits)
+    check_draft_distributions(draft_logits, draft_probs, target_logits)
+    num_draft = _resolve_num_draft(num_draft_tokens, batch, k_max, device, check_values)
     if check_values:
-        if k_max > 0:
-            bad = valid & ((draft_tokens < 0) | (draft_tokens >= vocab))
-            if bad.any():
-                b, i = (int(v) for v in bad.nonzero()[0])
-                value = int(draft_tokens[b, i])
-                fix = (f"; for a shorter draft pass num_draft_tokens (request {b} drafted K_b tokens => "
-                       f"num_draft_tokens[{b}] = K_b); positions past K_b are padding and may hold any value, "
-                       f"e.g. -1" if value < 0 else
-                       f"; ids must index the target's vocabulary (target_logits.shape[-1] = {vocab})")
-                raise ValueError(f"draft_tokens[{b}, {i}] = {value} is out of range [0, {vocab}){fix}")
-        rows_valid = torch.arange(rows, device=device)[None, :] <= num_draft[:, None]
-        _check_finite_logits("target_logits", target_logits, rows_valid)
-        if draft_logits is not None:
-            _check_finite_logits("draft_logits", draft_logits, valid)
-        if draft_probs is not None:
-            _check_draft_probs(draft_probs, valid)
-    if draft_tokens.dtype != torch.int64:
-        draft_tokens = draft_tokens.long()
-    if ragged and k_max > 0:
-        draft_tokens = draft_tokens.masked_fill(_const_positions(device, k_max) >= num_draft[:, None], 0)
-
-    _check_int64("offsets", offsets, 0)
-    _check_int64("seed", seed, batch - 1)
-    if offsets is None:
-        offsets_t = const_full(device, batch, 0, torch.int64)
-    elif isinstance(offsets, int):
-        offsets_t = torch.full((batch,), offsets, device=device, dtype=torch.int64)
-    else:
-        offsets_t = (offsets if _ready(offsets, torch.int64, device)
-                     else torch.as_tensor(offsets, dtype=torch.int64).to(device))
-        if tuple(offsets_t.shape) != (batch,):
-            raise ValueError(f"offsets must be an int or have shape [{batch}], got {tuple(offsets_t.shape)}")
-    if seed is not None and not isinstance(seed, int):
-        if isinstance(seed, float) or (isinstance(seed, torch.Tensor) and seed.is_floating_point()):
-            raise TypeError(f"seed must be an int or integers (one per request), got {seed!r:.40}: pass int(seed)")
-        seed_shape = tuple(torch.as_tensor(seed).shape) if not isinstance(seed, torch.Tensor) else tuple(seed.shape)
-        if seed_shape != (batch,):
-            raise ValueError(f"seed must be an int or one seed per request (shape [{batch}]), got shape {seed_shape}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if type(seed) is int:
-        seeds = _const_seeds(device, batch, seed)
-    elif _ready(seed, torch.int64, device):
-        seeds = seed
-    else:
-        seeds = seeds_from(seed, batch, device, generator)
+        valid = _const_positions(device, k_max) < num_draft[:, None]  # [B, K]: position i < K_b
+        check_input_values(target_logits, draft_tokens, draft_logits, draft_probs, num_draft, valid)
+    ragged = num_draft_tokens is not None
+    draft_tokens = _canonical_draft_tokens(draft_tokens, num_draft, ragged)
+    seeds, offsets_t = _resolve_seeds_and_offsets(seed, offsets, generator, batch, device)
     return VerifyInputs(target_logits=target_logits, draft_tokens=draft_tokens, num_draft_tokens=num_draft,
                         sampling=resolve_sampling(sampling, batch, device, check_values), seeds=seeds,
                         offsets=offsets_t, draft_logits=draft_logits, draft_probs=draft_probs, generator=generator,
