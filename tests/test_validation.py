@@ -320,6 +320,52 @@ def test_shape_checks_still_run_without_check_values():
         tilespec.verify(target.long(), tokens, check_values=False)
 
 
+def test_check_values_false_reads_no_tensor_back(monkeypatch):
+    """With check_values=False and tensor-valued arguments prepare_inputs never reads a tensor back to the host
+    (on CUDA each read is a sync); with check_values=True the same call does."""
+    from tilespec.verify.validation import prepare_inputs
+    target, _, tokens = make()
+    probs = torch.softmax(torch.randn(B, K, V), -1)
+    reads = []
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    kw = dict(draft_probs=probs, num_draft_tokens=torch.tensor([1, K]), seed=torch.tensor([3, 4]),
+              offsets=torch.tensor([0, 5]), sampling=SamplingParams(top_p=torch.tensor([0.5, 1.0])))
+    inputs = prepare_inputs(target, tokens, check_values=False, **kw)
+    assert reads == []
+    assert inputs.ragged and inputs.num_draft_tokens is kw["num_draft_tokens"]
+    prepare_inputs(target, tokens, check_values=True, **kw)
+    assert reads
+
+
+def test_first_failing_check_names_the_error():
+    """prepare_inputs' checks run in a fixed order: shapes, then num_draft_tokens, then values, then seeds /
+    offsets, then sampling; with several bad arguments the earliest one is reported."""
+    from tilespec.verify.validation import prepare_inputs
+    target, _, tokens = make()
+    nan = target.clone()
+    nan[0, 0, 0] = float("nan")
+    bad_sampling = SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="draft_tokens must have shape"):
+        prepare_inputs(nan, tokens[:, :1], num_draft_tokens=[K + 1, 0], sampling=bad_sampling)
+    with pytest.raises(ValueError, match="num_draft_tokens must lie in"):
+        prepare_inputs(nan, tokens, num_draft_tokens=[K + 1, 0], seed=1.5, sampling=bad_sampling)
+    with pytest.raises(ValueError, match="target_logits contains NaN"):
+        prepare_inputs(nan, tokens, seed=1.5, offsets=[1], sampling=bad_sampling)
+    with pytest.raises(ValueError, match="offsets must be an int or have shape"):
+        prepare_inputs(target, tokens, seed=1.5, offsets=[1], sampling=bad_sampling)
+    with pytest.raises(ValueError, match="seed = .* does not fit"):
+        prepare_inputs(target, tokens, seed=2**63 - 1, offsets=[1], sampling=bad_sampling)
+    with pytest.raises(TypeError, match="seed must be an int or integers"):
+        prepare_inputs(target, tokens, seed=1.5, generator="g", sampling=bad_sampling)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        prepare_inputs(target, tokens, generator="g", sampling=bad_sampling)
+    with pytest.raises(ValueError, match="sampling.top_p"):
+        prepare_inputs(target, tokens, sampling=bad_sampling)
+
+
 @pytest.mark.parametrize("method", ["reference", "hf"])
 def test_k_zero(method):
     b = 1 if method == "hf" else 3
