@@ -32,9 +32,10 @@ _TABLES: dict = {}      # (device, buffers' addresses) -> int64 device tensor of
 
 @triton.jit
 def _move_kernel(table_ptr, ref_ptr, dst_ptr, src_ptr, P, H, s_b, s_h, s_c, D, BLOCK_D: tl.constexpr):
-    """Program (buffer i, b * H + h): slots dst[j] <- src[b, j] of row (b, h) of buffer i, for j = 0 .. P - 1."""
-    i = tl.program_id(0)
-    bh = tl.program_id(1)
+    """Program (b * H + h, buffer i): slots dst[j] <- src[b, j] of row (b, h) of buffer i, for j = 0 .. P - 1.
+    B * H is on grid axis 0 (up to 2^31 - 1 programs; CUDA caps axes 1 and 2 at 65,535), the buffers on axis 1."""
+    bh = tl.program_id(0)
+    i = tl.program_id(1)
     b = bh // H
     h = bh % H
     base = tl.load(table_ptr + i).to(ref_ptr.dtype)          # buffer i's address, typed like the first buffer
@@ -83,5 +84,5 @@ def move_path_slots(buffers, dst: torch.Tensor, src: torch.Tensor) -> None:
         table = _TABLES[key] = torch.tensor(key[1:], dtype=torch.int64, device=ref.device)
     dst = dst.to(torch.int64).contiguous()
     src = src.to(torch.int64).contiguous()
-    _move_kernel[(len(buffers), b * h)](table, ref, dst, src, p, h, ref.stride(0), ref.stride(1), ref.stride(2), d,
+    _move_kernel[(b * h, len(buffers))](table, ref, dst, src, p, h, ref.stride(0), ref.stride(1), ref.stride(2), d,
                                         BLOCK_D=triton.next_power_of_2(d))
