@@ -44,22 +44,9 @@ from ..spec_switch import SpecSwitch
 from .blocks import SCRATCH, BlockManager
 from .model import PagedModel, StepInputs
 from .scheduler import Item, Scheduler, Seq
+from .shapes import bucket, table_width
 
 CPU_KV_BYTES = 2 << 30
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
-
-
-def table_width(blocks: int) -> int:
-    """Block-table columns of a captured decode step: a power of two >= 16 (few shapes as contexts grow)."""
-    m = 16
-    while m < blocks:
-        m *= 2
-    return m
-
-
-def bucket(rows: int) -> int:
-    """The captured decode shape for ``rows`` decoding requests: the next size in BUCKETS (or ``rows`` above it)."""
-    return next((b for b in BUCKETS if b >= rows), rows)
 
 
 def paged_reason(target, draft) -> Optional[str]:
@@ -198,60 +185,10 @@ class PagedEngine:
         seq.req.finish_reason, seq.req.t_end = reason, time.perf_counter()
         self.counters["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
 
-    @torch.inference_mode()
     def warm_up(self, max_context: Optional[int] = None, log=None) -> int:
-        """Compile the forward and capture every decode shape up to ``max_batch`` rows and ``max_context`` tokens
-        (default max_len) before serving, on the scratch block only (no request's K/V is touched). Returns the
-        number of shapes run (mixed steps: every power of two of rows and of prompt chunk, so the attention kernel
-        compiles its variants here rather than inside a request). Without graphs (CPU) nothing to do."""
-        if not self.model.graphs:
-            return 0
-        start = time.perf_counter()
-        bs, shapes = self.blocks.block_size, 0
-        s = 1
-        while s <= bucket(self.max_batch):       # mixed steps: the attention kernel's variants by rows and chunk
-            q = 1
-            while q <= min(self.scheduler.token_budget, self.max_len):
-                self.model.forward(self._scratch_inputs([q] + [1] * (s - 1)))
-                shapes += 1
-                q *= 2
-            s *= 2
-        widths = sorted({1, 1 + self.gamma})
-        top = table_width(-(-(max_context or self.max_len) // bs))
-        for rows in [b for b in BUCKETS if b <= bucket(self.max_batch)]:
-            for width in widths:
-                m = 16
-                while m <= top:
-                    self.model.decode(StepInputs(
-                        self._tensor([self.pad] * (rows * width)), self._tensor(list(range(width)) * rows),
-                        self._tensor(list(range(width)) * rows),
-                        torch.zeros((rows, m), dtype=torch.int32, device=self.device),
-                        self._tensor(range(0, (rows + 1) * width, width), torch.int32),
-                        self._tensor([width] * rows, torch.int32), self._tensor(range(rows * width)), width))
-                    shapes += 1
-                    m *= 2
-                for temperature in (0.0, 1.0):       # verify's shapes compile on first use too
-                    zeros = torch.zeros(rows, dtype=torch.int64, device=self.device)
-                    verify(torch.zeros((rows, width, self.vocab_out), device=self.device),
-                           torch.full((rows, width - 1), self.pad, dtype=torch.int64, device=self.device),
-                           num_draft_tokens=zeros, sampling=SamplingParams(temperature=temperature),
-                           method=self.method, seed=zeros, offsets=zeros, check_values=False)
-        if log is not None:
-            log(f"paged engine warm-up: {shapes} step shapes in {time.perf_counter() - start:.1f} s")
-        return shapes
-
-    def _scratch_inputs(self, counts: list) -> StepInputs:
-        """A mixed step of len(counts) requests feeding counts[s] tokens each, all on the scratch block."""
-        t, bs = sum(counts), self.blocks.block_size
-        cu = [0]
-        for c in counts:
-            cu.append(cu[-1] + c)
-        width = table_width(-(-max(counts) // bs))
-        return StepInputs(self._tensor([self.pad] * t), self._tensor([j % bs for j in range(t)]),
-                          self._tensor([j % bs for j in range(t)]),
-                          torch.zeros((len(counts), width), dtype=torch.int32, device=self.device),
-                          self._tensor(cu, torch.int32), self._tensor(counts, torch.int32),
-                          self._tensor([t - 1]), max(counts))
+        """Compile and capture every step shape before serving (engine/paged/warmup.py); returns how many ran."""
+        from .warmup import warm_up
+        return warm_up(self, max_context, log)
 
     # ------------------------------------------------------------------------------------------------ the loop
     def _draft_cap(self, seq: Seq) -> int:
