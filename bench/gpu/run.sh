@@ -77,7 +77,7 @@ convert() {  # unpack one model; the first bf16 load of a GGUF model writes its 
 
 stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shared/wheels) for the verify stage,
                  # SERVE=1 the server's and the OpenAI client's wheels (with their dependencies) for the serve stage;
-                 # PART_MIB: model part size (default 60; a part and the ~18 MB tree share a call's 64 MiB);
+                 # PART_MIB: model part size (default 35: a part and the ~28 MB tracked tree share a call's 64 MiB);
                  # PART_MODELS="$QWEN whisper-base" adds whisper-base's parts (the e2e schedules-asr stage)
   set -eo pipefail
   local plat="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
@@ -100,7 +100,7 @@ with open(sys.argv[1], 'w') as f: f.writelines(json.dumps({'id': r['id'], 'docum
   python3 -m tilespec draft prompts --out .parts/u00/extra/train-prompts.json > /dev/null
   for m in ${PART_MODELS:-$QWEN}; do   # 0.5B first: it converts while the 1.5B uploads
     python3 -m tilespec models fetch "$m" > /dev/null
-    python3 -m tilespec models pack "$m" --parts-dir .parts/pack ${PART_MIB:+--part-mib "$PART_MIB"} > /dev/null
+    python3 -m tilespec models pack "$m" --parts-dir .parts/pack --part-mib "${PART_MIB:-35}" > /dev/null
     cp .parts/pack/"$m".manifest.json .parts/u00/
     for f in .parts/pack/"$m".part*; do
       n=$((n + 1)); d=$(printf ".parts/u%02d" $n); mkdir -p "$d"; mv "$f" "$d"/
