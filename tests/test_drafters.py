@@ -179,3 +179,32 @@ def test_context_drafts_on_the_gpu_paths(draft, method, temperature):
             base = SpeculativeDecoder(target, None, sampling=sampling, eos_token_id=[], compile=mode)
             assert out.sequences == base.generate(PROMPTS, max_new_tokens=24).sequences, mode
     assert outs[False] == outs["graphs"]
+
+
+def test_an_injected_schedule_gets_the_protocols_defaults():
+    """A schedule with only next() / update() runs through every hook of the protocol (engine/gamma.py)."""
+    from tilespec.engine.gamma import ScheduleHooks, as_schedule
+
+    class Plain:
+        kind = "plain"
+
+        def __init__(self):
+            self.updates = 0
+
+        def next(self):
+            return 2
+
+        def update(self, *args, **kwargs):
+            self.updates += 1
+
+    plain = Plain()
+    hooked = as_schedule(plain)
+    assert isinstance(hooked, ScheduleHooks) and hooked.kind == "plain"
+    assert not hooked.wants_step_time and hooked.fixed_gamma() is None and hooked.cost_state() is None
+    assert hooked.select_drafts([[1]], [0]) == [[1]]
+    target = tiny_lm(6, logit_scale=8.0)
+    dec = SpeculativeDecoder(target, "ngram", gamma=2, sampling=GREEDY, schedule=lambda *a, **k: plain)
+    ref = SpeculativeDecoder(target, None, sampling=GREEDY).generate(PROMPTS[:2], max_new_tokens=8).sequences
+    assert dec.generate(PROMPTS[:2], max_new_tokens=8).sequences == ref and plain.updates > 0
+    with pytest.raises(TypeError, match="next"):
+        as_schedule(object())

@@ -30,6 +30,7 @@ from tilespec.verify.validation import resolve_sampling
 from .drafters import resolve_drafter
 from .drafters.trees import tree_drafter, tree_shape
 from .gamma import GammaSchedule
+from .schedule import as_schedule
 from .generation import (GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling,
                          snapshot_outputs)
 from .inputs import check_request
@@ -167,10 +168,9 @@ class SpeculativeDecoder:
                 raise ValueError(f"prompt + max_new_tokens exceeds the decoder's {limit} positions")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        schedule = self.schedule_factory(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
-                                         fallback_below=self.fallback_below)
-        if hasattr(schedule, "inherit_cost"):   # costs belong to the models and the machine, not to the prompt
-            schedule.inherit_cost(self._costs.get(batch))
+        schedule = as_schedule(self.schedule_factory(self.gamma_schedule, self.gamma, max(self.max_gamma, self.gamma),
+                                                     fallback_below=self.fallback_below))
+        schedule.inherit_cost(self._costs.get(batch))   # costs belong to the models and the machine, not the prompt
         timer = PhaseTimer(self.device)
         stats = RunStats(requests=batch, method=self.method if spec else "target-only",
                          drafter=self.drafter.name if spec else "")
@@ -188,7 +188,7 @@ class SpeculativeDecoder:
         positions = (pad_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         pmask = prefill_mask(pad_valid, capacity)
         short = encdec and p <= 8    # encoder-decoder prompts: a short forced prefix (Whisper: 3-4 tokens), a graph
-        skip = draft is None or getattr(schedule, "falls_back_at_start", False)   # measured: the draft loses here
+        skip = draft is None or schedule.falls_back_at_start   # measured: the draft loses here
         state = BatchState.prefilled(ids, is_tok, capacity, seeds, max_new_tokens, self.eos)
         features = () if skip else draft.features     # hidden states the drafter reads, if any
         out = target.forward(ids[:, :p], positions, pmask, 0, keep=1, compiled=short and target.mode == "native-graphs",
@@ -277,7 +277,7 @@ class SpeculativeDecoder:
         if not self.run_ahead or gen.finished:
             return None
         if planned.advanced:
-            if all(gen.remaining(i) <= 1 for i in gen.live()) or getattr(gen.schedule, "resumes_next", False):
+            if all(gen.remaining(i) <= 1 for i in gen.live()) or gen.schedule.resumes_next:
                 return None
             lagged = False
         elif gen.may_run_ahead(planned):
@@ -348,7 +348,7 @@ class SpeculativeDecoder:
         stats.peak_memory_bytes = peak_memory(self.device)
         if gen.context is not None:
             gen.context.close()
-        cost = gen.schedule.cost_state() if hasattr(gen.schedule, "cost_state") else None
+        cost = gen.schedule.cost_state()
         self._costs[stats.requests] = cost or self._costs.get(stats.requests)
         self.last_stats = stats
         texts = None

@@ -37,6 +37,7 @@ from tilespec import analysis
 from tilespec.analysis import optimal_gamma as _optimal, walltime_improvement
 
 from .estimator import OnlineGammaEstimator
+from .schedule import ScheduleHooks, as_schedule  # noqa: F401  (the protocol GammaSchedule implements)
 from .payoff import RequestAlphas, WidthCost, best_cap, best_gamma, chain_gamma, overhead_improvement  # noqa: F401
 
 SCHEDULES = ("constant", "heuristic", "optimal")
@@ -50,7 +51,7 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
     return int(_optimal(min(max(alpha, 0.0), 1.0), max(c, 0.0), gamma_max=max_gamma).gamma)
 
 
-class GammaSchedule:
+class GammaSchedule(ScheduleHooks):
     """Stateful γ chooser for one generation (see the module docstring).
 
     gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo

@@ -100,9 +100,8 @@ class Generation:
                                         # there when it was launched earlier, ahead of that read)
 
     def __post_init__(self):
-        bind = getattr(self.schedule, "bind", None)   # what drafts: the schedule prices and resumes accordingly
-        if bind is not None:
-            bind(model=self.draft is not None, context=self.context is not None)
+        # what drafts: the schedule prices and resumes accordingly
+        self.schedule.bind(model=self.draft is not None, context=self.context is not None)
 
     @property
     def finished(self) -> bool:
@@ -180,7 +179,7 @@ class Generation:
         compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
         if compiled != self.compiled_seen:   # the step captured or compiled a shape: its times say nothing of costs
             spent = {"draft": 0.0, "target": 0.0}   # (feed_rate, called next, notes the new total)
-        if getattr(self.schedule, "wants_step_time", False):   # injected schedules may not take these
+        if self.schedule.wants_step_time:   # injected schedules may not take these
             extra = {"step_time": time.perf_counter() - max(planned.started, self.last_read)}
             if requests is not None:
                 extra.update(requests=list(requests), drafted=list(ks))
@@ -194,14 +193,14 @@ class Generation:
         """Tell a schedule that measures rates (``optimal``) the wall time since the previous read and the mean
         tokens emitted per live request, for every step: target-only ones too (γ = 0), with their target time and
         whether the schedule itself chose not to draft (a fallback step) when ``planned`` is given."""
-        if not (hasattr(self.schedule, "observe_rate") and emitted):
+        if not emitted:
             return
         compiled = sum(getattr(r, "compile_seconds", 0.0) for r in (self.target, self.draft, self.fast) if r)
         if compiled != self.compiled_seen:   # the step captured or compiled a new shape: its wall time says nothing
             self.compiled_seen = compiled
             return
         wall, tokens = time.perf_counter() - self.last_read, sum(emitted) / len(emitted)
-        if planned is None or not getattr(self.schedule, "wants_step_time", False):
+        if planned is None or not self.schedule.wants_step_time:
             self.schedule.observe_rate(gamma, wall, tokens)
             return
         target = self.timer.between(planned.before, planned.after)["target"] if gamma == 0 else None
@@ -215,9 +214,9 @@ class Generation:
             limit = min(cap, self.remaining(i) - 1)
             if limit > 0:
                 drafts[i] = self.context.propose(self.state.rows[i], limit)
-        select = getattr(self.schedule, "select_drafts", None)   # the schedule cuts drafts that do not pay
-        if any(drafts) and select is not None and self.draft is None:
-            drafts = select(drafts, [r if i in live else None for i, r in enumerate(self.state.rows)])
+        if any(drafts) and self.draft is None:     # the schedule cuts drafts that do not pay
+            rows = [r if i in live else None for i, r in enumerate(self.state.rows)]
+            drafts = self.schedule.select_drafts(drafts, rows)
         return drafts if drafts is not None and any(drafts) else None
 
     def remaining(self, i: int) -> int:
@@ -246,8 +245,7 @@ class Generation:
         if not (planned.committed and planned.draft_forwards > 0 and planned.drafts is None
                 and self.context is None and self.draft is not None):
             return False
-        fixed = getattr(self.schedule, "fixed_gamma", None)    # asked last: ``optimal`` pins what it returns
-        gamma = fixed() if fixed is not None else None
+        gamma = self.schedule.fixed_gamma()    # asked last: ``optimal`` pins what it returns
         if not gamma:
             return False
         need = planned.gamma + 1 + gamma + 1
