@@ -28,6 +28,8 @@ variable                    default                 meaning
                                                     (the faster of the two, timed per shape)
 ``TILESPEC_TP_CHECK``       ``0``                   tensor-parallel runs compare every forward's inputs across
                                                     ranks (``1``: on; a debugging check, slower)
+``TILESPEC_API_KEY``        unset                   the bearer token ``tilespec serve`` requires (``--api-key``
+                                                    wins; unset: no authentication)
 =========================== ======================= ==========================================================
 
 Booleans accept ``1/0``, ``true/false``, ``yes/no``, ``on/off`` (any case). ``TRITON_INTERPRET`` is Triton's own
@@ -46,7 +48,7 @@ from typing import Optional
 
 VARIABLES = ("TILESPEC_HOME", "TILESPEC_DATA", "TILESPEC_SYNTH_DIR", "TILESPEC_COMMIT", "TILESPEC_RUN_AHEAD",
              "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH", "TILESPEC_TP_ALLREDUCE",
-             "TILESPEC_TP_CHECK")
+             "TILESPEC_TP_CHECK", "TILESPEC_API_KEY")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -64,6 +66,7 @@ class Settings:
     direct_launch: bool
     tp_allreduce: Optional[str]       # None: auto
     tp_check: bool
+    api_key: Optional[str] = dataclasses.field(default=None, repr=False)   # a secret: kept out of repr
     native_flex: bool = False         # set from Python only (configure)
     compiled_prefill: bool = False    # set from Python only (configure)
 
@@ -111,6 +114,7 @@ def parse(env) -> Settings:
         direct_launch=_flag("TILESPEC_DIRECT_LAUNCH", env.get("TILESPEC_DIRECT_LAUNCH"), True),
         tp_allreduce=_allreduce(env.get("TILESPEC_TP_ALLREDUCE")),
         tp_check=_flag("TILESPEC_TP_CHECK", env.get("TILESPEC_TP_CHECK"), False),
+        api_key=env.get("TILESPEC_API_KEY") or None,
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 import socket
 
 from tilespec.cli.generate import non_negative_int, positive_int
@@ -69,7 +68,8 @@ def run(args) -> int:
         raise ValueError(f"--compile {args.compile} captures CUDA graphs and needs a CUDA device (the device is "
                          f"{device}); use --compile auto, off or native")
     check_bind(args.host, args.port)
-    api_key = args.api_key or os.environ.get("TILESPEC_API_KEY") or None
+    from tilespec import settings
+    api_key = args.api_key or settings.get().api_key
     dtype = pick_dtype(args.dtype, device)
     draft_name = None if args.draft in (None, "none") else args.draft
     target, draft, tok = load_pair(args.target, draft_name, device, dtype, log=print)
