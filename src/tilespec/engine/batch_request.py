@@ -65,6 +65,24 @@ class BatchEvent:
     finish_reason: Optional[str] = None
 
 
+def keep_tokens(req: BatchRequest, new: list, stops: set, now: float) -> tuple:
+    """Record one step's ``new`` tokens of ``req``: those within its budget, up to and including the first stop id,
+    appended to ``req.tokens`` (the step counted, the first token's time stamped with ``now``) -> (the tokens kept,
+    the finish reason: "stop", "length" or None). Both engines commit through this, so they end requests alike."""
+    toks, reason = new[:req.max_tokens - len(req.tokens)], None
+    for j, t in enumerate(toks):
+        if t in stops:
+            toks, reason = toks[:j + 1], "stop"
+            break
+    req.tokens += toks
+    req.steps += 1
+    if req.t_first is None:
+        req.t_first = now
+    if reason is None and len(req.tokens) >= req.max_tokens:
+        reason = "length"
+    return toks, reason
+
+
 def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None:
     """Raise ValueError with the reason when ``req`` cannot be served by an engine taking ``max_len`` positions (prompt
     + max_tokens) and token ids below ``vocab`` (None: unchecked): empty / too long / bad ids or values."""

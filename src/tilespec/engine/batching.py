@@ -52,7 +52,7 @@ from tilespec.verify.registry import get_method, resolve_method
 from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
-from .batch_request import SAMPLING_FIELDS, BatchEvent, BatchRequest, check_request
+from .batch_request import SAMPLING_FIELDS, BatchEvent, BatchRequest, check_request, keep_tokens
 from .batch_step import choose_drafts, row_count, step_rows
 from .drafters import resolve_drafter
 from .generation import eos_ids
@@ -358,25 +358,14 @@ class BatchEngine:
         for b in live:
             req = self.rows[b]
             n = emitted[b]
-            toks = host[b, 1:1 + n].tolist()[:req.max_tokens - len(req.tokens)]
-            reason, stops = None, self._stops(req)
-            for j, t in enumerate(toks):
-                if t in stops:
-                    toks, reason = toks[:j + 1], "stop"
-                    break
-            req.tokens += toks
-            req.steps += 1
+            toks, reason = keep_tokens(req, host[b, 1:1 + n].tolist(), self._stops(req), now)
             req.drafted += counts[b]
             req.accepted += n - 1
             self.counters["drafted"] += counts[b]
             self.counters["accepted"] += n - 1
             self.counters["generated_tokens"] += len(toks)
-            if req.t_first is None:
-                req.t_first = now
             if req.context is not None:
                 req.context.extend(0, toks)
-            if reason is None and len(req.tokens) >= req.max_tokens:
-                reason = "length"
             if reason is not None:
                 self._retire(req, reason)
             events.append(BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason))

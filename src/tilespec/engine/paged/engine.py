@@ -35,7 +35,7 @@ from tilespec.verify.logit_transforms import TransformBatch, transform_logits
 from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
-from ..batch_request import BatchEvent, BatchRequest, check_request
+from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
 from ..drafters import Drafter, resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
@@ -353,21 +353,11 @@ class PagedEngine:
             self.counters["drafted"] += drafted
             self.counters["accepted"] += len(new) - 1
             self.counters["spec_steps"] += 1
-        toks, reason, stops = new[:req.max_tokens - len(req.tokens)], None, self._stops(req)
-        for j, t in enumerate(toks):
-            if t in stops:
-                toks, reason = toks[:j + 1], "stop"
-                break
+        toks, reason = keep_tokens(req, new, self._stops(req), time.perf_counter())
         seq.tokens += toks
-        req.tokens += toks
-        req.steps += 1
         self.counters["generated_tokens"] += len(toks)
-        if req.t_first is None:
-            req.t_first = time.perf_counter()
         if seq.context is not None:
             seq.context.extend(0, toks)
-        if reason is None and len(req.tokens) >= req.max_tokens:
-            reason = "length"
         if reason is not None:
             self._retire(seq, reason)
         return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason)
