@@ -109,7 +109,8 @@ def register(sub) -> None:
                    help="largest request body in MiB (larger: HTTP 413)")
     p.add_argument("--max-batch", type=positive_int, default=16, help="batch rows (concurrently decoded requests)")
     p.add_argument("--max-len", type=positive_int, default=None,
-                   help="longest prompt + max_tokens (default: the model's context, at most 2048)")
+                   help="longest prompt + max_tokens (default: the model's context; at most 2048 on the batch "
+                        "engine)")
     p.add_argument("--max-queue", type=positive_int, default=256, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
