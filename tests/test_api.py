@@ -134,3 +134,20 @@ def test_verify_is_callable_and_its_modules_import():
     assert res.method == "reference" and registry.get_method("fused").name == "fused"
     assert callable(launch.fused_verify) and tilespec.verify.verify is tilespec.verify.api.verify
     assert "draft_tokens" in inspect.signature(tilespec.verify).parameters
+
+
+def test_generate_on_the_paged_engine(pair):
+    """engine="paged": the prompts go through the engine tilespec serve runs on, with the decoder's tokens (T = 0,
+    and at T = 1 the same seeded draws: coupled verification of context drafts is target-only decoding)."""
+    target, draft = pair
+    tok = ChatTokenizer()
+    for temperature in (0.0, 1.0):
+        ref = tilespec.generate(["abcabcabc", "sky"], target=target, tokenizer=tok, max_new_tokens=8,
+                                temperature=temperature, seed=3)
+        out = tilespec.generate(["abcabcabc", "sky"], target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
+                                temperature=temperature, seed=3, engine="paged", gamma=3, max_batch=2)
+        assert out.sequences == ref.sequences and out.texts == ref.texts and out.stats.runtime == "paged"
+    with pytest.raises(ValueError, match="BatchEngine"):
+        tilespec.generate("x", target=target, draft=draft, tokenizer=tok, engine="paged")
+    with pytest.raises(ValueError, match="engine must be"):
+        tilespec.generate("x", target=target, tokenizer=tok, engine="fast")

@@ -236,3 +236,19 @@ def test_the_server_picks_its_engine(target):
     eng = make_engine(target, "ngram", max_batch=2, gamma=3, prefill_chunk=8, prefix_caching=False)
     assert isinstance(eng, PagedEngine) and not eng.blocks.prefix_caching
     assert eng.scheduler.token_budget == 8 + 2 * 4
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_offline_generate_gives_the_decoders_tokens(target, greedy_reference, draft):
+    """Offline generation is the serving engine fed every prompt: greedy tokens equal the decoder's, and at T = 1
+    request i (seed + i) samples what SpeculativeDecoder's target-only decoding samples with the same seed."""
+    eng = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4)
+    out = eng.generate(PROMPTS, max_new_tokens=12, sampling=SamplingParams(temperature=0.0))
+    assert out.sequences == greedy_reference and out.finish_reasons == ["length"] * len(PROMPTS)
+    assert out.stats.new_tokens == 12 * len(PROMPTS) and out.stats.steps > 0 and out.stats.kv_cache_bytes > 0
+    assert draft is None or out.stats.accepted > 0
+    hot = SamplingParams(temperature=1.0)
+    ref = SpeculativeDecoder(target, None, sampling=hot).generate(PROMPTS, max_new_tokens=10, seed=7).sequences
+    assert eng.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=7).sequences == ref
+    with pytest.raises(ValueError, match="no prompts"):
+        eng.generate([], max_new_tokens=4)

@@ -164,13 +164,31 @@ def _decoder(target, draft, tokenizer, options: dict):
                               sampling=sampling, **options)
 
 
+def _paged(target, draft, tokenizer, options: dict):
+    """The paged engine (the one ``tilespec serve`` runs on) for offline generation, and the sampling to use."""
+    from .engine.paged import PagedEngine
+    sampling = options.pop("sampling", None)
+    given = {k: options.pop(k) for k in SAMPLING_FIELDS if k in options}
+    if sampling is not None and given:
+        raise ValueError(f"pass either sampling=SamplingParams(...) or {sorted(given)}, not both")
+    compiled = options.pop("compile", False)
+    engine = PagedEngine(target, draft, tokenizer=getattr(tokenizer, "tokenizer", tokenizer),
+                         compile=bool(compiled) and compiled != "off", **options)
+    return engine, sampling or SamplingParams(**given)
+
+
 def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int = 128, seed=0, chat: bool = True,
-             device="auto", dtype="auto", tp: int = 1, **options):
+             device="auto", dtype="auto", tp: int = 1, engine: str = "decoder", **options):
     """Generate from text prompts (str or list of str) -> :class:`~tilespec.engine.GenerationOutput` (texts,
     sequences, stats). Prompts are wrapped in the tokenizer's chat template when it has one (``chat=False``: raw
     text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone. ``tp`` > 1: under
     ``torchrun --nproc-per-node tp``, the target sharded over the ranks (docs/tensor-parallel.md); every rank
-    returns the same output."""
+    returns the same output. ``engine="paged"``: every prompt goes through the paged engine ``tilespec serve`` runs
+    on (Llama-family targets, ngram / suffix / no drafts; ``options`` are PagedEngine's), else the decoder."""
+    if engine not in ("decoder", "paged"):
+        raise ValueError(f"engine must be 'decoder' or 'paged', got {engine!r}")
+    if engine == "paged" and tp != 1:
+        raise ValueError("the paged engine has no tensor-parallel path yet: use engine='decoder' with tp > 1")
     import torch
 
     from .engine.prompts import check_texts, encode_prompts
@@ -178,8 +196,11 @@ def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int
     t, d, tok = _models(target, draft, tokenizer, device, dtype, tp)
     if tok is None:
         raise ValueError("text prompts need a tokenizer: pass tokenizer=... with loaded models")
-    dec = _decoder(t, d, tok, dict(options))
     ids = encode_prompts(getattr(tok, "tokenizer", tok), prompts, chat)
+    if engine == "paged":
+        eng, sampling = _paged(t, d, tok, dict(options))
+        return eng.generate(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, tokenizer=tok)
+    dec = _decoder(t, d, tok, dict(options))
     with torch.inference_mode():
         return dec.generate(ids, max_new_tokens=max_new_tokens, seed=seed)
 

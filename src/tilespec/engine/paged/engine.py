@@ -185,6 +185,12 @@ class PagedEngine:
         seq.req.finish_reason, seq.req.t_end = reason, time.perf_counter()
         self.counters["requests_cancelled" if reason == "cancelled" else "requests_finished"] += 1
 
+    def generate(self, prompts, max_new_tokens: int = 128, sampling: Optional[SamplingParams] = None, seed=0,
+                 tokenizer=None):
+        """Offline generation on this engine (engine/paged/offline.py) -> GenerationOutput."""
+        from .offline import generate
+        return generate(self, prompts, max_new_tokens, sampling, seed, tokenizer)
+
     def warm_up(self, max_context: Optional[int] = None, log=None) -> int:
         """Compile and capture every step shape before serving (engine/paged/warmup.py); returns how many ran."""
         from .warmup import warm_up
