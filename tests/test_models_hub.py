@@ -62,7 +62,7 @@ def test_probe_outcomes(monkeypatch, calls):
     monkeypatch.setattr(hub, "PROBE_TIMEOUT", 0.2)
     start = time.monotonic()
     assert hub.unreachable() == "no answer from https://huggingface.co within 0.2 s"
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 10.0       # the probe's timeout, not the 30 s the fake host hangs
 
 
 @pytest.mark.usefixtures("home")
@@ -81,7 +81,7 @@ def test_cli_generate_unknown_name_offline_is_one_quick_line(monkeypatch, capsys
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
     rc, err = run_cli(["generate", "--target", "nosuchmodel", "--prompt", "hi"], capsys)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0      # no hub retries (they took 26-40 s); CLI imports may be cold
     assert rc == 1
     line = one_error_line(err)
     assert "unknown model 'nosuchmodel'" in line and "HF_HUB_OFFLINE is set" in line

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -20,14 +19,16 @@ from test_serve import MODEL, CharTokenizer, Server, make_app  # noqa: E402
 
 
 class SlowTokenizer(CharTokenizer):
-    """CharTokenizer that takes 3 s over a prompt holding "SLOW" (and says when it started)."""
+    """CharTokenizer that, over a prompt holding "SLOW", says it started and then holds until ``release`` is set
+    (at most 60 s): a tokenization in progress for as long as the test needs, with no clock involved."""
 
     started = threading.Event()
+    release = threading.Event()
 
     def __call__(self, text, add_special_tokens=True):
         if "SLOW" in text:
             self.started.set()
-            time.sleep(3.0)
+            self.release.wait(60)
         return super().__call__(text, add_special_tokens)
 
 
@@ -79,14 +80,17 @@ def test_body_over_the_limit_is_a_413_also_when_chunked(server):
 
 def test_tokenizing_runs_off_the_event_loop(server):
     SlowTokenizer.started.clear()
+    SlowTokenizer.release.clear()
     got = {}
     ask = threading.Thread(target=lambda: got.update(r=post(server, "/v1/completions", {
         "model": MODEL, "prompt": "SLOW", "max_tokens": 3, "temperature": 0})))
     ask.start()
-    assert SlowTokenizer.started.wait(30)
-    t0 = time.perf_counter()
-    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
-    assert time.perf_counter() - t0 < 2.0          # the 3 s tokenization does not hold /health
+    try:
+        assert SlowTokenizer.started.wait(30)
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+        assert not SlowTokenizer.release.is_set()     # /health answered while the tokenization was still held
+    finally:
+        SlowTokenizer.release.set()
     ask.join(60)
     assert got["r"].status_code == 200
 
