@@ -208,6 +208,15 @@ def no_load(*args, **kwargs):
     raise AssertionError("the model was loaded before the checks")
 
 
+@pytest.fixture(autouse=True)
+def _cli_modules_imported():
+    """Import the CLI's subcommand modules before a test patches ``tilespec.api.load_pair``: one first imported
+    under the patch (``from tilespec.api import load_pair``) would keep the stub for later tests."""
+    import tilespec.cli.demo  # noqa: F401
+    import tilespec.cli.generate  # noqa: F401
+    import tilespec.cli.transcribe  # noqa: F401
+
+
 @pytest.mark.parametrize("flags,expect", [(["--port", "99999"], "[1, 65535]"),
                                           (["--compile", "bogus"], "native-graphs"),
                                           (["--max-body-mb", "0"], "MiB")])
