@@ -151,3 +151,5 @@ def test_generate_on_the_paged_engine(pair):
         tilespec.generate("x", target=target, draft=draft, tokenizer=tok, engine="paged")
     with pytest.raises(ValueError, match="engine must be"):
         tilespec.generate("x", target=target, tokenizer=tok, engine="fast")
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        tilespec.generate("x", target=target, tokenizer=tok, engine="paged", tp=2)

@@ -252,3 +252,20 @@ def test_offline_generate_gives_the_decoders_tokens(target, greedy_reference, dr
     assert eng.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=7).sequences == ref
     with pytest.raises(ValueError, match="no prompts"):
         eng.generate([], max_new_tokens=4)
+
+
+def test_bad_engine_settings_are_refused(target):
+    for kwargs, match in [(dict(max_batch=0), "max_batch"), (dict(kv_fraction=1.5), "kv_fraction"),
+                          (dict(draft="ngram", gamma=4, block_size=4), "below block_size"),
+                          (dict(block_size=6), "power of two"), (dict(num_blocks=1), "num_blocks"),
+                          (dict(gamma=40), "gamma")]:
+        draft = kwargs.pop("draft", None)
+        with pytest.raises(ValueError, match=match):
+            PagedEngine(target, draft, **kwargs)
+    with pytest.raises(ValueError, match="token_budget"):
+        Scheduler(BlockManager(4, 4), token_budget=0)
+    eng = PagedEngine(target, None, max_batch=2, block_size=4)
+    with pytest.raises(ValueError, match="one temperature"):
+        eng.generate([[1, 2]], max_new_tokens=2, sampling=SamplingParams(temperature=[0.0]))
+    with pytest.raises(ValueError, match="seeds"):
+        eng.generate([[1, 2]], max_new_tokens=2, seed=[1, 2])

@@ -92,6 +92,10 @@ class PagedEngine:
             raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
                              f"Llama-family target; {reason}: serve it with BatchEngine")
         drafter = resolve_drafter(draft)
+        if not (isinstance(max_batch, int) and max_batch >= 1):
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not 0.0 < kv_fraction <= 1.0:
+            raise ValueError(f"kv_fraction must be in (0, 1], got {kv_fraction!r}")
         if not (isinstance(gamma, int) and 0 <= gamma < 32):
             raise ValueError(f"gamma must be an integer in [0, 32), got {gamma!r}")
         gamma = gamma if drafter is not None else 0
@@ -233,7 +237,7 @@ class PagedEngine:
             self.counters["decode_graph_steps"] += 1
         else:
             inputs, width = self._mixed_inputs(items, sampling)
-            logits = self.model.forward(inputs).view(len(sampling), width, self.vocab_out)
+            logits = self.model.forward(inputs).view(-1, width, self.vocab_out)
         events = self._verify_and_commit(items, sampling, logits)
         self.counters["steps"] += 1
         if self.switch is not None and decode_only:
@@ -301,6 +305,8 @@ class PagedEngine:
                 own = [last + j for j in range(1 + len(seq.drafts))]
                 rows += own + [own[-1]] * (width - len(own))
             self.counters["prefill_tokens"] += 0 if seq.decoding else it.n
+        if sampling:      # verify takes the rows bucket: the head computes the padding rows, no logits copy later
+            rows += rows[:width] * ((bucket(len(sampling)) - len(sampling)))
         inputs = StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
                             self._tensor(tables, torch.int32), self._tensor(cu, torch.int32),
                             self._tensor(lens, torch.int32), self._tensor(rows),
@@ -329,11 +335,10 @@ class PagedEngine:
         return events
 
     def _verify(self, sampling: list, logits: torch.Tensor) -> list:
-        """verify() over the sampling requests, padded to the rows bucket (absent rows: no drafts, seed 0, their
-        logits whatever the bucket holds) so its shapes are few -> per request [num_emitted, tokens...] (host)."""
-        n, rows, k = len(sampling), bucket(len(sampling)), logits.shape[1] - 1
-        if logits.shape[0] < rows:
-            logits = torch.cat([logits, logits.new_zeros(rows - logits.shape[0], *logits.shape[1:])])
+        """verify() over the sampling requests and ``logits`` [bucket rows, 1 + K, V] (both step paths give the rows
+        bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few -> per
+        request [num_emitted, tokens...] (host)."""
+        n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
         reqs = [it.seq.req for it in sampling]
         counts = [len(it.seq.drafts) for it in sampling] + [0] * (rows - n)
         drafts = [it.seq.drafts + [self.pad] * (k - len(it.seq.drafts)) for it in sampling]
