@@ -90,7 +90,7 @@ def test_reference_is_deterministic_under_batch_changes():
 @pytest.mark.parametrize("method", ["fused", "tiled"])
 def test_triton_kernels_pass_selected_cases_in_the_interpreter(method):
     """The Triton kernels themselves (CPU interpreter, batched small-vocabulary layout) against the exact law.
-    The full suite: bench/results/exactness-cpu-fused-reference.json and exactness-cpu-tiled.json."""
+    The full suite: bench/results/exactness-cpu-fused-reference-tiled-coupled.json and exactness-cpu-tiled.json (10^6)."""
     names = ("generic K=5 V=16", "ragged K_b in {0, 2, 5}", "temperature 0 vs close draft", "lenience 0.5",
              "top-p 0.8 temperature 0.7")
     for case in (c for c in default_cases() if c.name in names):
