@@ -29,7 +29,8 @@ def run_train(args) -> int:
         gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch or 8,
         lr=args.lr, eval_every=args.eval_every, seq_len=args.seq_len, prompt_weight=args.prompt_weight,
         ignore_eos=args.ignore_eos, max_steps=args.max_steps, resume=not args.fresh,
-        compile="native" if device.type == "cuda" else False)
+        compile="native" if device.type == "cuda" else False, tv_weight=args.tv_weight,
+        **({"sample_temperatures": args.sample_temperatures} if args.sample_temperatures else {}))
     _, report = train_head(target, getattr(tok, "tokenizer", tok), target_name=args.target, config=config,
                            out=args.out, prompts=prompts, source=source, log=log)
     if args.json:
@@ -38,6 +39,23 @@ def run_train(args) -> int:
         args.json.write_text(json.dumps({"environment": run_record(device), "target": args.target,
                                          "dtype": str(dtype), **report}, indent=1, default=str))
     return 0
+
+
+def temperature_list(text: str) -> tuple:
+    """``--sample-temperatures``: comma-separated numbers in [0, MAX_SAMPLE_TEMPERATURE] -> a tuple of floats
+    (argparse type)."""
+    import argparse
+
+    from tilespec.training.head_training import MAX_SAMPLE_TEMPERATURE as top
+
+    try:
+        temps = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        temps = ()
+    if not temps or not all(0 <= t <= top for t in temps):      # (NaN fails both comparisons)
+        raise argparse.ArgumentTypeError(f"expected comma-separated temperatures in [0, {top:g}], e.g. 0,0.7,1; "
+                                         f"got {text!r}")
+    return temps
 
 
 def _names_whisper(name) -> bool:
@@ -104,6 +122,11 @@ def register(sub) -> None:
     t.add_argument("--seq-len", type=int, default=640, help="training sequence length (prompt cut on the left)")
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (responses: 1)")
+    t.add_argument("--sample-temperatures", type=temperature_list, default=None,
+                   help="temperatures of the response batches, in turn, e.g. 0,0.7,1 (default 0,1; 0 = greedy)")
+    t.add_argument("--tv-weight", type=float, default=0.0,
+                   help="weight of a total-variation term at T=1 added to the cross-entropy (1 - sampled acceptance; "
+                        "default 0)")
     t.add_argument("--eval-every", type=int, default=250,
                    help="held-out acceptance and a resumable checkpoint every this many steps (0: at the end only)")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps even with time left")

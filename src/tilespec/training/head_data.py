@@ -10,9 +10,10 @@ Prompt sources (:func:`offline_prompts`; none is an evaluation set of ``tilespec
 Each prompt is a user message (the chat template is applied by the caller's tokenizer).
 
 Responses: :func:`generate_responses` decodes the prompts with the target alone (``SpeculativeDecoder(target, None)``,
-the compiled runtime on CUDA) at a large batch, half greedy and half sampled at T = 1, so the head learns the target's
-own distribution. Features: :func:`sequence_features` runs the target teacher-forced over prompt + response and keeps
-the hidden states the head reads and the final normalised hidden state (its next-token distribution), per token.
+the compiled runtime on CUDA) at a large batch, the batches cycling through a list of temperatures (default greedy
+and T = 1 in turn), so the head learns the target's own distribution in the contexts each temperature reaches.
+Features: :func:`sequence_features` runs the target teacher-forced over prompt + response and keeps the hidden states
+the head reads and the final normalised hidden state (its next-token distribution), per token.
 """
 from __future__ import annotations
 
@@ -125,26 +126,30 @@ class Sequences:
 
 
 def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: int, compile="native",
-                       budget_s: float = 0.0, seed: int = 0, log=None, ignore_eos: bool = False) -> Sequences:
-    """Responses of the target alone to ``prompt_ids`` (token lists), ``batch`` requests at a time, alternating
-    greedy and T = 1 batches; stops starting batches after ``budget_s`` seconds (0 = no limit). EOS ends a response
-    (kept), unless ``ignore_eos`` (every response has max_new_tokens: the target's own continuation past its EOS,
-    as benchmarks that ignore EOS decode it). ``compile``: the decoder's step mode; "native" (the native runtime
-    without torch.compile or graphs) needs no compile time, and at a large batch the forwards are bound by the
-    weights and K/V reads, not by launches."""
+                       budget_s: float = 0.0, seed: int = 0, log=None, ignore_eos: bool = False,
+                       temperatures: tuple = (0.0, 1.0)) -> Sequences:
+    """Responses of the target alone to ``prompt_ids`` (token lists), ``batch`` requests at a time, batch j sampled
+    at ``temperatures[j % len(temperatures)]`` (0 = greedy); stops starting batches after ``budget_s`` seconds
+    (0 = no limit). EOS ends a response (kept), unless ``ignore_eos`` (every response has max_new_tokens: the
+    target's own continuation past its EOS, as benchmarks that ignore EOS decode it). ``compile``: the decoder's
+    step mode; "native" (the native runtime without torch.compile or graphs) needs no compile time, and at a large
+    batch the forwards are bound by the weights and K/V reads, not by launches."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify.types import SamplingParams
 
+    if not temperatures:
+        raise ValueError("generate_responses needs at least one temperature")
     eos = {"eos_token_id": []} if ignore_eos else {}
-    decs = [SpeculativeDecoder(target, None, compile=compile, sampling=SamplingParams(temperature=t), **eos)
-            for t in (0.0, 1.0)]
+    decs = {t: SpeculativeDecoder(target, None, compile=compile, sampling=SamplingParams(temperature=t), **eos)
+            for t in dict.fromkeys(float(t) for t in temperatures)}
     out = Sequences([], [])
     t0 = time.perf_counter()
     for j, i in enumerate(range(0, len(prompt_ids), batch)):
         if budget_s and time.perf_counter() - t0 > budget_s:
             break
         chunk = prompt_ids[i:i + batch]
-        res = decs[j % 2].generate(chunk, max_new_tokens=max_new_tokens, seed=seed + i)
+        dec = decs[float(temperatures[j % len(temperatures)])]
+        res = dec.generate(chunk, max_new_tokens=max_new_tokens, seed=seed + i)
         for p, s in zip(chunk, res.sequences):
             out.tokens.append(list(p) + list(s))
             out.starts.append(len(p))

@@ -1,15 +1,22 @@
 """Self-distillation of a draft head (tilespec.heads.model) on the target's own responses: :func:`train_head`.
 
-Budget split (``minutes``): responses ~30 % (head_data.generate_responses, the native runtime at a large batch), the
-target's features (one teacher-forced pass, kept on the device), then training until the budget ends.
+Budget split (``minutes``): responses ~30 % (head_data.generate_responses, the native runtime at a large batch, batches
+cycling through ``sample_temperatures``), the target's features (one teacher-forced pass, kept on the device), then
+training until the budget ends.
 Loss per training-time-test step k (weights 0.8^(k-1); response positions, prompt positions weighted
 ``prompt_weight``): cross-entropy of the head's draft-vocabulary distribution
 against the target's next-token distribution restricted (renormalised) to the draft vocabulary -- the best q on
 that support for acceptance sum_v min(p, q) -- plus ``reg_weight`` × smooth-L1 between the head's normalised output
-and the target's final normalised hidden state (EAGLE's feature regression). AdamW over fp32 weights with bf16
-autocast on CUDA, linear warm-up then cosine decay. Held-out estimate (every ``eval_every`` steps and at the end):
-per step k the share of response positions where the head's argmax equals the target's (greedy acceptance of the
-k-th draft token given the previous ones accepted), and τ(γ) = 1 + a_1 + a_1 a_2 + ... .
+and the target's final normalised hidden state (EAGLE's feature regression), plus ``tv_weight`` × TV(p, q) at T = 1
+(training.acceptance.total_variation): 1 - the acceptance of exact speculative sampling at T = 1, with p the
+target's FULL-vocabulary distribution (its mass outside the draft vocabulary counts as rejected; the term's value
+is the rejection rate itself, and its gradient equals that of the renormalised form's). Cross-entropy (forward KL)
+spreads q over all of p's support; TV pays only for the mass where q and p differ, which is what sampled
+acceptance measures. AdamW over fp32 weights with bf16 autocast on CUDA, linear warm-up then cosine decay.
+Held-out estimate (training.acceptance.held_out; every ``eval_every`` steps and at the end): per step k the greedy
+acceptance (argmax agreement) of the k-th draft token given the previous ones accepted, and τ(γ) = 1 + a_1 +
+a_1 a_2 + ...; at the end also the sampled acceptance at T = 0.7 and 1 (and T 0.7 / top-k 20 / top-p 0.8),
+stored in the manifest as ``alpha_by_temperature`` / ``tau_by_temperature`` / ``alpha_by_sampling``.
 Resumable: ``out/train-state.pt`` holds the responses, the head, the optimiser and the step; a rerun with the same
 folder continues (``resume=True``).
 """
@@ -24,6 +31,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
+from .acceptance import EVAL_FILTERED, EVAL_TEMPERATURES, autocast_for, held_out, total_variation
 from .head_data import generate_responses, offline_prompts, sequence_features, token_counts
 from tilespec.heads.model import DraftHead, config_for
 from tilespec.heads.store import head_dir, save_head, target_identity
@@ -32,10 +40,15 @@ STATE = "train-state.pt"
 # the head's cost per draft token in target forwards: the prior of the suggested γ (a 1.5B target with a 32k draft
 # vocabulary); the engine's ``optimal`` schedule measures it online
 HEAD_COST = 0.05
+# the highest response temperature accepted (beyond it a large-vocabulary target's samples are mostly noise)
+MAX_SAMPLE_TEMPERATURE = 2.0
 
 
 def _loss(head: DraftHead, data: dict, idx: torch.Tensor, steps: int, lm_rows: torch.Tensor, reg_weight: float,
-          prompt_weight: float = 0.0) -> torch.Tensor:
+          prompt_weight: float = 0.0, tv_weight: float = 0.0) -> torch.Tensor:
+    """The training loss (module docstring) of rows ``idx`` of ``data`` (head_data.sequence_features; with
+    ``tv_weight`` also ``data["log_mass"]`` [S, T] from :func:`draft_log_mass`, else the draft vocabulary is taken
+    to hold all of the target's mass) -> a scalar."""
     feats, normed, toks = data["feats"][idx], data["normed"][idx], data["tokens"][idx]
     t = toks.shape[1]
     pos = torch.arange(t, device=toks.device)[None]
@@ -47,6 +60,10 @@ def _loss(head: DraftHead, data: dict, idx: torch.Tensor, steps: int, lm_rows: t
     inside = pos + 2 < data["lengths"][idx, None]
     response = pos + 2 >= data["loss_from"][idx, None]
     weight = (inside & response).float() + prompt_weight * (inside & ~response).float()
+    log_mass = None
+    if tv_weight and "log_mass" in data:
+        lm = data["log_mass"][idx]
+        log_mass = torch.cat([lm[:, 1:], lm[:, -1:]], dim=1)
     total = 0.0
     for k, h in enumerate(outs, start=1):
         m = weight * (pos >= k - 1).float()
@@ -54,47 +71,24 @@ def _loss(head: DraftHead, data: dict, idx: torch.Tensor, steps: int, lm_rows: t
         logq = torch.log_softmax(head.logits(h).float(), dim=-1)
         ce = -(teach.exp() * logq).sum(-1)
         reg = F.smooth_l1_loss(head.normed(h).float(), teach_h.float(), reduction="none").mean(-1)
-        total = total + 0.8 ** (k - 1) * (((ce + reg_weight * reg) * m).sum() / denom)
+        term = ce + reg_weight * reg
+        if tv_weight:
+            term = term + tv_weight * total_variation(teach, logq, log_mass)
+        total = total + 0.8 ** (k - 1) * ((term * m).sum() / denom)
     return total
 
 
 @torch.no_grad()
-def held_out(head: DraftHead, data: dict, rows: torch.Tensor, steps: int, full_lm: torch.Tensor,
-             batch: int = 8) -> dict:
-    """Greedy agreement with the target per draft step on held-out rows (target argmax over the FULL vocabulary;
-    the head's over its draft vocabulary, mapped to ids) -> {"alpha_per_step", "tau": {γ: τ}}."""
-    agree, count = [0.0] * steps, [0.0] * steps
-    head.eval()
-    for i in range(0, len(rows), batch):
-        idx = rows[i:i + batch]
-        toks, normed = data["tokens"][idx], data["normed"][idx]
-        t = toks.shape[1]
-        pos = torch.arange(t, device=toks.device)[None]
-        nxt = torch.cat([toks[:, 1:], toks[:, -1:]], dim=1)
-        with _autocast(toks.device):
-            outs = head.ttt_forward(head.fuse(data["feats"][idx]), nxt, steps)
-        teach_h = torch.cat([normed[:, 1:], normed[:, -1:]], dim=1)
-        target_arg = F.linear(teach_h.to(full_lm.dtype), full_lm).argmax(-1)
-        base = (pos + 2 < data["lengths"][idx, None]) & (pos + 2 >= data["loss_from"][idx, None])
-        for k, h in enumerate(outs, start=1):
-            m = base & (pos >= k - 1)
-            mine = head.vocab_ids[head.logits(h.to(head.fc.weight.dtype)).argmax(-1)]
-            agree[k - 1] += float(((mine == target_arg) & m).sum())
-            count[k - 1] += float(m.sum())
-    head.train()
-    alpha = [a / max(c, 1.0) for a, c in zip(agree, count)]
-    tau, run, out = 1.0, 1.0, {}
-    for g, a in enumerate(alpha, start=1):
-        run *= a
-        tau += run
-        out[g] = round(tau, 3)
-    return {"alpha_per_step": [round(a, 4) for a in alpha], "tau": out, "positions": int(count[0])}
-
-
-def _autocast(device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+def draft_log_mass(data: dict, lm_rows: torch.Tensor, full_lm: torch.Tensor, batch: int = 4) -> torch.Tensor:
+    """log of the target's T = 1 probability mass on the draft vocabulary at every position: data["normed"]
+    [S, T, d], lm_rows [N, d] (the draft vocabulary's LM head rows), full_lm [V, d] -> [S, T] float32 (<= 0).
+    One full-vocabulary pass over the data, ``batch`` rows at a time."""
+    out = []
+    for i in range(0, data["normed"].shape[0], batch):
+        h = data["normed"][i:i + batch]
+        out.append(torch.logsumexp(F.linear(h.to(lm_rows.dtype), lm_rows).float(), -1)
+                   - torch.logsumexp(F.linear(h.to(full_lm.dtype), full_lm).float(), -1))
+    return torch.cat(out).clamp(max=0.0)
 
 
 @dataclass(frozen=True)
@@ -110,6 +104,12 @@ class HeadTrainConfig:
     1). Run: at most ``max_steps`` steps (None: until the budget ends); the held-out estimate and a checkpoint every
     ``eval_every`` steps (0: at the end only); ``resume`` from ``out/train-state.pt``; ``seed``; a tqdm bar with
     ``progress``.
+
+    ``sample_temperatures``: the temperatures of the response batches, in turn (batch j at T[j mod n]; a repeated
+    value weighs it more, e.g. (0, 0, 1)). The loss is to the target's whole distribution at every position, so the
+    temperature only picks the contexts the head sees. The default (0, 1) is greedy decoding's contexts and the
+    widest ones sampling at T <= 1 reaches (T = 0.7 contexts lie between); it is what the measured heads were
+    trained on. ``tv_weight``: the weight of the T = 1 total-variation term (0: cross-entropy alone).
     """
     minutes: float = 10.0
     data_share: float = 0.3
@@ -131,14 +131,24 @@ class HeadTrainConfig:
     resume: bool = True
     seed: int = 0
     progress: bool = True
+    sample_temperatures: tuple = (0.0, 1.0)
+    tv_weight: float = 0.0
 
     def __post_init__(self):
+        temps = self.sample_temperatures
+        if isinstance(temps, (int, float, str)) or not temps or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= MAX_SAMPLE_TEMPERATURE
+                for t in temps):    # (NaN fails every comparison)
+            raise ValueError(f"head training needs sample_temperatures: a non-empty sequence of numbers in "
+                             f"[0, {MAX_SAMPLE_TEMPERATURE}] (0 = greedy), e.g. (0, 0.7, 1); got {temps!r}")
+        object.__setattr__(self, "sample_temperatures", tuple(float(t) for t in temps))
         rules = (("minutes > 0", self.minutes > 0), ("0 <= data_share < 1", 0 <= self.data_share < 1),
                  ("seq_len >= 2", self.seq_len >= 2), ("ttt_steps >= 1", self.ttt_steps >= 1),
                  ("batch >= 1", self.batch >= 1), ("lr > 0", self.lr > 0), ("warmup >= 0", self.warmup >= 0),
                  ("eval_every >= 0", self.eval_every >= 0),
                  ("draft_vocab >= 1", self.draft_vocab is None or self.draft_vocab >= 1),
-                 ("max_steps >= 0", self.max_steps is None or self.max_steps >= 0))
+                 ("max_steps >= 0", self.max_steps is None or self.max_steps >= 0),
+                 ("0 <= tv_weight < inf", 0 <= self.tv_weight < math.inf))
         bad = [name for name, ok in rules if not ok]
         if bad:
             raise ValueError(f"head training needs {', '.join(bad)}: {self}")
@@ -172,9 +182,11 @@ def train_head(target, tokenizer=None, *, target_name: str, config: Optional[Hea
     head.train()
     t_feat = time.perf_counter()
     data = sequence_features(target, seqs, head.cfg.feature_layers, length=cfg.seq_len)
+    full_lm = target.get_output_embeddings().weight.detach()
+    if cfg.tv_weight and head.cfg.draft_vocab < head.cfg.vocab_size:
+        data["log_mass"] = draft_log_mass(data, head.lm_rows, full_lm)
     feat_s = time.perf_counter() - t_feat
     held, train_rows = _split_rows(data["tokens"].shape[0], cfg.seed, dev)
-    full_lm = target.get_output_embeddings().weight.detach()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
     step = 0
@@ -182,28 +194,34 @@ def train_head(target, tokenizer=None, *, target_name: str, config: Optional[Hea
         opt.load_state_dict(saved["opt"])
         step = saved["step"]
 
-    def checkpoint(at: int) -> dict:
-        """The held-out estimate now, and the state a rerun resumes from."""
-        estimate = held_out(head, data, held, cfg.ttt_steps, full_lm)
+    def checkpoint(at: int, final: bool = False) -> dict:
+        """The held-out estimate now (greedy; ``final``: also at the evaluation temperatures), and the state a
+        rerun resumes from."""
+        estimate = held_out(head, data, held, cfg.ttt_steps, full_lm,
+                            temperatures=EVAL_TEMPERATURES if final else (), filtered=EVAL_FILTERED if final else None)
         torch.save({"sequences": seqs, "source": source, "head": head.state_dict(), "opt": opt.state_dict(),
                     "step": at}, folder / STATE)
         return estimate
 
     deadline = t_start + budget - 10
     step, tokens_seen, train_s = _fit(head, opt, data, train_rows, cfg, step, deadline, checkpoint)
-    estimate = checkpoint(step)
+    estimate = checkpoint(step, final=True)
     from tilespec.engine.gamma import chain_gamma
     gamma, gain = chain_gamma(estimate["alpha_per_step"], HEAD_COST)
     estimate.update(suggested_gamma=gamma, predicted_speedup=round(gain, 3), assumed_cost_ratio=HEAD_COST)
     info = {"data": source, "steps": step, "ttt_steps": cfg.ttt_steps, "batch": cfg.batch, "seq_len": cfg.seq_len,
-            "lr": cfg.lr, "prompt_weight": cfg.prompt_weight,
+            "lr": cfg.lr, "prompt_weight": cfg.prompt_weight, "tv_weight": cfg.tv_weight,
             "train_tokens": tokens_seen, "train_seconds": round(train_s, 1),
             "train_tokens_per_second": round(tokens_seen / max(train_s, 1e-9)),
             "feature_seconds": round(feat_s, 1), "total_seconds": round(time.perf_counter() - t_start, 1),
-            "held_out": estimate, "held_out_rows": int(held.numel()), "draft_vocab": head.cfg.draft_vocab}
+            "held_out": estimate, "held_out_rows": int(held.numel()), "draft_vocab": head.cfg.draft_vocab,
+            # per-depth acceptance at a temperature, for the engine's chain / tree shapes (a copy of held_out's)
+            "alpha_by_temperature": estimate["alpha_by_temperature"],
+            "tau_by_temperature": estimate["tau_by_temperature"]}
     _save_and_bind(head, target, target_name, folder, info)
-    log(f"head saved to {folder}: {step} steps, held-out α per step {estimate['alpha_per_step']}, "
-        f"τ {estimate['tau']}")
+    taus = {t: tau[cfg.ttt_steps] for t, tau in estimate["tau_by_temperature"].items()}
+    log(f"head saved to {folder}: {step} steps, held-out α per step by temperature "
+        f"{estimate['alpha_by_temperature']}, τ({cfg.ttt_steps}) {taus}")
     return head, info
 
 
@@ -220,10 +238,10 @@ def _responses(target, tokenizer, prompts, source: dict, cfg: HeadTrainConfig, b
         prompts = encode_prompts(tokenizer, prompts, chat=True)
     seqs = generate_responses(target, prompts, max_new_tokens=cfg.max_new_tokens, batch=cfg.gen_batch,
                               compile=cfg.compile, budget_s=cfg.data_share * budget, seed=cfg.seed, log=log,
-                              ignore_eos=cfg.ignore_eos)
+                              ignore_eos=cfg.ignore_eos, temperatures=cfg.sample_temperatures)
     source.update(ignore_eos=cfg.ignore_eos, prompts=len(seqs.tokens), response_tokens=seqs.new_tokens,
                   max_new_tokens=cfg.max_new_tokens, generation_seconds=round(seqs.seconds, 1),
-                  sampling="alternate batches T=0 / T=1")
+                  sampling="batches cycle T = " + " / ".join(f"{t:g}" for t in cfg.sample_temperatures))
     return seqs, source
 
 
@@ -276,8 +294,9 @@ def _fit(head: DraftHead, opt, data: dict, rows: torch.Tensor, cfg: HeadTrainCon
         idx = rows[torch.randint(len(rows), (cfg.batch,), device=dev)]
         for g in opt.param_groups:
             g["lr"] = cfg.lr * _lr_factor(step, cfg.warmup, total)
-        with _autocast(dev):
-            loss = _loss(head, data, idx, cfg.ttt_steps, head.lm_rows, cfg.reg_weight, cfg.prompt_weight)
+        with autocast_for(dev):
+            loss = _loss(head, data, idx, cfg.ttt_steps, head.lm_rows, cfg.reg_weight, cfg.prompt_weight,
+                         cfg.tv_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
