@@ -42,6 +42,8 @@ NUM_STAGES = 4
 NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
+BLOCK_N_ONE_ROW = 8      # the same for one row (M = 1: CUDA-core multiply-add, no tl.dot minimum of 16)
+BLOCK_N_ONE_ROW_LARGE = 16
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (sm_90 allows 227 KB a block; leave room for the rest)
 _INTERPRET = triton_interpreted()
 
@@ -49,7 +51,7 @@ _INTERPRET = triton_interpreted()
 @triton.jit
 def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, eps,
                          HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                         SILU_MUL: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SILU_MUL: tl.constexpr, IEEE: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Program n: output columns [n * BLOCK_N, (n + 1) * BLOCK_N) of all M rows. x, y, residual contiguous [M, *]."""
     pid = tl.program_id(0)
@@ -71,7 +73,10 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, 
             g = tl.load(g_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             xv = (g[None, :] * xf).to(dtype)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
+        if not DOT:    # one row: multiply-add on CUDA cores (no 16-row padding; smaller BLOCK_N, more programs)
+            xf = xv.to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * xf, axis=1)[None, :]
+        elif IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
             xv = xv.to(tl.float32)
             acc = tl.dot(xv, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         else:
@@ -79,7 +84,9 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, 
         if SILU_MUL:   # the up rows sit N_OUT rows below the gate rows
             w2 = tl.load(w_ptr + (rn + N_OUT)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            if IEEE:
+            if not DOT:
+                acc2 += tl.sum(w2.to(tl.float32) * xv.to(tl.float32), axis=1)[None, :]
+            elif IEEE:
                 acc2 = tl.dot(xv, tl.trans(w2.to(tl.float32)), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(xv, tl.trans(w2), acc2)
@@ -115,8 +122,10 @@ def fused_linear_reference(x: torch.Tensor, w: torch.Tensor, *, bias=None, resid
     return y if residual is None else residual + y
 
 
-def _block_n(n_out: int, silu_mul: bool) -> int:
+def _block_n(n_out: int, silu_mul: bool, one_row: bool = False) -> int:
     """Output columns per program: enough programs to cover the SMs a few times over on small projections."""
+    if one_row:
+        return BLOCK_N_ONE_ROW_LARGE if silu_mul or n_out >= 8192 else BLOCK_N_ONE_ROW
     return BLOCK_N_LARGE if silu_mul or n_out >= 8192 else BLOCK_N_SMALL
 
 
@@ -140,8 +149,9 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, 
     n_out = w.shape[0] // 2 if silu_mul else w.shape[0]
     y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
     res = residual.reshape(m, n_out).contiguous() if residual is not None else y
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n = _block_n(n_out, silu_mul)
+    one_row = m == 1
+    block_m = 1 if one_row else (16 if m <= 16 else (32 if m <= 32 else 64))
+    block_n = _block_n(n_out, silu_mul, one_row)
     # pipelined stages that fit in shared memory (x tile + one or two W tiles per stage; fp32 tiles are twice bf16's)
     per_stage = (block_m + block_n * (2 if silu_mul else 1)) * BLOCK_K * (4 if x.dtype == torch.float32 else 2)
     stages = max(1, min(NUM_STAGES, SMEM_BUDGET // per_stage))
@@ -149,6 +159,6 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, 
     _fused_linear_kernel[grid](
         x2, w, bias if bias is not None else w, res, norm if norm is not None else w, y, m, n_out, k, eps,
         HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SILU_MUL=silu_mul,
-        IEEE=x.dtype == torch.float32 or _INTERPRET, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        IEEE=x.dtype == torch.float32 or _INTERPRET, DOT=not one_row, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
         NUM_STAGES=stages, num_warps=NUM_WARPS)
     return y.view(*lead, n_out)

@@ -27,6 +27,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from tilespec import settings
 
+from . import fused_layer
 from .attention import decode_attention_bqhd
 from .attention import preferred as attention_preferred
 from .linear import fused_linear
@@ -221,7 +222,9 @@ def head(h: torch.Tensor, res: torch.Tensor, norm: torch.Tensor, lm_head: torch.
     return F.linear(rms_norm(h + res, norm, eps), lm_head)
 
 
-KERNEL_PARTS = ("qkv", "o", "mlp", "attn", "compact")   # "compact": a token tree's K/V moves (native/slot_moves.py)
+# "compact": a token tree's K/V moves (native/slot_moves.py); "layer": the whole layer as tilespec's kernels
+# (fused_layer.py) wherever they all run, else the parts named beside it
+KERNEL_PARTS = ("qkv", "o", "mlp", "attn", "compact", "layer")
 
 
 def _parts(kernels: str) -> tuple:
@@ -283,6 +286,10 @@ class NativeLlama:
         ``hidden_states`` numbering: i = output of layer i - 1, 1 <= i < L) -> returns (logits, features
         [B, q, len(capture) * d]) with every position's features, for a draft head."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
+        if (caches and "layer" in _parts(layer_kw.get("kernels", "")) and layer_kw.get("reduce") is None
+                and fused_layer.can_run(h, self.layers[0].qkv, self.layers[0].gate_up, *caches[0][:2],
+                                        self.head_dim)):
+            layer_fn = fused_layer.fused_decoder_layer
         feats = {}
         backends = sdpa_backends(settings.get().sdpa)
         with sdpa_kernel(list(backends)) if backends else nullcontext():

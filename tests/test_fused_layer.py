@@ -1,0 +1,134 @@
+"""The fused decode layer (engine/native/qkv_rope.py, fused_layer.py) against the PyTorch layer it replaces, in
+Triton's CPU interpreter: the q/k/v + RoPE + cache-write kernel alone (fp32: tight; bf16: rounding-level), the whole
+layer, and the native forward with ``kernels="layer"``."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilespec.engine.native import NativeRunner, fused_layer, linear, qkv_rope
+from tilespec.engine.native.llama import decoder_layer, rms_norm, _rotate_half
+from tilespec.engine.state import prefill_mask
+
+from engine_models import tiny_config
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or linear._INTERPRET),
+                                reason="needs CUDA or the Triton interpreter")
+H, HKV, D, DM, C = 4, 2, 32, 96, 12
+
+
+def _inputs(b, q, dtype, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    h, r = rnd(b, q, DM).to(dtype), rnd(b, q, DM).to(dtype)
+    norm = (torch.rand(DM, generator=g) + 0.5).to(dtype)
+    w = (rnd((H + 2 * HKV) * D, DM) / DM ** 0.5).to(dtype)
+    bvec = rnd((H + 2 * HKV) * D).to(dtype) if bias else None
+    pos = torch.randint(0, 50, (b, q), generator=g).float()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    emb = torch.cat([pos[..., None] * inv_freq] * 2, dim=-1)
+    caches = [torch.zeros(b, HKV, C, D, dtype=dtype) for _ in range(2)]
+    return h, r, norm, w, bvec, emb.cos(), emb.sin(), caches
+
+
+def _reference(h, r, norm, w, bvec, cos, sin, kc, vc, wp):
+    b, q, _ = h.shape
+    res = h + r
+    proj = F.linear(rms_norm(res, norm, 1e-6), w, bvec)
+    xq = proj[..., :H * D].view(b, q, H, D).transpose(1, 2)
+    xk = proj[..., H * D:(H + HKV) * D].view(b, q, HKV, D).transpose(1, 2)
+    xv = proj[..., (H + HKV) * D:].view(b, q, HKV, D).transpose(1, 2)
+    c, s = cos[:, None], sin[:, None]
+    xq = (xq * c + _rotate_half(xq) * s).to(h.dtype)
+    xk = (xk * c + _rotate_half(xk) * s).to(h.dtype)
+    kc[:, :, wp:wp + q] = xk
+    vc[:, :, wp:wp + q] = xv
+    return res, xq
+
+
+@pytest.mark.parametrize("b,q", [(1, 1), (1, 5), (3, 2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_qkv_rope_matches_pytorch_fp32(b, q, bias):
+    h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.float32, bias=bias)
+    kref, vref = kc.clone(), vc.clone()
+    wp = 4
+    assert qkv_rope.can_run(h, w, kc, vc, D)
+    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(wp), heads=H, kv_heads=HKV,
+                                head_dim=D, eps=1e-6)
+    res_ref, xq_ref = _reference(h, r, norm, w, bvec, cos, sin, kref, vref, wp)
+    torch.testing.assert_close(res, res_ref)
+    torch.testing.assert_close(xq, xq_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kc, kref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vc, vref, rtol=1e-5, atol=1e-5)
+    assert kc[:, :, :wp].abs().sum() == 0 and kc[:, :, wp + q:].abs().sum() == 0   # only the new slots written
+
+
+@pytest.mark.parametrize("b,q", [(1, 1), (2, 3)])
+def test_qkv_rope_bf16_within_rounding(b, q):
+    h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.bfloat16, seed=2)
+    kref, vref = kc.clone(), vc.clone()
+    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(0), heads=H, kv_heads=HKV,
+                                head_dim=D, eps=1e-6)
+    res_ref, xq_ref = _reference(h, r, norm, w, bvec, cos, sin, kref, vref, 0)
+    if h.is_cuda:
+        assert torch.equal(res, res_ref)                   # the residual sum is the same bf16 add
+    else:   # the interpreter's fp32 -> bf16 conversion truncates instead of rounding to nearest: one step apart
+        assert ((res.float() - res_ref.float()).abs() <= 2 ** -7 * res_ref.float().abs()).all()
+    for got, want in ((xq, xq_ref), (kc, kref), (vc, vref)):
+        # same rounding points, another summation order: within two bf16 steps of the values' scale
+        assert (got.float() - want.float()).abs().max() <= 2 * 2 ** -7 * want.float().abs().max()
+
+
+def test_fused_layer_equals_the_pytorch_layer_fp32():
+    b, q = 2, 3
+    h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.float32, seed=5)
+    g = torch.Generator().manual_seed(6)
+    o = torch.randn(DM, H * D, generator=g) / (H * D) ** 0.5
+    ln2 = torch.rand(DM, generator=g) + 0.5
+    gate_up = torch.randn(2 * 64, DM, generator=g) / DM ** 0.5
+    down = torch.randn(DM, 64, generator=g) / 8
+    mask = torch.zeros(b, 1, q, C)
+    mask[..., 7 + q:] = torch.finfo(torch.float32).min
+    kc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g)
+    vc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g)
+    kref, vref = kc.clone(), vc.clone()
+    args = (cos, sin, mask, torch.tensor(7))
+    weights = (norm, w, bvec, o, ln2, gate_up, down)
+    kw = dict(heads=H, kv_heads=HKV, head_dim=D, eps=1e-6)
+    assert fused_layer.can_run(h, w, gate_up, kc, vc, D)
+    out, res = fused_layer.fused_decoder_layer(h, r, *args, kc, vc, *weights, **kw)
+    out_ref, res_ref = decoder_layer(h, r, *args, kref, vref, *weights, **kw)
+    torch.testing.assert_close(res, res_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kc, kref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_native_forward_with_the_fused_layer(family):
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[family]
+    model = cls(tiny_config(family, vocab=96, layers=2, hidden=128)).eval()
+    ids = torch.tensor([[3, 9, 27, 81, 11, 5]])
+    with torch.inference_mode():
+        plain, fused = NativeRunner(model, 16), NativeRunner(model, 16, kernels="layer")
+        pmask = prefill_mask(torch.ones(1, 6, dtype=torch.bool), 16)
+        pos = torch.arange(6)[None]
+        outs = [rn.forward(ids, pos, pmask, 0) for rn in (plain, fused)]
+        mask = torch.zeros(1, 1, 2, 16, dtype=torch.bool)
+        mask[..., :7] = True
+        mask[..., 1, 7] = True
+        steps = [rn.forward(torch.tensor([[42, 7]]), torch.tensor([[6, 7]]), mask, 6) for rn in (plain, fused)]
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(steps[1], steps[0], atol=1e-4, rtol=1e-4)
+    for (k0, v0), (k1, v1) in zip(plain.caches, fused.caches):
+        torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-5)
+
+
+def test_shapes_the_kernels_do_not_take_fall_back():
+    h = torch.zeros(1, 100, DM)                            # prefill-sized: more rows than the kernels take
+    w = torch.zeros((H + 2 * HKV) * D, DM)
+    kc = torch.zeros(1, HKV, C, D)
+    assert not qkv_rope.can_run(h, w, kc, kc, D)
+    assert not qkv_rope.can_run(h[:, :1], w, kc, kc, 12)   # head dim not a power of two
+    assert not qkv_rope.can_run(h[:, :1], w.half(), kc, kc, D)   # dtype mismatch
