@@ -24,6 +24,9 @@ def run_train(args) -> int:
     target, tok = models.load(args.target, role="target", dtype=dtype, device=device, download=True)
     if getattr(target.config, "model_type", None) == "whisper":
         return _train_whisper(args, target.float(), tok, device, log)
+    if args.samples_per_clip is not None:
+        raise ValueError("--samples-per-clip applies to Whisper targets only (a draft head decodes one response "
+                         "per prompt)")
     config = HeadTrainConfig(
         minutes=args.minutes, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens or 256,
         gen_batch=args.gen_batch, draft_vocab=args.draft_vocab or None, ttt_steps=args.ttt_steps, batch=args.batch or 8,
@@ -76,11 +79,13 @@ def _train_whisper(args, target, processor, device, log) -> int:
     from tilespec.training.whisper_training import train_whisper_draft
 
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    labels = {k: v for k, v in (("sample_temperatures", args.sample_temperatures),
+                                ("samples_per_clip", args.samples_per_clip)) if v is not None}
     _, report = train_whisper_draft(
         target, processor, target_name=args.target, minutes=args.minutes, out=args.out, speech=args.speech,
         layers=layers, max_new_tokens=args.max_new_tokens or 128, batch=args.batch or 32, lr=args.lr,
         max_steps=args.max_steps, resume=not args.fresh, label_batch=args.gen_batch if args.gen_batch != 64 else 32,
-        log=log)
+        log=log, **labels)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         from tilespec.env import run_record
@@ -123,7 +128,8 @@ def register(sub) -> None:
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (responses: 1)")
     t.add_argument("--sample-temperatures", type=temperature_list, default=None,
-                   help="temperatures of the response batches, in turn, e.g. 0,0.7,1 (default 0,1; 0 = greedy)")
+                   help="temperatures of the response batches, in turn, e.g. 0,0.7,1 (default 0,1; 0 = greedy); "
+                        "Whisper: the pseudo-label temperatures, no repeats (default 0,1)")
     t.add_argument("--tv-weight", type=float, default=0.0,
                    help="weight of a total-variation term at T=1 added to the cross-entropy (1 - sampled acceptance; "
                         "default 0)")
@@ -139,6 +145,9 @@ def register(sub) -> None:
                         "evaluation clips are always dropped)")
     t.add_argument("--layers", default=None, help="Whisper: the target's decoder layers the draft copies, e.g. 0,5 "
                                                   "(default: the first and the last)")
+    t.add_argument("--samples-per-clip", type=int, default=None,
+                   help="Whisper: transcripts sampled per clip at each --sample-temperatures value above 0, beside "
+                        "the greedy one at 0 (default 4; --gen-batch clips decode together, times this many rows)")
     t.add_argument("--device", default="auto")
     t.add_argument("--dtype", default="auto")
     t.add_argument("--json", type=Path, default=None, help="write the training report here")

@@ -1,13 +1,16 @@
 """Distillation of a Distil-Whisper-style draft (tilespec.models.distilled) on a Whisper target's own transcripts.
 
-:func:`pseudo_labels` decodes the target's greedy transcripts (target-only, with the engine); :func:`distill` trains
-the draft's own weights (decoder layer copies, final norm) by teacher forcing on them with loss
-KL(p_target || p_draft) per transcript position (Distil-Whisper's KL term; its pseudo-label cross-entropy term is the
-same target at T = 0 and is left out), AdamW with linear warm-up and cosine decay to a tenth, bf16 autocast on CUDA;
-:func:`agreement` measures, on held-out clips, where the draft's greedy token equals the target's along the target's
-transcript -- exactly the greedy acceptance of a draft chain -- and the tokens per target step that gives at each γ.
-Shapes: encoder states [N, frames, d_model] (the target encoder's output per clip), sequences N token lists (decoder
-prefix + transcript, EOS included).
+:func:`pseudo_labels` decodes the target's transcripts (target-only, with the engine): greedy ones, or samples at a
+temperature, several per clip; :func:`distill` trains the draft's own weights (decoder layer copies, final norm) by
+teacher forcing on them with loss KL(p_target || p_draft) per transcript position -- the target's full distribution
+at every position of the (greedy or sampled) sequence is the teacher (Distil-Whisper's KL term; its pseudo-label
+cross-entropy term is the same target at T = 0 and is left out) -- AdamW with linear warm-up and cosine decay to a
+tenth, bf16 autocast on CUDA; :func:`agreement` measures, on held-out clips, where the draft's greedy token equals the
+target's along the target's transcript -- exactly the greedy acceptance of a draft chain -- and the tokens per target
+step that gives at each γ (acceptance at T > 0: whisper_acceptance.py).
+Shapes: encoder states [N, frames, d_model] (the target encoder's output per clip), sequences M token lists (decoder
+prefix + transcript, EOS included), ``owners`` M ints (the clip, i.e. the row of the states, of each sequence;
+default: sequence i belongs to clip i).
 """
 from __future__ import annotations
 
@@ -23,16 +26,36 @@ from tilespec.models.distilled import student, trainable  # noqa: F401  (student
 
 @torch.inference_mode()
 def pseudo_labels(target, features: torch.Tensor, prefix: Sequence[int], max_new_tokens: int,
-                  batch_size: int = 8, compile=False) -> list:
-    """The target's greedy transcripts of ``features`` [N, mels, frames] as full decoder sequences (prefix +
-    tokens), decoded target-only with the engine (``compile``: its step mode)."""
+                  batch_size: int = 8, compile=False, temperature: float = 0.0, samples: int = 1,
+                  seed=0) -> list:
+    """The target's transcripts of ``features`` [N, mels, frames] as full decoder sequences (prefix + tokens),
+    decoded target-only with the engine (``compile``: its step mode). ``temperature`` 0: the greedy transcript, one
+    per clip (``samples`` must be 1); > 0: ``samples`` transcripts per clip sampled at that temperature, clip-major
+    (clip i's samples are entries i * samples .. (i + 1) * samples - 1), every row with its own random stream:
+    ``seed`` an int gives row r the request seed ``seed`` + r, a list gives each row its own (N * samples seeds), so
+    two samples of one clip differ. ``batch_size``: clips per decode batch (it decodes ``batch_size * samples``
+    rows)."""
     from tilespec.engine import SpeculativeDecoder
     from tilespec.verify import SamplingParams
-    dec = SpeculativeDecoder(target, None, sampling=SamplingParams.greedy(), compile=compile)
+    temperature = float(temperature)
+    if not (math.isfinite(temperature) and temperature >= 0.0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if not isinstance(samples, int) or samples < 1 or (temperature == 0.0 and samples != 1):
+        raise ValueError(f"samples must be an integer >= 1 (exactly 1 at temperature 0: greedy decoding gives one "
+                         f"transcript per clip), got {samples!r} at temperature {temperature}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    rows = features.shape[0] * samples
+    seeds = [int(seed) + r for r in range(rows)] if isinstance(seed, int) else [int(x) for x in seed]
+    if len(seeds) != rows:
+        raise ValueError(f"{len(seeds)} seeds for {rows} rows ({features.shape[0]} clips x {samples} samples)")
+    sampling = SamplingParams.greedy() if temperature == 0.0 else SamplingParams(temperature=temperature)
+    dec = SpeculativeDecoder(target, None, sampling=sampling, compile=compile)
     out = []
     for start in range(0, features.shape[0], batch_size):
-        chunk = features[start:start + batch_size]
-        gen = dec.generate([list(prefix)] * chunk.shape[0], max_new_tokens=max_new_tokens, input_features=chunk)
+        chunk = features[start:start + batch_size].repeat_interleave(samples, dim=0)
+        gen = dec.generate([list(prefix)] * chunk.shape[0], max_new_tokens=max_new_tokens, input_features=chunk,
+                           seed=seeds[start * samples:start * samples + chunk.shape[0]])
         out += [list(prefix) + s for s in gen.sequences]
     return out
 
@@ -56,6 +79,23 @@ def _batch(sequences: list, pad: int, device) -> tuple[torch.Tensor, torch.Tenso
     return ids.to(device), mask.to(device)
 
 
+def _owners(states: torch.Tensor, sequences: list, owners: Optional[Sequence[int]]) -> torch.Tensor:
+    """``owners`` checked against the states and sequences, as a long tensor on the states' device."""
+    if not sequences:
+        raise ValueError("no sequences to train on")
+    if owners is None:
+        if len(sequences) != states.shape[0]:
+            raise ValueError(f"{states.shape[0]} encoder states for {len(sequences)} sequences (give owners= when "
+                             f"several sequences share a clip)")
+        owners = range(len(sequences))
+    owners = torch.as_tensor(list(owners), dtype=torch.long)
+    if owners.shape != (len(sequences),) or (owners.numel() and not 0 <= int(owners.min()) <= int(owners.max())
+                                             < states.shape[0]):
+        raise ValueError(f"owners must give each of the {len(sequences)} sequences a row of the "
+                         f"{states.shape[0]} encoder states")
+    return owners.to(states.device)
+
+
 def _autocast(device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast(
         "cpu", enabled=False)
@@ -68,14 +108,15 @@ def _log_probs(model, enc, inputs) -> torch.Tensor:
 def distill(target, draft, states: torch.Tensor, sequences: list, *, prefix_len: int, steps: int = 200,
             lr: float = 1e-3, batch_size: int = 8, warmup: int = 20, seed: int = 0, seconds: Optional[float] = None,
             log: Optional[Callable[[int, float], None]] = None, start_step: int = 0, optimizer_state=None,
-            keep_optimizer: Optional[list] = None) -> list:
+            keep_optimizer: Optional[list] = None, owners: Optional[Sequence[int]] = None) -> list:
     """Train ``draft``'s own parameters for ``steps`` AdamW steps (fewer when ``seconds`` run out: the cosine's
     length then follows the measured pace) on KL(p_target || p_draft) over the transcript positions of
     ``sequences`` (the first ``prefix_len`` - 1 positions predict the forced prefix and are skipped). Returns the loss
     per step. The target is left as it was (its parameters get no gradients). ``start_step`` / ``optimizer_state``
-    resume a run; ``keep_optimizer`` (a list) receives the optimiser's final state."""
-    if len(sequences) != states.shape[0] or not sequences:
-        raise ValueError(f"{states.shape[0]} encoder states for {len(sequences)} sequences")
+    resume a run; ``keep_optimizer`` (a list) receives the optimiser's final state; ``owners``: the row of
+    ``states`` of each sequence (default: one state per sequence, in order). Sequences are drawn uniformly, so a
+    clip with several sampled transcripts weighs that many times a clip with one."""
+    owners = _owners(states, sequences, owners)
     if steps < 1 or batch_size < 1 or not lr > 0:
         raise ValueError(f"steps, batch_size and lr must be positive, got {steps}, {batch_size}, {lr}")
     t0 = time.perf_counter()
@@ -106,7 +147,7 @@ def distill(target, draft, states: torch.Tensor, sequences: list, *, prefix_len:
             idx = [rng.randrange(len(sequences)) for _ in range(batch_size)]
             ids, mask = _batch([sequences[i] for i in idx], pad, device)
             mask[:, :prefix_len - 1] = False
-            enc, inputs = states[idx], ids[:, :-1]
+            enc, inputs = states[owners[idx]], ids[:, :-1]
             for g in opt.param_groups:
                 g["lr"] = lr * lr_at(step)
             with _autocast(device):
