@@ -54,6 +54,22 @@ def test_training_raises_the_heads_acceptance_on_the_targets_text(trained):
     assert info["held_out"]["alpha_per_step"][0] > 0.4 and info["steps"] == 200
 
 
+def test_held_out_acceptance_by_temperature_predicts_the_engines(trained):
+    """The manifest's per-depth α at T (exact speculative sampling's sum of minima on held-out rows) is what the
+    engine then accepts: τ(1) = 1 + α_1 against the engine's tokens per forward with γ = 1, at T = 0, 0.7 and 1."""
+    from tilespec.heads.store import read_manifest
+
+    target, head, info, folder = trained
+    manifest = read_manifest(folder)
+    assert manifest["alpha_by_temperature"] == info["alpha_by_temperature"] == info["held_out"]["alpha_by_temperature"]
+    assert set(manifest["tau_by_temperature"]) == {"0", "0.7", "1"}
+    assert manifest["alpha_by_temperature"]["0"] == info["held_out"]["alpha_per_step"]
+    for key, temp in (("0", 0.0), ("0.7", 0.7), ("1", 1.0)):
+        dec = SpeculativeDecoder(target, HeadDrafter(head), gamma=1, sampling=SamplingParams(temperature=temp))
+        measured = dec.generate(_prompts(16, 2), max_new_tokens=40, seed=3).stats.block_efficiency
+        assert measured == pytest.approx(1 + info["alpha_by_temperature"][key][0], abs=0.1), (key, measured)
+
+
 @pytest.mark.parametrize("compile", [False, "native"])
 @pytest.mark.parametrize("draft", ["head", "head+ngram"])
 def test_greedy_head_drafts_equal_target_only(trained, compile, draft):
