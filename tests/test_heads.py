@@ -227,7 +227,9 @@ def test_draft_train_command_trains_a_head(tmp_path, monkeypatch):
     assert main(["draft", "train", "--target", "tiny", "--out", str(tmp_path / "head"), "--prompts-file",
                  str(prompts), "--prompts", "16", "--max-new-tokens", "8", "--gen-batch", "16", "--seq-len", "16",
                  "--draft-vocab", "32", "--ttt-steps", "2", "--max-steps", "3", "--eval-every", "0", "--device", "cpu",
-                 "--json", str(report)]) == 0
+                 "--tv-weight", "0.5", "--sample-temperatures", "0,0.7,1", "--json", str(report)]) == 0
     info = json.loads(report.read_text())
     assert info["steps"] == 3 and info["draft_vocab"] == 32 and info["ttt_steps"] == 2 and info["batch"] == 8
-    assert info["data"]["kind"] == "test" and info["prompt_weight"] == 0.2
+    assert info["data"]["kind"] == "test" and info["prompt_weight"] == 0.2 and info["tv_weight"] == 0.5
+    assert info["data"]["sampling"] == "batches cycle T = 0 / 0.7 / 1" and set(info["alpha_by_temperature"]) == \
+        {"0", "0.7", "1"}
