@@ -90,7 +90,7 @@ def _temperature_key(t: float) -> str:
 
 @torch.no_grad()
 def held_out(head, data: dict, rows: torch.Tensor, steps: int, full_lm: torch.Tensor, batch: int = 8,
-             temperatures: tuple = (), filtered: Optional[dict] = None, chunk: int = 2048) -> dict:
+             temperatures: tuple = (), filtered: Optional[dict] = None, chunk: int = 1024) -> dict:
     """The head's held-out acceptance per draft depth (see the module docstring).
 
     head: a DraftHead bound to the target; data: ``head_data.sequence_features`` output (``tokens`` [S, T],
