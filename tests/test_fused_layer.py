@@ -14,9 +14,15 @@ from engine_models import tiny_config
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or linear._INTERPRET),
                                 reason="needs CUDA or the Triton interpreter")
 H, HKV, D, DM, C = 4, 2, 32, 96, 12
+DEV = "cpu" if linear._INTERPRET else "cuda"
 
 
 def _inputs(b, q, dtype, seed=0, bias=True):
+    out = _inputs_cpu(b, q, dtype, seed, bias)
+    return [x.to(DEV) if isinstance(x, torch.Tensor) else x for x in out[:-1]] + [[c.to(DEV) for c in out[-1]]]
+
+
+def _inputs_cpu(b, q, dtype, seed, bias):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     h, r = rnd(b, q, DM).to(dtype), rnd(b, q, DM).to(dtype)
@@ -45,14 +51,14 @@ def _reference(h, r, norm, w, bvec, cos, sin, kc, vc, wp):
     return res, xq
 
 
-@pytest.mark.parametrize("b,q", [(1, 1), (1, 5), (3, 2)])
+@pytest.mark.parametrize("b,q", [(1, 1), (1, 5), (3, 2), (2, 4)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_qkv_rope_matches_pytorch_fp32(b, q, bias):
     h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.float32, bias=bias)
     kref, vref = kc.clone(), vc.clone()
     wp = 4
     assert qkv_rope.can_run(h, w, kc, vc, D)
-    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(wp), heads=H, kv_heads=HKV,
+    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(wp, device=DEV), heads=H, kv_heads=HKV,
                                 head_dim=D, eps=1e-6)
     res_ref, xq_ref = _reference(h, r, norm, w, bvec, cos, sin, kref, vref, wp)
     torch.testing.assert_close(res, res_ref)
@@ -66,7 +72,7 @@ def test_qkv_rope_matches_pytorch_fp32(b, q, bias):
 def test_qkv_rope_bf16_within_rounding(b, q):
     h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.bfloat16, seed=2)
     kref, vref = kc.clone(), vc.clone()
-    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(0), heads=H, kv_heads=HKV,
+    res, xq = qkv_rope.qkv_rope(h, r, norm, w, bvec, cos, sin, kc, vc, torch.tensor(0, device=DEV), heads=H, kv_heads=HKV,
                                 head_dim=D, eps=1e-6)
     res_ref, xq_ref = _reference(h, r, norm, w, bvec, cos, sin, kref, vref, 0)
     if h.is_cuda:
@@ -82,16 +88,16 @@ def test_fused_layer_equals_the_pytorch_layer_fp32():
     b, q = 2, 3
     h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.float32, seed=5)
     g = torch.Generator().manual_seed(6)
-    o = torch.randn(DM, H * D, generator=g) / (H * D) ** 0.5
-    ln2 = torch.rand(DM, generator=g) + 0.5
-    gate_up = torch.randn(2 * 64, DM, generator=g) / DM ** 0.5
-    down = torch.randn(DM, 64, generator=g) / 8
-    mask = torch.zeros(b, 1, q, C)
+    o = (torch.randn(DM, H * D, generator=g) / (H * D) ** 0.5).to(DEV)
+    ln2 = (torch.rand(DM, generator=g) + 0.5).to(DEV)
+    gate_up = (torch.randn(2 * 64, DM, generator=g) / DM ** 0.5).to(DEV)
+    down = (torch.randn(DM, 64, generator=g) / 8).to(DEV)
+    mask = torch.zeros(b, 1, q, C, device=DEV)
     mask[..., 7 + q:] = torch.finfo(torch.float32).min
-    kc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g)
-    vc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g)
+    kc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g).to(DEV)
+    vc[:, :, :7] = torch.randn(b, HKV, 7, D, generator=g).to(DEV)
     kref, vref = kc.clone(), vc.clone()
-    args = (cos, sin, mask, torch.tensor(7))
+    args = (cos, sin, mask, torch.tensor(7, device=DEV))
     weights = (norm, w, bvec, o, ln2, gate_up, down)
     kw = dict(heads=H, kv_heads=HKV, head_dim=D, eps=1e-6)
     assert fused_layer.can_run(h, w, gate_up, kc, vc, D)
@@ -107,17 +113,18 @@ def test_native_forward_with_the_fused_layer(family):
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
     torch.manual_seed(0)
     cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[family]
-    model = cls(tiny_config(family, vocab=96, layers=2, hidden=128)).eval()
-    ids = torch.tensor([[3, 9, 27, 81, 11, 5]])
+    model = cls(tiny_config(family, vocab=96, layers=2, hidden=128)).eval().to(DEV)
+    ids = torch.tensor([[3, 9, 27, 81, 11, 5]], device=DEV)
     with torch.inference_mode():
         plain, fused = NativeRunner(model, 16), NativeRunner(model, 16, kernels="layer")
-        pmask = prefill_mask(torch.ones(1, 6, dtype=torch.bool), 16)
-        pos = torch.arange(6)[None]
+        pmask = prefill_mask(torch.ones(1, 6, dtype=torch.bool, device=DEV), 16)
+        pos = torch.arange(6, device=DEV)[None]
         outs = [rn.forward(ids, pos, pmask, 0) for rn in (plain, fused)]
-        mask = torch.zeros(1, 1, 2, 16, dtype=torch.bool)
+        mask = torch.zeros(1, 1, 2, 16, dtype=torch.bool, device=DEV)
         mask[..., :7] = True
         mask[..., 1, 7] = True
-        steps = [rn.forward(torch.tensor([[42, 7]]), torch.tensor([[6, 7]]), mask, 6) for rn in (plain, fused)]
+        steps = [rn.forward(torch.tensor([[42, 7]], device=DEV), torch.tensor([[6, 7]], device=DEV), mask, 6)
+                 for rn in (plain, fused)]
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(steps[1], steps[0], atol=1e-4, rtol=1e-4)
     for (k0, v0), (k1, v1) in zip(plain.caches, fused.caches):
@@ -126,9 +133,9 @@ def test_native_forward_with_the_fused_layer(family):
 
 
 def test_shapes_the_kernels_do_not_take_fall_back():
-    h = torch.zeros(1, 100, DM)                            # prefill-sized: more rows than the kernels take
-    w = torch.zeros((H + 2 * HKV) * D, DM)
-    kc = torch.zeros(1, HKV, C, D)
+    h = torch.zeros(1, 100, DM, device=DEV)                # prefill-sized: more rows than the kernels take
+    w = torch.zeros((H + 2 * HKV) * D, DM, device=DEV)
+    kc = torch.zeros(1, HKV, C, D, device=DEV)
     assert not qkv_rope.can_run(h, w, kc, kc, D)
     assert not qkv_rope.can_run(h[:, :1], w, kc, kc, 12)   # head dim not a power of two
     assert not qkv_rope.can_run(h[:, :1], w.half(), kc, kc, D)   # dtype mismatch

@@ -162,56 +162,77 @@ def engine(model, kernels: str, tokens: int) -> list:
     return [engine_tok_s(model, b, tokens) for b in (1, 8)]
 
 
-def sweep(model) -> list:
-    """M = 1 projection kernels over their launch globals vs cuBLAS, µs per call in a CUDA graph of 20 calls."""
+class _Globals:
+    """Set a module's launch globals inside a ``with`` block and restore them after."""
+
+    def __init__(self, module, **values):
+        self.module, self.values = module, values
+
+    def __enter__(self):
+        self.saved = {k: getattr(self.module, k) for k in self.values}
+        for k, v in self.values.items():
+            setattr(self.module, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.module, k, v)
+
+
+def _grid(m: int):
+    warps = (4, 8) if m == 1 else (4,)
+    return itertools.product((4, 8, 16), (512, 1024), warps)
+
+
+def sweep(model, rows=(1, 5, 8)) -> list:
+    """Few-row projection kernels over their launch globals vs cuBLAS (F.linear, no norm or epilogue), µs per call
+    in a CUDA graph of 20 calls, at M rows."""
     import torch.nn.functional as F
     from native_kernels import graph_us
     from tilespec.engine.native import linear, qkv_rope
     from tilespec.engine.native.runner import native_model
     nat = native_model(model)
     w = nat.layers[0]
-    x = torch.randn(1, w.qkv.shape[1], device="cuda", dtype=nat.dtype)
-    act = torch.randn(1, w.down.shape[1], device="cuda", dtype=nat.dtype)
     out = []
-    cases = {"o": (torch.randn(1, w.o.shape[1], device="cuda", dtype=nat.dtype), w.o, {}),
-             "gate_up": (x, w.gate_up, dict(norm=w.ln2, silu_mul=True)), "down": (act, w.down, {})}
-    for name, (xx, ww, kw) in cases.items():
-        base = graph_us(lambda: F.linear(xx, ww))
-        for bn, bk, warps, stages in itertools.product((4, 8, 16), (512, 1024), (4, 8), (3,)):
-            linear.BLOCK_N_ONE_ROW = linear.BLOCK_N_ONE_ROW_LARGE = bn
-            linear.BLOCK_K, linear.NUM_WARPS, linear.NUM_STAGES = bk, warps, stages
-            try:
-                us = graph_us(lambda: linear.fused_linear(xx, ww, **kw))
-            except Exception as err:   # e.g. out of shared memory / registers
-                us = None
-                print(f"    {name} {bn}/{bk}/{warps}/{stages}: {type(err).__name__}", flush=True)
-            out.append(dict(proj=name, block_n=bn, block_k=bk, warps=warps, stages=stages, us=us, cublas_us=base,
-                            weight_bytes=ww.numel() * ww.element_size()))
-    linear.BLOCK_N_ONE_ROW, linear.BLOCK_N_ONE_ROW_LARGE, linear.BLOCK_K = 8, 16, 256
-    linear.NUM_WARPS, linear.NUM_STAGES = 4, 4
-    caches = nat.new_caches(1, 1024)[0]
-    h = torch.randn(1, 1, x.shape[1], device="cuda", dtype=nat.dtype)
-    cos = torch.randn(1, 1, nat.head_dim, device="cuda")
-    wp = torch.tensor(500, device="cuda")
-    base = graph_us(lambda: F.linear(x, w.qkv, w.qkv_bias))
-    for hb, bk, warps, stages in itertools.product((4, 8, 16), (512, 1024), (4, 8), (3,)):
-        qkv_rope.HALF_BLOCK_ONE_ROW, qkv_rope.BLOCK_K, qkv_rope.NUM_WARPS, qkv_rope.NUM_STAGES = hb, bk, warps, stages
+
+    def timed(fn):
         try:
-            us = graph_us(lambda: qkv_rope.qkv_rope(h, h, w.ln1, w.qkv, w.qkv_bias, cos, cos, *caches, wp,
-                                                    heads=nat.heads, kv_heads=nat.kv_heads, head_dim=nat.head_dim,
-                                                    eps=nat.eps))
-        except Exception as err:
-            us = None
-            print(f"    qkv_rope {hb}/{bk}/{warps}/{stages}: {type(err).__name__}", flush=True)
-        out.append(dict(proj="qkv_rope", block_n=2 * hb, block_k=bk, warps=warps, stages=stages, us=us,
-                        cublas_us=base, weight_bytes=w.qkv.numel() * w.qkv.element_size()))
-    qkv_rope.HALF_BLOCK_ONE_ROW, qkv_rope.BLOCK_K, qkv_rope.NUM_WARPS, qkv_rope.NUM_STAGES = 8, 512, 4, 3
-    for name in ("o", "gate_up", "down", "qkv_rope"):
-        best = min((r for r in out if r["proj"] == name and r["us"]), key=lambda r: r["us"], default=None)
-        if best:
-            print(f"  sweep {name}: best {best['us']:.2f} us ({best['weight_bytes'] / best['us'] / 1e3:.0f} GB/s) at "
-                  f"block_n {best['block_n']} block_k {best['block_k']} warps {best['warps']} stages "
-                  f"{best['stages']}; cuBLAS {best['cublas_us']:.2f} us", flush=True)
+            return graph_us(fn)
+        except Exception as err:   # e.g. out of shared memory / registers
+            print(f"    {type(err).__name__}: {str(err)[:80]}", flush=True)
+            return None
+
+    for m in rows:
+        rnd = lambda k: torch.randn(m, k, device="cuda", dtype=nat.dtype)  # noqa: E731
+        x = rnd(w.qkv.shape[1])
+        cases = {"o": (rnd(w.o.shape[1]), w.o, {}), "gate_up": (x, w.gate_up, dict(norm=w.ln2, silu_mul=True)),
+                 "down": (rnd(w.down.shape[1]), w.down, {})}
+        for name, (xx, ww, kw) in cases.items():
+            base = timed(lambda: F.linear(xx, ww))
+            for bn, bk, warps in _grid(m):
+                with _Globals(linear, FEW_BLOCK_N=bn, FEW_BLOCK_N_LARGE=bn, FEW_BLOCK_K=bk, FEW_BLOCK_K_LONG=bk,
+                              NUM_WARPS=warps):
+                    us = timed(lambda: linear.fused_linear(xx, ww, **kw))
+                out.append(dict(proj=name, m=m, block_n=bn, block_k=bk, warps=warps, us=us, cublas_us=base,
+                                weight_bytes=ww.numel() * ww.element_size()))
+        caches = nat.new_caches(1, 1024)[0]
+        h = torch.randn(1, m, x.shape[1], device="cuda", dtype=nat.dtype)
+        cos = torch.randn(1, m, nat.head_dim, device="cuda")
+        wp = torch.tensor(500, device="cuda")
+        base = timed(lambda: F.linear(x, w.qkv, w.qkv_bias))
+        for hb, bk, warps in _grid(m):
+            with _Globals(qkv_rope, HALF_BLOCK=max(hb, 4), BLOCK_K=bk, NUM_WARPS=warps):
+                us = timed(lambda: qkv_rope.qkv_rope(h, h, w.ln1, w.qkv, w.qkv_bias, cos, cos, *caches, wp,
+                                                     heads=nat.heads, kv_heads=nat.kv_heads, head_dim=nat.head_dim,
+                                                     eps=nat.eps))
+            out.append(dict(proj="qkv_rope", m=m, block_n=2 * hb, block_k=bk, warps=warps, us=us, cublas_us=base,
+                            weight_bytes=w.qkv.numel() * w.qkv.element_size()))
+        for name in ("o", "gate_up", "down", "qkv_rope"):
+            best = min((r for r in out if r["proj"] == name and r["m"] == m and r["us"]), key=lambda r: r["us"],
+                       default=None)
+            if best:
+                print(f"  sweep M={m} {name}: best {best['us']:.2f} us ({best['weight_bytes'] / best['us'] / 1e3:.0f}"
+                      f" GB/s) at block_n {best['block_n']} block_k {best['block_k']} warps {best['warps']}; cuBLAS "
+                      f"{best['cublas_us'] or float('nan'):.2f} us", flush=True)
     return out
 
 

@@ -42,8 +42,13 @@ NUM_STAGES = 4
 NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
-BLOCK_N_ONE_ROW = 8      # the same for one row (M = 1: CUDA-core multiply-add, no tl.dot minimum of 16)
-BLOCK_N_ONE_ROW_LARGE = 16
+# up to FEW_ROWS rows: CUDA-core multiply-add (no 16-row tl.dot minimum: small BLOCK_N, more programs); the
+# fastest at M = 1 for the Qwen2.5-1.5B shapes on an H200 (forward-profile-qwen1.5b-shape-h200.json)
+FEW_ROWS = 8
+FEW_BLOCK_N = 4          # o, down (and q/k/v through the "qkv" part)
+FEW_BLOCK_N_LARGE = 8    # gate/up
+FEW_BLOCK_K = 512
+FEW_BLOCK_K_LONG = 1024  # K >= 4,096 (the down projection)
 SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program (sm_90 allows 227 KB a block; leave room for the rest)
 _INTERPRET = triton_interpreted()
 
@@ -73,22 +78,25 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, M, N_OUT, K, 
             g = tl.load(g_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             xv = (g[None, :] * xf).to(dtype)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if not DOT:    # one row: multiply-add on CUDA cores (no 16-row padding; smaller BLOCK_N, more programs)
-            xf = xv.to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * xf, axis=1)[None, :]
-        elif IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
-            xv = xv.to(tl.float32)
-            acc = tl.dot(xv, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xv, tl.trans(w), acc)
         if SILU_MUL:   # the up rows sit N_OUT rows below the gate rows
             w2 = tl.load(w_ptr + (rn + N_OUT)[:, None] * K + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            if not DOT:
-                acc2 += tl.sum(w2.to(tl.float32) * xv.to(tl.float32), axis=1)[None, :]
-            elif IEEE:
+        if not DOT:    # few rows: each multiplies the W tile held in registers (no 16-row padding of tl.dot)
+            xf = xv.to(tl.float32)
+            for mi in tl.static_range(BLOCK_M):
+                pick = (rm == mi)[:, None]
+                xr = tl.sum(tl.where(pick, xf, 0.0), axis=0)[None, :]
+                acc += tl.where(pick, tl.sum(w.to(tl.float32) * xr, axis=1)[None, :], 0.0)
+                if SILU_MUL:
+                    acc2 += tl.where(pick, tl.sum(w2.to(tl.float32) * xr, axis=1)[None, :], 0.0)
+        elif IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong in Triton 3.9)
+            xv = xv.to(tl.float32)
+            acc = tl.dot(xv, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            if SILU_MUL:
                 acc2 = tl.dot(xv, tl.trans(w2.to(tl.float32)), acc2, input_precision="ieee")
-            else:
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+            if SILU_MUL:
                 acc2 = tl.dot(xv, tl.trans(w2), acc2)
     if HAS_NORM:
         inv = 1.0 / tl.sqrt(ss / K + eps)
@@ -122,10 +130,10 @@ def fused_linear_reference(x: torch.Tensor, w: torch.Tensor, *, bias=None, resid
     return y if residual is None else residual + y
 
 
-def _block_n(n_out: int, silu_mul: bool, one_row: bool = False) -> int:
+def _block_n(n_out: int, silu_mul: bool, few: bool = False) -> int:
     """Output columns per program: enough programs to cover the SMs a few times over on small projections."""
-    if one_row:
-        return BLOCK_N_ONE_ROW_LARGE if silu_mul or n_out >= 8192 else BLOCK_N_ONE_ROW
+    if few:
+        return FEW_BLOCK_N_LARGE if silu_mul or n_out >= 8192 else FEW_BLOCK_N
     return BLOCK_N_LARGE if silu_mul or n_out >= 8192 else BLOCK_N_SMALL
 
 
@@ -149,16 +157,17 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, *, bias=None, residual=None, 
     n_out = w.shape[0] // 2 if silu_mul else w.shape[0]
     y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
     res = residual.reshape(m, n_out).contiguous() if residual is not None else y
-    one_row = m == 1
-    block_m = 1 if one_row else (16 if m <= 16 else (32 if m <= 32 else 64))
-    block_n = _block_n(n_out, silu_mul, one_row)
+    few = m <= FEW_ROWS
+    block_m = triton.next_power_of_2(m) if few else (16 if m <= 16 else (32 if m <= 32 else 64))
+    block_n = _block_n(n_out, silu_mul, few)
+    block_k = (FEW_BLOCK_K_LONG if k >= 4096 else FEW_BLOCK_K) if few else BLOCK_K
     # pipelined stages that fit in shared memory (x tile + one or two W tiles per stage; fp32 tiles are twice bf16's)
-    per_stage = (block_m + block_n * (2 if silu_mul else 1)) * BLOCK_K * (4 if x.dtype == torch.float32 else 2)
+    per_stage = (block_m + block_n * (2 if silu_mul else 1)) * block_k * (4 if x.dtype == torch.float32 else 2)
     stages = max(1, min(NUM_STAGES, SMEM_BUDGET // per_stage))
     grid = (triton.cdiv(n_out, block_n),)
     _fused_linear_kernel[grid](
         x2, w, bias if bias is not None else w, res, norm if norm is not None else w, y, m, n_out, k, eps,
         HAS_NORM=norm is not None, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SILU_MUL=silu_mul,
-        IEEE=x.dtype == torch.float32 or _INTERPRET, DOT=not one_row, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        IEEE=x.dtype == torch.float32 or _INTERPRET, DOT=not few, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NUM_STAGES=stages, num_warps=NUM_WARPS)
     return y.view(*lead, n_out)

@@ -31,10 +31,11 @@ use_triton_interpreter_without_cuda()   # before the kernel is decorated (CPU te
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-MAX_ROWS = 64            # decode and verify shapes; prefill takes the PyTorch path
-BLOCK_K = 512            # launch parameters (module globals: bench/scripts/forward_profile.py sweeps them)
-HALF_BLOCK = 16          # rows of each half of a RoPE pair per program (tl.dot needs >= 16)
-HALF_BLOCK_ONE_ROW = 8   # the same for M = 1, which multiplies on CUDA cores instead of tl.dot
+MAX_ROWS = 8             # decode rows of small batches and verify chains; larger shapes keep the PyTorch path
+# launch parameters (module globals: bench/scripts/forward_profile.py sweeps them); the fastest at M = 1 for the
+# Qwen2.5-1.5B shape on an H200 (forward-profile-qwen1.5b-shape-h200.json)
+BLOCK_K = 1024
+HALF_BLOCK = 8           # rows of each half of a RoPE pair per program
 NUM_STAGES = 3
 NUM_WARPS = 4
 _INTERPRET = triton_interpreted()
@@ -44,8 +45,9 @@ _INTERPRET = triton_interpreted()
 def _qkv_rope_kernel(h_ptr, r_ptr, res_ptr, g_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, wp_ptr,
                      M, Q, K, eps, H, HKV, s_kb, s_kh, s_kc,
                      HAS_BIAS: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
-    """Program p: head p // (D / 2 / HB) (q heads, then k, then v), dims [j HB, (j + 1) HB) and the same + D / 2."""
+                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Program p: head p // (D / 2 / HB) (q heads, then k, then v), dims [j HB, (j + 1) HB) and the same + D / 2.
+    Multiply-add on CUDA cores, one row at a time against the W tile in registers (M <= 8: W is read once)."""
     pid = tl.program_id(0)
     per_head = (D // 2) // HB
     head = pid // per_head
@@ -55,7 +57,7 @@ def _qkv_rope_kernel(h_ptr, r_ptr, res_ptr, g_ptr, w_ptr, b_ptr, cos_ptr, sin_pt
     rm = tl.arange(0, BLOCK_M)
     m_ok = rm < M
     dtype = q_ptr.dtype.element_ty
-    # pass 1: the RMS of each row of h + r (M x K activations, a few KB: they stay in L2 for pass 2)
+    # pass 1: the RMS of each row of h + r (M x K activations, a few KB: they stay in L1 / L2 for pass 2)
     ss = tl.zeros([BLOCK_M], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -68,33 +70,25 @@ def _qkv_rope_kernel(h_ptr, r_ptr, res_ptr, g_ptr, w_ptr, b_ptr, cos_ptr, sin_pt
         xf = x.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
     inv = 1.0 / tl.sqrt(ss / K + eps)
-    # pass 2: stream the two row slices of W
+    # pass 2: stream the two row slices of W once; every row multiplies them
     acc_lo = tl.zeros([BLOCK_M, HB], tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HB], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        msk = m_ok[:, None] & k_ok[None, :]
-        offs = rm[:, None] * K + rk[None, :]
-        x = (tl.load(h_ptr + offs, mask=msk, other=0.0).to(tl.float32)
-             + tl.load(r_ptr + offs, mask=msk, other=0.0).to(tl.float32)).to(dtype)
-        g = tl.load(g_ptr + rk, mask=k_ok, other=0.0)
-        xn = (x.to(tl.float32) * inv[:, None]).to(dtype)
-        xg = (g[None, :].to(tl.float32) * xn.to(tl.float32)).to(dtype)
-        w_lo = tl.load(w_ptr + rows_lo[:, None] * K + rk[None, :], mask=k_ok[None, :], other=0.0)
-        w_hi = tl.load(w_ptr + rows_hi[:, None] * K + rk[None, :], mask=k_ok[None, :], other=0.0)
-        if DOT:
-            if IEEE:   # fp32 operands (fp32 models, and the interpreter, whose bf16 / fp16 dot is wrong)
-                xf = xg.to(tl.float32)
-                acc_lo = tl.dot(xf, tl.trans(w_lo.to(tl.float32)), acc_lo, input_precision="ieee")
-                acc_hi = tl.dot(xf, tl.trans(w_hi.to(tl.float32)), acc_hi, input_precision="ieee")
-            else:
-                acc_lo = tl.dot(xg, tl.trans(w_lo), acc_lo)
-                acc_hi = tl.dot(xg, tl.trans(w_hi), acc_hi)
-        else:          # one row: multiply-add on CUDA cores, half the rows per program, twice the programs
-            xf = xg.to(tl.float32)
-            acc_lo += tl.sum(w_lo.to(tl.float32) * xf, axis=1)[None, :]
-            acc_hi += tl.sum(w_hi.to(tl.float32) * xf, axis=1)[None, :]
+        w_lo = tl.load(w_ptr + rows_lo[:, None] * K + rk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        w_hi = tl.load(w_ptr + rows_hi[:, None] * K + rk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+        for mi in tl.static_range(BLOCK_M):
+            row = tl.minimum(M - 1, mi)    # padding rows (mi >= M) reread the last row; never stored
+            x = (tl.load(h_ptr + row * K + rk, mask=k_ok, other=0.0).to(tl.float32)
+                 + tl.load(r_ptr + row * K + rk, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
+            inv_m = tl.sum(tl.where(rm == mi, inv, 0.0), axis=0)
+            xn = (x.to(tl.float32) * inv_m).to(dtype)
+            xg = (g * xn.to(tl.float32)).to(dtype).to(tl.float32)
+            pick = (rm == mi)[:, None]
+            acc_lo += tl.where(pick, tl.sum(w_lo * xg[None, :], axis=1)[None, :], 0.0)
+            acc_hi += tl.where(pick, tl.sum(w_hi * xg[None, :], axis=1)[None, :], 0.0)
     if HAS_BIAS:
         acc_lo += tl.load(b_ptr + rows_lo).to(tl.float32)[None, :]
         acc_hi += tl.load(b_ptr + rows_hi).to(tl.float32)[None, :]
@@ -150,14 +144,11 @@ def qkv_rope(h: torch.Tensor, r: torch.Tensor, norm: torch.Tensor, w: torch.Tens
     m = b * nq
     res = torch.empty_like(h)
     q = torch.empty((b, heads, nq, head_dim), dtype=h.dtype, device=h.device)
-    one_row = m == 1
-    hb = HALF_BLOCK_ONE_ROW if one_row else HALF_BLOCK
-    block_m = 1 if one_row else (16 if m <= 16 else (32 if m <= 32 else 64))
-    grid = ((heads + 2 * kv_heads) * (head_dim // 2 // hb),)
+    grid = ((heads + 2 * kv_heads) * (head_dim // 2 // HALF_BLOCK),)
     _qkv_rope_kernel[grid](
         h.contiguous(), r.contiguous(), res, norm, w, bias if bias is not None else w,
         cos.reshape(m, head_dim).contiguous(), sin.reshape(m, head_dim).contiguous(), q, k_cache, v_cache,
         write_pos, m, nq, k, eps, heads, kv_heads, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HAS_BIAS=bias is not None, D=head_dim, HB=hb, BLOCK_M=block_m, BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)),
-        NUM_STAGES=NUM_STAGES, DOT=not one_row, IEEE=h.dtype == torch.float32 or _INTERPRET, num_warps=NUM_WARPS)
+        HAS_BIAS=bias is not None, D=head_dim, HB=HALF_BLOCK, BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
     return res, q
