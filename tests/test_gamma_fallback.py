@@ -225,7 +225,7 @@ def test_fallback_steps_run_ahead_on_the_native_step_path(models):
     assert again.sequences == expected[:1]
 
 
-def test_learned_costs_seed_the_next_schedule_and_half_of_alpha():
+def test_learned_costs_and_the_measured_alpha_seed_the_next_schedule():
     first = GammaSchedule("optimal", 3, 8)
     drive(first, alpha=0.9, c=0.05, steps=6)
     state = first.cost_state()
@@ -233,8 +233,13 @@ def test_learned_costs_seed_the_next_schedule_and_half_of_alpha():
     second = GammaSchedule("optimal", 3, 8)
     second.inherit_cost(state)
     assert second.cost_ratio == pytest.approx(first.cost_ratio)
-    # α starts half-way between its prior and the last generation's pooled α, with the prior's weight only
-    assert second.alpha == pytest.approx(0.5 * (0.7 + first.alpha))
+    # α starts at the last generation's pooled α (same decoder: same sampling parameters), with the prior's weight
+    assert second.alpha == pytest.approx(first.alpha) and second.estimator._trials == pytest.approx(3.0)
+    low = GammaSchedule("optimal", 3, 8)
+    drive(low, alpha=0.2, c=0.05, steps=6)
+    after_low = GammaSchedule("optimal", 3, 8)
+    after_low.inherit_cost(low.cost_state())
+    assert after_low.alpha == pytest.approx(low.alpha) and after_low.alpha < 0.5   # not pulled back to the 0.7 prior
     assert second.next() >= 1                                # a cheap draft keeps speculating
 
 
@@ -258,14 +263,25 @@ def _spec_steps(sched, n, wall, tokens, alpha_accepted=1):
 
 def test_measured_rates_decide_the_fallback_and_carry_to_the_next_generation():
     """The optimal schedule times whole steps: a context drafter whose prediction is below explore_below and that
-    has no target-only rate yet falls back to measure one (exploring; a draft model never does); the next generation inherits both rates and falls back before its first step
+    has no target-only rate yet falls back to measure one (exploring; a draft model or head too, after min_steps
+    steps of its own, for the rest of its generation); the next generation inherits both rates and falls back before
+    its first step
     (and asks the decoder to skip the draft's prefill) when speculative tokens/s were lower, but speculates when
     they were higher, whatever Theorem 3.8 predicts."""
     from tilespec.engine.gamma import GammaSchedule
-    for is_model in (True, False):   # whatever the prediction promises, only a context drafter explores
+    for is_model in (True, False):   # a prediction below explore_below is not trusted to keep drafting
         sched = GammaSchedule("optimal", gamma=2, max_gamma=8, explore_below=100.0)
         sched.bind(model=is_model, context=not is_model)
-        assert _spec_steps(sched, 20, 2.5e-3, 3.0, alpha_accepted=2) == is_model
+        assert not _spec_steps(sched, 20, 2.5e-3, 3.0, alpha_accepted=2)
+        assert sched.fallback_after == sched.min_steps + (not is_model) and sched.fallback_speedup > 1.0
+        if is_model:   # explored: not a loss when the measured rates say drafting paid, so the next one drafts
+            for _ in range(6):
+                sched.observe_rate(0, 2.5e-3, 1.0, target_time=2e-3, fallback=True)
+            assert sched.measured()[0] == pytest.approx(3.0)       # 3 tokens per 2.5 ms vs 1
+            nxt = GammaSchedule("optimal", gamma=2, max_gamma=8)
+            nxt.bind(model=True, context=False)
+            nxt.inherit_cost(sched.cost_state())
+            assert not nxt.falls_back_at_start and nxt.next() >= 1
     for spec_wall, expect_fallback in ((5e-3, True), (2.5e-3, False)):   # 2 tokens per step vs 1 per 2 ms
         first = GammaSchedule("optimal", gamma=2, max_gamma=8, explore_below=100.0)
         first.bind(model=False, context=True)       # a context drafter explores (it resumes after a backoff)

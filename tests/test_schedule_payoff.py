@@ -128,6 +128,10 @@ def test_width_cost_fits_a_line_and_request_alphas_forget():
     for q, t in ((1, 1.0), (3, 1.4), (5, 1.8), (3, 1.4)):
         cost.observe(q, t)
     assert cost.at(1) == pytest.approx(1.0) and cost.at(6) == pytest.approx(2.0)
+    jump = WidthCost(decay=1.0)          # q = 1 is measured apart: a cheaper one-token kernel path is not averaged in
+    for q, t in ((2, 1.3), (4, 1.5), (1, 1.0)):
+        jump.observe(q, t)
+    assert jump.at(1) == pytest.approx(1.0) and jump.at(3) == pytest.approx(1.4) and jump.single_known
     alphas = RequestAlphas(weight=2.0, decay=0.5)
     for _ in range(10):
         alphas.observe("a", 0, 3)

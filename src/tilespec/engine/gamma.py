@@ -7,26 +7,19 @@ verify shapes stay uniform):
   * ``constant``: always ``gamma`` (>= 1).
   * ``heuristic`` (HF assisted generation, Wagner §4.1): start at ``gamma`` (5 by default), +2 when every active
     request accepted its whole draft, otherwise -1, never below 1 (capped at ``max_gamma``).
-  * ``optimal``: pick the draft cap with the most expected tokens per *measured* second (:mod:`.payoff`), and stop
-    drafting where nothing pays. Per-request α (decayed MLE, shrunk to the pooled one) and measured costs: draft
-    seconds per forward (a draft model) or per step (a context drafter's host matching), the target forward's
-    seconds as a line in its verify width q = γ + 1 (at B = 8 every row pays q positions, drafted or not), and the
-    host overhead of a drafting step against a fallback target-only step (those run one ahead of the host read).
-    A step drafts with the cap g maximising Σ_i E(α_i, min(k_i, g)) / cost(g) (``select_drafts`` cuts a context
-    drafter's ragged proposals; a row whose α does not pay is outweighed, and a step where no cap beats an
-    undrafted step drafts nothing). Fallback (γ = 0, decoded target-only with run-ahead, ``fallback_after`` /
-    ``fallback_speedup`` record the first): once ``min_steps`` steps are timed, when the predicted speedup is below
-    ``fallback_below``; once both a target-only rate and ``min_steps`` drafting rates are measured (whole-step wall
-    times), when the measured ratio is below it; a context drafter without a target-only rate, when the prediction
-    is below ``explore_below`` (to measure one). After a fallback a context drafter resumes after ``backoff``
-    target-only steps (doubling each time), so a request whose context starts matching later drafts again; a draft
-    model's or head's cache is stale after a fallback, so it stays off for the generation: it falls back only after
-    ``min_steps`` steps of its own and never to explore. Drafting steps of a draft model or head are launched
-    ahead of the host read like target-only ones (:meth:`fixed_gamma`). Costs, rates and the pooled α are
-    inherited by the decoder's next generation of the same batch size (after a draft model's or head's fallback
-    the next 1, then 2, 4, ... generations skip it before it is probed again), which falls back before its first step
-    (``falls_back_at_start``: no draft prefill either) when they say the draft loses.
-Only ``optimal`` ever returns 0.
+  * ``optimal``: pick the draft cap with the most expected tokens per *measured* second (:mod:`.payoff`: per-request
+    α, draft seconds per forward or per context step, the target forward's seconds by verify width with q = 1 kept
+    apart, host overheads), and stop drafting where it loses. Fallback (γ = 0, target-only with run-ahead): with a
+    measured target-only rate, when the measured drafting rate's upper confidence bound is below ``fallback_below``
+    times it (after ``quick_steps`` drafting steps), or the middle of point and bound is (after ``min_steps``)
+    (:mod:`.rates`); without one, when the prediction is below ``fallback_below``, or below ``explore_below`` (to
+    measure one: a prediction that has never seen a target-only step may misprice it). A context drafter resumes
+    after ``backoff`` target-only steps (doubling); a draft model's or head's cache is stale after a fallback, so it
+    stays off for the generation, decided on ``min_steps`` steps of its own; the next 1, 2, 4, ... generations skip
+    it after a loss (an exploring fallback is a loss only if the measured rates say so) before it is probed again
+    with its drafting rate measured afresh. Costs, rates and the pooled α are inherited by the decoder's next
+    generation of the same batch size (same models, machine and sampling parameters), which falls back before its
+    first step when they say the draft loses (:attr:`falls_back_at_start`). Only ``optimal`` ever returns 0.
 """
 from __future__ import annotations
 
@@ -37,10 +30,14 @@ from tilespec import analysis
 from tilespec.analysis import optimal_gamma as _optimal, walltime_improvement
 
 from .estimator import OnlineGammaEstimator
+from .rates import RateMeter, speedup as rate_speedup
 from .schedule import ScheduleHooks, as_schedule  # noqa: F401  (the protocol GammaSchedule implements)
 from .payoff import RequestAlphas, WidthCost, best_cap, best_gamma, chain_gamma, overhead_improvement  # noqa: F401
 
 SCHEDULES = ("constant", "heuristic", "optimal")
+ALPHA_DECAY = 0.98      # per step: the pooled α's memory (about 50 steps)
+AR_RATE_DECAY = 0.99    # per step: the measured target-only rate's memory
+SPEC_RATE_DECAY = 0.97  # per step: the measured drafting rate's memory (about 33 steps: the current rate)
 # The engine's names for Leviathan's Equation 1 and Theorem 3.8 (re-exported by tilespec.engine).
 expected_tokens = analysis.expected_tokens
 expected_speedup = walltime_improvement
@@ -56,20 +53,19 @@ class GammaSchedule(ScheduleHooks):
 
     gamma: the initial / constant value; max_gamma caps adaptive schedules. prior_alpha / prior_weight: pseudo
     counts of the α estimate; default_c: the cost ratio assumed until a step has been timed. ``optimal`` only:
-    fallback_below: the predicted or measured speedup under which the schedule stops drafting (0 disables it);
-    min_steps: timed speculative steps needed before that decision may be taken (a draft model or head, whose
-    fallback is for the rest of the generation: steps of this generation, not inherited ones); explore_below:
-    without a measured target-only rate, the predicted speedup under which a context drafter falls back to measure
-    one (0 never explores; a draft model or head never explores: it could not resume); backoff:
-    target-only steps after a fallback before drafting is tried again (doubling after each fallback), where the
-    decoder allows it (:meth:`bind`: context drafters only, a draft model's cache is stale after a fallback).
+    fallback_below: the speedup under which drafting stops (0 disables it); min_steps / quick_steps: drafting steps
+    before the point estimate / the confidence bound (``z`` standard errors) may stop it (a draft model or head:
+    steps of its own generation); explore_below: without a measured target-only rate, the predicted speedup under
+    which the schedule falls back to measure one (0 never explores); backoff: target-only steps after a fallback
+    before a context drafter drafts again (doubling after each fallback; :meth:`bind`).
     """
 
     wants_step_time = True   # update() takes step_time / requests (the decoder checks: injected ones may not)
 
     def __init__(self, kind: str = "constant", gamma: int = 5, max_gamma: int = 16,
                  prior_alpha: float = 0.7, prior_weight: float = 3.0, default_c: float = 0.2,
-                 fallback_below: float = 1.0, min_steps: int = 4, explore_below: float = 1.3, backoff: int = 16):
+                 fallback_below: float = 1.0, min_steps: int = 4, explore_below: float = 1.3, backoff: int = 16,
+                 quick_steps: int = 3, z: float = 1.645):
         if kind not in SCHEDULES:
             raise ValueError(f"unknown gamma schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
         if not isinstance(gamma, int) or gamma < 1:
@@ -84,22 +80,30 @@ class GammaSchedule(ScheduleHooks):
             raise ValueError(f"min_steps must be an integer >= 1, got {min_steps!r}")
         if not isinstance(backoff, int) or backoff < 1:
             raise ValueError(f"backoff must be an integer >= 1, got {backoff!r}")
+        if not (isinstance(quick_steps, int) and quick_steps >= 2 and z >= 0.0):   # z: also rejects NaN
+            raise ValueError(f"quick_steps must be an integer >= 2 and z >= 0, got {quick_steps!r}, {z!r}")
         self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
         self._current = gamma
-        # pooled α and the draft / target / overhead timings: the analysis module's online estimator without decay
-        self.estimator = OnlineGammaEstimator(gamma_max=self.max_gamma, decay=1.0, alpha0=prior_alpha,
+        # pooled α (what this generation's steps accepted, at the decoder's own sampling parameters; a memory of
+        # about 50 steps, so a drift along a sampled output is followed) and the draft / target / overhead
+        # timings: the analysis module's online estimator
+        self.estimator = OnlineGammaEstimator(gamma_max=self.max_gamma, decay=ALPHA_DECAY, alpha0=prior_alpha,
                                               c0=default_c, prior_weight=prior_weight)
         self.prior_alpha, self.prior_weight = float(prior_alpha), float(prior_weight)
         self.default_c = default_c
         self.fallback_below, self.min_steps = float(fallback_below), min_steps
+        self.quick_steps, self.z = min(quick_steps, min_steps), float(z)
         self.explore_below = float(explore_below)
         self.requests = RequestAlphas()   # per-request α, shrunk to the pooled estimate
         self.width = WidthCost()          # target seconds as a function of the verify width q
         self._ar_overhead = [0.0, 0.0]    # (seconds, steps): host overhead of fallback (run-ahead) target-only steps
         self._context_time = [0.0, 0.0]   # (seconds, steps): a context drafter's host matching per step
-        # whole-step wall seconds and tokens per request: fallback target-only steps (ar) and steps while drafting
-        # (spec: speculative steps and a context drafter's unmatched ones), the latter since the last resume
-        self._rates = {"ar_wall": 0.0, "ar_steps": 0.0, "spec_wall": 0.0, "spec_tokens": 0.0, "spec_steps": 0.0}
+        # whole-step wall seconds and tokens per request (engine/rates.py): fallback target-only steps (ar) and
+        # steps while drafting (spec: speculative steps and a context drafter's unmatched ones; since the last
+        # resume or probe, decayed so the rate is the current one)
+        self.ar_rate, self.spec_rate = RateMeter(AR_RATE_DECAY), RateMeter(SPEC_RATE_DECAY)
+        self._explored = False                         # the fallback was taken to measure a target-only rate
+        self._timed = 0.0                              # timed speculative steps (inherited ones included)
         self._last_kind: Optional[str] = None
         self.context, self.can_resume = False, False   # set by bind()
         self._live: list = []                          # request ids of the last recorded step's live rows
@@ -120,7 +124,7 @@ class GammaSchedule(ScheduleHooks):
 
     _COST_FIELDS = ("_draft_time", "_draft_steps", "_target_time", "_target_calls", "_overhead_time",
                     "_overhead_steps")
-    _RATE_FIELDS = ("ar_wall", "ar_steps", "spec_wall", "spec_tokens", "spec_steps")
+    _RATE_FIELDS = tuple(f"{kind}_{f}" for kind in ("ar", "spec") for f in RateMeter.FIELDS)
     _EXTRA_FIELDS = ("alpha", "ar_overhead_time", "ar_overhead_steps", "context_time", "context_steps",
                      *(f"width_{f}" for f in WidthCost.FIELDS), "width_seen", "probe_left", "probe_span")
 
@@ -128,14 +132,20 @@ class GammaSchedule(ScheduleHooks):
         """The measured timings behind the costs, the measured rates and the pooled α, to seed the next
         generation's schedule of the same decoder and batch size; None before any timed step."""
         est = self.estimator
-        if est.timed_steps <= 0 and self._rates["ar_steps"] <= 0:
+        if est.timed_steps <= 0 and self.ar_rate.steps <= 0:
             return None
         state = {f: getattr(est, f) for f in self._COST_FIELDS}
-        state.update({f"rate_{k}": v for k, v in self._rates.items()})
+        state.update(self.ar_rate.state("rate_ar"), **self.spec_rate.state("rate_spec"))
         left, span = self._probe      # a draft model or head that lost skips 1, 2, 4, ... generations, then probes
         if self.steps > 0:
-            span = (min(2 * span, 64) if span else 1) if self.fallback_after is not None else 0
+            lost = self.fallback_after is not None
+            if lost and self._explored:      # fell back to measure target-only: a loss only if the rates say so
+                measured = self.measured()
+                lost = measured is not None and measured[0] < self.fallback_below
+            span = (min(2 * span, 64) if span else 1) if lost else 0
             left = span
+        elif self.fallback_after == 0 and span == 0 and not self.context:
+            span, left = 1.0, 0.0     # skipped on measured rates alone: counts as a loss, the next one probes
         else:
             left = max(left - 1, 0)
         state.update(self.width.state(), alpha=self.estimator.alpha, ar_overhead_time=self._ar_overhead[0],
@@ -145,8 +155,8 @@ class GammaSchedule(ScheduleHooks):
 
     def inherit_cost(self, state: Optional[dict]) -> None:
         """Start from an earlier generation's measured costs and rates (they belong to the models and the machine,
-        not to the prompt). α starts half-way between its prior and the earlier pooled α, with the prior's weight:
-        a draft that accepted nothing is not probed again at full hope, one that paid starts speculating at once."""
+        not to the prompt). α starts at the earlier pooled α (same decoder, so same sampling parameters: a greedy
+        prior promises too much at T = 1) with the prior's weight. A probe after a loss measures drafting afresh."""
         if state is None:
             return
         rate_keys = tuple(f"rate_{k}" for k in self._RATE_FIELDS)
@@ -159,15 +169,18 @@ class GammaSchedule(ScheduleHooks):
             raise ValueError(f"cost state values must be finite and >= 0, got {state!r}")
         for f in self._COST_FIELDS:
             setattr(self.estimator, f, values[f])
-        for k in self._RATE_FIELDS:
-            self._rates[k] = values.get(f"rate_{k}", 0.0)
+        self._timed = values["_target_calls"]
+        self.ar_rate.load("rate_ar", values)
+        self.spec_rate.load("rate_spec", values)
         self.width.load(values)
         self._ar_overhead = [values.get("ar_overhead_time", 0.0), values.get("ar_overhead_steps", 0.0)]
         self._context_time = [values.get("context_time", 0.0), values.get("context_steps", 0.0)]
         self._probe = [values.get("probe_left", 0.0), values.get("probe_span", 0.0)]
+        if self._probe[1] > 0 and self._probe[0] <= 0:
+            self.spec_rate.reset()
         if "alpha" in values:
-            centre = 0.5 * (self.prior_alpha + min(values["alpha"], 1.0))
-            self.estimator._accepted, self.estimator._trials = centre * self.prior_weight, self.prior_weight
+            self.estimator._accepted = min(values["alpha"], 1.0) * self.prior_weight
+            self.estimator._trials = self.prior_weight
 
     # ---------------------------------------------------------------------------------------------- costs (seconds)
     def _costs(self) -> tuple:
@@ -202,22 +215,26 @@ class GammaSchedule(ScheduleHooks):
         first, self._last_kind = self._last_kind != kind, kind
         if first or not (math.isfinite(wall) and wall > 0.0):
             return
-        r = self._rates
-        r[f"{kind}_wall"] += wall
-        r[f"{kind}_steps"] += 1.0
         if kind == "spec":
-            r["spec_tokens"] += tokens_per_request
-        elif target_time is not None and target_time > 0:
+            self.spec_rate.observe(wall, tokens_per_request)
+            return
+        self.ar_rate.observe(wall, 1.0)
+        if target_time is not None and target_time > 0:
             self._ar_overhead[0] += max(wall - target_time, 0.0)
             self._ar_overhead[1] += 1.0
 
-    def measured_speedup(self) -> Optional[float]:
-        """Tokens per second while drafting over target-only tokens per second (per request), from whole-step wall
-        times; None until there are >= 2 target-only and ``min_steps`` drafting steps."""
-        r = self._rates
-        if r["ar_steps"] < 2 or r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or r["ar_wall"] <= 0:
+    def measured(self) -> Optional[tuple]:
+        """(point, upper): measured tokens per second while drafting over target-only tokens per second (per
+        request, whole-step wall times) and its one-sided upper confidence bound (``z`` standard errors,
+        engine/rates.py); None until >= 2 target-only and ``quick_steps`` drafting steps are counted."""
+        if self.ar_rate.steps < 2 or self.spec_rate.steps < self.quick_steps:
             return None
-        return (r["spec_tokens"] / r["spec_wall"]) / (r["ar_steps"] / r["ar_wall"])
+        return rate_speedup(self.spec_rate, self.ar_rate, self.z)
+
+    def measured_speedup(self) -> Optional[float]:
+        """The point estimate of :meth:`measured` once ``min_steps`` drafting steps are counted, else None."""
+        m = self.measured()
+        return m[0] if m is not None and self.spec_rate.steps >= self.min_steps else None
 
     def _predicted(self) -> tuple[int, Optional[float]]:
         """(γ, predicted speedup or None when the estimates may not decide yet)."""
@@ -226,26 +243,34 @@ class GammaSchedule(ScheduleHooks):
         if not self.width.known:   # nothing timed yet: a one-token probe, whatever the prior α promises
             g = min(g, 1)
         if self.context:   # drafting throughput as measured (matches come and go) against the modelled target-only
-            r = self._rates
-            if r["spec_steps"] < self.min_steps or r["spec_wall"] <= 0 or not self.width.known:
+            rate = self.spec_rate.rate()
+            if self.spec_rate.steps < self.min_steps or rate is None or not self.width.known:
                 return g, None
-            return g, (r["spec_tokens"] / r["spec_wall"]) * ar_cost
-        return g, (model if self.estimator.timed_steps >= self.min_steps else None)
+            return g, rate * ar_cost
+        return g, (model if self._timed >= self.min_steps else None)
 
-    def _decision(self) -> tuple[int, Optional[float]]:
-        """(γ, speedup) where speedup is set when drafting should stop now."""
+    def _decision(self) -> tuple[int, Optional[float], bool]:
+        """(γ, speedup, explore): speedup set when drafting should stop now (explore: to measure a target-only
+        rate). Measured rates decide once there is a target-only rate: the upper confidence bound below
+        ``fallback_below`` after ``quick_steps`` drafting steps, or the middle of point and bound after ``min_steps``
+        (a draft model or head counts steps of its own generation)."""
         g, predicted = self._predicted()
-        if not (self.can_resume or self.steps >= self.min_steps):
-            return g, None      # a draft model or head falls back for good: only after min_steps steps of its own
-        measured = self.measured_speedup()
+        own = self.steps
+        if not self.can_resume and own < self.quick_steps:
+            return g, None, False
+        measured = self.measured()
         if measured is not None:
-            return g, (measured if measured < self.fallback_below else None)
-        if predicted is None:
-            return g, None
-        explore = self.can_resume and self.fallback_below > 0 and self._rates["ar_steps"] == 0
-        if predicted < self.fallback_below or (explore and predicted < self.explore_below):
-            return g, predicted
-        return g, None
+            point, upper = measured
+            settled = self.spec_rate.steps >= self.min_steps and (self.can_resume or own >= self.min_steps)
+            stop = upper < self.fallback_below or (settled and 0.5 * (point + upper) < self.fallback_below)
+            return g, (point if stop else None), False
+        if predicted is None or not (self.can_resume or own >= self.min_steps):
+            return g, None, False
+        if predicted < self.fallback_below:
+            return g, predicted, False
+        if self.fallback_below > 0 and self.ar_rate.steps < 2 and predicted < self.explore_below:
+            return g, predicted, True
+        return g, None, False
 
     @property
     def falls_back_at_start(self) -> bool:
@@ -273,7 +298,8 @@ class GammaSchedule(ScheduleHooks):
     def cost_ratio(self) -> float:
         return self.estimator.c
 
-    def _fall_back(self, speedup: float) -> int:
+    def _fall_back(self, speedup: float, explore: bool = False) -> int:
+        self._explored = explore
         if self.fallback_after is None:
             self.fallback_after, self.fallback_speedup = self.steps, speedup
         self._fallen, self.fallbacks, self._current = True, self.fallbacks + 1, 0
@@ -283,8 +309,7 @@ class GammaSchedule(ScheduleHooks):
     def _resume(self) -> None:
         """Draft again: the drafting rates start afresh and per-request α drifts most of the way to the pool."""
         self._fallen, self.resumes = False, self.resumes + 1
-        for k in ("spec_wall", "spec_tokens", "spec_steps"):
-            self._rates[k] = 0.0
+        self.spec_rate.reset()
         self.requests.counts = {r: (a * 0.25, t * 0.25) for r, (a, t) in self.requests.counts.items()}
 
     def next(self) -> int:
@@ -304,8 +329,8 @@ class GammaSchedule(ScheduleHooks):
             measured = self.measured_speedup()
             return self._fall_back(measured if measured is not None else (self._predicted()[1] or 0.0))
         self._first = False
-        self._current, stop = self._decision()
-        return self._fall_back(stop) if stop is not None else self._current
+        self._current, stop, explore = self._decision()
+        return self._fall_back(stop, explore) if stop is not None else self._current
 
     def select_drafts(self, drafts: list, requests: list) -> Optional[list]:
         """A context drafter's proposals for this step (per batch position; ``requests[i]`` the request id of a live
@@ -323,19 +348,16 @@ class GammaSchedule(ScheduleHooks):
     def fixed_gamma(self) -> Optional[int]:
         """γ of the next step, decided before the step in flight is read, or None (the decoder then waits for the
         read). The decoder launches such a step ahead of the read (docs/engine.md). ``constant``: always γ.
-        ``optimal`` while a draft model or head drafts (not a context drafter, whose drafts need the host): the
-        decision from the steps recorded so far, one step older than after the read (exact all the same: γ never
-        depends on the random numbers the step then consumes), pinned for the next :meth:`next`; None before the
-        first recorded step and where that decision is to stop drafting (the fallback is taken after the read).
-        Without run-ahead every drafting step of ``optimal`` paid the host's read-and-launch gap that target-only
-        steps hide (bench/results/e2e-whisper-base-distilled-h200.json: at B = 1, T = 0 whisper-base's distilled
-        draft fell back on every step where a constant γ = 3 ran 1.46× target-only)."""
+        ``optimal`` while a draft model or head drafts (a context drafter's drafts need the host): the decision
+        from the steps recorded so far, one step older (exact all the same: γ never depends on the random numbers
+        the step consumes), pinned for the next :meth:`next`; None before the first recorded step and where that
+        decision is to stop drafting (the fallback is taken after the read)."""
         if self.kind == "constant":
             return self.gamma
         if self.kind != "optimal" or self.context or self._fallen or self.steps < 1:
             return None
         if self._pinned is None:
-            g, stop = self._decision()
+            g, stop, _ = self._decision()
             if stop is not None or g < 1:
                 return None
             self._pinned = g
@@ -349,9 +371,7 @@ class GammaSchedule(ScheduleHooks):
         draft_time / target_time: seconds spent in the draft phase / the one target forward; a step counts towards
         ``min_steps`` only when both are positive. step_time: the step's wall seconds (host work included), for the
         overhead term. requests / drafted (optional, same length as num_accepted): each row's request id and draft
-        length (default γ; rows that drafted 0 add nothing to α), for per-request α. Target-only steps (γ = 0) must
-        not be recorded.
-        """
+        length (default γ; rows that drafted 0 add nothing to α), for per-request α. Not for target-only steps."""
         if gamma < 1:
             raise ValueError(f"update() records speculative steps (gamma >= 1), got gamma={gamma}")
         if not num_accepted:
@@ -361,6 +381,7 @@ class GammaSchedule(ScheduleHooks):
             raise ValueError("requests / drafted must have one entry per row of num_accepted")
         self.steps += 1
         timed = draft_time > 0 and target_time > 0
+        self._timed += timed
         self.estimator.observe(list(num_accepted), ks, draft_time if timed else None,
                                target_time if timed else None, step_time if timed else None)
         if timed:

@@ -32,34 +32,50 @@ DEFAULT_SLOPE = 0.03    # prior extra cost of one more verify position, as a fra
 
 
 class WidthCost:
-    """Decayed least-squares line t(q) = a + b·q through (verify width q, target seconds) observations.
+    """The target forward's seconds as a function of its verify width q: q = 1 (a target-only step) kept apart, and a
+    decayed least-squares line t(q) = a + b·q through the observations at q >= 2.
 
-    With fewer than two distinct widths seen, the slope is ``DEFAULT_SLOPE``·t(observed); before any observation
-    :attr:`known` is False and :meth:`at` returns ``q``-proportional unit costs (1 + DEFAULT_SLOPE·(q - 1))."""
+    q = 1 is not a point on the line: on the GPU a one-token forward takes other kernels (attention's q = 1 path,
+    engine/native/attention.py), so the line through drafting widths, extrapolated to q = 1, prices target-only
+    decoding wrongly (by about the step from q = 1 to q = 2). Until q = 1 is observed :meth:`at` extrapolates all the
+    same (the schedule then measures a target-only rate before trusting it, gamma.py). With fewer than two distinct
+    widths >= 2 seen, the slope is ``DEFAULT_SLOPE``·t(observed); before any observation :attr:`known` is False and
+    :meth:`at` returns ``q``-proportional unit costs (1 + DEFAULT_SLOPE·(q - 1))."""
 
-    FIELDS = ("n", "sq", "sqq", "st", "sqt")
+    FIELDS = ("n", "sq", "sqq", "st", "sqt", "n1", "st1")
 
     def __init__(self, decay: float = 0.98):
         self.decay = decay
-        self.n = self.sq = self.sqq = self.st = self.sqt = 0.0
+        self.n = self.sq = self.sqq = self.st = self.sqt = self.n1 = self.st1 = 0.0
         self._widths: set = set()
 
     def observe(self, q: int, seconds: float) -> None:
         if not (q >= 1 and math.isfinite(seconds) and seconds > 0.0):
             return
         d = self.decay
+        if q == 1:
+            self.n1, self.st1 = d * self.n1 + 1.0, d * self.st1 + seconds
+            return
         self.n, self.sq, self.sqq = d * self.n + 1.0, d * self.sq + q, d * self.sqq + q * q
         self.st, self.sqt = d * self.st + seconds, d * self.sqt + q * seconds
         self._widths.add(int(q))
 
     @property
     def known(self) -> bool:
-        return self.n > 0.0
+        return self.n > 0.0 or self.n1 > 0.0
+
+    @property
+    def single_known(self) -> bool:
+        """Whether t(1) is measured (a target-only forward was timed), not extrapolated."""
+        return self.n1 > 0.0
 
     def at(self, q: int) -> float:
         """Predicted seconds of a target forward over q positions (> 0)."""
-        if not self.known:
-            return 1.0 + DEFAULT_SLOPE * (q - 1)
+        if q <= 1 and self.n1 > 0.0:
+            return self.st1 / self.n1
+        if self.n <= 0.0:
+            base = self.st1 / self.n1 if self.n1 > 0.0 else 1.0
+            return base * (1.0 + DEFAULT_SLOPE * (q - 1))
         mean_q, mean_t = self.sq / self.n, self.st / self.n
         var = self.sqq / self.n - mean_q * mean_q
         if len(self._widths) >= 2 and var > 1e-9:
@@ -77,7 +93,7 @@ class WidthCost:
         for f in self.FIELDS:
             setattr(self, f, float(state.get(f"width_{f}", 0.0)))
         # the distinct widths are not kept, only how many there were: enough to trust the fitted slope again
-        self._widths = set(range(1, 1 + int(state.get("width_seen", 0.0))))
+        self._widths = set(range(2, 2 + int(state.get("width_seen", 0.0))))
 
 
 class RequestAlphas:
