@@ -84,8 +84,8 @@ def test_qkv_rope_bf16_within_rounding(b, q):
         assert (got.float() - want.float()).abs().max() <= 2 * 2 ** -7 * want.float().abs().max()
 
 
-def test_fused_layer_equals_the_pytorch_layer_fp32():
-    b, q = 2, 3
+@pytest.mark.parametrize("b,q", [(1, 1), (2, 3)])
+def test_fused_layer_equals_the_pytorch_layer_fp32(b, q):
     h, r, norm, w, bvec, cos, sin, (kc, vc) = _inputs(b, q, torch.float32, seed=5)
     g = torch.Generator().manual_seed(6)
     o = (torch.randn(DM, H * D, generator=g) / (H * D) ** 0.5).to(DEV)
@@ -100,7 +100,7 @@ def test_fused_layer_equals_the_pytorch_layer_fp32():
     args = (cos, sin, mask, torch.tensor(7, device=DEV))
     weights = (norm, w, bvec, o, ln2, gate_up, down)
     kw = dict(heads=H, kv_heads=HKV, head_dim=D, eps=1e-6)
-    assert fused_layer.can_run(h, w, gate_up, kc, vc, D)
+    assert fused_layer.can_run(h, w, gate_up, kc, vc, D) == (b * q <= fused_layer.ROWS)
     out, res = fused_layer.fused_decoder_layer(h, r, *args, kc, vc, *weights, **kw)
     out_ref, res_ref = decoder_layer(h, r, *args, kref, vref, *weights, **kw)
     torch.testing.assert_close(res, res_ref, rtol=1e-5, atol=1e-5)
@@ -125,8 +125,13 @@ def test_native_forward_with_the_fused_layer(family):
         mask[..., 1, 7] = True
         steps = [rn.forward(torch.tensor([[42, 7]], device=DEV), torch.tensor([[6, 7]], device=DEV), mask, 6)
                  for rn in (plain, fused)]
+        mask = torch.zeros(1, 1, 1, 16, dtype=torch.bool, device=DEV)
+        mask[..., :9] = True
+        steps += [rn.forward(torch.tensor([[13]], device=DEV), torch.tensor([[8]], device=DEV), mask, 8)
+                  for rn in (plain, fused)]      # one row: the fused layer
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(steps[1], steps[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(steps[3], steps[2], atol=1e-4, rtol=1e-4)
     for (k0, v0), (k1, v1) in zip(plain.caches, fused.caches):
         torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-5)

@@ -9,7 +9,7 @@ compiled layer, so launching from Python costs nothing at replay.
 
 Same contract and residual-pair convention as :func:`llama.decoder_layer` (see there for shapes); rounding as
 documented in qkv_rope.py and linear.py (equal to the PyTorch layer up to the GEMMs' summation order and the MLP
-norm's rounding point). Only for rows <= the kernels' MAX_ROWS and no tensor parallelism: :func:`can_run`.
+norm's rounding point). Only for ROWS rows and no tensor parallelism: :func:`can_run`.
 """
 from __future__ import annotations
 
@@ -21,11 +21,17 @@ from .attention import decode_attention_bqhd
 from .attention import preferred as attention_preferred
 
 
+# rows (B x q) the fused layer takes: one, a single request's decode step. At 5 and 8 rows its row-by-row
+# multiply-add ran 3-5x slower than cuBLAS (bench/results/forward-profile-qwen1.5b-shape-h200.json, ``sweep``), so
+# batches and verify chains keep the compiled layer
+ROWS = 1
+
+
 def can_run(h: torch.Tensor, qkv: torch.Tensor, gate_up: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             head_dim: int) -> bool:
     """True when every kernel of :func:`fused_decoder_layer` runs for these shapes (else keep the compiled layer)."""
-    return (qkv_rope.can_run(h, qkv, k_cache, v_cache, head_dim) and linear.can_run(h, gate_up)
-            and h.numel() // h.shape[-1] <= min(qkv_rope.MAX_ROWS, linear.MAX_ROWS))
+    return (h.numel() // h.shape[-1] <= ROWS and qkv_rope.can_run(h, qkv, k_cache, v_cache, head_dim)
+            and linear.can_run(h, gate_up))
 
 
 def fused_decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,

@@ -43,8 +43,9 @@ NUM_WARPS = 4
 BLOCK_N_SMALL = 16       # output columns per program below 8,192 columns (q/k/v, o, down: more programs)
 BLOCK_N_LARGE = 32       # from 8,192 columns, and for the gate/up pair
 # up to FEW_ROWS rows: CUDA-core multiply-add (no 16-row tl.dot minimum: small BLOCK_N, more programs); the
-# fastest at M = 1 for the Qwen2.5-1.5B shapes on an H200 (forward-profile-qwen1.5b-shape-h200.json)
-FEW_ROWS = 8
+# fastest at M = 1 for the Qwen2.5-1.5B shapes on an H200 (forward-profile-qwen1.5b-shape-h200.json). One row only:
+# at M = 5 and 8 the row-by-row products ran 3-5x slower than cuBLAS (the same file's sweep), so those take tl.dot
+FEW_ROWS = 1
 FEW_BLOCK_N = 4          # o, down (and q/k/v through the "qkv" part)
 FEW_BLOCK_N_LARGE = 8    # gate/up
 FEW_BLOCK_K = 512

@@ -31,7 +31,7 @@ use_triton_interpreter_without_cuda()   # before the kernel is decorated (CPU te
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-MAX_ROWS = 8             # decode rows of small batches and verify chains; larger shapes keep the PyTorch path
+MAX_ROWS = 8             # rows the kernel takes (the fused layer uses it at one row: fused_layer.ROWS)
 # launch parameters (module globals: bench/scripts/forward_profile.py sweeps them); the fastest at M = 1 for the
 # Qwen2.5-1.5B shape on an H200 (forward-profile-qwen1.5b-shape-h200.json)
 BLOCK_K = 1024

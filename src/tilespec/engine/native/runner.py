@@ -35,8 +35,10 @@ NATIVE_MODES = ("native", "native-graphs")
 # parts of a Llama-family layer that run tilespec's decode-shape Triton kernels under "native-graphs"
 # (llama.decoder_layer's ``kernels``; env TILESPEC_NATIVE_KERNELS overrides, "" = none). "attn": the split-KV
 # attention in the shapes where it measures faster than cuDNN (attention.preferred: verify chains, large caches);
-# "compact": a token tree's accepted K/V moved in every layer's buffers with one launch (native/slot_moves.py)
-DEFAULT_KERNELS = "attn,compact"
+# "compact": a token tree's accepted K/V moved in every layer's buffers with one launch (native/slot_moves.py);
+# "layer": a one-row step's layers as tilespec's kernels only (fused_layer.py: 1.51 against 1.77 ms for the
+# Qwen2.5-1.5B shape on an H200, bench/results/forward-profile-qwen1.5b-shape-h200.json)
+DEFAULT_KERNELS = "layer,attn,compact"
 
 
 def active_kernel_parts() -> tuple:
