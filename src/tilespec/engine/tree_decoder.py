@@ -1,5 +1,6 @@
 """``TreeDecoder``: :class:`~tilespec.engine.SpeculativeDecoder` verifying a token tree per step, with the tree
-defaults (a head's (8, 6, 32) dynamic tree, the native runtime).
+defaults (a head's dynamic tree shaped from its per-depth acceptance at the sampling temperature, else (8, 6, 32);
+the native runtime).
 
 There is one decode loop: trees run through the same step body as chains (engine/step.py ``verify_phase``: tree mask
 and positions, exact selection by ``select_tree``, the accepted path's K/V compacted to the next slots) and, for
@@ -25,14 +26,15 @@ class TreeDecoder(SpeculativeDecoder):
     Args:
         draft: "head" (the target's trained head), a head folder or a HeadDrafter; "ngram" (several matches of the
             context as branches, tree=(matches, length, nodes)); or a draft model (chains=(K, L)).
-        tree: (branch, depth, nodes) of the dynamic tree, nodes <= 64 including the root; chains: (K, L) K sampled
+        tree: (branch, depth, nodes) of the dynamic tree, nodes <= 64 including the root, or "auto" (the default:
+            drafters/tree_choice.py, from the head's ``alpha_by_temperature``; (8, 6, 32) without it); chains: (K, L) K sampled
             chains of L tokens instead (then ``scheme`` selects: specinfer, spectr, is, ...).
         sampling: the target's SamplingParams; draft_sampling: the chains' draft law (default: sampling).
         compile: False / "eager", "native" or "native-graphs" / True ("native" on CPU).
         Other arguments as for :class:`SpeculativeDecoder`.
     """
 
-    def __init__(self, target, draft="head", *, tree: Optional[Sequence[int]] = (8, 6, 32),
+    def __init__(self, target, draft="head", *, tree: Optional[Sequence[int] | str] = "auto",
                  chains: Optional[Sequence[int]] = None, scheme: str = "specinfer",
                  sampling: SamplingParams = SamplingParams(), draft_sampling: Optional[SamplingParams] = None,
                  compile: bool | str = True, **options):

@@ -5,7 +5,8 @@ drafter's runner then proposes a tree :class:`~.contract.Proposal` (``tree`` set
 (engine/step.py ``verify_phase``: tree mask and positions, ``select_tree``, compaction of the accepted path). Which
 drafters propose trees:
   * a draft head (``draft="head"``, a head folder, a HeadDrafter; drafters/head_tree.py): ``tree=(branch, depth,
-    nodes)`` an EAGLE-2-style dynamic tree (deterministic drafts, captured whole on native-graphs), or
+    nodes)`` an EAGLE-2-style dynamic tree (deterministic drafts, captured whole on native-graphs; ``tree="auto"``:
+    the shape chosen from the head's per-depth acceptance at the sampling temperature, drafters/tree_choice.py), or
     ``chains=(K, L)`` K chains sampled from the head (the multi-draft schemes of Khisti et al. 2024, ``scheme``);
   * a context drafter without a model (``draft="ngram"``; drafters/context_tree.py): ``tree=(matches, length,
     nodes)``, several matches of the context merged into a trie;
@@ -49,13 +50,21 @@ def no_trees(drafter):
 class TreeShape:
     """``tree`` (branch or matches, depth, nodes) or ``chains`` (K, L); ``scheme``: the multi-draft scheme of sampled
     chains (specinfer, spectr, is, ...); ``draft_sampling``: the chains' draft law (None: the target's sampling);
-    ``sampler``: the selection's categorical draw, 'cdf' or 'gumbel'."""
+    ``sampler``: the selection's categorical draw, 'cdf' or 'gumbel'; ``auto``: the tree's shape is chosen when its
+    drafter is made (:func:`tree_drafter`, :meth:`resolve`), ``tree`` is None until then."""
 
     tree: Optional[tuple] = None
     chains: Optional[tuple] = None
     scheme: str = "specinfer"
     draft_sampling: Optional[SamplingParams] = None
     sampler: str = "cdf"
+    auto: bool = False
+
+    def resolve(self, tree: tuple) -> None:
+        """Fix an ``auto`` shape's (branch, depth, nodes), once (the decoder reads the depth of this object)."""
+        if not self.auto or self.tree is not None:
+            raise ValueError("only an unresolved tree='auto' shape is resolved")
+        object.__setattr__(self, "tree", tuple(int(x) for x in tree))
 
     @property
     def depth(self) -> int:
@@ -82,7 +91,7 @@ def tree_shape(tree: Optional[Sequence[int]], chains: Optional[Sequence[int]], s
     """Validate and build a :class:`TreeShape` (ValueError on bad settings)."""
     from tilespec.multidraft.schemes import parse_scheme
     if (tree is None) == (chains is None):
-        raise ValueError("give one of tree=(branch, depth, nodes) and chains=(K, L)")
+        raise ValueError("give one of tree=(branch, depth, nodes) / tree='auto' and chains=(K, L)")
     if sampler not in ("cdf", "gumbel"):
         raise ValueError(f"sampler must be 'cdf' or 'gumbel', got {sampler!r}")
     if draft_sampling is not None and not isinstance(draft_sampling, SamplingParams):
@@ -93,6 +102,10 @@ def tree_shape(tree: Optional[Sequence[int]], chains: Optional[Sequence[int]], s
             raise ValueError(f"chains=(K, L) needs K, L >= 1 and 1 + K L <= {MAX_NODES} nodes, got {tuple(chains)}")
         parse_scheme(scheme)                     # an unknown scheme fails here
         return TreeShape(chains=(k, length), scheme=scheme, draft_sampling=draft_sampling, sampler=sampler)
+    if isinstance(tree, str):
+        if tree != "auto":
+            raise ValueError(f"tree must be (branch, depth, nodes) or 'auto', got {tree!r}")
+        return TreeShape(scheme=scheme, draft_sampling=draft_sampling, sampler=sampler, auto=True)
     branch, depth, nodes = (int(x) for x in tree)
     if branch < 1 or depth < 1 or not 2 <= nodes <= MAX_NODES:
         raise ValueError(f"tree=(branch, depth, nodes) needs branch, depth >= 1 and 2 <= nodes <= {MAX_NODES}, "
@@ -113,6 +126,11 @@ def tree_drafter(drafter, shape: TreeShape, sampling: SamplingParams, gamma_sche
     factory = next((_TREE_FORMS[c] for c in type(drafter).__mro__ if c in _TREE_FORMS), None)
     if factory is None:
         raise no_trees(drafter)
+    if shape.auto and shape.tree is None:
+        from .tree_choice import DEFAULT_TREE, head_tree_shape
+        manifest = getattr(getattr(drafter, "head", None), "manifest", None)
+        temperature = float(torch.as_tensor(sampling.temperature, dtype=torch.float64).mean())
+        shape.resolve(head_tree_shape(manifest, temperature) if manifest is not None else DEFAULT_TREE)
     return factory(drafter, shape)
 
 
