@@ -9,7 +9,8 @@ For each ``kernels`` setting (TILESPEC_NATIVE_KERNELS; ";" separates settings; t
 2. ``profiles``: one q = 1 decode forward and one q = 5 verify forward (B = 1), kernel by kernel in launch order:
    duration, the gap before it, its role (qkv / o / gate_up / down / lm_head from the GEMM order, attention, other),
    the bytes its role must move (weights; K/V for attention) and the bandwidth that gives; plus totals per role;
-3. ``head_step``: a decoding step with a random draft head (γ 4; per-kernel totals by name, busy / idle time), the
+3. ``decoder_step``: a target-only decoding step (B = 1): wall ms, GPU busy / idle, host functions; ``head_step``:
+   a decoding step with a random draft head (γ 4; per-kernel totals by name, busy / idle time), the
    step cost profile of step_cost_profile.py;
 4. ``engine``: target-only tok/s at B = 1 and 8 (``--tokens`` new tokens, EOS ignored).
 ``--sweep`` times each M = 1 projection kernel over its launch globals against cuBLAS (CUDA-graph replay).
@@ -141,6 +142,17 @@ def profile_forward(model, kernels: str, q: int, context: int, capacity: int) ->
           flush=True)
     return dict(kernels=kernels, q=q, context=context, n_kernels=len(rows), busy_us=total_us, gaps_us=gap_us,
                 replay_us=span_ms * 1e3, weight_bytes=weight_bytes, by_role=by_role, rows=rows)
+
+
+def decoder_step(model, kernels: str, tokens: int) -> dict:
+    """Target-only decoding (B = 1, SpeculativeDecoder): wall ms per step and the GPU's busy / idle time per step."""
+    from tilespec import settings
+    from step_cost_profile import decoder_run, measure
+    settings.configure(native_kernels=kernels)
+    once, steps_of = decoder_run(model, None, list(range(100, 164)), tokens)
+    res = measure(f"target-only[{kernels or 'none'}]", once, steps_of)
+    res["host_top"] = res.get("host_top", [])[:15]
+    return res
 
 
 def head_step(model, kernels: str, tokens: int) -> dict:
@@ -275,6 +287,9 @@ def main() -> None:
             save()
         if "profiles" in parts:
             entry["profiles"] = [profile_forward(model, kernels, q, args.context, args.capacity) for q in (1, 5)]
+            save()
+        if "decoder" in parts:
+            entry["decoder_step"] = decoder_step(model, kernels, args.tokens)
             save()
         if "head" in parts:
             entry["head_step"] = head_step(model, kernels, args.tokens)
