@@ -144,3 +144,61 @@ def test_shapes_the_kernels_do_not_take_fall_back():
     assert not qkv_rope.can_run(h, w, kc, kc, D)
     assert not qkv_rope.can_run(h[:, :1], w, kc, kc, 12)   # head dim not a power of two
     assert not qkv_rope.can_run(h[:, :1], w.half(), kc, kc, D)   # dtype mismatch
+
+
+def test_shared_runners_are_kept_apart_per_kernel_setting():
+    from tilespec import settings
+    from tilespec.engine.leases import release_compiled, shared_runner
+    from transformers import Qwen2ForCausalLM
+    model = Qwen2ForCausalLM(tiny_config("qwen2", vocab=96, layers=1, hidden=128)).eval()
+    try:
+        settings.configure(native_kernels="attn")
+        first = shared_runner(model, "target", 16, 1, "native")
+        settings.configure(native_kernels="layer,attn")
+        other = shared_runner(model, "target", 16, 1, "native")
+        settings.configure(native_kernels="attn")
+        again = shared_runner(model, "target", 16, 1, "native")
+    finally:
+        settings.configure()
+        release_compiled()
+    assert other is not first and again is first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or linear._INTERPRET, reason="needs CUDA (pytest -m gpu)")
+def test_fused_kernels_on_cuda():
+    """The CPU tier's checks on CUDA tensors (compiled kernels instead of the interpreter)."""
+    for b, q in ((1, 1), (1, 5), (2, 4)):
+        test_qkv_rope_matches_pytorch_fp32(b, q, True)
+        test_qkv_rope_bf16_within_rounding(b, q)
+    test_fused_layer_equals_the_pytorch_layer_fp32(1, 1)
+    test_native_forward_with_the_fused_layer("qwen2")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or linear._INTERPRET, reason="needs CUDA (pytest -m gpu)")
+def test_fused_layer_graphs_greedy_equal_bf16():
+    """bf16 native-graphs decoding with and without the fused layer: the same greedy tokens (a random model whose
+    LM head is sharpened, so the top two logits are far apart) and logits within bf16 rounding."""
+    from transformers import Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = tiny_config("qwen2", vocab=512, layers=3, hidden=256)
+    model = Qwen2ForCausalLM(cfg).eval().to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)
+    ids = torch.randint(0, 512, (1, 12), device="cuda")
+    runs = []
+    with torch.inference_mode():
+        for kernels in ("", "layer"):
+            rn = NativeRunner(model, 64, mode="native-graphs", kernels=kernels)
+            pmask = prefill_mask(torch.ones(1, 12, dtype=torch.bool, device="cuda"), 64)
+            logits = [rn.forward(ids, torch.arange(12, device="cuda")[None], pmask, 0, compiled=False)[:, -1]]
+            tok = logits[-1].argmax(-1, keepdim=True)
+            for step in range(12, 28):
+                mask = torch.zeros(1, 1, 1, 64, dtype=torch.bool, device="cuda")
+                mask[..., :step + 1] = True
+                logits.append(rn.forward(tok, torch.tensor([[step]], device="cuda"), mask, step)[:, -1])
+                tok = logits[-1].argmax(-1, keepdim=True)
+            runs.append(torch.cat(logits))
+    assert torch.equal(runs[0].argmax(-1), runs[1].argmax(-1))
+    assert (runs[0] - runs[1]).abs().max() <= 0.05 * runs[0].abs().max()

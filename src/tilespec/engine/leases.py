@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import weakref
 
+from tilespec import settings
+
 from .native import NativeRunner
 from .runner import is_encoder_decoder, make_runner
 
 _LEASES: dict = {}   # id(shared runner) -> weakref to the Generation decoding with it
-_COMPILED_RUNNERS: dict = {}   # (id(model), role, capacity, batch, compile) -> shared runner
+_COMPILED_RUNNERS: dict = {}   # (id(model), role, capacity, batch, compile, kernels) -> shared runner
 
 
 def release_compiled() -> None:
@@ -23,10 +25,11 @@ def release_compiled() -> None:
 
 def shared_runner(model, name: str, capacity: int, batch: int, compile):
     """The runner of ``model`` in role ``name``: compiled runners are shared process-wide per (model, role,
-    capacity, batch, compile mode), so decoders that differ only in sampling or verify method reuse the same graphs;
-    eager runners are built per generation. A shared runner busy with another open generation is not handed out:
-    the caller gets a runner of its own."""
-    key = (id(model), name, capacity, batch, str(compile))
+    capacity, batch, compile mode, native kernel setting), so decoders that differ only in sampling or verify method
+    reuse the same graphs (a changed TILESPEC_NATIVE_KERNELS gets runners of its own); eager runners are built per
+    generation. A shared runner busy with another open generation is not handed out: the caller gets a runner of
+    its own."""
+    key = (id(model), name, capacity, batch, str(compile), settings.get().native_kernels)
     cached = _COMPILED_RUNNERS.get(key)
     busy = cached is not None and in_use(cached)
     if compile and cached is not None and cached.model is model and not busy:
