@@ -16,6 +16,8 @@ from tilespec.engine.prompts import encode_prompts
 from tilespec.env import pick_device, pick_dtype
 from tilespec.verify.registry import all_methods
 
+from .tree_args import add_tree_arguments, chosen_tree, describe, tree_option
+
 SCHEDULES = ("constant", "heuristic", "optimal")
 
 
@@ -161,6 +163,8 @@ def run(args) -> int:
     if args.prompt is not None and not args.prompt.strip():
         raise ValueError("--prompt is empty: give some text to continue")
     check_decoding_args(args)
+    if tree_option(args) is not None and args.chains:     # tree options fail here, before a model loads
+        raise ValueError("give --tree or --chains, not both")
     texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)
     tp = None
     if args.tp > 1:     # under torchrun: one process per GPU, the target sharded, rank 0 prints
@@ -173,7 +177,7 @@ def run(args) -> int:
     extra = {"tp": tp, "tp_check": args.tp_check or None} if tp is not None else {}
     target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
     if args.tree or args.chains:
-        dec = tree_decoder(args, target, draft, tok)
+        dec = tree_decoder(args, target, draft, tok, log=log)
     else:
         dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
                                  method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
@@ -201,20 +205,25 @@ def run(args) -> int:
             "target": args.target, "draft": args.draft, "prompts": texts,
             "outputs": [tok.decode(s, skip_special_tokens=True) for s in seqs], "tokens": seqs,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-            "stats": stats.to_dict()}, indent=2))
+            "tree": chosen_tree(dec), "stats": stats.to_dict()}, indent=2))
     return 0
 
 
-def tree_decoder(args, target, draft, tok):
-    """``--tree N`` / ``--chains K,L``: the decoder verifying a token tree per step (docs/trees.md), drafted by the
-    head (default), ``--draft ngram`` (context trees) or a draft model (chains)."""
+def tree_decoder(args, target, draft, tok, log=None):
+    """``--tree auto | N`` / ``--chains K,L``: the decoder verifying a token tree per step (docs/trees.md), drafted by
+    the head (default), ``--draft ngram`` (context trees) or a draft model (chains); ``log`` gets the tree's shape."""
     from tilespec.engine.tree_decoder import TreeDecoder
     if args.tp > 1:
         raise ValueError("--tree / --chains run on one GPU (no --tp)")
-    shape = {"tree": (args.tree_branch, args.tree_depth, args.tree)} if args.tree else \
+    tree = tree_option(args)
+    shape = {"tree": tree} if tree is not None else \
         {"chains": tuple(int(x) for x in args.chains.split(",")), "scheme": args.scheme}
-    return TreeDecoder(target, draft if draft is not None else "head", sampling=sampling_from_args(args),
-                       tokenizer=tok, compile=True if args.compile else "native", method=args.method, **shape)
+    dec = TreeDecoder(target, draft if draft is not None else "head", sampling=sampling_from_args(args),
+                      tokenizer=tok, compile=True if args.compile else "native", method=args.method, **shape)
+    chosen = chosen_tree(dec)
+    if chosen is not None and log is not None:
+        log(describe(chosen, args.temperature))
+    return dec
 
 
 def register(sub) -> None:
@@ -230,14 +239,7 @@ def register(sub) -> None:
                    help="shard the target over N GPUs (tensor parallel); launch with torchrun --nproc-per-node N")
     p.add_argument("--tp-check", action="store_true",
                    help="with --tp: check that every rank sees and emits the same tokens (debug)")
-    p.add_argument("--tree", type=positive_int, default=None, metavar="N",
-                   help="verify a token tree of N nodes (<= 64, root included) per step, exact at every temperature: "
-                        "the draft head's EAGLE-2-style dynamic tree (--draft head or a head folder) or several "
-                        "n-gram matches of the context as branches (--draft ngram)")
-    p.add_argument("--tree-branch", type=positive_int, default=8,
-                   help="--tree: children per expanded node (ngram: matches)")
-    p.add_argument("--tree-depth", type=positive_int, default=6, help="--tree: levels of the tree (ngram: tokens "
-                   "per match)")
+    add_tree_arguments(p, "verify")
     p.add_argument("--chains", default=None, metavar="K,L",
                    help="verify K chains of L tokens sampled from the head or the draft model "
                         "(multi-draft (Khisti et al. 2024); --scheme)")
