@@ -63,7 +63,8 @@ def configs(args, tasks: list) -> list:
     spec = [("constant", g) for g in args.gamma] if "constant" in args.gamma_schedule else []
     spec += [(s, args.gamma[0]) for s in args.gamma_schedule if s != "constant"]
     if getattr(args, "tree", None):     # a tree's γ is its depth, drafted every step (a constant schedule)
-        spec = [("constant", args.tree_depth)]
+        from tilespec.cli.tree_args import tree_option      # an auto tree's depth is chosen per temperature
+        spec = [("constant", None if args.tree == "auto" else tree_option(args)[1])]
     out = []
     for task in tasks:
         for t in args.temperatures:
@@ -217,7 +218,8 @@ def _measure(cfg: Config, target, draft, batches, args, device, tok, feats) -> d
              tokens_per_second=r["new_tokens"] / r["wall_time"] if r["wall_time"] > 0 else 0.0)
     r["tokens_per_second_per_request"] = r["tokens_per_second"] / cfg.batch_size
     if is_engine_kind(cfg.kind):
-        r.update(engine=cfg.engine, method=cfg.method, gamma=cfg.gamma, gamma_schedule=cfg.schedule)
+        r.update(engine=cfg.engine, method=cfg.method, gamma_schedule=cfg.schedule,
+                 gamma=cfg.gamma if cfg.gamma is not None else r.get("tree", {}).get("depth"))
     elif cfg.kind == "hf-assisted":
         r.update(gamma=cfg.gamma, gamma_schedule=cfg.schedule)
     elif cfg.kind == "hf-prompt-lookup":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tilespec.cli.tree_args import add_tree_arguments, tree_option
+
 from .asr_inputs import ASR_TASKS
 from .e2e_systems import DEFAULT_SYSTEMS, HF_KINDS, SYSTEMS_HELP, is_engine_kind
 
@@ -62,11 +64,7 @@ def add_arguments(p) -> None:
                    help="comma list of engine step modes to run our engine in: eager, auto (compile=True: the "
                         "engine's default fast path), graphs (CUDA-graph replay), native-graphs, or a torch.compile "
                         "mode (reduce-overhead, ...); --compile alone means graphs")
-    p.add_argument("--tree", type=int, default=None, metavar="N",
-                   help="our speculative systems verify a token tree of N nodes per step (docs/trees.md; --draft head: "
-                        "the head's dynamic tree, ngram: context trees) with --tree-branch / --tree-depth")
-    p.add_argument("--tree-branch", type=int, default=8, help="--tree: children per expanded node (ngram: matches)")
-    p.add_argument("--tree-depth", type=int, default=6, help="--tree: levels of the tree (the γ of its rows)")
+    add_tree_arguments(p, "our speculative systems verify")     # --tree auto | N, --tree-branch, --tree-depth
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each batch before its timed run")
     p.add_argument("--device", default="auto")
     p.add_argument("--tp", type=int, default=1, help="target sharded over N GPUs (torchrun --nproc-per-node N)")
@@ -99,4 +97,5 @@ def check_args(args) -> None:
     bad = [s for s in args.gamma_schedule if s not in ("constant", "heuristic", "optimal")]
     if bad:
         raise ValueError(f"unknown --gamma-schedule {', '.join(bad)}; choose constant, heuristic or optimal")
+    tree_option(args)         # --tree-branch / --tree-depth need an explicit --tree N
 

@@ -86,7 +86,7 @@ class Config:
     kind: str
     method: str | None = None       # verify method (speculative kinds)
     engine: str = "eager"           # our engine's step mode: eager, graphs, ...
-    gamma: int | None = None        # constant γ, or the initial γ of an adaptive schedule
+    gamma: int | None = None        # constant γ, or the initial γ of an adaptive schedule (None: --tree auto)
     schedule: str | None = None     # constant | heuristic | optimal (speculative kinds)
 
     @property
@@ -95,7 +95,8 @@ class Config:
             return self.kind
         name = self.kind if self.method is None else f"{self.kind}:{self.method}"
         if self.schedule is not None:
-            name += f"/g{self.gamma}" if self.schedule == "constant" else f"/{self.schedule}"
+            name += f"/{self.schedule}" if self.schedule != "constant" else \
+                "/tree-auto" if self.gamma is None else f"/g{self.gamma}"   # None: an auto tree, γ = its depth
         return name + ("" if self.engine == "eager" else f"@{self.engine}")
 
     @property
@@ -239,8 +240,9 @@ def make_decoder(cfg: Config, target, draft, args):
               compile={"eager": False, "auto": True}.get(cfg.engine, cfg.engine))
     if getattr(args, "ignore_eos", False):
         kw["eos_token_id"] = []          # no stop token: exactly max_new_tokens per request
-    if getattr(args, "tree", None) and the_draft is not None:     # token trees (drafters/trees.py)
-        kw.update(tree=(args.tree_branch, args.tree_depth, args.tree), gamma_schedule="constant")
+    if getattr(args, "tree", None) and the_draft is not None:     # token trees (drafters/trees.py); "auto": the
+        from tilespec.cli.tree_args import tree_option           # shape from the head's acceptance at cfg's T
+        kw.update(tree=tree_option(args), gamma_schedule="constant")
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
     except (TypeError, ValueError) as err:
@@ -310,6 +312,10 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
     for name in ("runtime", "draft_runtime", "drafter"):
         if getattr(runs[0], name, None):
             res[name] = getattr(runs[0], name)
+    from tilespec.cli.tree_args import chosen_tree
+    tree = chosen_tree(dec)            # the tree drafted: branch, depth, nodes, and where an auto shape came from
+    if tree is not None:
+        res["tree"] = tree
     if cfg.kind == "ar":
         res["target_q"] = 1
         return res
@@ -322,7 +328,7 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
     # Thm 3.8 assumes γ drafted every step; context drafters draft only where the context matches, so they use the
     # tokens drafted per request-step (rounded), like adaptive schedules use their mean γ
     g = (max(1, round(tot.drafted / rs)) if context and rs else
-         cfg.gamma if cfg.schedule == "constant" else max(1, round(tot.mean_gamma)))
+         dec.gamma if cfg.schedule == "constant" else max(1, round(tot.mean_gamma)))   # a tree's: its depth
     if context:
         res["match_share"] = tot.match_share if rs else None
     res.update(alpha=tot.alpha if tot.drafted else None, alpha_tested=alpha_t, cost_ratio=c,
