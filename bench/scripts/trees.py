@@ -4,14 +4,17 @@ Systems per temperature (each prompt: one untimed warm-up run, then the timed ru
   ar                       target-only (SpeculativeDecoder without a draft)
   chain-g<G>               the head drafting a chain of G tokens (SpeculativeDecoder, draft="head")
   tree-<b>-<d>-<n>         the head's EAGLE-2-style dynamic tree (SpeculativeDecoder, tree=(b, d, n))
+  tree-auto                (--auto) the head's tree shaped from its stored per-depth acceptance at the row's T
+                           (tree="auto", drafters/tree_choice.py; the default (8, 6, 32) when the head stores none)
   ngram-g<G> / ctx-<m>-<l>-<n>   context drafting: one n-gram match as a chain / m matches as a tree (T = 0, 1)
   md-K<K>-L<L>-<scheme>    K chains of L tokens sampled from the head at --draft-temperature (T > 0 only), selected
                            with sd (K = 1), specinfer, spectr or is (SpeculativeDecoder, chains=(K, L))
   mdm-K<K>-L<L>-<scheme>   the same with the draft MODEL --md-draft (the paper's setting; skipped if it cannot load)
 Every row records tau (tokens per target forward), tok/s, and the speedups over ar and over the chain; at T = 0
-the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ).
+the fraction of requests whose tokens equal target-only's (bf16 forwards of different shapes may differ); tree rows
+record the tree drafted ("tree": branch, depth, nodes, auto, source = given / alpha_by_temperature / default).
 
-GPU (after `run.sh e2e heads-train`):  python bench/scripts/trees.py --xsum-wheel W --stage t0 --json OUT.json
+GPU (after `run.sh e2e heads-train`):  python bench/scripts/trees.py --xsum-wheel W --stage t0 --auto --json OUT.json
 CPU smoke test (tiny random target and head):  python bench/scripts/trees.py --tiny --prompts 2 --max-new-tokens 8
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 
 from tilespec.bench.e2e import add_arguments, environment, load_models, prompt_ids
+from tilespec.cli.tree_args import chosen_tree
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.drafters import HeadDrafter
 from tilespec.verify import SamplingParams
@@ -47,6 +51,9 @@ def parse(argv=None):
     ap.add_argument("--chain-gamma", type=int, default=4, help="the chain's draft length")
     ap.add_argument("--trees", type=_triples, default=[(8, 6, 32), (10, 6, 48)],
                     help="';'-separated branch,depth,nodes of the dynamic trees")
+    ap.add_argument("--auto", action="store_true",
+                    help="also a tree-auto row per temperature (t0 / t1; md has no tree rows): tree='auto', the shape "
+                         "chosen from the head's stored per-depth acceptance at that temperature, recorded in the row")
     ap.add_argument("--context-trees", type=_triples, default=[(4, 6, 16)],
                     help="';'-separated matches,length,nodes of context trees (with an ngram chain; '' = none)")
     ap.add_argument("--chains", type=_triples, default=[(1, 5), (2, 5), (4, 5)], help="';'-separated K,L")
@@ -71,6 +78,7 @@ def _systems(args, temps, multidraft):
         if not multidraft:
             out += [(temp, "ar", None), (temp, f"chain-g{args.chain_gamma}", None)]
             out += [(temp, "tree-%d-%d-%d" % t, {"tree": t}) for t in args.trees]
+            out += [(temp, "tree-auto", {"tree": "auto"})] if args.auto else []
             if args.context_trees:
                 out += [(temp, f"ngram-g{args.chain_gamma}", None)]
                 out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
@@ -192,6 +200,8 @@ def main(argv=None) -> int:
                 if args.max_seconds and time.perf_counter() - t_sys > args.max_seconds:
                     break
             row["graphed"] = dec.last_stats.graphed_steps > 0     # whole-step graphs (dynamic trees, chains)
+            if chosen_tree(dec) is not None:     # the tree drafted (an auto one: chosen at this temperature)
+                row["tree"] = chosen_tree(dec)
         except Exception as err:     # one failing system must not lose the others' numbers
             row["error"] = f"{type(err).__name__}: {err}"
             print(f"{system} T={temp}: FAILED {row['error']}", file=sys.stderr)
@@ -201,8 +211,10 @@ def main(argv=None) -> int:
         _compare(record["rows"])
         path.write_text(json.dumps(record, indent=1))
         tps = row["tokens_per_second"]
+        shape = row.get("tree") if system == "tree-auto" else None
         print(f"T={temp} {system:28s} tau {row['tau'] or 0:5.2f}  tok/s {tps or 0:8.1f}  "
-              f"{row.get('speedup_vs_chain') or 0:5.2f}x chain  {row.get('speedup_vs_ar') or 0:5.2f}x ar",
+              f"{row.get('speedup_vs_chain') or 0:5.2f}x chain  {row.get('speedup_vs_ar') or 0:5.2f}x ar"
+              + (f"  ({shape['branch']}, {shape['depth']}, {shape['nodes']}) from {shape['source']}" if shape else ""),
               flush=True)
     return 0
 
