@@ -274,14 +274,15 @@ stage_e2e() {  # e2e [STAGE ...]; each stage resumes its JSON when run again. E2
           || args+=(--temperature 0,0.7 --top-k 20 --top-p 0.8) ;;
       heads-hf)   # transformers' static-compiled generate against target-only (its compile takes ~1 min)
         args=(--task xsum --batch 1 --temperature 0 --draft "" --systems ar,hf-static) ;;
-      trees-t0|trees-t1|trees-md)   # after heads-train: the head's dynamic trees vs its chain vs target-only (t0, t1),
-                     # K = 1/2/4 sampled chains with sd/specinfer/spectr/is (md); XSum, B = 1 (bench/scripts/trees.py)
+      trees-t0|trees-t1|trees-md)   # after heads-train: the head's dynamic trees, explicit and auto (shaped from its
+                     # stored per-depth acceptance at the stage's T), vs its chain vs target-only (t0, t1), K = 1/2/4
+                     # sampled chains with sd/specinfer/spectr/is (md); XSum, B = 1 (bench/scripts/trees.py)
         (( budget = ${TREES_BUDGET_S:-420} )); (( budget > left - 40 )) && budget=$(( left - 40 ))
         ts "$stage: budget ${budget}s"
         timeout $(( budget + 120 )) python3 bench/scripts/trees.py --stage "${stage#trees-}" \
           --target qwen2.5-coder-1.5b-instruct --prompts "${E2E_PROMPTS:-16}" --max-new-tokens "${E2E_TOKENS:-128}" \
           --dtype bfloat16 --device cuda --xsum-wheel "$wheel" --chain-gamma "$(heads_gamma)" --budget-s "$budget" \
-          --max-seconds "${TREES_MAX_S:-90}" ${TREES_ARGS:-} ${E2E_ARGS:-} --json "$RES/$stage.json" \
+          --max-seconds "${TREES_MAX_S:-90}" --auto ${TREES_ARGS:-} ${E2E_ARGS:-} --json "$RES/$stage.json" \
           > "$RES/$stage.log" 2>&1
         ts "$stage: exit $?"; grep -E "tau|FAILED|budget|Error" "$RES/$stage.log" | tail -n 30; tarball e2e
         continue ;;

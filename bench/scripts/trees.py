@@ -77,8 +77,8 @@ def _systems(args, temps, multidraft):
     for temp in temps:
         if not multidraft:
             out += [(temp, "ar", None), (temp, f"chain-g{args.chain_gamma}", None)]
+            out += [(temp, "tree-auto", {"tree": "auto"})] if args.auto else []   # before the fixed ones (budget)
             out += [(temp, "tree-%d-%d-%d" % t, {"tree": t}) for t in args.trees]
-            out += [(temp, "tree-auto", {"tree": "auto"})] if args.auto else []
             if args.context_trees:
                 out += [(temp, f"ngram-g{args.chain_gamma}", None)]
                 out += [(temp, "ctx-%d-%d-%d" % t, {"tree": t, "draft": "ngram"}) for t in args.context_trees]
