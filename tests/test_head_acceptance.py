@@ -151,14 +151,21 @@ def test_tv_term_of_the_loss_equals_the_full_vocabulary_brute_force(tiny):
 
 
 def test_held_out_reports_sampled_acceptance_per_depth_and_temperature(tiny):
+    """Teacher-forced averages against brute force; the stored τ is the chain walked along the rows (without row
+    temperatures: with each position's average acceptance) and α is the per-depth acceptance giving that τ."""
+    from tilespec.training.chain_walk import alphas_of_taus, taus_of_walks
+
     target, head, data = tiny
     rows = torch.tensor([1, 3, 0])
     est = held_out(head, data, rows, 2, target.lm_head.weight.detach(), batch=2, temperatures=(0.0, 0.7, 1.0),
                    filtered=EVAL_FILTERED, chunk=7)
     assert set(est["alpha_by_temperature"]) == {"0", "0.7", "1"} and set(est["alpha_by_sampling"]) == set(EVAL_FILTERED)
     assert est["alpha_by_temperature"]["0"] == est["alpha_per_step"] and est["tau"] == est["tau_by_temperature"]["0"]
+    assert est["chain_rows"] == {"0": 0, "0.7": 0, "1": 0, **{k: 0 for k in EVAL_FILTERED}}
+    teacher = est["teacher_forced"]["alpha_by_setting"]
     toks = data["tokens"][rows]
     nxt = torch.cat([toks[:, 1:], toks[:, -1:]], dim=1)
+    mean = torch.zeros(3, 2, toks.shape[1])
     with torch.no_grad():
         outs = head.ttt_forward(head.fuse(data["feats"][rows]), nxt, 2)
         pos = torch.arange(toks.shape[1])[None]
@@ -166,12 +173,16 @@ def test_held_out_reports_sampled_acceptance_per_depth_and_temperature(tiny):
         for k, h in enumerate(outs, start=1):
             p, q = _full_probs(target, head, data, h, rows)
             m = base & (pos >= k - 1)
-            want = float(torch.minimum(p, q).sum(-1)[m].mean())
-            assert est["alpha_by_temperature"]["1"][k - 1] == pytest.approx(want, abs=1e-4)
+            per_position = torch.minimum(p, q).sum(-1)
+            assert teacher["1"][k - 1] == pytest.approx(float(per_position[m].mean()), abs=1e-4)
             greedy = float((q.argmax(-1) == p.argmax(-1))[m].float().mean())
-            assert est["alpha_per_step"][k - 1] == pytest.approx(greedy, abs=1e-4)
+            assert teacher["0"][k - 1] == pytest.approx(greedy, abs=1e-4)
+            mean[:, k - 1, 2:] = (per_position * m)[:, :-2].float()
     assert est["positions"] == int(base.sum())
-    assert est["tau_by_temperature"]["1"] == tau_by_gamma(est["alpha_by_temperature"]["1"])
+    taus = taus_of_walks(mean, data["loss_from"][rows], data["lengths"][rows], (1, 2))
+    assert est["tau_by_temperature"]["1"] == {g: pytest.approx(t, abs=1e-3) for g, t in taus.items()}
+    assert est["alpha_by_temperature"]["1"] == pytest.approx(alphas_of_taus(taus), abs=1e-4)
+    assert est["teacher_forced"]["tau_by_setting"]["1"] == tau_by_gamma(teacher["1"])
 
 
 def test_sample_temperatures_and_tv_weight_are_validated():

@@ -23,7 +23,7 @@ import json
 import random
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -117,12 +117,14 @@ def offline_prompts(n: int, *, seed: int = 0, wheel=None, max_chars: int = 1500)
 
 @dataclass
 class Sequences:
-    """Token sequences for training: ``tokens[i]`` = prompt + response ids, ``starts[i]`` = the response's start."""
+    """Token sequences for training: ``tokens[i]`` = prompt + response ids, ``starts[i]`` = the response's start,
+    ``temperatures[i]`` = the temperature the response was sampled at (empty: unknown)."""
 
     tokens: list
     starts: list
     new_tokens: int = 0
     seconds: float = 0.0
+    temperatures: list = field(default_factory=list)
 
 
 def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: int, compile="native",
@@ -153,6 +155,7 @@ def generate_responses(target, prompt_ids: list, *, max_new_tokens: int, batch: 
         for p, s in zip(chunk, res.sequences):
             out.tokens.append(list(p) + list(s))
             out.starts.append(len(p))
+            out.temperatures.append(float(temperatures[j % len(temperatures)]))
             out.new_tokens += len(s)
         if log:
             el = time.perf_counter() - t0

@@ -13,10 +13,11 @@ target's FULL-vocabulary distribution (its mass outside the draft vocabulary cou
 is the rejection rate itself, and its gradient equals that of the renormalised form's). Cross-entropy (forward KL)
 spreads q over all of p's support; TV pays only for the mass where q and p differ, which is what sampled
 acceptance measures. AdamW over fp32 weights with bf16 autocast on CUDA, linear warm-up then cosine decay.
-Held-out estimate (training.acceptance.held_out; every ``eval_every`` steps and at the end): per step k the greedy
-acceptance (argmax agreement) of the k-th draft token given the previous ones accepted, and τ(γ) = 1 + a_1 +
-a_1 a_2 + ...; at the end also the sampled acceptance at T = 0.7 and 1 (and T 0.7 / top-k 20 / top-p 0.8),
-stored in the manifest as ``alpha_by_temperature`` / ``tau_by_temperature`` / ``alpha_by_sampling``.
+Held-out estimate (training.acceptance.held_out; every ``eval_every`` steps and at the end): the chain's tokens per
+target forward τ(γ) walked along the held-out responses sampled at each setting (training.chain_walk: what live
+decoding measures) and the per-depth acceptance a_k with τ(γ) = 1 + a_1 + a_1 a_2 + ...; greedy, at the end also at
+T = 0.7 and 1 (and T 0.7 / top-k 20 / top-p 0.8), stored in the manifest as ``alpha_by_temperature`` /
+``tau_by_temperature`` / ``alpha_by_sampling`` (the teacher-forced per-position averages under ``teacher_forced``).
 Resumable: ``out/train-state.pt`` holds the responses, the head, the optimiser and the step; a rerun with the same
 folder continues (``resume=True``).
 """
@@ -187,6 +188,8 @@ def train_head(target, tokenizer=None, *, target_name: str, config: Optional[Hea
         data["log_mass"] = draft_log_mass(data, head.lm_rows, full_lm)
     feat_s = time.perf_counter() - t_feat
     held, train_rows = _split_rows(data["tokens"].shape[0], cfg.seed, dev)
+    temps = getattr(seqs, "temperatures", None)       # responses saved before they were recorded: unknown
+    row_temps = torch.tensor(temps, dtype=torch.float32) if temps and len(temps) == len(seqs.tokens) else None
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=0.0)
     step = 0
@@ -198,7 +201,8 @@ def train_head(target, tokenizer=None, *, target_name: str, config: Optional[Hea
         """The held-out estimate now (greedy; ``final``: also at the evaluation temperatures), and the state a
         rerun resumes from."""
         estimate = held_out(head, data, held, cfg.ttt_steps, full_lm,
-                            temperatures=EVAL_TEMPERATURES if final else (), filtered=EVAL_FILTERED if final else None)
+                            temperatures=EVAL_TEMPERATURES if final else (), filtered=EVAL_FILTERED if final else None,
+                            row_temperatures=row_temps)
         torch.save({"sequences": seqs, "source": source, "head": head.state_dict(), "opt": opt.state_dict(),
                     "step": at}, folder / STATE)
         return estimate
