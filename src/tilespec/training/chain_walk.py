@@ -30,7 +30,8 @@ def chain_walk(accept: torch.Tensor, start: torch.Tensor, end: torch.Tensor, gam
     exist. A step starting at j tests depths m = 1..γ at tokens j + m - 1 (none past ``end``: the step then ends at
     the row's end, which leaves out the surplus a last step may emit beyond the requested tokens), and the next step
     starts after the first rejected token or after the bonus token j + γ. -> (steps [S] float64: expected forwards
-    to emit tokens [start, end), tokens [S] float64: end - start, clamped at 0). Tokens per forward of rows R: tokens[R].sum() / steps[R].sum().
+    to emit tokens [start, end), tokens [S] float64: end - start, clamped at 0). Tokens per forward of rows R:
+    tokens[R].sum() / steps[R].sum().
     """
     if accept.ndim != 3 or start.shape != (accept.shape[0],) or end.shape != start.shape:
         raise ValueError(f"chain_walk needs accept [S, K, T] and start / end [S], got {tuple(accept.shape)}, "
