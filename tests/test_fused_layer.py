@@ -202,3 +202,27 @@ def test_fused_layer_graphs_greedy_equal_bf16():
             runs.append(torch.cat(logits))
     assert torch.equal(runs[0].argmax(-1), runs[1].argmax(-1))
     assert (runs[0] - runs[1]).abs().max() <= 0.05 * runs[0].abs().max()
+
+
+def test_a_fused_layer_that_fails_to_build_warns_once_and_the_compiled_layer_runs(monkeypatch):
+    from transformers import Qwen2ForCausalLM
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny_config("qwen2", vocab=96, layers=2, hidden=128)).eval().to(DEV)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resource: shared memory")
+    monkeypatch.setattr(qkv_rope, "qkv_rope", broken)
+    tok, pos = torch.tensor([[5]], device=DEV), torch.tensor([[0]], device=DEV)
+    mask = torch.zeros(1, 1, 1, 8, dtype=torch.bool, device=DEV)
+    mask[..., 0] = True
+    with torch.inference_mode():
+        plain = NativeRunner(model, 8).forward(tok, pos, mask, 0)
+        fused = NativeRunner(model, 8, kernels="layer")
+        with pytest.warns(UserWarning, match="fused decode layer did not build"):
+            first = fused.forward(tok, pos, mask, 0)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")           # tried once per model: no second warning
+            second = fused.forward(tok, pos, mask, 0)
+    torch.testing.assert_close(first, plain)
+    torch.testing.assert_close(second, plain)

@@ -13,6 +13,9 @@ norm's rounding point). Only for ROWS rows and no tensor parallelism: :func:`can
 """
 from __future__ import annotations
 
+import warnings
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +35,44 @@ def can_run(h: torch.Tensor, qkv: torch.Tensor, gate_up: torch.Tensor, k_cache: 
     """True when every kernel of :func:`fused_decoder_layer` runs for these shapes (else keep the compiled layer)."""
     return (h.numel() // h.shape[-1] <= ROWS and qkv_rope.can_run(h, qkv, k_cache, v_cache, head_dim)
             and linear.can_run(h, gate_up))
+
+
+_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # native decoder -> its kernels built and ran
+
+
+def usable(native, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """True when the fused layer runs for this step of ``native`` (a NativeLlama): :func:`can_run` for its shapes,
+    and its kernels built and ran on this device. They are tried once per model, on scratch buffers, outside any CUDA
+    graph capture (the runner's eager warm-up comes first); a failure (a Triton compile error, too little shared
+    memory on this GPU, ...) warns once and the model keeps the compiled layer, never crashing a step."""
+    w = native.layers[0]
+    if not can_run(h, w.qkv, w.gate_up, k_cache, v_cache, native.head_dim):
+        return False
+    built = _BUILT.get(native)
+    if built is None:
+        if h.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False                       # never try a build inside a capture: the next eager call will
+        built = _BUILT[native] = _try_build(native, h, k_cache)
+    return built
+
+
+def _try_build(native, h: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    w = native.layers[0]
+    d = h.shape[-1]
+    x = torch.zeros((1, 1, d), dtype=h.dtype, device=h.device)
+    cache = [torch.zeros((1, native.kv_heads, 16, native.head_dim), dtype=k_cache.dtype, device=h.device)
+             for _ in range(2)]
+    cos = torch.ones((1, 1, native.head_dim), dtype=torch.float32, device=h.device)
+    mask = torch.zeros((1, 1, 1, 16), dtype=h.dtype, device=h.device)
+    try:
+        fused_decoder_layer(x, x, cos, cos * 0, mask, torch.zeros((), dtype=torch.int64, device=h.device), *cache,
+                            w.ln1, w.qkv, w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=native.heads,
+                            kv_heads=native.kv_heads, head_dim=native.head_dim, eps=native.eps)
+        return True
+    except Exception as err:   # noqa: BLE001 -- any build or launch failure: the compiled layer stays correct
+        warnings.warn(f"tilespec's fused decode layer did not build or run on this device ({type(err).__name__}: "
+                      f"{err}); one-row steps keep the compiled layer")
+        return False
 
 
 def fused_decoder_layer(h: torch.Tensor, res: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,

@@ -287,8 +287,7 @@ class NativeLlama:
         [B, q, len(capture) * d]) with every position's features, for a draft head."""
         h, res, cos, sin, additive = prologue_fn(tokens, positions, mask, self.embed, self.inv_freq, self.rope_scale)
         if (caches and "layer" in _parts(layer_kw.get("kernels", "")) and layer_kw.get("reduce") is None
-                and fused_layer.can_run(h, self.layers[0].qkv, self.layers[0].gate_up, *caches[0][:2],
-                                        self.head_dim)):
+                and fused_layer.usable(self, h, *caches[0][:2])):
             layer_fn = fused_layer.fused_decoder_layer
         feats = {}
         backends = sdpa_backends(settings.get().sdpa)
