@@ -18,6 +18,8 @@
 #   bash bench/gpu/run.sh eval [STAGE ...]      # paper-scale evaluation, resumable (xsum-t0 ... multidraft)
 #   bash bench/gpu/run.sh soak                  # >= 200 mixed generations in one process (random-init weights)
 #   bash bench/gpu/run.sh stepcost              # one step's cost: decoder, continuous batching, trees (random weights)
+#   bash bench/gpu/run.sh floor                 # a forward kernel by kernel, previous kernels vs the fused layer
+#                                               # (random weights), then target-only XSum B 1/8 with both (real 1.5B)
 #   bash bench/gpu/run.sh serve                 # tilespec serve vs transformers serve under 1..64 clients
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
@@ -316,6 +318,27 @@ stage_stepcost() {  # one decoding step's cost in the decoder, continuous batchi
   grep '^\[' "$RES/step-cost.log"; tarball stepcost
 }
 
+stage_floor() {  # FLOOR_PARTS (forward_profile.py --parts; default forwards,profiles,decoder,head); FLOOR_E2E=0 skips
+                 # the real-weights target-only pair (needs the 1.5B: extras + parts + wait first)
+  env_setup
+  step forward-profile 300 python3 bench/scripts/forward_profile.py --parts "${FLOOR_PARTS:-forwards,profiles,decoder,head}" \
+    --out "$RES/forward-profile-qwen1.5b-shape-$(gpu_tag).json"
+  grep -E "profile|target-only|head-gamma" "$RES/forward-profile.log" | tail -n 8
+  if [ "${FLOOR_E2E:-1}" = 1 ]; then
+    UNPACK=1 env_setup
+    local wheel=${XSUM_FILE:-$EXTRA/xsum-test.jsonl} kernels
+    for kernels in attn,compact layer,attn,compact; do   # the previous default, then the fused layer's
+      step "target-only-${kernels//,/-}" 200 env TILESPEC_NATIVE_KERNELS="$kernels" python3 -m tilespec bench e2e \
+        --target qwen2.5-coder-1.5b-instruct --prompts 16 --max-new-tokens 128 --dtype bfloat16 --device cuda \
+        --compile auto --methods fused --max-seconds 30 --xsum-wheel "$wheel" --task xsum --batch 1,8 \
+        --temperature 0 --draft "" --systems ar --ignore-eos --budget-s 120 \
+        --json "$RES/target-only-${kernels//,/-}-xsum-qwen1.5b-$(gpu_tag).json"
+      grep "tok/s" "$RES/target-only-${kernels//,/-}.log" | tail -n 2
+    done
+  fi
+  tarball floor
+}
+
 stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 generations, no weights needed
   env_setup
   step soak "${SOAK_LIMIT_S:-420}" python3 bench/scripts/soak.py --rounds "${SOAK_ROUNDS:-3}" \
@@ -381,7 +404,7 @@ stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one pr
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor) "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
   *) sed -n '2,25p' "$0"; exit 2 ;;
 esac
