@@ -27,7 +27,7 @@ import math
 from typing import Mapping, Optional, Sequence
 
 from ..payoff import DEFAULT_SLOPE
-from .trees import MAX_NODES
+from tilespec.multidraft.token_tree import MAX_NODES
 
 DEFAULT_TREE = (8, 6, 32)    # the shape used when no per-depth acceptance is known
 HEAD_COST = 0.04             # one head forward (one target-shaped layer) over a target forward of ~28 layers

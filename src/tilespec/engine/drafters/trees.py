@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from tilespec.multidraft.token_tree import MAX_NODES
 from tilespec.verify.types import SamplingParams
 
-MAX_NODES = 64
 
 # drafter class -> factory(drafter, shape) -> its tree form; filled by the tree drafter modules (``tree_form``), which
 # the package imports, so a drafter's own module never imports its tree form (the tree form builds on it)
