@@ -1,4 +1,4 @@
-"""``--tree auto`` on the command line (cli/tree_args.py): ``tilespec generate`` and ``tilespec bench e2e`` reach the
+"""``--tree auto`` on the command line (bench/tree_args.py): ``tilespec generate`` and ``tilespec bench e2e`` reach the
 tree shaped from a head's stored per-depth acceptance at the request temperature (or the documented default without
 it), record the chosen shape, keep explicit shapes as before, and refuse bad values with a clear error; the tree
 benchmark's ``--auto`` row records its shape."""
@@ -16,7 +16,7 @@ import tilespec.cli.generate as gen
 from tilespec.bench import e2e as bench_e2e
 from tilespec.bench.e2e_systems import Config, make_decoder
 from tilespec.cli import main
-from tilespec.cli.tree_args import tree_nodes, tree_option
+from tilespec.bench.tree_args import tree_nodes, tree_option
 from tilespec.engine.drafters import HeadDrafter
 from tilespec.engine.drafters.tree_choice import DEFAULT_TREE, choose_tree
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from tilespec.bench.e2e import add_arguments, environment, load_models, prompt_ids
-from tilespec.cli.tree_args import chosen_tree
+from tilespec.bench.tree_args import chosen_tree
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.drafters import HeadDrafter
 from tilespec.verify import SamplingParams

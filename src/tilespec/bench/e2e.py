@@ -63,7 +63,7 @@ def configs(args, tasks: list) -> list:
     spec = [("constant", g) for g in args.gamma] if "constant" in args.gamma_schedule else []
     spec += [(s, args.gamma[0]) for s in args.gamma_schedule if s != "constant"]
     if getattr(args, "tree", None):     # a tree's γ is its depth, drafted every step (a constant schedule)
-        from tilespec.cli.tree_args import tree_option      # an auto tree's depth is chosen per temperature
+        from tilespec.bench.tree_args import tree_option      # an auto tree's depth is chosen per temperature
         spec = [("constant", None if args.tree == "auto" else tree_option(args)[1])]
     out = []
     for task in tasks:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tilespec.cli.tree_args import add_tree_arguments, tree_option
+from tilespec.bench.tree_args import add_tree_arguments, tree_option
 
 from .asr_inputs import ASR_TASKS
 from .e2e_systems import DEFAULT_SYSTEMS, HF_KINDS, SYSTEMS_HELP, is_engine_kind

@@ -241,7 +241,7 @@ def make_decoder(cfg: Config, target, draft, args):
     if getattr(args, "ignore_eos", False):
         kw["eos_token_id"] = []          # no stop token: exactly max_new_tokens per request
     if getattr(args, "tree", None) and the_draft is not None:     # token trees (drafters/trees.py); "auto": the
-        from tilespec.cli.tree_args import tree_option           # shape from the head's acceptance at cfg's T
+        from tilespec.bench.tree_args import tree_option           # shape from the head's acceptance at cfg's T
         kw.update(tree=tree_option(args), gamma_schedule="constant")
     try:
         return SpeculativeDecoder(target, the_draft, **kw)
@@ -312,7 +312,7 @@ def run_engine(cfg: Config, target, draft, batches, args, device, feats=None) ->
     for name in ("runtime", "draft_runtime", "drafter"):
         if getattr(runs[0], name, None):
             res[name] = getattr(runs[0], name)
-    from tilespec.cli.tree_args import chosen_tree
+    from tilespec.bench.tree_args import chosen_tree
     tree = chosen_tree(dec)            # the tree drafted: branch, depth, nodes, and where an auto shape came from
     if tree is not None:
         res["tree"] = tree

@@ -16,7 +16,7 @@ from tilespec.engine.prompts import encode_prompts
 from tilespec.env import pick_device, pick_dtype
 from tilespec.verify.registry import all_methods
 
-from .tree_args import add_tree_arguments, chosen_tree, describe, tree_option
+from tilespec.bench.tree_args import add_tree_arguments, chosen_tree, describe, tree_option
 
 SCHEDULES = ("constant", "heuristic", "optimal")
 
