@@ -226,3 +226,28 @@ def test_a_fused_layer_that_fails_to_build_warns_once_and_the_compiled_layer_run
             second = fused.forward(tok, pos, mask, 0)
     torch.testing.assert_close(first, plain)
     torch.testing.assert_close(second, plain)
+
+
+def test_paged_engine_single_request_on_the_fused_layer(monkeypatch):
+    """One request decoding on the paged engine takes the fused layer for its one-token steps (K/V written at the
+    step's slot of the paged cache) and gives the paged layer's greedy tokens."""
+    from engine_models import tiny_lm
+    from tilespec.engine.batching import BatchRequest
+    from tilespec.engine.paged import model as paged_model
+    from tilespec.engine.paged.engine import PagedEngine
+    target = tiny_lm(0, logit_scale=3.0).to(DEV)
+    target.generation_config.eos_token_id = None
+    calls = []
+    real = paged_model.paged_fused_layer
+    monkeypatch.setattr(paged_model, "paged_fused_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = {}
+    for fused in (False, True):
+        engine = PagedEngine(target, None, max_batch=2, block_size=4)
+        engine.model.fused = fused
+        req = BatchRequest(prompt=[5, 6, 7, 8, 9, 10], max_tokens=10, seed=0, temperature=0.0)
+        engine.submit(req)
+        while engine.has_work:
+            engine.step()
+        out[fused] = list(req.tokens)
+    assert len(out[True]) == 10 and out[True] == out[False]
+    assert len(calls) >= 9 * target.config.num_hidden_layers     # every decode step after the prefill

@@ -44,7 +44,8 @@ _INTERPRET = triton_interpreted()
 @triton.jit
 def _qkv_rope_kernel(h_ptr, r_ptr, res_ptr, g_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, wp_ptr,
                      M, Q, K, eps, H, HKV, s_kb, s_kh, s_kc,
-                     HAS_BIAS: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, BLOCK_M: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SLOTS: tl.constexpr, D: tl.constexpr, HB: tl.constexpr,
+                     BLOCK_M: tl.constexpr,
                      BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Program p: head p // (D / 2 / HB) (q heads, then k, then v), dims [j HB, (j + 1) HB) and the same + D / 2.
     Multiply-add on CUDA cores, one row at a time against the W tile in registers (M <= 8: W is read once)."""
@@ -114,14 +115,23 @@ def _qkv_rope_kernel(h_ptr, r_ptr, res_ptr, g_ptr, w_ptr, b_ptr, cos_ptr, sin_pt
         tl.store(q_ptr + qo + D // 2, o_hi, mask=out_mask)
     else:
         kvh = (head - H) % HKV
-        slot = tl.load(wp_ptr) + t
-        co = (b * s_kb + kvh * s_kh + slot * s_kc)[:, None] + dl[None, :]
+        if SLOTS:   # a slot per row (a paged cache): wp_ptr holds [M] slots, the batch stride is unused
+            co = (kvh * s_kh + tl.load(wp_ptr + rm, mask=m_ok, other=0) * s_kc)[:, None] + dl[None, :]
+        else:
+            co = (b * s_kb + kvh * s_kh + (tl.load(wp_ptr) + t) * s_kc)[:, None] + dl[None, :]
         if head < H + HKV:
             tl.store(kc_ptr + co, o_lo, mask=out_mask)
             tl.store(kc_ptr + co + D // 2, o_hi, mask=out_mask)
         else:
             tl.store(vc_ptr + co, o_lo, mask=out_mask)
             tl.store(vc_ptr + co + D // 2, o_hi, mask=out_mask)
+
+
+def _cache_strides(k_cache: torch.Tensor, slots: bool) -> tuple:
+    """(batch, KV head, slot) strides in elements: [B, H_kv, C, D] caches, or [S, H_kv, D] paged ones (no batch)."""
+    if slots:
+        return 0, k_cache.stride(1), k_cache.stride(0)
+    return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
 
 
 def can_run(h: torch.Tensor, w: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> bool:
@@ -137,9 +147,11 @@ def can_run(h: torch.Tensor, w: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 def qkv_rope(h: torch.Tensor, r: torch.Tensor, norm: torch.Tensor, w: torch.Tensor, bias, cos: torch.Tensor,
              sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, write_pos: torch.Tensor, *,
-             heads: int, kv_heads: int, head_dim: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+             heads: int, kv_heads: int, head_dim: int, eps: float, slots: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """h, r [B, Q, K] -> (res = h + r [B, Q, K], q [B, H, Q, D]); writes K/V at slots write_pos + [0, Q) of the
-    caches. See the module docstring; callers check :func:`can_run` first."""
+    caches [B, H_kv, C, D]. ``slots=True``: a paged cache [S, H_kv, D] (slot-major) and ``write_pos`` [B Q] int64,
+    row m's slot. See the module docstring; callers check :func:`can_run` first."""
     b, nq, k = h.shape
     m = b * nq
     res = torch.empty_like(h)
@@ -148,7 +160,7 @@ def qkv_rope(h: torch.Tensor, r: torch.Tensor, norm: torch.Tensor, w: torch.Tens
     _qkv_rope_kernel[grid](
         h.contiguous(), r.contiguous(), res, norm, w, bias if bias is not None else w,
         cos.reshape(m, head_dim).contiguous(), sin.reshape(m, head_dim).contiguous(), q, k_cache, v_cache,
-        write_pos, m, nq, k, eps, heads, kv_heads, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HAS_BIAS=bias is not None, D=head_dim, HB=HALF_BLOCK, BLOCK_M=triton.next_power_of_2(m),
+        write_pos, m, nq, k, eps, heads, kv_heads, *_cache_strides(k_cache, slots),
+        HAS_BIAS=bias is not None, SLOTS=slots, D=head_dim, HB=HALF_BLOCK, BLOCK_M=triton.next_power_of_2(m),
         BLOCK_K=min(BLOCK_K, triton.next_power_of_2(k)), NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
     return res, q

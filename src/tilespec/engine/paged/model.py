@@ -9,7 +9,9 @@ attention through the requests' block tables (engine/paged/attention.py). Prefil
 decode rows of every running request go through the same forward, so the weights are read once per step.
 
 On CUDA with ``compile=True`` the layer, prologue and head are ``torch.compile``d with symbolic sizes (one compile
-serves every T), and decode steps of a fixed (rows, width) shape are captured as CUDA graphs (:meth:`decode`).
+serves every T), and decode steps of a fixed (rows, width) shape are captured as CUDA graphs (:meth:`decode`);
+one-token steps (a single request decoding) run the fused layer instead (:func:`paged_fused_layer`) while the
+runtime's kernel set holds ``layer`` (``PagedModel.fused``).
 """
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from ..graphs import GraphCache
+from ..native import fused_layer
+from ..native.linear import fused_linear
 from ..native.llama import NativeLlama, _rotate_half, rms_norm
-from ..native.runner import native_model
+from ..native.qkv_rope import qkv_rope
+from ..native.runner import active_kernel_parts, native_model
 from .attention import paged_attention
 
 
@@ -69,6 +74,21 @@ def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache
     return F.linear(F.silu(gu[:, :f]) * gu[:, f:], down), res
 
 
+def paged_fused_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
+                      gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int,
+                      block_size: int):
+    """:func:`paged_layer` for a one-token step (T = 1: a single request's decode) as tilespec's kernels
+    (native/fused_layer.py: q/k/v with the residual add, norm, RoPE and the paged cache write in one launch, the
+    paged attention, o + residual, norm + gate/up + SiLU, down). Same contract and maths."""
+    t = h.shape[0]
+    res, xq = qkv_rope(h[None], res[None], ln1, qkv, qkv_bias, cos[None], sin[None], k_cache, v_cache, slots,
+                       heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps, slots=True)
+    attn = paged_attention(xq.view(t, heads, head_dim), k_cache.unflatten(0, (-1, block_size)),
+                           v_cache.unflatten(0, (-1, block_size)), tables, cu_q, kv_lens, max_q=max_q)
+    res = fused_linear(attn.reshape(t, heads * head_dim), o, residual=res[0])
+    return fused_linear(fused_linear(res, gate_up, norm=ln2, eps=eps, silu_mul=True), down), res
+
+
 def paged_prologue(tokens, positions, embed, inv_freq, rope_scale: float):
     """tokens / positions [T] -> (h, zeros) [T, d], cos / sin [T, D] fp32."""
     h = F.embedding(tokens, embed)
@@ -100,6 +120,8 @@ class PagedModel:
         if self.graphs:
             self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
         self._decode = GraphCache(self._graph_forward, max_graphs=512) if self.graphs else None
+        # one-token steps on the fused layer (the runtime's kernel part "layer"), with the compiled graphs only
+        self.fused = self.graphs and "layer" in active_kernel_parts()
 
     @staticmethod
     def kv_bytes_per_token(model) -> int:
@@ -113,6 +135,8 @@ class PagedModel:
         prologue, layer, head = fns
         n = self.native
         h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
+        if self.fused and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
+            layer = paged_fused_layer
         for w, (k_cache, v_cache) in zip(n.layers, self.caches):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
                            w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
