@@ -9,8 +9,9 @@ the cache happen in the program that computed them, before anything is written.
 Shapes: h, r [M, K] with M = B * Q rows (row m = (b, t) = (m // Q, m % Q)), the layer's incoming pair whose bf16 sum
 is the hidden state; norm weight [K]; w [(H + 2 H_kv) D, K] (the fused q/k/v weight, row-major), bias [(H + 2 H_kv) D]
 or None; cos, sin [M, D] fp32 (the prologue's tables, halves not interleaved); K/V caches [B, H_kv, C, D] with D
-contiguous; write_pos a 0-d int64 device tensor. Outputs: res = h + r [M, K] (the residual for the output
-projection), q [B, H, Q, D] contiguous (RoPE applied), and K/V written at slots write_pos + t.
+contiguous and write_pos a 0-d int64 device tensor (K/V written at slots write_pos + t), or paged caches
+[S, H_kv, D] (slot-major) and write_pos [M] int64, row m's slot (``slots=True``). Outputs: res = h + r [M, K] (the
+residual for the output projection), q [B, H, Q, D] contiguous (RoPE applied), and the K/V writes.
 
 Rounding follows the PyTorch layer step by step: the bf16 residual sum, the RMS scale (fp32 mean of squares), the
 normed input rounded to the model dtype and multiplied by the norm weight (rounded), fp32 accumulation of the
