@@ -26,8 +26,6 @@ variable                    default                 meaning
 ``TILESPEC_TP_ALLREDUCE``   unset (``auto``)        tensor-parallel all-reduce for ``allreduce="auto"``:
                                                     ``symm`` (symmetric memory, CUDA), ``nccl`` or ``best``
                                                     (the faster of the two, timed per shape)
-``TILESPEC_TP_CHECK``       ``0``                   tensor-parallel runs compare every forward's inputs across
-                                                    ranks (``1``: on; a debugging check, slower)
 ``TILESPEC_API_KEY``        unset                   the bearer token ``tilespec serve`` requires (``--api-key``
                                                     wins; unset: no authentication)
 =========================== ======================= ==========================================================
@@ -37,7 +35,9 @@ switch (see :mod:`tilespec.env`), not a tilespec setting.
 
 Two opt-in engine choices that measured slower than the defaults are not environment variables but fields set from
 Python (:func:`configure`): ``native_flex`` (FlexAttention's decode kernel instead of SDPA) and ``compiled_prefill``
-(torch.compile'd prefill forwards, which fail under dynamic shapes on torch 2.11).
+(torch.compile'd prefill forwards, which fail under dynamic shapes on torch 2.11); so is ``tp_check``, the
+tensor-parallel debugging check that compares every forward's inputs across ranks (also ``--tp-check`` and
+``shard(..., check=True)``).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from typing import Optional
 
 VARIABLES = ("TILESPEC_HOME", "TILESPEC_DATA", "TILESPEC_SYNTH_DIR", "TILESPEC_COMMIT", "TILESPEC_RUN_AHEAD",
              "TILESPEC_NATIVE_KERNELS", "TILESPEC_SDPA", "TILESPEC_DIRECT_LAUNCH", "TILESPEC_TP_ALLREDUCE",
-             "TILESPEC_TP_CHECK", "TILESPEC_API_KEY")
+             "TILESPEC_API_KEY")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -65,10 +65,10 @@ class Settings:
     sdpa: str
     direct_launch: bool
     tp_allreduce: Optional[str]       # None: auto
-    tp_check: bool
     api_key: Optional[str] = dataclasses.field(default=None, repr=False)   # a secret: kept out of repr
     native_flex: bool = False         # set from Python only (configure)
     compiled_prefill: bool = False    # set from Python only (configure)
+    tp_check: bool = False            # set from Python only (configure)
 
 
 def _flag(name: str, raw: Optional[str], default: bool) -> bool:
@@ -113,7 +113,6 @@ def parse(env) -> Settings:
         sdpa=_sdpa(env.get("TILESPEC_SDPA")),
         direct_launch=_flag("TILESPEC_DIRECT_LAUNCH", env.get("TILESPEC_DIRECT_LAUNCH"), True),
         tp_allreduce=_allreduce(env.get("TILESPEC_TP_ALLREDUCE")),
-        tp_check=_flag("TILESPEC_TP_CHECK", env.get("TILESPEC_TP_CHECK"), False),
         api_key=env.get("TILESPEC_API_KEY") or None,
     )
 

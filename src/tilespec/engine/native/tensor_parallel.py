@@ -21,7 +21,7 @@ over NVLink, multicast never used) for decode-sized inputs: 0.39 ms less per tok
 Same tokens on every rank: the gathered logits are identical on every rank (all-gather and all-reduce results are
 bitwise equal across ranks) and the sampling is keyed by (seed, position) through Philox, so every rank draws the
 same tokens with no broadcast; drafts (draft models, context drafters) are replicated and run without collectives.
-``check=True`` (env ``TILESPEC_TP_CHECK=1``) verifies it: every target forward compares its input tokens and
+``check=True`` (or ``settings.configure(tp_check=True)``) verifies it: every target forward compares its input tokens and
 positions across ranks on the device (graph-safe) and :func:`check_consistent` raises on the host.
 
 Launch: ``torchrun --nproc-per-node N ...``; :func:`init_tensor_parallel` reads the launcher's environment
@@ -181,7 +181,7 @@ def shard(model, tp: TensorParallel, *, allreduce: str = "auto", check: Optional
     Afterwards the engine runs it through :class:`TensorParallelLlama` on ``tp.device`` (``native`` or
     ``native-graphs`` mode): the sharded module weights are replaced by meta tensors of their full shapes (the
     transformers forward cannot run any more, and fails loudly if called), replicated parameters move to the device.
-    ``check``: compare every forward's inputs across ranks (default: env ``TILESPEC_TP_CHECK=1``). ``allreduce``:
+    ``check``: compare every forward's inputs across ranks (default: ``settings.configure(tp_check=True)``, off). ``allreduce``:
     "nccl" (the process group's collectives: NCCL on GPUs, gloo on CPU), "symm" (CUDA: symmetric memory), "best"
     (CUDA: the faster of the two, timed per shape on its first call) or "auto" (:func:`resolve_allreduce`; all in
     tp_collectives.py). Meta-device models get random weights, each rank only its shards (see _Placer)."""
