@@ -22,6 +22,12 @@ def tiny_lm(seed: int, family: str = "llama", vocab: int = 128, layers: int = 2,
     return model
 
 
+def random_prompts(n: int, seed: int, length: int = 8, vocab: int = 64) -> list:
+    """``n`` token lists of ``length`` ids in [1, vocab), reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
 def layer_skip(model, layers: int):
     """A draft that keeps the first ``layers`` decoder layers of ``model`` (weights copied): agrees often."""
     cfg = model.config.to_dict()

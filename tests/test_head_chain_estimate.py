@@ -14,7 +14,7 @@ from tilespec.training.chain_walk import alphas_of_taus, chain_walk
 from tilespec.training.head_data import generate_responses, sequence_features
 from tilespec.verify import SamplingParams
 
-from engine_models import tiny_lm
+from engine_models import random_prompts, tiny_lm
 
 VOCAB, NEW, PROMPT = 64, 40, 8
 
@@ -85,8 +85,7 @@ def test_emitted_acceptance_averages_to_the_sum_of_minima(sampling):
 
 
 def _prompts(n: int, seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (PROMPT,), generator=g).tolist() for _ in range(n)]
+    return random_prompts(n, seed, PROMPT, VOCAB)
 
 
 @pytest.fixture(scope="module")

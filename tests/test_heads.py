@@ -13,15 +13,14 @@ from tilespec.heads import DraftHead, HeadMismatch, HeadNotFound, config_for, lo
 from tilespec.training import train_head
 from tilespec.verify import SamplingParams
 
-from engine_models import exact_sequence_law, tiny_lm
+from engine_models import exact_sequence_law, random_prompts, tiny_lm
 
 GREEDY = SamplingParams(temperature=0.0)
 VOCAB = 64
 
 
 def _prompts(n: int, seed: int, length: int = 8) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (length,), generator=g).tolist() for _ in range(n)]
+    return random_prompts(n, seed, length, VOCAB)
 
 
 @pytest.fixture(scope="module")
