@@ -243,6 +243,7 @@ def test_paged_engine_single_request_on_the_fused_layer(monkeypatch):
     out = {}
     for fused in (False, True):
         engine = PagedEngine(target, None, max_batch=2, block_size=4)
+        engine.model.graphs = True           # the decode-step path (eager here: no CUDA graphs on the CPU)
         engine.model.fused = fused
         req = BatchRequest(prompt=[5, 6, 7, 8, 9, 10], max_tokens=10, seed=0, temperature=0.0)
         engine.submit(req)

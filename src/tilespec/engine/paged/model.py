@@ -120,7 +120,8 @@ class PagedModel:
         if self.graphs:
             self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
         self._decode = GraphCache(self._graph_forward, max_graphs=512) if self.graphs else None
-        # one-token steps on the fused layer (the runtime's kernel part "layer"), with the compiled graphs only
+        # one-token decode steps on the fused layer (the runtime's kernel part "layer"; compiled engines only, and
+        # only in decode(): its launches cost nothing inside a captured graph, mixed steps keep the compiled layer)
         self.fused = self.graphs and "layer" in active_kernel_parts()
 
     @staticmethod
@@ -131,11 +132,11 @@ class PagedModel:
     def memory_bytes(self) -> int:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.caches)
 
-    def _run(self, fns, tokens, positions, slots, tables, cu_q, kv_lens, rows, max_q: int):
+    def _run(self, fns, tokens, positions, slots, tables, cu_q, kv_lens, rows, max_q: int, fused: bool = False):
         prologue, layer, head = fns
         n = self.native
         h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
-        if self.fused and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
+        if fused and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
             layer = paged_fused_layer
         for w, (k_cache, v_cache) in zip(n.layers, self.caches):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
@@ -144,24 +145,25 @@ class PagedModel:
         return head(h, res, rows, n.norm, n.lm_head, n.eps)
 
     def _graph_forward(self, *tensors, key=None):
-        return self._run(self._fns, *tensors, max_q=key)
+        return self._run(self._fns, *tensors, max_q=key, fused=self.fused)
 
     @torch.inference_mode()
-    def forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Any step (prefill chunks, decode rows, both) -> fp32 logits [N, V] at ``inputs.rows``."""
+    def forward(self, inputs: StepInputs, fused: bool = False) -> torch.Tensor:
+        """Any step (prefill chunks, decode rows, both) -> fp32 logits [N, V] at ``inputs.rows``; ``fused``: a
+        one-token step runs :func:`paged_fused_layer`."""
         try:
-            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q).float()
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused).float()
         except Exception as err:        # stay correct where a compile fails: eager from now on
             if self._fns[1] is paged_layer:
                 raise
             warnings.warn(f"compiled paged forward failed ({type(err).__name__}: {err}); running eagerly")
             self._fns, self.graphs, self._decode = (paged_prologue, paged_layer, paged_head), False, None
-            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q).float()
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused).float()
 
     @torch.inference_mode()
     def decode(self, inputs: StepInputs) -> torch.Tensor:
         """A decode step of fixed shape (every request the same width): a CUDA-graph replay where graphs are on
         (captured on the first call of each shape), else :meth:`forward`. Returns fp32 logits [N, V] (fresh)."""
         if self._decode is None:
-            return self.forward(inputs)
+            return self.forward(inputs, fused=self.fused)
         return self._decode(*inputs.tensors(), key=inputs.max_q).float()
