@@ -346,17 +346,25 @@ stage_soak() {  # one process, random-init Qwen2.5-1.5B-shaped target: >= 200 ge
   tail -5 "$RES/soak.log"; tarball soak
 }
 
-stage_serve() {  # load benchmark of tilespec serve (none / ngram) against transformers serve (wheels: fastapi,
-                 # uvicorn, openai ... in $EXTRA/wheels); SERVE_SOAK_S seconds of saturation soak at the end (on the
-                 # first speculative tilespec system); SERVE_CLIENTS (1,4,16,64), SERVE_NAME (serve-load) name the run
+stage_serve() {  # load benchmark on one GPU: tilespec serve (none / ngram) against vLLM (plain / ngram), after a
+                 # check of the load generator itself against the stub server (JSON: load_generator_check; SERVE_STUB=0
+                 # skips it). Wheels: fastapi, uvicorn, openai ... in $EXTRA/wheels (SERVE=1 at parts); vLLM in
+                 # /tmp/vsite (shared/tools/vllm-offline, its INSTALL.sh; a system that cannot start is recorded as
+                 # failed). SERVE_SYSTEMS (tilespec:none,tilespec:ngram,vllm,vllm:ngram), SERVE_CLIENTS (1,16,64,256);
+                 # code edit, 128 tokens, T 0, ignore EOS, max(32, 4 x clients) requests a level, none sent after
+                 # SERVE_LEVEL_S (8) s; SERVE_SOAK_S (0) s of saturation soak at the end; SERVE_ARGS appended;
+                 # SERVE_NAME (serve-load) names the run. A rerun with the same settings resumes the JSON
   UNPACK=1 env_setup
-  local m=${SERVE_TARGET:-qwen2.5-coder-1.5b-instruct} hf name=${SERVE_NAME:-serve-load}
+  local m=${SERVE_TARGET:-qwen2.5-coder-1.5b-instruct} hf name=${SERVE_NAME:-serve-load} stub=--stub-check
+  [ "${SERVE_STUB:-1}" = 1 ] || stub=
   hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
   step "$name" "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
-    --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,hf}" --clients "${SERVE_CLIENTS:-1,4,16,64}" \
-    --requests-per-client 4 --task code-edit --max-tokens 128 --max-batch 64 --soak-seconds "${SERVE_SOAK_S:-60}" \
-    --port "${SERVE_PORT:-8321}" --log-dir "$RES/$name-logs" --out "$RES/$name-${SERVE_TAG:-qwen1.5b}-$(gpu_tag).json"
-  tail -30 "$RES/$name.log"; tarball serve
+    --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,vllm,vllm:ngram}" --clients "${SERVE_CLIENTS:-1,16,64,256}" \
+    --requests-per-client 4 --min-requests 32 --level-seconds "${SERVE_LEVEL_S:-8}" --task code-edit --max-tokens 128 \
+    --temperature 0 --ignore-eos --max-batch 256 --start-timeout "${SERVE_START_S:-330}" $stub \
+    --stub-seconds "${SERVE_STUB_S:-3}" --soak-seconds "${SERVE_SOAK_S:-0}" ${SERVE_ARGS:-} --port "${SERVE_PORT:-8321}" \
+    --log-dir "$RES/$name-logs" --out "$RES/$name-${SERVE_TAG:-qwen1.5b}-$(gpu_tag).json"
+  grep -E "stub check|clients=|healthy|exited|did not|Error" "$RES/$name.log" | tail -40; tarball serve
 }
 
 stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one process per model family, resumable.
