@@ -1,8 +1,11 @@
-"""``tilespec serve`` end to end on CPU: a uvicorn server in a thread with a tiny model, the openai client and httpx.
+"""``tilespec serve`` end to end on CPU: a uvicorn server in a thread with a tiny model (its engine in a process of
+its own, as in production), the openai client and httpx.
 
 Covers the OpenAI endpoints (chat / completions, streaming, usage, stop strings), 16+ concurrent requests over 4
-batch rows, exactness under batching (a seeded request's text alone == amid other traffic), client cancellation
-freeing the row, OpenAI-style errors (404 / 400 / 429 / 503) and a graceful shutdown that finishes running streams.
+batch rows, exactness under batching (a seeded request's text alone == amid other traffic), the served tokens equal
+to the same engine's offline generation (T=0, and T=1 with the same seed), client cancellation freeing the blocks,
+an engine process that dies (errors at once, /health 503, no hang), OpenAI-style errors (404 / 400 / 429 / 503) and a
+graceful shutdown that finishes running streams.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from tilespec.serve import build_server  # noqa: E402
 
 from engine_models import tiny_lm  # noqa: E402
+from serve_hooks import fail_after, stall_after  # noqa: E402
 
 MODEL = "tiny"
 
@@ -77,10 +81,15 @@ class Server:
         self.thread.join(timeout=20)
 
 
-def make_app(**kw):
+def make_target():
     torch.manual_seed(0)
     target = tiny_lm(0, logit_scale=3.0)
     target.generation_config.eos_token_id = None
+    return target
+
+
+def make_app(**kw):
+    target = make_target()
     options = dict(draft="ngram", model_name=MODEL, max_batch=4, gamma=3, max_len=96, max_queue=64,
                    default_max_tokens=16, prefill_chunk=8)
     tokenizer = kw.pop("tokenizer", None) or CharTokenizer()
@@ -161,32 +170,74 @@ def test_concurrent_requests_match_their_solo_runs(server):
     assert solo == [crowd[i] for i in (0, 5, 10, 19)]
 
 
-def test_disconnect_frees_the_row(server, monkeypatch):
-    engine = server.app.state.worker.engine
-    step = engine.step
+def wait_metric(srv, name, value, timeout=60.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if metric(srv, name) == value:
+            return True
+        time.sleep(0.02)
+    return False
 
-    calls = []
 
-    def stalled_step():                    # admit, prefill and one decode step, then no progress: the request can
-        calls.append(1)                    # only end by the disconnect (with drafts, 80 tokens can finish in a few
-        if len(calls) <= 3:                # steps, which once beat a loaded CI machine's disconnect)
-            return step()
-        time.sleep(0.05)
-        return []
+def test_served_tokens_equal_offline_generation(server):
+    """At T=0, and at T=1 with the same seed, the tokens a request streams over HTTP are the ones the same engine
+    gives in-process (PagedEngine.generate): the process boundary changes nothing."""
+    from tilespec.engine.paged import PagedEngine
+    from tilespec.verify.types import SamplingParams
+    tok = CharTokenizer()
+    prompt = tok("the quick brown fox").input_ids
+    engine = PagedEngine(make_target(), "ngram", max_batch=4, gamma=3, max_len=96, token_budget=8 + 4 * 4)
+    for temperature, seed in ((0.0, 0), (1.0, 17)):
+        offline = engine.generate([prompt], max_new_tokens=24, sampling=SamplingParams(temperature=temperature),
+                                  seed=[seed])
+        want = tok.decode(offline.sequences[0])
+        streamed = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                      temperature=temperature, seed=seed, stream=True)
+        assert "".join(c.choices[0].text for c in streamed) == want
 
-    monkeypatch.setattr(engine, "step", stalled_step)
-    worker = server.app.state.worker
-    before = metric(server, "tilespec_requests_cancelled_total")
-    processed = worker.cancels_processed
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=dict(
-            model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:
-        assert resp.status_code == 200
-        lines = resp.iter_lines()
-        assert next(lines).startswith("data: ")
-    # the engine thread signals each cancellation it carries out: wait for that event, not for a fixed time
-    assert worker.wait_cancels(processed + 1, timeout=120), "the disconnect was never turned into a cancellation"
-    assert metric(server, "tilespec_requests_running") == 0
-    assert metric(server, "tilespec_requests_cancelled_total") == before + 1
+
+def test_disconnect_frees_the_blocks():
+    """A client that goes away mid-stream cancels its request in the engine process: its blocks are freed."""
+    srv = Server(make_app(engine_hook=stall_after(3)))
+    try:
+        before = metric(srv, "tilespec_requests_cancelled_total")
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=dict(
+                model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:
+            assert resp.status_code == 200
+            assert next(resp.iter_lines()).startswith("data: ")
+        assert wait_metric(srv, "tilespec_requests_cancelled_total", before + 1), "the disconnect was never a cancel"
+        assert wait_metric(srv, "tilespec_requests_running", 0)
+        assert wait_metric(srv, "tilespec_kv_cache_bytes", 0)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("how", ["killed", "step raises"])
+def test_a_dead_engine_process_fails_requests_at_once(how):
+    """The engine process dies mid-stream (SIGKILL, or a step that raises): the stream ends with an error event
+    within seconds, /health turns 503 with the reason, and new requests get 503 -- nothing hangs."""
+    import os
+    import signal
+    srv = Server(make_app(engine_hook=stall_after(3) if how == "killed" else fail_after(3)))
+    client = srv.app.state.client
+    try:
+        t0 = time.time()
+        with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30, json=dict(
+                model=MODEL, prompt="abc", max_tokens=80, temperature=1.0, stream=True)) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            if how == "killed":
+                os.kill(client.process.pid, signal.SIGKILL)
+            rest = [line for line in lines if line]
+        assert time.time() - t0 < 20
+        assert "engine" in rest[-1] and '"error"' in rest[-1]
+        health = httpx.get(f"{srv.url}/health")
+        assert health.status_code == 503 and health.json()["reason"]
+        after = httpx.post(f"{srv.url}/v1/completions", json=dict(model=MODEL, prompt="a", max_tokens=2))
+        assert after.status_code == 503
+    finally:
+        srv.stop()
+    assert not client.process.is_alive()
 
 
 def test_openai_style_errors(server):
@@ -202,20 +253,20 @@ def test_openai_style_errors(server):
         client.chat.completions.create(model=MODEL, n=2, **chat)
     resp = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 0})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
-    worker = server.app.state.worker
-    worker.max_queue = 0
+    engine = server.app.state.client
+    engine.max_queue = 0
     try:
         with pytest.raises(openai.RateLimitError):
             client.chat.completions.create(model=MODEL, **chat)
     finally:
-        worker.max_queue = 64
-    worker.draining = True
+        engine.max_queue = 64
+    engine.draining = True
     try:
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(model=MODEL, **chat)
         assert httpx.get(f"{server.url}/health").status_code == 503
     finally:
-        worker.draining = False
+        engine.draining = False
 
 
 def test_graceful_shutdown_finishes_running_streams():
@@ -237,3 +288,44 @@ def test_graceful_shutdown_finishes_running_streams():
     srv.stop()
     reader.join(timeout=20)
     assert got.get("reason") == "length" and len(got["text"]) > 30
+    assert not srv.app.state.client.process.is_alive()       # no engine process outlives the server
+
+
+ORPHAN = """
+import sys, time
+sys.path[:0] = {paths!r}
+import torch
+from tilespec.serve import build_server
+from test_serve import CharTokenizer, make_target
+app = build_server(make_target(), CharTokenizer(), model_name="tiny", max_batch=2, max_len=64)
+print(app.state.client.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_engine_process_dies_with_the_server():
+    """An API process killed outright (SIGKILL: none of its code runs) takes its engine process with it, so no
+    orphan keeps the device's memory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = ORPHAN.format(paths=[str(Path(__file__).parent), *sys.path])
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        end = time.monotonic() + 15
+        while Path(f"/proc/{child}").exists() and time.monotonic() < end:
+            stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}/stat").exists() else ""
+            if stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+                break
+            time.sleep(0.05)
+        gone = not Path(f"/proc/{child}").exists() or \
+            Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+        assert gone, f"the engine process {child} outlived its server"
+    finally:
+        parent.kill()
+        parent.wait()

@@ -170,13 +170,13 @@ def test_every_error_has_the_openai_shape(server):
     error_of(post(server, "/v1/completions", content=b"[1, 2]", headers=json_type), 400)
     assert error_of(httpx.get(f"{server.url}/v1/nothing"), 404)["code"] == "not_found"
     error_of(httpx.get(f"{server.url}/v1/completions"), 405)
-    worker = server.app.state.worker
-    worker.max_queue = 0
+    engine = server.app.state.client
+    engine.max_queue = 0
     try:
         resp = post(server, "/v1/chat/completions", CHAT)
         assert error_of(resp, 429)["type"] == "rate_limit_error" and resp.headers["retry-after"] == "1"
     finally:
-        worker.max_queue = 64
+        engine.max_queue = 64
 
 
 def test_metrics_have_help_and_type_lines(server):

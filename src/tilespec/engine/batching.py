@@ -152,9 +152,14 @@ class BatchEngine:
                          "accepted": 0, "spec_steps": 0, "requests_finished": 0, "requests_cancelled": 0}
 
     # ------------------------------------------------------------------------------------------------ requests
+    @property
+    def max_request_len(self) -> int:
+        """The most positions (prompt + max_tokens) one request may take."""
+        return self.max_len
+
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (empty / too long / bad ids or values)."""
-        check_request(req, self.max_len, self.vocab)
+        check_request(req, self.max_request_len, self.vocab)
 
     def submit(self, req: BatchRequest) -> int:
         """Queue a request (checked first); returns its id."""

@@ -3,11 +3,16 @@ speculative decoding: the paged engine (:mod:`tilespec.engine.paged`: paged K/V,
 the decode batch) for Llama-family targets with context drafts or none, else :mod:`tilespec.engine.batching` (draft
 models, trained heads, other families). See docs/serve.md.
 
+Two processes: the engine process (serve/core.py) owns the GPU and the step loop; this one (serve/client.py,
+serve/app.py) takes HTTP requests, tokenizes, detokenizes and streams. They exchange one zmq message per engine step.
+
     from tilespec.serve import build_server
     app = build_server(target_model, tokenizer, draft="ngram", model_name="my-model", max_batch=16)
     uvicorn.run(app, port=8000)
 """
 from __future__ import annotations
+
+from functools import partial
 
 
 PAGED_ONLY = ("token_budget", "block_size", "num_blocks", "kv_fraction", "prefix_caching")
@@ -32,42 +37,65 @@ def pick_engine(target, draft, engine: str, options: dict) -> str:
     return engine
 
 
-def make_engine(target, draft, *, engine: str = "auto", max_batch: int = 8, gamma: int = 4, max_len=None,
+PAGED_MAX_BATCH, BATCH_MAX_BATCH = 256, 16     # default rows: vLLM serves 256+ sequences; fixed rows cost memory
+
+
+def make_engine(target, draft, *, engine: str = "auto", max_batch=None, gamma: int = 4, max_len=None,
                 tokenizer=None, pad_token_id: int = 0, prefill_chunk: int = 512, **options):
-    """The serving engine (see :func:`pick_engine`) with ``options`` of that engine."""
+    """The serving engine (see :func:`pick_engine`) with ``options`` of that engine; ``max_batch`` None: 256 rows
+    on the paged engine, 16 on BatchEngine."""
     options = {k: v for k, v in options.items() if v is not None}
     if pick_engine(target, draft, engine, options) == "batch":
         from tilespec.engine.batching import BatchEngine
-        return BatchEngine(target, draft, max_batch=max_batch, gamma=gamma, max_len=max_len, tokenizer=tokenizer,
-                           pad_token_id=pad_token_id, prefill_chunk=prefill_chunk, **options)
+        return BatchEngine(target, draft, max_batch=max_batch or BATCH_MAX_BATCH, gamma=gamma, max_len=max_len,
+                           tokenizer=tokenizer, pad_token_id=pad_token_id, prefill_chunk=prefill_chunk, **options)
     from tilespec.engine.paged import PagedEngine
+    max_batch = max_batch or PAGED_MAX_BATCH
     options["compile"] = bool(options.get("compile", False))
     options.setdefault("token_budget", prefill_chunk + max_batch * (1 + gamma))
     return PagedEngine(target, draft, max_batch=max_batch, gamma=gamma, max_len=max_len, tokenizer=tokenizer,
                        pad_token_id=pad_token_id, **options)
 
 
-def build_server(target, tokenizer, *, draft=None, model_name: str = "model", max_batch: int = 8, gamma: int = 4,
-                 max_len=None, max_queue: int = 256, default_max_tokens: int = 256, shutdown_timeout: float = 30.0,
-                 chat: bool = True, warmup: bool = True, log=None, max_body_mb: float = 4.0, api_key=None,
-                 cors_origins=(), engine: str = "auto", **engine_options):
+def build_server(target, tokenizer, *, draft=None, max_batch=None, gamma: int = 4, max_len=None,
+                 engine: str = "auto", warmup: bool = True, engine_hook=None, **options):
     """The FastAPI app serving loaded ``target`` (and ``draft``: anything SpeculativeDecoder takes -- None, a draft
-    model, "ngram" / "suffix", "head" / "head+ngram" / a head folder, [model, "ngram"], a Drafter) under
-    ``model_name``. ``engine``: "auto" (the paged engine where it serves the pair, else BatchEngine), "paged" or
-    "batch"; ``engine_options`` go to it (method, compile, adaptive, spec_max_batch, eos_token_id, prefill_chunk;
-    paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching; batch: capacity). ``warmup``: compile
-    and capture every step shape before serving (CUDA graphs only), reporting progress to ``log``. ``max_body_mb``,
-    ``api_key``, ``cors_origins``: see :func:`tilespec.serve.app.build_app`."""
-    from tilespec.engine.batch_warmup import warm_up
+    model, "ngram" / "suffix", "head" / "head+ngram" / a head folder, [model, "ngram"], a Drafter) with
+    ``tokenizer``. The models are pickled into the engine process (see :func:`serve_engine` for the process split
+    and the server ``options``; the rest go to the engine). ``engine``: "auto" (the paged engine where it serves the
+    pair, else BatchEngine), "paged" or "batch"; engine options: method, compile, adaptive, spec_max_batch,
+    eos_token_id, prefill_chunk; paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching; batch:
+    capacity. ``warmup``: compile and capture the step shapes before serving (CUDA graphs only);
+    ``engine_hook``: a picklable callable run on the built engine in its process."""
+    from .core import EngineSpec, given
+    server = {k: options.pop(k) for k in SERVER_OPTIONS if k in options}
+    spec = EngineSpec(load=partial(given, target, draft, tokenizer), warmup=warmup, hook=engine_hook,
+                      send_tokenizer=False,
+                      options=dict(engine=engine, max_batch=max_batch, gamma=gamma, max_len=max_len, **options))
+    return serve_engine(spec, tokenizer, **server)
 
+
+SERVER_OPTIONS = ("model_name", "max_queue", "default_max_tokens", "shutdown_timeout", "chat", "log", "max_body_mb",
+                  "api_key", "cors_origins")
+
+
+def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: int = 256,
+                 default_max_tokens: int = 256, shutdown_timeout: float = 30.0, chat: bool = True, log=None,
+                 max_body_mb: float = 4.0, api_key=None, cors_origins=()):
+    """The FastAPI app over an engine process built from ``spec`` (serve/core.EngineSpec): the process is started
+    and this returns once it is ready (its failure raised here). ``tokenizer``: the API process's (default: the one
+    the engine process loaded). ``max_queue``: waiting requests before 429; ``shutdown_timeout``: seconds running
+    requests get on shutdown; ``max_body_mb``, ``api_key``, ``cors_origins``: see
+    :func:`tilespec.serve.app.build_app`; ``log``: where the start-up line goes."""
     from .app import build_app
-    from .worker import EngineWorker
-    inner = getattr(tokenizer, "tokenizer", tokenizer)
-    pad = getattr(inner, "pad_token_id", None)
-    eng = make_engine(target, draft, engine=engine, max_batch=max_batch, gamma=gamma, max_len=max_len,
-                      tokenizer=inner, pad_token_id=pad if pad is not None else 0, **engine_options)
-    if warmup:
-        eng.warm_up(log=log) if hasattr(eng, "warm_up") else warm_up(eng, log=log)
-    return build_app(EngineWorker(eng, max_queue=max_queue), model_name, inner,
-                     default_max_tokens=default_max_tokens, shutdown_timeout=shutdown_timeout, chat=chat,
-                     max_body_mb=max_body_mb, api_key=api_key, cors_origins=cors_origins)
+    from .client import EngineClient
+    client = EngineClient(spec, max_queue=max_queue)
+    info = client.wait_ready()
+    inner = getattr(tokenizer, "tokenizer", tokenizer) if tokenizer is not None else client.tokenizer
+    if log is not None:
+        kv = f", K/V capacity {info['kv_capacity_tokens']:,} tokens ({info['kv_bytes'] / 2**30:.2f} GiB)" \
+            if "kv_capacity_tokens" in info else ""
+        log(f"engine ready: {info['engine']}, {info['max_batch']} rows, context {info['max_len']}{kv}")
+    return build_app(client, model_name, inner, default_max_tokens=default_max_tokens,
+                     shutdown_timeout=shutdown_timeout, chat=chat, max_body_mb=max_body_mb, api_key=api_key,
+                     cors_origins=cors_origins)

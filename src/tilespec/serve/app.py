@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over an :class:`~tilespec.serve.worker.EngineWorker` (FastAPI).
+"""The OpenAI-compatible HTTP API over the engine process (FastAPI; :class:`~tilespec.serve.client.EngineClient`).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream=true`` as server-sent events,
 ``data: {...}`` chunks ending with ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (200, or 503 while
@@ -11,7 +11,6 @@ request cancelled, which frees its batch row.
 """
 from __future__ import annotations
 
-import asyncio
 from contextlib import asynccontextmanager
 from typing import Optional, Sequence
 
@@ -20,27 +19,27 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from .body import parse_request
+from .client import EngineClient
 from .completion import Completions
 from .errors import APIKeyMiddleware, install_error_handlers
 from .metrics import metrics_registry, render
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .shapes import ChatShape, CompletionShape
-from .worker import EngineWorker
 
 
-def build_app(worker: EngineWorker, model_name: str, tokenizer, *, default_max_tokens: int = 256,
+def build_app(client: EngineClient, model_name: str, tokenizer, *, default_max_tokens: int = 256,
               shutdown_timeout: float = 30.0, chat: bool = True, max_body_mb: float = 4.0,
               api_key: Optional[str] = None, cors_origins: Sequence[str] = ()) -> FastAPI:
-    """The FastAPI app serving ``worker``'s engine as model ``model_name``; ``tokenizer`` encodes prompts (chat
-    template when it has one and ``chat``) and decodes completions. The worker starts with the app and drains on
-    shutdown (running requests get ``shutdown_timeout`` seconds, then are cancelled). ``max_body_mb``: larger
+    """The FastAPI app serving ``client``'s engine as model ``model_name``; ``tokenizer`` encodes prompts (chat
+    template when it has one and ``chat``) and decodes completions. The client starts reading with the app and
+    drains on shutdown (running requests get ``shutdown_timeout`` seconds, then are cancelled). ``max_body_mb``: larger
     request bodies get 413; ``api_key``: every route but /health needs ``Authorization: Bearer <key>``;
     ``cors_origins``: origins allowed by CORS ("*" for any)."""
-    completions = Completions(worker, tokenizer, model_name, default_max_tokens=default_max_tokens, chat=chat)
-    app = FastAPI(title="tilespec", lifespan=_lifespan(worker, completions, shutdown_timeout))
-    app.state.worker = worker
+    completions = Completions(client, tokenizer, model_name, default_max_tokens=default_max_tokens, chat=chat)
+    app = FastAPI(title="tilespec", lifespan=_lifespan(client, completions, shutdown_timeout))
+    app.state.client = client
     install_error_handlers(app)
-    _info_routes(app, worker, model_name)
+    _info_routes(app, client, model_name)
     _completion_routes(app, completions, int(max_body_mb * 2**20))
     if api_key:
         app.add_middleware(APIKeyMiddleware, key=api_key)
@@ -50,30 +49,29 @@ def build_app(worker: EngineWorker, model_name: str, tokenizer, *, default_max_t
     return app
 
 
-def _lifespan(worker: EngineWorker, completions: Completions, shutdown_timeout: float):
+def _lifespan(client: EngineClient, completions: Completions, shutdown_timeout: float):
     @asynccontextmanager
     async def lifespan(app):
-        if not worker._thread.is_alive():
-            worker.start()
+        await client.start()
         yield
-        await asyncio.to_thread(worker.drain, shutdown_timeout)
+        await client.drain(shutdown_timeout)
         completions.encode_pool.shutdown(wait=False)
     return lifespan
 
 
-def _info_routes(app: FastAPI, worker: EngineWorker, model_name: str) -> None:
+def _info_routes(app: FastAPI, client: EngineClient, model_name: str) -> None:
     """/v1/models, /health, /metrics."""
-    registry = metrics_registry(worker)
+    registry = metrics_registry(client)
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(worker.started),
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(client.started),
                                             "owned_by": "tilespec"}]}
 
     @app.get("/health")
     async def health():
-        if not worker.alive or worker.draining:
-            reason = worker.error or "shutting down"
+        if not client.alive or client.draining:
+            reason = client.error or "shutting down"
             return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
         return {"status": "ok"}
 

@@ -1,9 +1,12 @@
-"""One completion request, from its parsed body to the response: prompt ids, the engine request, the events.
+"""One completion request, from its parsed body to the response: prompt ids, the engine request, its tokens as text.
 
-:class:`Completions` holds what every request needs (the worker, the tokenizer, the served model's name, defaults).
+:class:`Completions` holds what every request needs (the engine client, the tokenizer, the served model's name,
+defaults).
 Tokenizing and the chat template run on one worker thread (``encode_pool``), never on the event loop, so a long
 prompt does not stall ``/health`` or other streams; the tokenizer is used by one encoding thread at a time. A
-streamed response is server-sent events; a client that disconnects cancels its request (its row is freed).
+streamed response is server-sent events: each chunk carries every token that arrived since the previous one (a
+client slower than the engine gets fewer, larger chunks, never a queue of them); a client that disconnects cancels
+its request (its blocks are freed).
 """
 from __future__ import annotations
 
@@ -14,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tilespec.engine.batching import BatchRequest
+from tilespec.engine.batch_request import BatchRequest
 
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .shapes import ChatShape, CompletionShape, sse
+from .client import EngineClient, EngineFailed, Overloaded, RequestStream
+from .detokenize import fast_decoder
 from .text import TextStream
-from .worker import EngineWorker, Overloaded
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
 
@@ -29,12 +33,13 @@ class ClientGone(Exception):
 
 
 class Completions:
-    """The completion routes' work for ``worker``'s engine served as ``model_name`` (see the module docstring)."""
+    """The completion routes' work for ``client``'s engine served as ``model_name`` (see the module docstring)."""
 
-    def __init__(self, worker: EngineWorker, tokenizer, model_name: str, *, default_max_tokens: int = 256,
+    def __init__(self, client: EngineClient, tokenizer, model_name: str, *, default_max_tokens: int = 256,
                  chat: bool = True, retry_after: int = 1):
-        self.worker, self.tok, self.model_name = worker, tokenizer, model_name
+        self.client, self.tok, self.model_name = client, tokenizer, model_name
         self.default_max_tokens, self.chat, self.retry_after = default_max_tokens, chat, retry_after
+        self.decode = fast_decoder(tokenizer)
         self.encode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tilespec-encode")
 
     async def _off_loop(self, fn, *args):
@@ -70,7 +75,7 @@ class Completions:
 
     def max_tokens(self, body: SamplingFields, n: int, prompt_param: str) -> int:
         """The request's token budget for a prompt of ``n`` tokens, or a 400 that says what is over the context."""
-        c = self.worker.engine.max_len
+        c = self.client.max_len
         if n >= c:
             what = f"{n - c} over the context of {c}" if n > c else \
                 f"filling the context of {c} with no room for a completion"
@@ -97,7 +102,7 @@ class Completions:
 
     def submit(self, req: BatchRequest):
         try:
-            return self.worker.submit(req)
+            return self.client.submit(req)
         except Overloaded as err:
             if err.status == 429:
                 raise APIError(429, str(err), kind="rate_limit_error", code="overloaded",
@@ -111,11 +116,11 @@ class Completions:
     # ---------------------------------------------------------------------------------------------- responses
     async def respond(self, request, body: SamplingFields, ids: list, shape, prompt_param: str):
         """Submit and answer: a StreamingResponse of server-sent events, or the full response body."""
-        ticket = self.submit(self.request(body, ids, prompt_param))
-        reply = _Reply(self, request, ticket, TextStream(self.tok, body.stops()), shape, len(ids))
+        stream = self.submit(self.request(body, ids, prompt_param))
+        reply = _Reply(self, request, stream, TextStream(self.decode, body.stops()), shape, len(ids))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return TicketStream(reply.events_sse(include_usage), lambda: self.worker.cancel(ticket),
+            return TicketStream(reply.events_sse(include_usage), lambda: self.client.cancel(stream),
                                 media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await reply.full()
@@ -143,10 +148,10 @@ class TicketStream(StreamingResponse):
 
 
 class _Reply:
-    """The answer to one submitted request (``ticket``): its text as events, streamed or gathered."""
+    """The answer to one submitted request (``stream``): its text as events, streamed or gathered."""
 
-    def __init__(self, owner: Completions, request, ticket, text: TextStream, shape, n_prompt: int):
-        self.owner, self.request, self.ticket, self.text, self.shape = owner, request, ticket, text, shape
+    def __init__(self, owner: Completions, request, stream: RequestStream, text: TextStream, shape, n_prompt: int):
+        self.owner, self.request, self.stream, self.text, self.shape = owner, request, stream, text, shape
         self.n_prompt = n_prompt
         self.rid, self.created = f"{shape.prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -154,60 +159,64 @@ class _Reply:
         done = len(self.text.tokens)
         return {"prompt_tokens": self.n_prompt, "completion_tokens": done, "total_tokens": self.n_prompt + done}
 
-    async def _next_event(self):
-        while True:
+    async def _arrival(self, watch: bool) -> None:
+        """Until the engine sent something for this request; ``watch``: also notice a client that went away (a
+        streamed response is cancelled by Starlette on a disconnect instead, so it waits on the event alone)."""
+        ready = self.stream.ready
+        while watch and not ready.is_set():
             try:
-                return await asyncio.wait_for(self.ticket.events.get(), timeout=0.5)
+                return await asyncio.wait_for(ready.wait(), timeout=0.5)
             except asyncio.TimeoutError:
                 if await self.request.is_disconnected():
                     raise ClientGone() from None
+        await ready.wait()
 
-    async def events(self):
-        """(new text, finish reason or None) per engine event; cancels the request when a stop string hits."""
-        worker = self.owner.worker
+    async def events(self, watch: bool = False):
+        """(new text, finish reason or None) per arrival of tokens; cancels the request when a stop string hits."""
+        stream = self.stream
         while True:
-            event = await self._next_event()
-            if isinstance(event, Exception):
-                raise APIError(503, f"the engine failed: {event}", kind="server_error")
-            done = event.finish_reason is not None
-            new = self.text.push(event.tokens, final=done)
+            await self._arrival(watch)
+            if stream.error is not None:
+                if isinstance(stream.error, EngineFailed):
+                    raise APIError(503, f"the engine failed: {stream.error}", kind="server_error")
+                raise APIError(400, str(stream.error))
+            done = stream.finish is not None
+            new = self.text.push(stream.take(), final=done)
             if self.text.stopped and not done:
-                worker.cancel(self.ticket)
+                self.owner.client.cancel(stream)
                 yield new, "stop"
                 return
-            yield new, (FINISH[event.finish_reason] if done else None)
+            if new or done:
+                yield new, ("stop" if self.text.stopped else FINISH[stream.finish]) if done else None
             if done:
-                self.ticket.finished = True
                 return
 
-    def _chunk(self, text, reason, first=False) -> dict:
-        return self.shape.chunk(self.rid, self.created, self.owner.model_name, text, reason, first=first)
-
     async def events_sse(self, include_usage: bool):
+        chunk = self.shape.chunk_encoder(self.rid, self.created, self.owner.model_name)
         try:
-            yield sse(self._chunk(None, None, first=True))
+            yield chunk(None, None, first=True)
             async for new, reason in self.events():
-                if new or reason:
-                    yield sse(self._chunk(new, reason))
+                yield chunk(new, reason)
             if include_usage:
-                yield sse({**self._chunk(None, None), "choices": [], "usage": self.usage()})
+                yield sse({**self.shape.chunk(self.rid, self.created, self.owner.model_name, None, None),
+                           "choices": [], "usage": self.usage()})
             yield "data: [DONE]\n\n"
         except APIError as err:
             yield sse(err.body())
         except ClientGone:
             pass
         finally:
-            self.owner.worker.cancel(self.ticket)       # no-op when it finished; a disconnect frees the row
+            self.owner.client.cancel(self.stream)       # no-op when it finished; a disconnect frees the blocks
 
     async def full(self):
         parts, reason = [], None
         try:
-            async for new, reason in self.events():
+            async for new, reason in self.events(watch=True):
                 parts.append(new)
         except ClientGone:
             return JSONResponse({}, status_code=499)
         finally:
-            self.owner.worker.cancel(self.ticket)
+            self.owner.client.cancel(self.stream)
         return self.shape.full(self.rid, self.created, self.owner.model_name, "".join(parts), reason, self.usage())
 
 

@@ -1,6 +1,5 @@
 """``GET /metrics``: the engine's gauges and counters in Prometheus' text format (prometheus_client), read at each
-scrape from the :class:`~tilespec.serve.worker.EngineWorker` (no copies kept: the engine's ``counters`` dict is the
-source). Names: ``tilespec_requests_running``, ``tilespec_requests_waiting``, ``tilespec_batch_slots``,
+scrape from the latest stats the engine process sent (serve/core.py's ``engine_stats``, at most 0.1 s old). Names: ``tilespec_requests_running``, ``tilespec_requests_waiting``, ``tilespec_batch_slots``,
 ``tilespec_draft_acceptance_rate``, ``tilespec_kv_cache_bytes`` (paged engine), ``tilespec_drafting{rows="R"}`` (the load switch's choice per step row count),
 and ``tilespec_<counter>_total`` for each engine counter."""
 from __future__ import annotations
@@ -18,35 +17,37 @@ COUNTERS = {"steps": "decode steps", "defrags": "cache defragmentations", "prefi
 
 
 class EngineCollector:
-    """A prometheus_client collector over ``worker``'s engine."""
+    """A prometheus_client collector over ``client``'s latest engine stats."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, client):
+        self.client = client
 
     def collect(self):
-        eng = self.worker.engine
-        yield GaugeMetricFamily("tilespec_requests_running", "requests holding a batch row", value=eng.running)
+        stats, info = self.client.stats, self.client.info
+        yield GaugeMetricFamily("tilespec_requests_running", "requests holding a batch row",
+                                value=stats.get("running", 0))
         yield GaugeMetricFamily("tilespec_requests_waiting", "requests queued for a batch row",
-                                value=len(eng.waiting) + self.worker.queued)
-        yield GaugeMetricFamily("tilespec_batch_slots", "batch rows (--max-batch)", value=eng.max_batch)
-        if hasattr(eng, "kv_bytes_in_use"):        # the paged engine: K/V memory follows the tokens in flight
+                                value=self.client.queued)
+        yield GaugeMetricFamily("tilespec_batch_slots", "batch rows (--max-batch)", value=info.get("max_batch", 0))
+        if "kv_bytes_in_use" in stats:        # the paged engine: K/V memory follows the tokens in flight
             yield GaugeMetricFamily("tilespec_kv_cache_bytes", "bytes of K/V blocks held by requests",
-                                    value=eng.kv_bytes_in_use())
-        for name, value in eng.counters.items():
+                                    value=stats["kv_bytes_in_use"])
+        counters = stats.get("counters", {})
+        for name, value in counters.items():
             yield CounterMetricFamily(f"tilespec_{name}", COUNTERS.get(name, name.replace("_", " ")), value=value)
-        drafted = eng.counters["drafted"]
+        drafted = counters.get("drafted", 0)
         yield GaugeMetricFamily("tilespec_draft_acceptance_rate", "accepted / drafted tokens since start",
-                                value=eng.counters["accepted"] / drafted if drafted else 0.0)
+                                value=counters.get("accepted", 0) / drafted if drafted else 0.0)
         drafting = GaugeMetricFamily("tilespec_drafting", "1 where the load switch drafts at this step row count",
                                      labels=["rows"])
-        for rows, entry in (eng.switch.state().items() if eng.switch is not None else ()):
-            drafting.add_metric([str(rows)], int(entry["drafting"]))
+        for rows, on in stats.get("drafting", {}).items():
+            drafting.add_metric([rows], on)
         yield drafting
 
 
-def metrics_registry(worker) -> CollectorRegistry:
+def metrics_registry(client) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(worker))
+    registry.register(EngineCollector(client))
     return registry
 
 

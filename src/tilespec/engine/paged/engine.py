@@ -19,7 +19,7 @@ positions; its drafts come from its own history. With ``coupled`` verification (
 tokens are those of target-only decoding, whatever was drafted, so the load switch, preemption, prefix sharing and
 the rest of the batch change none of its tokens (tests/test_paged_engine.py).
 The requests are engine/batch_request.BatchRequest records and the events BatchEvent, as for BatchEngine: the server
-(serve/worker.py) drives either.
+(serve/core.py, in the engine process) drives either.
 """
 from __future__ import annotations
 
@@ -154,9 +154,14 @@ class PagedEngine:
         used = self.blocks.num_blocks - 1 - self.blocks.num_free
         return used * self.blocks.block_size * PagedModel.kv_bytes_per_token(self.model.native.model)
 
+    @property
+    def max_request_len(self) -> int:
+        """The most positions (prompt + max_tokens) one request may take: the context, within the K/V blocks."""
+        return min(self.max_len, self.capacity_tokens - self.gamma)
+
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (before admission)."""
-        check_request(req, min(self.max_len, self.capacity_tokens - self.gamma), self.vocab)
+        check_request(req, self.max_request_len, self.vocab)
 
     def submit(self, req: BatchRequest) -> int:
         self.check(req)

@@ -1,0 +1,289 @@
+"""The engine process: it owns the GPU, the engine (scheduler, K/V blocks, model runner, drafter) and the step loop,
+and never waits on HTTP work.
+
+The API process (serve/client.py) starts it with an :class:`EngineSpec` and two zmq addresses. It loads the models
+(``spec.load``), builds the engine (serve.make_engine), warms it up, answers :class:`~tilespec.serve.messages.Ready`,
+then loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work,
+run one ``engine.step()``, send one :class:`~tilespec.serve.messages.Step` with every request's new tokens. zmq
+sends from its own I/O thread with no high-water mark, so a slow API process never stalls a step. When idle it blocks
+on the inbox (100 ms at a time, checking that its parent lives). A step that raises ends the process with a
+:class:`~tilespec.serve.messages.Failed`: the API process then fails every request in flight instead of hanging.
+
+The process dies with its parent (Linux: PR_SET_PDEATHSIG; elsewhere the idle check of the parent's pid), so no
+orphan keeps the GPU memory. Compile and autotune caches (TorchInductor, Triton) live under the tilespec home, so a
+second start compiles nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import pickle
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+WARM_CONTEXT = 4096     # longer contexts capture their decode graphs when first met (rare; each once)
+
+from .messages import (STATS_EVERY_S, Cancel, Failed, Ready, Rejected, Shutdown, Step, Submit, decode_to_engine,
+                       encode)
+
+
+@dataclass
+class EngineSpec:
+    """What the engine process builds. ``load``: a picklable callable -> (target, draft, tokenizer), run in the engine
+    process (the CLI loads by name there; a loaded CPU model passed to build_server is pickled across);
+    ``options``: serve.make_engine's keywords; ``warmup``: compile and capture the step shapes before serving;
+    ``hook``: a picklable callable given the built engine (tests slow or break its steps with it);
+    ``send_tokenizer``: return the tokenizer in Ready (the CLI's API process has none of its own)."""
+
+    load: Callable[[], tuple]
+    options: dict = field(default_factory=dict)
+    warmup: bool = True
+    hook: Optional[Callable] = None
+    send_tokenizer: bool = True
+
+
+    @contextmanager
+    def portable(self):
+        """While the spec is pickled for the engine process: transformers' output-capturing hooks (closures, which
+        do not pickle; installed lazily on a model's first hidden-states call) are set aside with the flag that
+        marks them installed, so the engine process installs its own."""
+        load = self.load
+        args = list(load.args) + list(load.keywords.values()) if isinstance(load, functools.partial) else []
+        saved = [_set_aside_hooks(m) for m in _modules(args)]
+        try:
+            yield
+        finally:
+            for restore in saved:
+                restore()
+
+
+def _modules(values) -> list:
+    import torch
+    found = []
+    for v in values:
+        for x in (v if isinstance(v, (list, tuple)) else [v, getattr(v, "model", None)]):
+            if isinstance(x, torch.nn.Module):
+                found.append(x)
+    return found
+
+
+def _set_aside_hooks(model):
+    taken, flagged = [], []
+    for module in model.modules():
+        if module.__dict__.pop("_output_capturing_hooks_installed", False):
+            flagged.append(module)
+        for key, hook in list(module._forward_hooks.items()):
+            if "install_output_capuring_hook" in getattr(hook, "__qualname__", ""):   # transformers' spelling
+                taken.append((module, key, hook, module._forward_hooks_with_kwargs.pop(key, None)))
+                del module._forward_hooks[key]
+
+    def restore():
+        for module, key, hook, with_kwargs in taken:
+            module._forward_hooks[key] = hook
+            if with_kwargs is not None:
+                module._forward_hooks_with_kwargs[key] = with_kwargs
+        for module in flagged:
+            module._output_capturing_hooks_installed = True
+    return restore
+
+
+def given(target, draft, tokenizer) -> tuple:
+    """EngineSpec.load for models already loaded (pickled into the engine process). transformers learns which
+    outputs a model class can record (hidden states for a head) when a model of the class is built; unpickled models
+    were not built here, so their classes are registered again."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:         # a transformers without output capturing: nothing to register
+        return target, draft, tokenizer
+    for model in _modules([target, draft]):
+        for module in model.modules():
+            if getattr(module, "_can_record_outputs", None):
+                _CAN_RECORD_REGISTRY[module] = module._can_record_outputs
+    return target, draft, tokenizer
+
+
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _persistent_caches() -> None:
+    """TorchInductor's and Triton's caches under the tilespec home (unless the user set them): warm second starts."""
+    from tilespec.env import tilespec_home
+    home = tilespec_home() / "compile-cache"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(home / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(home / "triton"))
+
+
+def run_engine(spec: EngineSpec, inbox: str, outbox: str, parent: int) -> None:
+    """The engine process's main (multiprocessing spawn target)."""
+    _die_with_parent(parent)
+    _persistent_caches()
+    import zmq
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)          # never block a step on a slow reader
+    push.setsockopt(zmq.LINGER, 5000)       # a last message (Failed) still leaves when the process exits
+    pull.connect(inbox)
+    push.connect(outbox)
+    try:
+        engine, tokenizer = _build(spec)
+    except BaseException as err:        # a bad option, a failed load: the API process re-raises it
+        push.send(encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__)))
+        push.close()
+        ctx.term()
+        raise SystemExit(1) from err
+    push.send(encode(Ready(info=engine_info(engine),
+                           tokenizer=pickle.dumps(tokenizer) if spec.send_tokenizer else b"")))
+    code = EngineLoop(engine, pull, push, parent).run()
+    push.close()
+    pull.close()
+    ctx.term()
+    raise SystemExit(code)
+
+
+def _build(spec: EngineSpec):
+    import torch
+
+    from . import make_engine
+    target, draft, tokenizer = spec.load()
+    inner = getattr(tokenizer, "tokenizer", tokenizer)
+    pad = getattr(inner, "pad_token_id", None)
+    engine = make_engine(target, draft, tokenizer=inner, pad_token_id=pad if pad is not None else 0, **spec.options)
+    if spec.warmup:
+        with torch.inference_mode():
+            if hasattr(engine, "warm_up"):      # the paged engine: decode graphs for contexts up to WARM_CONTEXT
+                engine.warm_up(max_context=min(engine.max_len, WARM_CONTEXT), log=print)
+            else:
+                from tilespec.engine.batch_warmup import warm_up
+                warm_up(engine, log=print)
+    if spec.hook is not None:
+        spec.hook(engine)
+    return engine, inner
+
+
+def engine_info(engine) -> dict:
+    """What the API process needs: limits to check requests with, and what the start-up log line reports."""
+    info = {"engine": type(engine).__name__, "max_len": engine.max_len, "max_request_len": engine.max_request_len,
+            "vocab": engine.vocab, "max_batch": engine.max_batch, "gamma": engine.gamma}
+    if hasattr(engine, "capacity_tokens"):
+        info["kv_capacity_tokens"] = engine.capacity_tokens
+        info["kv_bytes"] = engine.model.memory_bytes()
+    return info
+
+
+def engine_stats(engine) -> dict:
+    """Counters and gauges for /metrics (serve/metrics.py)."""
+    stats = {"counters": dict(engine.counters), "running": engine.running, "waiting": len(engine.waiting),
+             "max_batch": engine.max_batch}
+    if hasattr(engine, "kv_bytes_in_use"):
+        stats["kv_bytes_in_use"] = engine.kv_bytes_in_use()
+    if getattr(engine, "switch", None) is not None:
+        stats["drafting"] = {str(rows): int(entry["drafting"]) for rows, entry in engine.switch.state().items()}
+    return stats
+
+
+class EngineLoop:
+    """Messages in, steps out (see the module docstring). ``ids``: engine rid -> the API's request id."""
+
+    def __init__(self, engine, pull, push, parent: int):
+        self.engine, self.pull, self.push, self.parent = engine, pull, push, parent
+        self.ids: dict = {}
+        self.rids: dict = {}
+        self.stats_at = 0.0
+        self.dirty = True           # something changed since the last stats
+
+    def run(self) -> int:
+        import torch
+        import zmq
+        try:
+            with torch.inference_mode():
+                while True:
+                    busy = self.engine.has_work
+                    if self.pull.poll(0 if busy else 100):
+                        if not self._take(zmq):
+                            return 0
+                    elif not busy:
+                        if os.getppid() != self.parent:
+                            return 0
+                        self._send([], force=False)
+                        continue
+                    if self.engine.has_work:
+                        self._step()
+        except Exception as err:        # never leave the API's clients waiting on a dead engine
+            self.push.send(encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__)))
+            import traceback
+            traceback.print_exc()
+            return 1
+
+    def _take(self, zmq) -> bool:
+        """Every waiting message; False on Shutdown."""
+        while True:
+            try:
+                msg = decode_to_engine(self.pull.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return True
+            self.dirty = True
+            if isinstance(msg, Submit):
+                self._submit(msg)
+            elif isinstance(msg, Cancel):
+                for i in msg.ids:
+                    rid = self.rids.pop(i, None)
+                    if rid is not None:
+                        self.ids.pop(rid, None)
+                        self.engine.cancel(rid)
+                self._send([], force=True)      # the cancellations show in the counters at once
+            elif isinstance(msg, Shutdown):
+                for rid in list(self.ids):
+                    self.engine.cancel(rid)
+                self._send([], force=True)
+                return False
+
+    def _submit(self, msg: Submit) -> None:
+        try:
+            rid = self.engine.submit(request_of(msg))
+        except ValueError as err:
+            self.push.send(encode(Rejected(id=msg.id, message=str(err))))
+            return
+        self.ids[rid], self.rids[msg.id] = msg.id, rid
+
+    def _step(self) -> None:
+        outputs = []
+        for event in self.engine.step():
+            i = self.ids.get(event.rid)
+            if i is None:
+                continue
+            outputs.append((i, event.tokens, event.finish_reason))
+            if event.finish_reason is not None:
+                del self.ids[event.rid]
+                self.rids.pop(i, None)
+        self.dirty = True
+        self._send(outputs, force=not self.engine.has_work)     # an idle engine's gauges are current at once
+
+    def _send(self, outputs: list, force: bool) -> None:
+        now = time.monotonic()
+        stats = None
+        if self.dirty and (force or now - self.stats_at >= STATS_EVERY_S):
+            stats, self.stats_at, self.dirty = engine_stats(self.engine), now, False
+        if outputs or stats is not None:
+            self.push.send(encode(Step(outputs=outputs, stats=stats)), copy=False)
+
+
+def request_of(msg: Submit):
+    """The engine's record of a submitted request."""
+    from tilespec.engine.batch_request import BatchRequest
+    from tilespec.verify.logit_transforms import LogitSettings
+    logits = None
+    if msg.transforms:
+        logits = LogitSettings(msg.presence_penalty, msg.frequency_penalty, dict(msg.logit_bias), msg.min_tokens)
+    return BatchRequest(prompt=list(msg.prompt), max_tokens=msg.max_tokens, temperature=msg.temperature,
+                        top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p, seed=msg.seed, gamma=msg.gamma,
+                        logits=logits, stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos)

@@ -1,0 +1,73 @@
+"""The messages between the API process and the engine process (msgpack through msgspec, over zmq PUSH/PULL).
+
+API -> engine: :class:`Submit` (one request, already checked), :class:`Cancel` (requests whose client went away or
+whose stop string hit), :class:`Shutdown`. Engine -> API: :class:`Ready` once (what the API needs to check requests
+and to decode: limits, the tokenizer, K/V capacity), then one :class:`Step` per engine step carrying every request's
+new token ids and finish reasons (never one message per token), :class:`Rejected` for a request the engine refused,
+:class:`Failed` when the engine died. Counters ride on steps at most every ``STATS_EVERY_S`` seconds.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import msgspec
+
+STATS_EVERY_S = 0.1
+
+
+class Submit(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
+    gamma: Optional[int] = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = {}
+    min_tokens: int = 0
+    transforms: bool = False        # whether the request carries logit transforms at all
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    ids: list[int]
+
+
+class Shutdown(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    info: dict
+    tokenizer: bytes = b""          # the engine's tokenizer, pickled (empty when the API process brought its own)
+
+
+class Step(msgspec.Struct, tag=True, array_like=True):
+    """One engine step: ``outputs`` holds (request id, new token ids, finish reason or None) for every request that
+    got tokens or ended; ``stats`` the engine's counters and gauges (or None between stats intervals)."""
+
+    outputs: list[tuple[int, list[int], Optional[str]]]
+    stats: Optional[dict] = None
+
+
+class Rejected(msgspec.Struct, tag=True, array_like=True):
+    id: int
+    message: str
+
+
+class Failed(msgspec.Struct, tag=True, array_like=True):
+    error: str
+    kind: str = "RuntimeError"      # ValueError / TypeError: a bad option the caller gave; re-raised as such
+
+
+ToEngine = Union[Submit, Cancel, Shutdown]
+ToAPI = Union[Ready, Step, Rejected, Failed]
+
+encode = msgspec.msgpack.Encoder().encode
+decode_to_engine = msgspec.msgpack.Decoder(ToEngine).decode
+decode_to_api = msgspec.msgpack.Decoder(ToAPI).decode
