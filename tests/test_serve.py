@@ -51,13 +51,13 @@ class CharTokenizer:
 class Server:
     """A uvicorn server on a free port in a daemon thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, grace: int = 5):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
+                                                    timeout_graceful_shutdown=grace))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         end = time.time() + 20
@@ -219,7 +219,7 @@ def test_a_dead_engine_process_fails_requests_at_once(how):
     import os
     import signal
     srv = Server(make_app(engine_hook=stall_after(3) if how == "killed" else fail_after(3)))
-    client = srv.app.state.client
+    client = srv.app.state.engine
     try:
         t0 = time.time()
         with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30, json=dict(
@@ -270,7 +270,7 @@ def test_openai_style_errors(server):
 
 
 def test_graceful_shutdown_finishes_running_streams():
-    srv = Server(make_app(draft=None, max_batch=2))
+    srv = Server(make_app(draft=None, max_batch=2), grace=60)     # a loaded CI machine may take seconds
     got = {}
 
     def consume():
@@ -288,7 +288,7 @@ def test_graceful_shutdown_finishes_running_streams():
     srv.stop()
     reader.join(timeout=20)
     assert got.get("reason") == "length" and len(got["text"]) > 30
-    assert not srv.app.state.client.process.is_alive()       # no engine process outlives the server
+    assert not srv.app.state.engine.process.is_alive()       # no engine process outlives the server
 
 
 ORPHAN = """
@@ -298,7 +298,7 @@ import torch
 from tilespec.serve import build_server
 from test_serve import CharTokenizer, make_target
 app = build_server(make_target(), CharTokenizer(), model_name="tiny", max_batch=2, max_len=64)
-print(app.state.client.process.pid, flush=True)
+print(app.state.engine.process.pid, flush=True)
 time.sleep(120)
 """
 
@@ -329,3 +329,47 @@ def test_the_engine_process_dies_with_the_server():
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_two_api_processes_serve_one_port():
+    """--api-servers 2: a second API process serves the same port (SO_REUSEPORT) beside the main one; requests over
+    many connections all complete with the texts one process gives, and both processes end with the server."""
+    from functools import partial
+
+    from tilespec.serve import serve_engine
+    from tilespec.serve.core import EngineSpec, given
+    from tilespec.serve.processes import main_server
+    spec = EngineSpec(load=partial(given, make_target(), "ngram", CharTokenizer()), warmup=False,
+                      options=dict(max_batch=4, gamma=3, max_len=96, prefill_chunk=8))
+    app = serve_engine(spec, model_name=MODEL, api_servers=2, shutdown_timeout=5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, sock = main_server(app, "127.0.0.1", port, log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]))
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        asks = [dict(model=MODEL, prompt=f"ab{i}", max_tokens=10, temperature=0) for i in range(12)]
+
+        def one(ask):
+            with httpx.Client(timeout=60) as c:       # a connection each: the kernel spreads them
+                out = c.post(f"{url}/v1/completions", json=ask).json()
+                return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(12) as pool:
+            crowd = list(pool.map(one, asks))
+        assert [one(asks[i]) for i in (0, 7)] == [crowd[0], crowd[7]] and all(n == 10 for _, n in crowd)
+        extra = app.state.engine.api_processes
+        assert len(extra) == 1 and extra[0].is_alive()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not app.state.engine.process.is_alive() and not app.state.engine.api_processes[0].is_alive()

@@ -20,7 +20,10 @@
 #   bash bench/gpu/run.sh stepcost              # one step's cost: decoder, continuous batching, trees (random weights)
 #   bash bench/gpu/run.sh floor                 # a forward kernel by kernel, previous kernels vs the fused layer
 #                                               # (random weights), then target-only XSum B 1/8 with both (real 1.5B)
-#   bash bench/gpu/run.sh serve                 # tilespec serve vs transformers serve under 1..64 clients
+#   bash bench/gpu/run.sh vparts K              # vLLM's offline install, one part per call (.vparts: K = 1 2 4 3)
+#   bash bench/gpu/run.sh servebase             # the API side's ceiling (fake engine), the paged engine in-process
+#   bash bench/gpu/run.sh serve                 # tilespec serve (none, ngram) vs vLLM (plain, ngram), 1..256 clients
+#   bash bench/gpu/run.sh restart               # tilespec serve's second start (warm caches) until healthy
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
 # Every compute stage writes under $RES (default /root/res) and tars it to $OUT/<stage>.tgz (at most 8 files come back
@@ -355,16 +358,76 @@ stage_serve() {  # load benchmark on one GPU: tilespec serve (none / ngram) agai
                  # SERVE_LEVEL_S (8) s; SERVE_SOAK_S (0) s of saturation soak at the end; SERVE_ARGS appended;
                  # SERVE_NAME (serve-load) names the run. A rerun with the same settings resumes the JSON
   UNPACK=1 env_setup
-  local m=${SERVE_TARGET:-qwen2.5-coder-1.5b-instruct} hf name=${SERVE_NAME:-serve-load} stub=--stub-check
+  local m=${SERVE_TARGET:-qwen2.5-coder-1.5b-instruct} hf name=${SERVE_NAME:-serve-load} stub=--stub-check n
+  n=$(cat "$RES/api-servers" 2>/dev/null || echo 1)      # servebase's choice
   [ "${SERVE_STUB:-1}" = 1 ] || stub=
   hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
   step "$name" "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
-    --systems "${SERVE_SYSTEMS:-tilespec:none,tilespec:ngram,vllm,vllm:ngram}" --clients "${SERVE_CLIENTS:-1,16,64,256}" \
+    --systems "${SERVE_SYSTEMS:-tilespec:none|--api-servers $n,tilespec:ngram|--api-servers $n,vllm,vllm:ngram}" \
+    --clients "${SERVE_CLIENTS:-1,16,64,256}" \
     --requests-per-client 4 --min-requests 32 --level-seconds "${SERVE_LEVEL_S:-8}" --task code-edit --max-tokens 128 \
     --temperature 0 --ignore-eos --max-batch 256 --start-timeout "${SERVE_START_S:-330}" $stub \
     --stub-seconds "${SERVE_STUB_S:-3}" --soak-seconds "${SERVE_SOAK_S:-0}" ${SERVE_ARGS:-} --port "${SERVE_PORT:-8321}" \
     --log-dir "$RES/$name-logs" --out "$RES/$name-${SERVE_TAG:-qwen1.5b}-$(gpu_tag).json"
   grep -E "stub check|clients=|healthy|exited|did not|Error" "$RES/$name.log" | tail -40; tarball serve
+}
+
+stage_vparts() {  # vparts K, carrying .vparts/vllm-part-K.tar (K = 1, 2, 4, then 3 with .vparts/INSTALL.sh, which
+                  # installs vLLM 0.26 into /tmp/vsite: ../shared/tools/vllm-offline/README.md)
+  mkdir -p /tmp/vparts && cp .vparts/vllm-part-"$1".tar /tmp/vparts/
+  if [ -f .vparts/INSTALL.sh ]; then
+    cp .vparts/INSTALL.sh /tmp/vparts/ && (cd /tmp/vparts && bash INSTALL.sh 2>&1 | tail -4)
+  fi
+  ls /tmp/vparts
+}
+
+stage_servebase() {  # what the HTTP runs are held to, one GPU: the API side's own ceiling over a fake engine for 1 / 2 /
+                     # 4 API processes (bench/scripts/api_ceiling.py; its choice lands in $RES/api-servers for the
+                     # serve stage), then the paged engine in-process at the serve stage's levels (target-only,
+                     # ngram; bench/scripts/paged_engine.py). Waits for the 1.5B's conversion first.
+  UNPACK=1 env_setup
+  local m=qwen2.5-coder-1.5b-instruct hf tag
+  tag=$(gpu_tag)
+  stage_wait "${SERVEBASE_WAIT_S:-300}" > /dev/null
+  hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
+  step api-ceiling 200 python3 bench/scripts/api_ceiling.py --tokenizer "$hf" --api-servers "${CEILING_SERVERS:-1,2,4}" \
+    --clients 64,256 --level-seconds 6 --json "$RES/serve-api-ceiling-$tag.json"
+  grep -E "^api servers|recommended" "$RES/api-ceiling.log"
+  grep -oE "recommended_api_servers [0-9]+" "$RES/api-ceiling.log" | awk '{print $2}' > "$RES/api-servers"
+  step paged-inproc "${INPROC_LIMIT_S:-330}" python3 bench/scripts/paged_engine.py --target $m \
+    --clients "${SERVE_CLIENTS:-1,16,64,256}" --requests-per-client 3 --drafts none,ngram --batch-engine-clients "" \
+    --prefix-tokens 0 --budget-s "${INPROC_BUDGET_S:-280}" --out "$RES/paged-engine-inproc-qwen1.5b-$tag.json"
+  grep -E '"clients"|warm-up' "$RES/paged-inproc.log" | cut -c1-220
+  tarball servebase
+}
+
+stage_restart() {  # the second start of tilespec serve with warm compile caches: seconds until /health answers 200
+  UNPACK=1 env_setup
+  local n
+  n=$(cat "$RES/api-servers" 2>/dev/null || echo 1)
+  python3 - "$n" "$RES/serve-restart-$(gpu_tag).json" "$RES/restart.log" <<'PY'
+import json, subprocess, sys, time, urllib.request
+n, out, log = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.time()
+proc = subprocess.Popen([sys.executable, "-m", "tilespec", "serve", "--target", "qwen2.5-coder-1.5b-instruct",
+                         "--max-batch", "256", "--api-servers", n, "--port", "8399", "--log-level", "warning"],
+                        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+healthy = None
+while time.time() - t0 < 300 and proc.poll() is None:
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:8399/health", timeout=2).status == 200:
+            healthy = time.time() - t0
+            break
+    except OSError:
+        time.sleep(0.25)
+proc.terminate()
+proc.wait(60)
+json.dump({"second_start_s": healthy, "api_servers": int(n), "exit": proc.returncode,
+           "log": open(log).read()[-2000:]}, open(out, "w"), indent=1)
+print("second start:", healthy, "s")
+PY
+  grep -E "warm-up|engine ready|listening" "$RES/restart.log"
+  tarball restart
 }
 
 stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one process per model family, resumable.
@@ -412,7 +475,8 @@ stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one pr
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor) "stage_$cmd" "$@" ;;
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor|vparts|servebase|restart)
+    "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
   *) sed -n '2,25p' "$0"; exit 2 ;;
 esac

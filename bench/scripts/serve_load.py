@@ -530,7 +530,9 @@ def main(argv=None) -> int:
             continue
         log = args.log_dir / f"{i}-{''.join(c if c.isalnum() else '-' for c in system)[:80]}.log"
         try:
+            t_start = time.time()
             proc, url, model = start_server(system, args, args.port + i, log)
+            result.setdefault("start_s", {})[system] = round(time.time() - t_start, 1)
         except (RuntimeError, OSError, httpx.HTTPError) as err:   # a system that cannot start is recorded
             result.setdefault("failed_systems", {})[system] = str(err)
             print(f"{system}: {err}", flush=True)

@@ -58,12 +58,11 @@ def check_bind(host: str, port: int) -> None:
 def run(args) -> int:
     from functools import partial
 
-    import uvicorn
-
     from tilespec.api import load_pair
     from tilespec.env import pick_device, pick_dtype
     from tilespec.serve import serve_engine
     from tilespec.serve.core import EngineSpec
+    from tilespec.serve.processes import run_server
     from tilespec.verify.registry import get_method
     get_method(args.method)                      # a typo fails before loading models
     device = pick_device(args.device)
@@ -87,11 +86,11 @@ def run(args) -> int:
     app = serve_engine(spec, model_name=args.served_model_name or args.target, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
                        chat=not args.no_chat, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
-                       cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()))
-    print(f"tilespec serve: listening on http://{args.host}:{args.port} (model {args.served_model_name or args.target})",
-          flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
-                timeout_graceful_shutdown=int(args.shutdown_timeout))
+                       cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()),
+                       api_servers=args.api_servers)
+    print(f"tilespec serve: listening on http://{args.host}:{args.port} (model {args.served_model_name or args.target}, "
+          f"{args.api_servers} API process{'es' if args.api_servers > 1 else ''})", flush=True)
+    run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
 
 
@@ -118,6 +117,9 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=positive_int, default=None,
                    help="longest prompt + max_tokens (default: the model's context; at most 2048 on the batch "
                         "engine)")
+    p.add_argument("--api-servers", type=positive_int, default=1,
+                   help="HTTP processes serving the port beside the one engine process (detokenizing and streaming "
+                        "spread over that many cores)")
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")

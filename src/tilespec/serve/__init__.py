@@ -3,8 +3,9 @@ speculative decoding: the paged engine (:mod:`tilespec.engine.paged`: paged K/V,
 the decode batch) for Llama-family targets with context drafts or none, else :mod:`tilespec.engine.batching` (draft
 models, trained heads, other families). See docs/serve.md.
 
-Two processes: the engine process (serve/core.py) owns the GPU and the step loop; this one (serve/client.py,
-serve/app.py) takes HTTP requests, tokenizes, detokenizes and streams. They exchange one zmq message per engine step.
+Processes (serve/processes.py): the engine process (serve/core.py) owns the GPU and the step loop; the API processes
+(serve/client.py, serve/app.py; one by default) take HTTP requests, tokenize, detokenize and stream. They exchange
+one zmq message per engine step.
 
     from tilespec.serve import build_server
     app = build_server(target_model, tokenizer, draft="ngram", model_name="my-model", max_batch=16)
@@ -76,26 +77,35 @@ def build_server(target, tokenizer, *, draft=None, max_batch=None, gamma: int = 
 
 
 SERVER_OPTIONS = ("model_name", "max_queue", "default_max_tokens", "shutdown_timeout", "chat", "log", "max_body_mb",
-                  "api_key", "cors_origins")
+                  "api_key", "cors_origins", "api_servers")
 
 
 def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: int = 256,
                  default_max_tokens: int = 256, shutdown_timeout: float = 30.0, chat: bool = True, log=None,
-                 max_body_mb: float = 4.0, api_key=None, cors_origins=()):
+                 max_body_mb: float = 4.0, api_key=None, cors_origins=(), api_servers: int = 1):
     """The FastAPI app over an engine process built from ``spec`` (serve/core.EngineSpec): the process is started
     and this returns once it is ready (its failure raised here). ``tokenizer``: the API process's (default: the one
-    the engine process loaded). ``max_queue``: waiting requests before 429; ``shutdown_timeout``: seconds running
-    requests get on shutdown; ``max_body_mb``, ``api_key``, ``cors_origins``: see
-    :func:`tilespec.serve.app.build_app`; ``log``: where the start-up line goes."""
+    the engine process loaded). ``max_queue``: waiting requests before 429 (per API process);
+    ``shutdown_timeout``: seconds running requests get on shutdown; ``max_body_mb``, ``api_key``, ``cors_origins``:
+    see :func:`tilespec.serve.app.build_app`; ``log``: where the start-up line goes; ``api_servers``: API processes
+    in all (serve/processes.run_server starts the others; they need ``spec.send_tokenizer``)."""
     from .app import build_app
-    from .client import EngineClient
-    client = EngineClient(spec, max_queue=max_queue)
-    info = client.wait_ready()
+    from .processes import EngineProcess
+    engine = EngineProcess(spec, api_servers)
+    client = engine.client(0, max_queue)
+    try:
+        info = client.wait_ready()
+    except BaseException:
+        client.close()
+        engine.kill()
+        raise
     inner = getattr(tokenizer, "tokenizer", tokenizer) if tokenizer is not None else client.tokenizer
     if log is not None:
         kv = f", K/V capacity {info['kv_capacity_tokens']:,} tokens ({info['kv_bytes'] / 2**30:.2f} GiB)" \
             if "kv_capacity_tokens" in info else ""
         log(f"engine ready: {info['engine']}, {info['max_batch']} rows, context {info['max_len']}{kv}")
-    return build_app(client, model_name, inner, default_max_tokens=default_max_tokens,
-                     shutdown_timeout=shutdown_timeout, chat=chat, max_body_mb=max_body_mb, api_key=api_key,
-                     cors_origins=cors_origins)
+    options = dict(model_name=model_name, default_max_tokens=default_max_tokens, shutdown_timeout=shutdown_timeout,
+                   chat=chat, max_body_mb=max_body_mb, api_key=api_key, cors_origins=tuple(cors_origins))
+    app = build_app(client, tokenizer=inner, engine=engine, **options)
+    app.state.api_options = dict(options, max_queue=max_queue)
+    return app

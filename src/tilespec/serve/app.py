@@ -29,15 +29,17 @@ from .shapes import ChatShape, CompletionShape
 
 def build_app(client: EngineClient, model_name: str, tokenizer, *, default_max_tokens: int = 256,
               shutdown_timeout: float = 30.0, chat: bool = True, max_body_mb: float = 4.0,
-              api_key: Optional[str] = None, cors_origins: Sequence[str] = ()) -> FastAPI:
+              api_key: Optional[str] = None, cors_origins: Sequence[str] = (), engine=None) -> FastAPI:
     """The FastAPI app serving ``client``'s engine as model ``model_name``; ``tokenizer`` encodes prompts (chat
     template when it has one and ``chat``) and decodes completions. The client starts reading with the app and
     drains on shutdown (running requests get ``shutdown_timeout`` seconds, then are cancelled). ``max_body_mb``: larger
     request bodies get 413; ``api_key``: every route but /health needs ``Authorization: Bearer <key>``;
-    ``cors_origins``: origins allowed by CORS ("*" for any)."""
+    ``cors_origins``: origins allowed by CORS ("*" for any); ``engine``: the main process's
+    :class:`~tilespec.serve.processes.EngineProcess` (watched while serving, stopped at shutdown), None in the other
+    API processes."""
     completions = Completions(client, tokenizer, model_name, default_max_tokens=default_max_tokens, chat=chat)
-    app = FastAPI(title="tilespec", lifespan=_lifespan(client, completions, shutdown_timeout))
-    app.state.client = client
+    app = FastAPI(title="tilespec", lifespan=_lifespan(client, completions, shutdown_timeout, engine))
+    app.state.client, app.state.engine = client, engine
     install_error_handlers(app)
     _info_routes(app, client, model_name)
     _completion_routes(app, completions, int(max_body_mb * 2**20))
@@ -49,12 +51,17 @@ def build_app(client: EngineClient, model_name: str, tokenizer, *, default_max_t
     return app
 
 
-def _lifespan(client: EngineClient, completions: Completions, shutdown_timeout: float):
+def _lifespan(client: EngineClient, completions: Completions, shutdown_timeout: float, engine):
     @asynccontextmanager
     async def lifespan(app):
         await client.start()
+        if engine is not None:
+            engine.watch()
         yield
         await client.drain(shutdown_timeout)
+        if engine is not None:
+            await engine.stop()
+        client.close()
         completions.encode_pool.shutdown(wait=False)
     return lifespan
 

@@ -1,37 +1,33 @@
-"""The API process's side of the engine: it starts the engine process (serve/core.py), sends it requests and
-cancellations, and hands every step's tokens to the request handlers.
+"""An API process's side of the engine process: it sends requests and cancellations to the engine and hands every
+step's tokens to the request handlers.
 
-:class:`EngineClient` binds two zmq sockets on private ipc paths, spawns the engine process (which connects to them)
-and waits for its Ready: the limits requests are checked against, the tokenizer, the K/V capacity. In the event
-loop one task reads the engine's messages -- one per engine step -- and, per request in it, appends the new ids to
-that request's :class:`RequestStream` and wakes its handler. A handler that is slower than the engine finds several
-steps' tokens waiting and sends them as one chunk (coalescing), so a burst never queues chunk after chunk.
+:class:`EngineClient` connects to the engine's inbox, binds its own outbox (API process ``index`` of ``count``: its
+request ids are ``index + count * k``) and waits for the engine's Ready: the limits requests are checked against, the
+tokenizer, the K/V capacity. In the event loop one task reads the engine's messages -- one per engine step -- and,
+per request in it, appends the new ids to that request's :class:`RequestStream` and wakes its handler. A handler that
+is slower than the engine finds several steps' tokens waiting and sends them as one chunk (coalescing), so a burst
+never queues chunk after chunk.
 
-Failures cross the boundary: if the engine process dies (a step raised: Failed; or it was killed: its sentinel
-fires), every request in flight ends with the error at once, ``alive`` turns false (/health 503) and new requests
-get 503. Shutdown (``drain``) refuses new requests, lets running ones finish for a while, cancels the rest, then
-stops the engine process -- terminated, then killed, if it does not exit -- so no process outlives the server.
+Failures cross the boundary: when the engine process dies (a step raised and it sent Failed; or it was killed and
+the main process, which watches it, sends Failed on its behalf: serve/processes.py), every request in flight ends
+with the error at once, ``alive`` turns false (/health 503) and new requests get 503. ``drain`` (shutdown) refuses
+new requests and lets running ones finish for a while; stopping the engine is the main process's.
 """
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
-import multiprocessing
-import os
 import pickle
-import shutil
-import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import zmq
 import zmq.asyncio
 
 from tilespec.engine.batch_request import BatchRequest, check_request
 
-from .core import EngineSpec, run_engine
-from .messages import Cancel, Failed, Ready, Rejected, Shutdown, Step, Submit, decode_to_api, encode
+from .core import push_socket
+from .messages import Cancel, Failed, Ready, Rejected, Step, Submit, decode_to_api, encode
 
 RAISED = {"ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError}
 
@@ -67,39 +63,30 @@ class RequestStream:
 
 
 class EngineClient:
-    """The engine process and the sockets to it (see the module docstring); ``max_queue``: requests waiting for a
-    batch row before 429."""
+    """API process ``index`` of ``count``'s sockets to the engine (see the module docstring); ``max_queue``:
+    requests waiting for a batch row before 429; ``engine_alive``: whether the engine process runs (the main
+    process's view; None: trust the messages)."""
 
-    def __init__(self, spec: EngineSpec, *, max_queue: int = 256):
-        self.max_queue = max_queue
+    def __init__(self, inbox: str, outbox: str, *, index: int = 0, count: int = 1, max_queue: int = 256,
+                 engine_alive: Optional[Callable[[], bool]] = None):
+        self.max_queue, self.engine_alive = max_queue, engine_alive
         self.draining, self.error, self.started = False, None, time.time()
         self.info: dict = {}
         self.tokenizer = None
         self.stats: dict = {"counters": {}, "running": 0, "waiting": 0}
         self.streams: dict = {}
-        self._ids = itertools.count()
-        self._dir = tempfile.mkdtemp(prefix="tilespec-ipc-")
+        self._ids = itertools.count(index, count)
         self._zmq = zmq.Context()
-        self._out = self._zmq.socket(zmq.PUSH)
-        self._out.setsockopt(zmq.SNDHWM, 0)
-        self._out.setsockopt(zmq.LINGER, 0)
+        self._out = push_socket(self._zmq, inbox)
         self._in = self._zmq.socket(zmq.PULL)
         self._in.setsockopt(zmq.LINGER, 0)
-        inbox, outbox = f"ipc://{self._dir}/to-engine", f"ipc://{self._dir}/to-api"
-        self._out.bind(inbox)
         self._in.bind(outbox)
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine, args=(spec, inbox, outbox, os.getpid()), name="tilespec-engine")
-        with spec.portable():
-            self.process.start()
-        atexit.register(self.kill)
         self._reader: Optional[asyncio.Task] = None
-        self._stopping = False
 
     # ------------------------------------------------------------------------------------------------ start-up
     def wait_ready(self, timeout: Optional[float] = None) -> dict:
         """Block until the engine process is ready (its info) or raise what made it fail (ValueError for a bad
-        option, RuntimeError naming the exit code when it died)."""
+        option, RuntimeError when it died)."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._in.poll(200):
@@ -110,27 +97,22 @@ class EngineClient:
                         self.tokenizer = pickle.loads(msg.tokenizer)
                     return self.info
                 if isinstance(msg, Failed):
-                    self.kill()
                     raise RAISED.get(msg.kind, RuntimeError)(msg.error)
-            elif not self.process.is_alive():
-                self.kill()
-                raise RuntimeError(f"the engine process exited with code {self.process.exitcode} before it was "
-                                   f"ready (its output above says why)")
+            elif self.engine_alive is not None and not self.engine_alive():
+                raise RuntimeError("the engine process exited before it was ready (its output above says why)")
             if end is not None and time.monotonic() > end:
-                self.kill()
                 raise TimeoutError(f"the engine process was not ready within {timeout} s")
 
     async def start(self) -> None:
         """Start reading the engine's messages in the running event loop (the app's lifespan calls this)."""
         if self._reader is None:
-            loop = asyncio.get_running_loop()
-            self._reader = loop.create_task(self._read(zmq.asyncio.Socket.from_socket(self._in)))
-            loop.add_reader(self.process.sentinel, self._exited)
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(zmq.asyncio.Socket.from_socket(self._in)))
 
     # ------------------------------------------------------------------------------------------------ requests
     @property
     def alive(self) -> bool:
-        return self.error is None and self.process.is_alive()
+        return self.error is None and (self.engine_alive is None or self.engine_alive())
 
     @property
     def max_len(self) -> int:
@@ -145,7 +127,7 @@ class EngineClient:
         """Check ``req`` (ValueError: a 400) and send it; Overloaded (429 / 503) when it cannot be taken now."""
         if self.error is not None:
             raise Overloaded(503, f"the engine failed and serves no more requests: {self.error}")
-        if self.draining or self._stopping or not self.process.is_alive():
+        if self.draining:
             raise Overloaded(503, "the server is shutting down")
         if self.queued >= self.max_queue:
             raise Overloaded(429, f"too many requests waiting ({self.max_queue}); retry later")
@@ -167,7 +149,7 @@ class EngineClient:
         if not stream.done:
             stream.done = True
             self.streams.pop(stream.id, None)
-            if self.process.is_alive():
+            if self.error is None:
                 self._out.send(encode(Cancel(ids=[stream.id])))
 
     # ------------------------------------------------------------------------------------------------ messages
@@ -202,12 +184,6 @@ class EngineClient:
         if msg.stats is not None:
             self.stats = msg.stats
 
-    def _exited(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.process.sentinel)
-        if not self._stopping:
-            self.process.join(1)
-            self._fail(f"the engine process exited with code {self.process.exitcode}")
-
     def _fail(self, error: str) -> None:
         if self.error is None:
             self.error = error
@@ -218,32 +194,19 @@ class EngineClient:
 
     # ------------------------------------------------------------------------------------------------ shutdown
     async def drain(self, timeout: float) -> None:
-        """Refuse new requests, let running ones finish for up to ``timeout`` s, then stop the engine process."""
+        """Refuse new requests, let running ones finish for up to ``timeout`` s, end the rest."""
         self.draining = True
         end = time.monotonic() + timeout
         while self.streams and self.alive and time.monotonic() < end:
             await asyncio.sleep(0.02)
-        self._stopping = True
-        if self.process.is_alive():
-            self._out.send(encode(Shutdown()))
-        await asyncio.to_thread(self.process.join, 10)
         self._fail("the server shut down")
+
+    def close(self) -> None:
+        """Stop reading and release the sockets; safe to call twice."""
         if self._reader is not None:
             self._reader.cancel()
-        self.kill()
-
-    def kill(self) -> None:
-        """Stop the engine process now (terminate, then kill) and release the sockets; safe to call twice."""
-        self._stopping = True
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
+            self._reader = None
         if not self._zmq.closed:
             self._out.close()
             self._in.close()
             self._zmq.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
-        atexit.unregister(self.kill)

@@ -1,11 +1,13 @@
 """The engine process: it owns the GPU, the engine (scheduler, K/V blocks, model runner, drafter) and the step loop,
 and never waits on HTTP work.
 
-The API process (serve/client.py) starts it with an :class:`EngineSpec` and two zmq addresses. It loads the models
-(``spec.load``), builds the engine (serve.make_engine), warms it up, answers :class:`~tilespec.serve.messages.Ready`,
-then loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work,
-run one ``engine.step()``, send one :class:`~tilespec.serve.messages.Step` with every request's new tokens. zmq
-sends from its own I/O thread with no high-water mark, so a slow API process never stalls a step. When idle it blocks
+The server's main process (serve/processes.py) starts it with an :class:`EngineSpec`, the inbox address (bound
+here: every API process sends to it) and one outbox per API process. It loads the models (``spec.load``), builds the
+engine (serve.make_engine), warms it up, answers :class:`~tilespec.serve.messages.Ready` on every outbox, then
+loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work, run
+one ``engine.step()``, send each API process one :class:`~tilespec.serve.messages.Step` with its requests' new
+tokens (request id ``i`` belongs to API process ``i % count``). zmq sends from its own I/O thread with no high-water
+mark, so a slow API process never stalls a step. When idle it blocks
 on the inbox (100 ms at a time, checking that its parent lives). A step that raises ends the process with a
 :class:`~tilespec.serve.messages.Failed`: the API process then fails every request in flight instead of hanging.
 
@@ -123,30 +125,44 @@ def _persistent_caches() -> None:
     os.environ.setdefault("TRITON_CACHE_DIR", str(home / "triton"))
 
 
-def run_engine(spec: EngineSpec, inbox: str, outbox: str, parent: int) -> None:
+def push_socket(ctx, address: str):
+    """A PUSH socket connected to ``address`` that never blocks its sender (no high-water mark) and still delivers
+    a last message (Failed) when its process exits."""
+    import zmq
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.connect(address)
+    return sock
+
+
+def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> None:
     """The engine process's main (multiprocessing spawn target)."""
     _die_with_parent(parent)
     _persistent_caches()
     import zmq
     ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)          # never block a step on a slow reader
-    push.setsockopt(zmq.LINGER, 5000)       # a last message (Failed) still leaves when the process exits
-    pull.connect(inbox)
-    push.connect(outbox)
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(inbox)
+    pushes = [push_socket(ctx, address) for address in outboxes]
+
+    def close():
+        for sock in (pull, *pushes):
+            sock.close()
+        ctx.term()
     try:
         engine, tokenizer = _build(spec)
     except BaseException as err:        # a bad option, a failed load: the API process re-raises it
-        push.send(encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__)))
-        push.close()
-        ctx.term()
+        failed = encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__))
+        for push in pushes:
+            push.send(failed)
+        close()
         raise SystemExit(1) from err
-    push.send(encode(Ready(info=engine_info(engine),
-                           tokenizer=pickle.dumps(tokenizer) if spec.send_tokenizer else b"")))
-    code = EngineLoop(engine, pull, push, parent).run()
-    push.close()
-    pull.close()
-    ctx.term()
+    ready = encode(Ready(info=engine_info(engine), tokenizer=pickle.dumps(tokenizer) if spec.send_tokenizer else b""))
+    for push in pushes:
+        push.send(ready)
+    code = EngineLoop(engine, pull, pushes, parent).run()
+    close()
     raise SystemExit(code)
 
 
@@ -194,8 +210,8 @@ def engine_stats(engine) -> dict:
 class EngineLoop:
     """Messages in, steps out (see the module docstring). ``ids``: engine rid -> the API's request id."""
 
-    def __init__(self, engine, pull, push, parent: int):
-        self.engine, self.pull, self.push, self.parent = engine, pull, push, parent
+    def __init__(self, engine, pull, pushes: list, parent: int):
+        self.engine, self.pull, self.pushes, self.parent = engine, pull, pushes, parent
         self.ids: dict = {}
         self.rids: dict = {}
         self.stats_at = 0.0
@@ -219,7 +235,9 @@ class EngineLoop:
                     if self.engine.has_work:
                         self._step()
         except Exception as err:        # never leave the API's clients waiting on a dead engine
-            self.push.send(encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__)))
+            failed = encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__))
+            for push in self.pushes:
+                push.send(failed)
             import traceback
             traceback.print_exc()
             return 1
@@ -251,7 +269,7 @@ class EngineLoop:
         try:
             rid = self.engine.submit(request_of(msg))
         except ValueError as err:
-            self.push.send(encode(Rejected(id=msg.id, message=str(err))))
+            self.pushes[msg.id % len(self.pushes)].send(encode(Rejected(id=msg.id, message=str(err))))
             return
         self.ids[rid], self.rids[msg.id] = msg.id, rid
 
@@ -273,8 +291,17 @@ class EngineLoop:
         stats = None
         if self.dirty and (force or now - self.stats_at >= STATS_EVERY_S):
             stats, self.stats_at, self.dirty = engine_stats(self.engine), now, False
-        if outputs or stats is not None:
-            self.push.send(encode(Step(outputs=outputs, stats=stats)), copy=False)
+        n = len(self.pushes)
+        if n == 1:
+            if outputs or stats is not None:
+                self.pushes[0].send(encode(Step(outputs=outputs, stats=stats)), copy=False)
+            return
+        parts: list = [[] for _ in range(n)]
+        for out in outputs:
+            parts[out[0] % n].append(out)
+        for push, part in zip(self.pushes, parts):
+            if part or stats is not None:
+                push.send(encode(Step(outputs=part, stats=stats)), copy=False)
 
 
 def request_of(msg: Submit):

@@ -1,0 +1,151 @@
+"""The server's processes: the engine process, the main API process, and extra API processes beside it.
+
+    main process (API 0) --------+--- Submit / Cancel ---> engine process (serve/core.py: GPU, scheduler, steps)
+    API processes 1..N-1 --------+                              |
+      ^  one Step message per engine step to each API process   |
+      +---------------------------------------------------------+
+
+:class:`EngineProcess` (in the main process) makes the private ipc addresses, starts the engine process and watches
+it: when it dies the main process sends Failed to every API process on its behalf, so their requests end at once.
+:func:`run_server` serves HTTP: the main process is API process 0, and an engine made for N > 1 starts API processes
+1..N-1 on the same port (each its own SO_REUSEPORT socket: the kernel spreads the connections), so detokenizing,
+SSE encoding and HTTP work spread over several cores while one engine steps. Every process started here dies with
+the main one (PR_SET_PDEATHSIG, then terminate / kill at exit): none outlives the server holding GPU memory.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+
+import zmq
+
+from .client import EngineClient
+from .core import EngineSpec, _die_with_parent, push_socket, run_engine
+from .messages import Failed, Shutdown, encode
+
+SPAWN = multiprocessing.get_context("spawn")     # CUDA does not survive fork
+
+
+class EngineProcess:
+    """The engine process built from ``spec``, with outboxes for ``api_servers`` API processes."""
+
+    def __init__(self, spec: EngineSpec, api_servers: int = 1):
+        if not (isinstance(api_servers, int) and api_servers >= 1):
+            raise ValueError(f"api_servers must be an integer >= 1, got {api_servers!r}")
+        self.dir = tempfile.mkdtemp(prefix="tilespec-ipc-")
+        self.inbox = f"ipc://{self.dir}/engine"
+        self.outboxes = [f"ipc://{self.dir}/api-{i}" for i in range(api_servers)]
+        self._zmq = zmq.Context()
+        self._control = push_socket(self._zmq, self.inbox)
+        self._notify = [push_socket(self._zmq, address) for address in self.outboxes]
+        self.process = SPAWN.Process(target=run_engine, args=(spec, self.inbox, self.outboxes, os.getpid()),
+                                     name="tilespec-engine")
+        with spec.portable():
+            self.process.start()
+        self.api_processes: list = []
+        self._stopping = False
+        atexit.register(self.kill)
+
+    def client(self, index: int = 0, max_queue: int = 256) -> EngineClient:
+        """API process ``index``'s client (in this process: index 0)."""
+        return EngineClient(self.inbox, self.outboxes[index], index=index, count=len(self.outboxes),
+                            max_queue=max_queue, engine_alive=self.process.is_alive)
+
+    def watch(self) -> None:
+        """In the running event loop: tell every API process at once if the engine process dies."""
+        asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited)
+
+    def _exited(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.process.sentinel)
+        if not self._stopping:
+            self.process.join(1)
+            failed = encode(Failed(error=f"the engine process exited with code {self.process.exitcode}"))
+            for sock in self._notify:
+                sock.send(failed)
+
+    def start_api_servers(self, options: dict, host: str, port: int, log_level: str) -> None:
+        """API processes 1..N-1, each serving ``host:port`` with the app options of the main one."""
+        for index in range(1, len(self.outboxes)):
+            proc = SPAWN.Process(target=run_api_server, name=f"tilespec-api-{index}",
+                                 args=(self.inbox, self.outboxes[index], index, len(self.outboxes), options, host,
+                                       port, log_level, os.getpid()))
+            proc.start()
+            self.api_processes.append(proc)
+
+    async def stop(self) -> None:
+        """The API processes end, then the engine: Shutdown (it cancels what runs), else terminate, then kill."""
+        self._stopping = True
+        for proc in self.api_processes:
+            proc.terminate()
+        if self.process.is_alive():
+            self._control.send(encode(Shutdown()))
+            await asyncio.to_thread(self.process.join, 10)
+        await asyncio.to_thread(self.kill)
+
+    def kill(self) -> None:
+        """Every process started here ends now (terminate, then kill); the sockets are released. Safe twice."""
+        self._stopping = True
+        for proc in [*self.api_processes, self.process]:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        if not self._zmq.closed:
+            for sock in (self._control, *self._notify):
+                sock.close(linger=0)
+            self._zmq.term()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        atexit.unregister(self.kill)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket with SO_REUSEPORT, so several API processes can serve one port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn(app, log_level: str, shutdown_timeout: float):
+    import uvicorn
+    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=log_level == "debug",
+                                         timeout_graceful_shutdown=int(shutdown_timeout)))
+
+
+def main_server(app, host: str, port: int, *, log_level: str = "info") -> tuple:
+    """(uvicorn server, socket) of the main API process for ``app`` (from serve.serve_engine) on ``host:port``, the
+    other API processes started (as many as the engine has outboxes): ``server.run(sockets=[sock])`` serves until
+    interrupted or ``server.should_exit`` is set."""
+    sock = listening_socket(host, port)
+    app.state.engine.start_api_servers(app.state.api_options, host, port, log_level)
+    return _uvicorn(app, log_level, app.state.api_options["shutdown_timeout"]), sock
+
+
+def run_server(app, host: str, port: int, *, log_level: str = "info") -> None:
+    """Serve ``app`` on ``host:port`` until interrupted (:func:`main_server`)."""
+    server, sock = main_server(app, host, port, log_level=log_level)
+    server.run(sockets=[sock])
+
+
+def run_api_server(inbox: str, outbox: str, index: int, count: int, options: dict, host: str, port: int,
+                   log_level: str, parent: int) -> None:
+    """API process ``index``'s main (spawn target): its client, the app, uvicorn on its own socket."""
+    _die_with_parent(parent)
+    from .app import build_app
+    options = dict(options)
+    client = EngineClient(inbox, outbox, index=index, count=count, max_queue=options.pop("max_queue"))
+    client.wait_ready()             # the engine sent Ready to every outbox when it started
+    app = build_app(client, tokenizer=client.tokenizer, **options)
+    _uvicorn(app, log_level, options["shutdown_timeout"]).run(sockets=[listening_socket(host, port)])
