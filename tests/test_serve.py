@@ -116,6 +116,9 @@ def test_models_health_metrics(server):
     assert [m.id for m in server.client().models.list().data] == [MODEL]
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert metric(server, "tilespec_batch_slots") == 4
+    # the engine process froze its start-up heap (no full collection walks it while serving) and counts its pauses
+    assert server.app.state.client.info["gc_frozen_objects"] > 10_000
+    assert metric(server, "tilespec_gc_full_collection_seconds_total") >= 0
 
 
 def test_chat_stream_equals_non_stream_and_reports_usage(server):

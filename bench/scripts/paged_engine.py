@@ -82,6 +82,7 @@ def main() -> int:
     from tilespec.engine.batching import BatchEngine
     from tilespec.engine.paged import PagedEngine
     from tilespec.engine.prompts import encode_prompts
+    from tilespec.serve.core import freeze_heap
 
     start = time.perf_counter()
     target, tok = models.load(a.target, dtype="bfloat16", device="cuda")
@@ -107,6 +108,7 @@ def main() -> int:
         eng = PagedEngine(target, None if draft == "none" else draft, max_batch=max(levels), gamma=4,
                           compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad)
         shapes = eng.warm_up(log=print)
+        freeze_heap()                   # as the server's engine process does after its warm-up
         out["rows"].append({"system": f"paged:{draft}", "kind": "setup", "warmup_s": time.perf_counter() - t,
                             "shapes": shapes, "kv_blocks": eng.blocks.num_blocks})
         for c in levels:

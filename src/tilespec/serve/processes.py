@@ -25,7 +25,7 @@ import tempfile
 import zmq
 
 from .client import EngineClient
-from .core import EngineSpec, _die_with_parent, push_socket, run_engine
+from .core import EngineSpec, _die_with_parent, freeze_heap, push_socket, run_engine
 from .messages import Failed, Shutdown, encode
 
 SPAWN = multiprocessing.get_context("spawn")     # CUDA does not survive fork
@@ -136,6 +136,7 @@ def main_server(app, host: str, port: int, *, log_level: str = "info") -> tuple:
 def run_server(app, host: str, port: int, *, log_level: str = "info") -> None:
     """Serve ``app`` on ``host:port`` until interrupted (:func:`main_server`)."""
     server, sock = main_server(app, host, port, log_level=log_level)
+    freeze_heap()           # the API process's start-up objects too (the tokenizer, the app)
     server.run(sockets=[sock])
 
 
@@ -148,4 +149,5 @@ def run_api_server(inbox: str, outbox: str, index: int, count: int, options: dic
     client = EngineClient(inbox, outbox, index=index, count=count, max_queue=options.pop("max_queue"))
     client.wait_ready()             # the engine sent Ready to every outbox when it started
     app = build_app(client, tokenizer=client.tokenizer, **options)
+    freeze_heap()
     _uvicorn(app, log_level, options["shutdown_timeout"]).run(sockets=[listening_socket(host, port)])
