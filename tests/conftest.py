@@ -15,9 +15,22 @@ def _runs_gpu_tests(markexpr: str) -> bool:
     return any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
 def pytest_configure(config):
     if not (torch.cuda.is_available() and _runs_gpu_tests(config.option.markexpr or "")):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        # an xdist worker (the default run's -n 2): its share of the cores as torch threads. With each worker on
+        # torch's default (every core), -n 2 on 2 cores runs 4 OpenMP threads on 2 cores, whose spin-waits made the
+        # small-tensor tests (exactness sampling, tiny models) several times slower
+        torch.set_num_threads(max(1, _cores() // int(workers)))
 
 
 def pytest_addoption(parser):

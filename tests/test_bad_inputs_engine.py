@@ -130,7 +130,10 @@ def _two_interleaved_streams(dec) -> tuple[list, list]:
     return a, b
 
 
-@pytest.mark.parametrize("compile", [False, "debug", "native"])
+# [debug]: -m slow (dynamo tracing, the suite's slowest test); every compiled mode takes the same runner leases
+# (engine/leases.py): [native] interleaves two streams on shared runners, and the debug runners' leases run by
+# default in test_stream_abandoned_midway_then_reused[debug]
+@pytest.mark.parametrize("compile", [False, pytest.param("debug", marks=pytest.mark.slow), "native"])
 def test_two_streams_on_one_decoder(models, compile):
     dec = SpeculativeDecoder(models["target"], models["draft"], gamma=3, eos_token_id=[], compile=compile)
     a, b = _two_interleaved_streams(dec)

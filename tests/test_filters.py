@@ -91,11 +91,16 @@ def test_kept_sets_match_the_definition(method, as_tensors):
     assert checked >= 0.9 * total
 
 
-@pytest.mark.parametrize("seed,vocab", [(1, 97), (2, 333), (3, 1000), (5, 4096)])
-def test_triton_kernel_kept_sets_match_the_definition(seed, vocab):
-    for as_tensors in (False, True):
-        logits, sp, values = _random_case(seed, vocab, as_tensors)
-        _check_against_brute(logits, sp, values, "triton")
+# as_tensors only changes how the parameters are given (lists or tensors; both by the torch methods above), not the
+# kernel's inputs: by default each case runs one of them; two chunks of radix.CHUNK (V = 4096): -m slow (many chunks
+# per row: test_radix_thresholds.py)
+@pytest.mark.parametrize("seed,vocab,as_tensors", [
+    (1, 97, False), (2, 333, True), (3, 1000, False),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in ((1, 97, True), (2, 333, False), (3, 1000, True),
+                                                                 (5, 4096, False), (5, 4096, True)))])
+def test_triton_kernel_kept_sets_match_the_definition(seed, vocab, as_tensors):
+    logits, sp, values = _random_case(seed, vocab, as_tensors)
+    _check_against_brute(logits, sp, values, "triton")
 
 
 @pytest.mark.parametrize("dtype,bits", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float16, 4),

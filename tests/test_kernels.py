@@ -66,41 +66,68 @@ def _agree(method, target, tokens, kwargs, sampling=SamplingParams(), num_draft=
     return same.float().mean().item()
 
 
-@pytest.mark.parametrize("method", ["fused", "tiled"])
-@pytest.mark.parametrize("draft", ["logits", "probs", "none"])
-def test_matches_reference_random(method, draft):
+def _layouts(values: list, ids: list, methods: tuple, fast_rows: set) -> list:
+    """Parameters (small_blocks, method, value) over both layouts: "batched" runs every combination; "rows" (many
+    programs per request: several times the interpreter time) by default only the (value id, method) pairs in
+    ``fast_rows``, the rest of its grid marked ``slow``."""
+    out = []
+    for layout in ("rows", "batched"):
+        for value, vid in zip(values, ids):
+            for method in methods:
+                slow = layout == "rows" and (vid, method) not in fast_rows
+                out.append(pytest.param(layout, method, value, id=f"{layout}-{vid}-{method}",
+                                        marks=[pytest.mark.slow] if slow else []))
+    return out
+
+
+# rows layout by default: fused with draft logits, tiled with probs and none (fused's per-request layout with probs
+# and no draft: test_kernels_wide.py, test_kernels_pass1_loop.py)
+@pytest.mark.parametrize("small_blocks, method, draft", _layouts(
+    ["logits", "probs", "none"], ["logits", "probs", "none"], ("fused", "tiled"),
+    {("logits", "fused"), ("probs", "tiled"), ("none", "tiled")}), indirect=["small_blocks"])
+def test_matches_reference_random(small_blocks, method, draft):
     target, tokens, kwargs = _case(32, 4, 100, draft, seed=1, similar=0.7)
     num_draft = torch.tensor([4, 0, 1, 3] * 8)
     assert _agree(method, target, tokens, kwargs, num_draft=num_draft) >= 0.99
 
 
-@pytest.mark.parametrize("method", ["fused", "tiled"])
-@pytest.mark.parametrize("sampling", [
-    SamplingParams(temperature=0.6),
-    SamplingParams(temperature=0.0),
-    SamplingParams(temperature=[0.0, 1.0, 0.7, 0.0] * 4),
-    SamplingParams(lenience=0.5),
-    SamplingParams(temperature=0.0, lenience=0.3),
-    SamplingParams(top_k=5),
-    SamplingParams(top_p=0.8, temperature=0.8),
-    SamplingParams(min_p=0.1),
-    SamplingParams(top_k=20, top_p=0.9, min_p=0.05, temperature=1.3),
-], ids=["t0.6", "greedy", "mixed-t", "lenience", "greedy-lenient", "topk", "topp", "minp", "all-filters"])
-def test_matches_reference_sampling(method, sampling):
+SAMPLINGS = [SamplingParams(temperature=0.6), SamplingParams(temperature=0.0),
+             SamplingParams(temperature=[0.0, 1.0, 0.7, 0.0] * 4), SamplingParams(lenience=0.5),
+             SamplingParams(temperature=0.0, lenience=0.3), SamplingParams(top_k=5),
+             SamplingParams(top_p=0.8, temperature=0.8), SamplingParams(min_p=0.1),
+             SamplingParams(top_k=20, top_p=0.9, min_p=0.05, temperature=1.3)]
+SAMPLING_IDS = ["t0.6", "greedy", "mixed-t", "lenience", "greedy-lenient", "topk", "topp", "minp", "all-filters"]
+
+
+# the batched layout runs every sampling setting by default, the rows layout greedy / sampled rows mixed, lenience
+# and all filters at once (each single setting there: -m slow)
+@pytest.mark.parametrize("small_blocks, method, sampling", _layouts(
+    SAMPLINGS, SAMPLING_IDS, ("fused", "tiled"),
+    {("mixed-t", "fused"), ("greedy-lenient", "fused"), ("all-filters", "fused"), ("mixed-t", "tiled"),
+     ("lenience", "tiled"), ("greedy-lenient", "tiled"), ("all-filters", "tiled")}), indirect=["small_blocks"])
+def test_matches_reference_sampling(small_blocks, method, sampling):
     target, tokens, kwargs = _case(16, 3, 80, "logits", seed=2, similar=0.8)
     assert _agree(method, target, tokens, kwargs, sampling=sampling) >= 0.99
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_low_precision_inputs(dtype):
-    target, tokens, kwargs = _case(24, 3, 100, "logits", dtype=dtype, seed=3, similar=0.6)
+# rows layout by default in fp16 (bf16 in the per-request layout: test_kernels_pass1_loop.py, test_kernels_stream.py)
+@pytest.mark.parametrize("small_blocks, dtype", [
+    pytest.param("rows", torch.bfloat16, marks=pytest.mark.slow), ("rows", torch.float16),
+    ("batched", torch.bfloat16), ("batched", torch.float16)], ids=["rows-bf16", "rows-fp16", "batched-bf16",
+                                                                   "batched-fp16"], indirect=["small_blocks"])
+def test_fused_low_precision_inputs(small_blocks, dtype):
+    target, tokens, kwargs = _case(12, 3, 100, "logits", dtype=dtype, seed=3, similar=0.6)
     assert _agree("fused", target, tokens, kwargs) >= 0.99
 
 
-@pytest.mark.parametrize("method", ["fused", "tiled"])
-def test_well_separated_cases_match_exactly(method):
+# rows-fused: -m slow (fused's well-separated tokens in the per-request layout by default: test_kernels_wide.py,
+# test_kernels_stream.py)
+@pytest.mark.parametrize("small_blocks, method", [pytest.param("rows", "fused", marks=pytest.mark.slow),
+                                                  ("rows", "tiled"), ("batched", "fused"), ("batched", "tiled")],
+                         ids=["rows-fused", "rows-tiled", "batched-fused", "batched-tiled"], indirect=["small_blocks"])
+def test_well_separated_cases_match_exactly(small_blocks, method):
     # one dominant token per row: p ~ one-hot, so no decision sits near a rounding boundary
-    batch, k, vocab = 24, 3, 90
+    batch, k, vocab = 12, 3, 90
     gen = torch.Generator().manual_seed(4)
     top = torch.randint(0, vocab, (batch, k + 1), generator=gen)
     target = torch.randn(batch, k + 1, vocab, generator=gen)
@@ -126,12 +153,13 @@ def test_fused_extremes_and_masks():
     assert same == 1.0 and other == 1.0 and huge >= 0.99
 
 
-def test_fused_is_batch_invariant_and_deterministic():
-    target, tokens, kwargs = _case(12, 3, 120, "logits", seed=5, similar=0.5)
-    seeds = torch.arange(100, 112)
+def test_fused_is_batch_invariant_and_deterministic(small_blocks):
+    batch = 6 if small_blocks == "rows" else 12     # batched: 8 requests per program, so requests change programs
+    target, tokens, kwargs = _case(batch, 3, 120, "logits", seed=5, similar=0.5)
+    seeds = torch.arange(100, 100 + batch)
     full = verify(target, tokens, method="fused", seed=seeds, **kwargs)
     again = verify(target, tokens, method="fused", seed=seeds, **kwargs)
-    perm = torch.randperm(12)
+    perm = torch.randperm(batch)
     sub = verify(target[perm], tokens[perm], method="fused", seed=seeds[perm],
                  draft_logits=kwargs["draft_logits"][perm])
     assert torch.equal(full.output_tokens, again.output_tokens)

@@ -110,7 +110,7 @@ def test_same_bits_for_every_cpp_and_batch(monkeypatch):
 
 def test_tokens_match_reference():
     # well separated: large logit scale, so fp32 rounding of the sums cannot move a draw
-    for seed in range(3):
+    for seed in range(2):
         target, dlog, tokens = _case(seed=10 + seed, scale=6.0)
         sampling = SamplingParams(temperature=[0.0, 0.6, 1.0, 1.0], lenience=[1.0, 1.0, 1.0, 0.7])
         kw = dict(draft_logits=dlog, sampling=sampling, seed=3, offsets=torch.arange(BATCH))

@@ -30,17 +30,33 @@ def _assert_same_keep_as_brute(logits, s, thr, values):
     assert torch.equal(got[~near], want[~near])
 
 
-@pytest.mark.parametrize("dtype,bits,chunk,vocab", [(torch.float32, 4, 32, 203), (torch.bfloat16, 4, 64, 130),
-                                                    (torch.float16, 2, 16, 77), (torch.float32, 8, 64, 100)])
-def test_radix_equals_row_kernel_and_search(dtype, bits, chunk, vocab):
-    """Bit-identical thresholds, strided rows, V not a multiple of the chunk, every search width."""
+CASES = [(torch.float32, 4, 32, 203), (torch.bfloat16, 4, 64, 130), (torch.float16, 2, 16, 77),
+         (torch.float32, 8, 64, 100)]
+
+
+def _strided_case(dtype, vocab):
     gen = torch.Generator().manual_seed(vocab)
     full = (torch.randn(3, 4, vocab, generator=gen) * 2).to(dtype)
     logits = full[:, 1:3]                                      # non-contiguous over rows
     sp = SamplingParams(temperature=[0.7, 0.0, 1.3], top_k=[40, 0, 3], top_p=[0.9, 0.6, 1.0])
-    s, got, row = _both(logits, sp, bits=bits, chunk=chunk, block=16)
-    assert torch.equal(got, row)
+    return logits, resolve_sampling(sp, 3, "cpu")
+
+
+# by default every dtype and search width once
+@pytest.mark.parametrize("dtype,bits,chunk,vocab", [pytest.param(*CASES[0], marks=pytest.mark.slow), *CASES[1:]])
+def test_radix_equals_row_kernel_and_search(dtype, bits, chunk, vocab):
+    """Bit-identical thresholds, strided rows, V not a multiple of the chunk, every search width."""
+    logits, s = _strided_case(dtype, vocab)
+    got = radix_thresholds(logits, s.temperature, s.top_k, s.top_p, True, True, bits=bits, chunk=chunk, block=16)
+    assert torch.equal(got, filter_thresholds(logits, s.temperature, s.top_k, s.top_p, True, True))
     assert torch.equal(got, keep_threshold(logits, s, method="search"))
+
+
+# top-k alone and top-p alone (the searches above with one filter off); by default on one case
+@pytest.mark.parametrize("dtype,bits,chunk,vocab", [pytest.param(*c, marks=pytest.mark.slow) if c != CASES[1] else c
+                                                    for c in CASES])
+def test_radix_with_one_filter_equals_row_kernel(dtype, bits, chunk, vocab):
+    logits, s = _strided_case(dtype, vocab)
     for dk, dp in ((True, False), (False, True)):
         one = radix_thresholds(logits, s.temperature, s.top_k, s.top_p, dk, dp, bits=bits, chunk=chunk, block=16)
         assert torch.equal(one, filter_thresholds(logits, s.temperature, s.top_k, s.top_p, dk, dp))
@@ -78,7 +94,7 @@ def test_edge_rows():
         _assert_same_keep_as_brute(logits, s, got, (temp, top_k, top_p, [0.0] * 6))
 
 
-@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.slow), 3])   # both coarse (ties everywhere)
 def test_random_rows_match_brute_force(seed):
     gen = torch.Generator().manual_seed(seed)
     b, vocab = 4, 300
@@ -99,10 +115,10 @@ def test_batch_invariance():
     logits = torch.randn(3, 2, 257, generator=gen).to(torch.bfloat16)
     temp, top_k, top_p = [0.8, 1.0, 1.2], [7, 0, 100], [0.95, 0.7, 0.5]
     s, got, _ = _both(logits, SamplingParams(temperature=temp, top_k=top_k, top_p=top_p), chunk=32, block=16)
-    for i in range(3):
-        one = SamplingParams(temperature=temp[i], top_k=top_k[i], top_p=top_p[i])
-        _, alone, _ = _both(logits[i:i + 1].clone(), one, chunk=32, block=16)
-        assert torch.equal(alone, got[i:i + 1])
+    for rows in (slice(0, 2), slice(2, 3)):                     # rows 0-1 without row 2, row 2 alone
+        part = SamplingParams(temperature=temp[rows], top_k=top_k[rows], top_p=top_p[rows])
+        _, alone, _ = _both(logits[rows].clone(), part, chunk=32, block=16)
+        assert torch.equal(alone, got[rows])
 
 
 def test_default_chunking_and_routing():
@@ -116,7 +132,8 @@ def test_default_chunking_and_routing():
         radix_thresholds(logits, s.temperature, s.top_k, s.top_p, True, True, bits=3)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])    # greedy rows (scaled by 1) and a scaled row
+# greedy rows (scaled by 1) and a scaled row (scaled rows by default: the tests above)
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(0.7, marks=pytest.mark.slow)])
 def test_top_p_stops_reading_once_one_value_is_left(temperature):
     """bf16 rows whose top-p boundary value is shared by tokens in every chunk: once the interval holds that one
     value, no chunk is read again (the stop), and the thresholds stay bit-identical to the row kernel's."""
