@@ -254,6 +254,7 @@ class EngineLoop:
         import torch
         import zmq
         try:
+            self._send([], force=True)      # the gauges exist from the first scrape on
             with torch.inference_mode():
                 while True:
                     busy = self.engine.has_work
