@@ -1,12 +1,15 @@
-"""``tilespec demo``: speculative decoding that pays, measured on this machine in one run.
+"""``tilespec demo``: speculative decoding that pays, measured on this machine in one run (under a minute on an idle
+2-core CPU).
 
 Default: SmolLM2-135M-Instruct (CPU; fetched on first use) or Qwen2.5-Coder-1.5B-Instruct (GPU) with context
 drafting (``ngram``: the draft tokens are copied from the prompt and the output so far, no draft model) on an
-input-grounded task -- pretty-printing a one-line JSON document, where the answer repeats the input. The
-speculative output is streamed once (untimed); then the same model decodes the same prompt target-only and
-speculatively, alternating, ``--repeats`` times each. Each system gets ONE tokens/s figure: its new tokens over the
-wall time of its timed runs, prefill included; the speedup is the ratio of the two, and the greedy outputs must be
-identical token for token.
+input-grounded task -- pretty-printing a one-line JSON document, where the answer repeats the input. On a CPU the
+thread count is chosen from the CPUs free right now (:func:`._paired.free_cpus`). The speculative output is streamed
+once (untimed); then the same model decodes the same prompt target-only and speculatively in back-to-back pairs
+until the 95 % interval of the paired speedup is within ``--precision`` (or ``--repeats`` pairs / ``--budget``
+seconds run out: then the demo says the machine is too busy to measure and prints the noise it measured instead of a
+ratio). Each system gets ONE tokens/s figure: its new tokens over the wall time of its counted runs, prefill
+included; the greedy outputs must be identical token for token.
 """
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ import json
 import time
 from pathlib import Path
 
-from .generate import (encode_prompts, load_pair, pick_device, pick_dtype, sampling_from_args, stats_rows,
-                       stream_text)
+from ._paired import Measurement, Watchdog, free_cpus, measure
+from .generate import (check_decoding_args, encode_prompts, load_pair, pick_device, pick_dtype, sampling_from_args,
+                       stats_rows, stream_text)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GPU_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -25,12 +29,34 @@ DOCUMENT = {"name": "tilespec", "version": "0.3.0", "license": "Apache-2.0", "re
             "authors": [{"name": "Ada Lovelace", "email": "ada@example.com"}]}
 DEFAULT_PROMPT = ("Format this JSON with one key per line and two-space indentation:\n\n" + json.dumps(DOCUMENT))
 PER_RUN_ROWS = ("tokens/s", "wall time")   # one run's figures: the demo reports totals over the timed runs instead
+MIN_PAIRS = 3       # the fewest pairs a speedup is claimed from (t quantile 4.30 at 2 degrees of freedom)
+BUDGET_S = 40.0     # timed pairs: 3 single-thread pairs fit (~11 s each), the demo ends within a minute (idle 2 cores)
 
 
-def _timed(dec, ids, args) -> tuple:
-    t0 = time.perf_counter()
-    out = dec.generate(ids, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    return out, time.perf_counter() - t0
+def _timed(name: str, dec, ids, args, watch: Watchdog | None = None) -> tuple:
+    """One timed run of system ``name``: (output, wall seconds, CPU seconds of this process). Decodes through
+    ``stream`` (what ``generate`` runs, one event per step) so that ``watch`` can look at the CPU between steps."""
+    done = []
+    if watch is not None:
+        watch.start()
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in dec.stream(ids, max_new_tokens=args.max_new_tokens, seed=args.seed, on_finish=done.append):
+        if watch is not None:
+            watch.check()
+    return done[0], time.perf_counter() - w0, time.process_time() - c0
+
+
+class _Watched:
+    """A decoder whose ``stream`` lets a :class:`Watchdog` look between steps (for the streamed, untimed run)."""
+
+    def __init__(self, dec, watch: Watchdog):
+        self.dec, self.watch = dec, watch
+
+    def stream(self, *args, **kw):
+        self.watch.start()
+        for event in self.dec.stream(*args, **kw):
+            self.watch.check()
+            yield event
 
 
 def answer_check(prompt: str, text: str) -> str | None:
@@ -56,24 +82,69 @@ def _print_stats(console, stats) -> None:
     console.print(table)
 
 
+def _choose_threads(args, device):
+    """--threads N, else (CPU) the CPUs free now; returns (threads, CpuReport or None)."""
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        return args.threads, None
+    if device.type != "cpu":
+        return torch.get_num_threads(), None
+    report = free_cpus(limit=torch.get_num_threads())
+    torch.set_num_threads(report.threads)
+    return report.threads, report
+
+
+def _noise(m: Measurement) -> str:
+    """The noise measured, in words: spread of the paired ratios, range of the run times, CPU the runs got."""
+    pairs = m.counted or m.pairs
+    base = [p.target_only_s for p in pairs]
+    spec = [p.speculative_s for p in pairs]
+    share = min(min(p.cpu_share) for p in pairs)
+    words = [f"{len(pairs)} pair{'s' if len(pairs) != 1 else ''}"]
+    if m.summary and m.summary.pairs > 1:
+        words.append(f"95 % interval {m.summary.low:.2f}-{m.summary.high:.2f}×, paired ratios "
+                     f"{min(p.ratio for p in pairs):.2f}-{max(p.ratio for p in pairs):.2f}× "
+                     f"(±{100 * m.summary.spread:.0f} % pair to pair)")
+    span = (lambda t: f"{t[0]:.3g} s" if len(t) == 1 else f"{min(t):.3g}-{max(t):.3g} s")
+    words.append(f"target-only {span(base)}, speculative {span(spec)} a run")
+    n = pairs[-1].threads
+    words.append(f"the least CPU a run got: {100 * share:.0f} % of "
+                 + ("one thread's time" if n == 1 else f"{n} threads' time"))
+    return "; ".join(words)
+
+
 def run(args) -> int:
+    import torch
+    saved = torch.get_num_threads()
+    try:
+        return _demo(args)
+    finally:   # the thread count is this process's: leave it as the caller had it
+        torch.set_num_threads(saved)
+
+
+def _demo(args) -> int:
     import torch
     from rich.console import Console
     from rich.markup import escape
     from tilespec.engine import SpeculativeDecoder
 
+    began = time.monotonic()
     console = Console(stderr=True)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats < 2:
+        raise ValueError(f"--repeats must be >= 2 (pairs: one pair measures no noise), got {args.repeats}")
+    if args.budget <= 0 or not 0 < args.precision < 1:
+        raise ValueError(f"--budget must be > 0 and --precision in (0, 1), got {args.budget} and {args.precision}")
+    check_decoding_args(args)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
+    threads, cpu = _choose_threads(args, device)
     target_name = args.target or (DEFAULT_GPU_MODEL if device.type == "cuda" else DEFAULT_MODEL)
     draft_name = args.draft or (f"{target_name}:layers={args.layers}" if args.layers else DEFAULT_DRAFT)
+    why = f" ({cpu.describe()})" if cpu else " (--threads)" if args.threads else ""
     console.print(f"[bold]tilespec demo[/bold]: target [cyan]{target_name}[/cyan], draft [cyan]{draft_name}[/cyan], "
-                  f"{device}, {str(dtype).replace('torch.', '')}, {torch.get_num_threads()} CPU threads, "
-                  f"γ={args.gamma} ({args.gamma_schedule}), verify={args.method}")
+                  f"{device}, {str(dtype).replace('torch.', '')}, {threads} CPU thread{'s' if threads != 1 else ''}"
+                  f"{why}, γ={args.gamma} ({args.gamma_schedule}), verify={args.method}")
     target, draft, tok = load_pair(target_name, draft_name, device, dtype, log=console.print)
     options = dict(gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=args.method,
                    sampling=sampling_from_args(args), tokenizer=tok, compile=args.compile)
@@ -83,30 +154,55 @@ def run(args) -> int:
     for dec in (base, spec):   # uncounted: lazy initialisations (and graph captures with --compile)
         dec.warmup(prompt_len=min(len(ids[0]), 64), max_new_tokens=4)
     console.print(f"[bold]prompt[/bold]: {escape(args.prompt)}\n[bold]speculative output[/bold]:")
+    outs, spec_stats, tokens = [], [], {"target-only": [], "speculative": []}
+
+    def dropped(old: int, new: int, share: float) -> None:
+        console.print(f"[yellow]other processes took CPUs (this process got {100 * share:.0f} % of {old} threads' "
+                      f"time): {old} → {new} thread{'s' if new != 1 else ''}[/yellow]")
+
+    watch = Watchdog(threads, torch.set_num_threads, enabled=cpu is not None, on_drop=dropped)
+
+    def run_one(name: str) -> tuple:
+        out, wall, cpu_s = _timed(name, base if name == "target-only" else spec, ids, args, watch)
+        outs.append(out.sequences)
+        tokens[name].append(len(out.sequences[0]))
+        if name == "speculative":
+            spec_stats.append(out.stats)
+        return wall, cpu_s
+
+    def on_pair(pair, counted: int) -> None:
+        label = f"pair {counted}" if pair.counted else f"a pair begun at {pair.threads} threads, not counted"
+        console.print(f"[dim]{label}: target-only {pair.target_only_s:.2f} s, speculative "
+                      f"{pair.speculative_s:.2f} s: {pair.ratio:.2f}×[/dim]")
+
     with torch.inference_mode():
-        shown = stream_text(spec, tok, ids, args.max_new_tokens, args.seed)   # shown, not timed
-        times, tokens = {"target-only": [], "speculative": []}, {"target-only": 0, "speculative": 0}
-        outs, spec_stats = [[shown]], []
-        for _ in range(args.repeats):
-            for name, dec in (("target-only", base), ("speculative", spec)):
-                out, dt = _timed(dec, ids, args)
-                times[name].append(dt)
-                tokens[name] += len(out.sequences[0])
-                outs.append(out.sequences)
-                if dec is spec:
-                    spec_stats.append(out.stats)
+        shown = stream_text(_Watched(spec, watch), tok, ids, args.max_new_tokens, args.seed)   # shown, not timed
+        outs.append([shown])
+        console.print(f"[dim]timing target-only and speculative decoding in pairs until the speedup's 95 % interval "
+                      f"is within ±{100 * args.precision:.0f} % (at most {args.repeats} pairs, "
+                      f"{args.budget:.0f} s)[/dim]")
+        m = measure(run_one, lambda: watch.threads, max_pairs=args.repeats, min_pairs=min(MIN_PAIRS, args.repeats),
+                    budget_s=args.budget, precision=args.precision, on_pair=on_pair)
+    threads = watch.threads
     stats = spec_stats[-1]
     _print_stats(console, stats)
-    rate = {name: tokens[name] / sum(t) for name, t in times.items()}
-    speedup = sum(times["target-only"]) / sum(times["speculative"])
+    counted = m.counted
+    first = len(m.pairs) - len(counted)
+    seconds = {"target-only": [p.target_only_s for p in counted], "speculative": [p.speculative_s for p in counted]}
+    rate = {name: (sum(tokens[name][first:]) / sum(t) if t else None) for name, t in seconds.items()}
     greedy = args.temperature == 0
     same = all(o == outs[0] for o in outs)
     text = tok.decode(shown, skip_special_tokens=True)
     correct = answer_check(args.prompt, text)
     matched = f", {100 * stats.match_share:.0f} % of steps matched" if stats.context_steps else ""
-    console.print(f"target-only: {rate['target-only']:.1f} tokens/s; speculative ({stats.drafter}): "
-                  f"{rate['speculative']:.1f} tokens/s (α = {stats.alpha:.2f}, τ = {stats.block_efficiency:.2f} "
-                  f"tokens per target call{matched}); {args.repeats} timed run(s) each, alternating, prefill included")
+    if m.stable:
+        console.print(f"target-only: {rate['target-only']:.1f} tokens/s; speculative ({stats.drafter}): "
+                      f"{rate['speculative']:.1f} tokens/s (α = {stats.alpha:.2f}, τ = {stats.block_efficiency:.2f} "
+                      f"tokens per target call{matched}); {len(counted)} pairs, alternating, prefill included, "
+                      f"{threads} thread{'s' if threads != 1 else ''}")
+    else:
+        console.print(f"speculative ({stats.drafter}): α = {stats.alpha:.2f}, τ = {stats.block_efficiency:.2f} "
+                      f"tokens per target call{matched}")
     if greedy and same:
         console.print(f"[bold green]✓ speculative output equals the target's greedy output ({len(shown)} tokens, "
                       f"token for token)[/bold green]")
@@ -114,23 +210,43 @@ def run(args) -> int:
         style = "bold green" if correct == "yes" else "bold yellow"
         console.print(f"[{style}]{'✓' if correct == 'yes' else '✗'} the answer parses as the input JSON document: "
                       f"{correct}[/{style}]")
+    s = m.summary
     if args.json:
         from tilespec.env import run_record
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "environment": run_record(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target_name,
-            "draft": draft_name, "dtype": str(dtype), "threads": torch.get_num_threads(), "prompt": args.prompt,
+            "draft": draft_name, "dtype": str(dtype), "threads": threads, "prompt": args.prompt,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-            "target_only_seconds": times["target-only"], "speculative_seconds": times["speculative"],
-            "new_tokens": len(shown), "tokens_per_second": {"target_only": rate["target-only"],
-                                                            "speculative": rate["speculative"]},
-            "speedup": speedup, "outputs_identical": same, "output": text, "answer_is_input_document": correct,
-            "stats": [s.to_dict() for s in spec_stats]}, indent=2))
+            "cpu": ({"usable": cpu.cpus, "probe_got": cpu.got, "load_average": cpu.load_average,
+                     "torch_default_threads": cpu.limit, "threads_chosen": cpu.threads} if cpu else None),
+            "thread_drops": watch.drops, "pairs": [p.to_dict() for p in m.pairs],
+            "target_only_seconds": seconds["target-only"], "speculative_seconds": seconds["speculative"],
+            "new_tokens": len(shown),
+            "tokens_per_second": {"target_only": rate["target-only"], "speculative": rate["speculative"]},
+            "verdict": "measured" if m.stable else "too busy to measure", "stopped": m.stopped,
+            "precision": args.precision, "speedup": s.speedup if m.stable else None,
+            "speedup_interval_95": [s.low, s.high] if s and s.pairs > 1 else None,
+            "pair_spread": s.spread if s and s.pairs > 1 else None, "noise": _noise(m),
+            "measure_seconds": m.seconds, "wall_seconds": time.monotonic() - began,
+            "outputs_identical": same, "output": text, "answer_is_input_document": correct,
+            "stats": [st.to_dict() for st in spec_stats]}, indent=2))
     verdict = ("yes" if same else "NO") if greedy else "n/a (sampling: same law, not the same tokens)"
-    print(f"speedup {speedup:.2f}× over target-only decoding (same run, same model); outputs identical: {verdict}")
-    if speedup < 1 and device.type == "cpu" and torch.get_num_threads() > 1:
-        console.print("[yellow]speculation lost here: on a CPU whose cores are busy with other work, threads wait for "
-                      "each other in the wider verify forwards; compare with --threads 1[/yellow]")
+    if m.stable:
+        print(f"speedup {s.speedup:.2f}× over target-only decoding (95 % interval {s.low:.2f}-{s.high:.2f}× from "
+              f"{s.pairs} alternating pairs; same run, same model); outputs identical: {verdict}")
+        if s.speedup < 1 and device.type == "cpu" and threads > 1:
+            console.print("[yellow]speculation lost here: on a CPU whose cores are busy with other work, threads wait "
+                          "for each other in the wider verify forwards; compare with --threads 1[/yellow]")
+    else:
+        few = s is not None and s.pairs > 1 and s.spread <= args.precision and m.stopped == "budget"
+        why = (f"only {s.pairs} pairs fit in --budget {args.budget:.0f} s" if few else
+               "this machine is too busy to time it")
+        print(f"speedup not measured: {why} within ±{100 * args.precision:.0f} % ({_noise(m)}); "
+              f"outputs identical: {verdict}")
+        console.print("[yellow]" + ("this CPU is slow (or shared): allow more time with --budget SECONDS" if few else
+                                    "other processes share these CPUs: run again when the machine is quieter, or "
+                                    "allow more time with --budget SECONDS --repeats N") + "[/yellow]")
     if greedy and not same:
         console.print("[bold red]✗ outputs differ[/bold red] (with bf16/fp16 on GPU, batched and single-token "
                       "forwards may round differently; fp32 on CPU must match exactly)")
@@ -147,8 +263,16 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=0, help="draft with the target's first N layers instead of "
                                                          "ngram (a layer-skip draft; shows exactness, rarely speed)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per system, alternating (default 3)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--repeats", type=int, default=10,
+                   help="at most this many timed pairs (target-only, then speculative; default 10)")
+    p.add_argument("--budget", type=float, default=BUDGET_S,
+                   help=f"seconds of timed pairs at most (default {BUDGET_S:.0f}; no pair starts that would end "
+                        "past it)")
+    p.add_argument("--precision", type=float, default=0.10,
+                   help="stop once the speedup's 95 %% interval is within ± this fraction (default 0.10), "
+                        f"after {MIN_PAIRS} pairs at least")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch (default: the CPUs free now, probed; fewer if they get busy)")
     from .generate import add_decoding_arguments
     add_decoding_arguments(p)
     p.set_defaults(max_new_tokens=256, gamma=8, func=run)
