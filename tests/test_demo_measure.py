@@ -180,7 +180,7 @@ def test_demo_says_a_noisy_machine_is_too_busy_instead_of_a_ratio(registry, scri
     script({"target-only": [4.0, 9.0, 3.0, 12.0], "speculative": [6.0, 2.0, 4.0, 3.0]})
     assert main([*demo_args(tmp_path), "--repeats", "4"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("speedup not measured within ±10 %: this machine is too busy (4 pairs; 95 % interval ")
+    assert last.startswith("speedup not measured within ±15 %: this machine is too busy (4 pairs; 95 % interval ")
     assert "paired ratios 0.67-4.50×" in last and "pair to pair" in last and "target-only 3-12 s, speculative 2-6 s a run" in last
     assert last.endswith("outputs identical: yes")
     rec = json.loads((tmp_path / "demo.json").read_text())
@@ -192,7 +192,7 @@ def test_demo_says_when_too_few_pairs_fit_in_the_budget(registry, script, tmp_pa
     script({"target-only": [1.0, 1.02], "speculative": [0.5]})
     assert main([*demo_args(tmp_path), "--budget", "1e-9"]) == 0   # the first pair ends past it: no second one
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("speedup not measured within ±10 %: this machine is too busy (1 pair; target-only 1 s, ")
+    assert last.startswith("speedup not measured within ±15 %: this machine is too busy (1 pair; target-only 1 s, ")
     rec = json.loads((tmp_path / "demo.json").read_text())
     assert rec["stopped"] == "budget" and rec["speedup"] is None and rec["speedup_interval_95"] is None
 
