@@ -100,7 +100,7 @@ def test_demo_times_both_modes_in_pairs_and_reports_the_speedup_or_the_noise(reg
     assert 1 <= len(rec["target_only_seconds"]) == len(rec["speculative_seconds"]) <= len(rec["pairs"]) <= 4
     ratios = [p["ratio"] for p in rec["pairs"] if p["counted"]]
     if rec["verdict"] == "measured":
-        assert len(ratios) >= 3 and rec["speedup"] == pytest.approx(math.prod(ratios) ** (1 / len(ratios)))
+        assert len(ratios) >= 2 and rec["speedup"] == pytest.approx(math.prod(ratios) ** (1 / len(ratios)))
     else:
         assert rec["speedup"] is None and rec["noise"] in last
 

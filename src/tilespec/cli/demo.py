@@ -29,9 +29,9 @@ DOCUMENT = {"name": "tilespec", "version": "0.3.0", "license": "Apache-2.0", "re
             "authors": [{"name": "Ada Lovelace", "email": "ada@example.com"}]}
 DEFAULT_PROMPT = ("Format this JSON with one key per line and two-space indentation:\n\n" + json.dumps(DOCUMENT))
 PER_RUN_ROWS = ("tokens/s", "wall time")   # one run's figures: the demo reports totals over the timed runs instead
-MIN_PAIRS = 3       # the fewest pairs a speedup is claimed from (t quantile 4.30 at 2 degrees of freedom)
-PRECISION = 0.15    # ±15 %: 3 pairs whose ratios spread by 5 % pass (1-thread runs on a shared machine); 0.43-1.51x not
-BUDGET_S = 45.0     # timed pairs: 3 single-thread pairs fit (11-14 s each); idle 2 cores: ~11 s + 3-4 pairs of ~6.5 s
+MIN_PAIRS = 2       # the fewest pairs a speedup is claimed from: ±15 % takes 2 ratios within 2.2 % of each other
+PRECISION = 0.15    # (t = 12.7), or a spread (sd) of at most 5.6 % over 3 pairs, 8.8 % over 4 (0.43-1.51x: never)
+BUDGET_S = 45.0     # timed pairs: 3 single-thread pairs fit (11-15 s each); idle 2 cores: ~11 s + 2-4 pairs of ~6-9 s
 
 
 def _timed(name: str, dec, ids, args, watch: Watchdog | None = None) -> tuple:
