@@ -5,43 +5,31 @@ from __future__ import annotations
 import time
 
 
-def stall_after(steps: int):
-    """A hook: the engine makes ``steps`` steps, then makes no progress (each step sleeps 50 ms and returns
-    nothing), so a request can only end by a cancellation."""
-    return _Stall(steps)
+class _AfterSteps:
+    """Let the engine make ``steps`` steps, then ``stall`` (each step sleeps 50 ms and returns nothing) or raise."""
 
-
-class _Stall:
-    def __init__(self, steps: int):
-        self.steps = steps
+    def __init__(self, steps: int, stall: bool):
+        self.steps, self.stall = steps, stall
 
     def __call__(self, engine) -> None:
         step, calls = engine.step, [0]
 
-        def stalled():
+        def changed():
             calls[0] += 1
             if calls[0] <= self.steps:
                 return step()
+            if not self.stall:
+                raise RuntimeError("planted step failure")
             time.sleep(0.05)
             return []
-        engine.step = stalled
+        engine.step = changed
 
 
-class _Fail:
-    def __init__(self, steps: int):
-        self.steps = steps
-
-    def __call__(self, engine) -> None:
-        step, calls = engine.step, [0]
-
-        def failing():
-            calls[0] += 1
-            if calls[0] > self.steps:
-                raise RuntimeError("planted step failure")
-            return step()
-        engine.step = failing
+def stall_after(steps: int):
+    """A hook: ``steps`` steps, then no progress, so a request can only end by a cancellation."""
+    return _AfterSteps(steps, stall=True)
 
 
 def fail_after(steps: int):
     """A hook: the engine's step raises after ``steps`` steps."""
-    return _Fail(steps)
+    return _AfterSteps(steps, stall=False)

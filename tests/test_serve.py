@@ -48,6 +48,17 @@ class CharTokenizer:
         return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
 
 
+def wait_healthy(url: str, timeout: float = 60.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError("the test server did not start")
+
+
 class Server:
     """A uvicorn server on a free port in a daemon thread."""
 
@@ -60,14 +71,7 @@ class Server:
                                                     timeout_graceful_shutdown=grace))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        end = time.time() + 20
-        while time.time() < end:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("the test server did not start")
+        wait_healthy(self.url)
 
     @property
     def url(self) -> str:
@@ -357,13 +361,7 @@ def test_two_api_processes_serve_one_port():
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        end = time.time() + 60
-        while time.time() < end:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_healthy(url)
         asks = [dict(model=MODEL, prompt=f"ab{i}", max_tokens=10, temperature=0) for i in range(12)]
 
         def one(ask):
