@@ -23,6 +23,7 @@
 #   bash bench/gpu/run.sh vparts K              # vLLM's offline install, one part per call (.vparts: K = 1 2 4 3)
 #   bash bench/gpu/run.sh servebase             # the API side's ceiling (fake engine), the paged engine in-process
 #   bash bench/gpu/run.sh serve                 # tilespec serve (none, ngram) vs vLLM (plain, ngram), 1..256 clients
+#   bash bench/gpu/run.sh pagedcost             # a paged decode step's cost by rows x ragged draft tokens (real 1.5B)
 #   bash bench/gpu/run.sh restart               # tilespec serve's second start (warm caches) until healthy
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
 #
@@ -390,15 +391,29 @@ stage_servebase() {  # what the HTTP runs are held to, one GPU: the API side's o
   tag=$(gpu_tag)
   stage_wait "${SERVEBASE_WAIT_S:-300}" > /dev/null
   hf=$(ls -d "$TILESPEC_HOME/models/$m"/hf-*/ 2>/dev/null | head -1)
-  step api-ceiling 200 python3 bench/scripts/api_ceiling.py --tokenizer "$hf" --api-servers "${CEILING_SERVERS:-1,2,4}" \
-    --clients 64,256 --level-seconds 6 --json "$RES/serve-api-ceiling-$tag.json"
-  grep -E "^api servers|recommended" "$RES/api-ceiling.log"
-  grep -oE "recommended_api_servers [0-9]+" "$RES/api-ceiling.log" | awk '{print $2}' > "$RES/api-servers"
-  step paged-inproc "${INPROC_LIMIT_S:-330}" python3 bench/scripts/paged_engine.py --target $m \
-    --clients "${SERVE_CLIENTS:-1,16,64,256}" --requests-per-client 3 --drafts none,ngram --batch-engine-clients "" \
-    --prefix-tokens 0 --budget-s "${INPROC_BUDGET_S:-280}" --out "$RES/paged-engine-inproc-qwen1.5b-$tag.json"
-  grep -E '"clients"|warm-up' "$RES/paged-inproc.log" | cut -c1-220
+  if [ -n "${CEILING_SERVERS-1,2,4}" ]; then
+    step api-ceiling 200 python3 bench/scripts/api_ceiling.py --tokenizer "$hf" --api-servers "${CEILING_SERVERS:-1,2,4}" \
+      --clients 64,256 --level-seconds 6 --json "$RES/serve-api-ceiling-$tag.json"
+    grep -E "^api servers|recommended" "$RES/api-ceiling.log"
+    grep -oE "recommended_api_servers [0-9]+" "$RES/api-ceiling.log" | awk '{print $2}' > "$RES/api-servers"
+  fi
+  local d
+  for d in ${INPROC_DRAFTS:-none ngram}; do     # one process per drafter: each engine alone on the GPU
+    step "paged-inproc-$d" "${INPROC_LIMIT_S:-330}" python3 bench/scripts/paged_engine.py --target $m \
+      --clients "${SERVE_CLIENTS:-1,16,64,256}" --requests-per-client "${INPROC_RPC:-8}" --drafts "$d" \
+      --batch-engine-clients "" --prefix-tokens 0 --budget-s "${INPROC_BUDGET_S:-280}" \
+      --out "$RES/paged-engine-inproc-$d-qwen1.5b-$tag.json"
+    grep -E '"clients"|warm-up' "$RES/paged-inproc-$d.log" | cut -c1-220
+  done
   tarball servebase
+}
+
+stage_pagedcost() {  # one paged decode step's cost on the real 1.5B by rows x fed tokens (ragged drafts), two table
+                     # widths, plus verify() (bench/scripts/step_cost.py): what the per-step draft chooser prices with
+  UNPACK=1 env_setup
+  step pagedcost "${PAGEDCOST_LIMIT_S:-400}" python3 bench/scripts/step_cost.py ${PAGEDCOST_ARGS:-} \
+    --out "$RES/paged-step-cost-qwen1.5b-$(gpu_tag).json"
+  tail -3 "$RES/pagedcost.log" | cut -c1-200; tarball pagedcost
 }
 
 stage_restart() {  # the second start of tilespec serve with warm compile caches: seconds until /health answers 200
@@ -426,7 +441,7 @@ json.dump({"second_start_s": healthy, "api_servers": int(n), "exit": proc.return
            "log": open(log).read()[-2000:]}, open(out, "w"), indent=1)
 print("second start:", healthy, "s")
 PY
-  grep -E "warm-up|engine ready|listening" "$RES/restart.log"
+  grep -E "warm-up|engine start|engine ready|listening" "$RES/restart.log"
   tarball restart
 }
 
@@ -475,7 +490,7 @@ stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one pr
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor|vparts|servebase|restart)
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor|vparts|servebase|restart|pagedcost)
     "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
   *) sed -n '2,25p' "$0"; exit 2 ;;

@@ -171,10 +171,13 @@ def _build(spec: EngineSpec):
     import torch
 
     from . import make_engine
+    marks = [("start", time.perf_counter())]
     target, draft, tokenizer = spec.load()
+    marks.append(("load", time.perf_counter()))
     inner = getattr(tokenizer, "tokenizer", tokenizer)
     pad = getattr(inner, "pad_token_id", None)
     engine = make_engine(target, draft, tokenizer=inner, pad_token_id=pad if pad is not None else 0, **spec.options)
+    marks.append(("engine", time.perf_counter()))
     if spec.warmup:
         with torch.inference_mode():
             if hasattr(engine, "warm_up"):      # the paged engine: decode graphs for contexts up to WARM_CONTEXT
@@ -184,7 +187,11 @@ def _build(spec: EngineSpec):
                 warm_up(engine, log=print)
     if spec.hook is not None:
         spec.hook(engine)
+    marks.append(("warm-up", time.perf_counter()))
     freeze_heap()
+    marks.append(("gc freeze", time.perf_counter()))
+    print("engine start: " + ", ".join(f"{name} {b - a:.1f} s" for (_, a), (name, b) in zip(marks, marks[1:])),
+          flush=True)
     return engine, inner
 
 
