@@ -28,6 +28,24 @@ def pct(values, q):
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))] if s else None
 
 
+SLOW_MS = 50.0          # a step slower than this is recorded with what it held (stalls: compiles, captures, GC)
+slow: list = []
+
+
+def step_state(engine, before=None) -> dict:
+    """What a step did, from counters: graph replays, captures (graphs cached), dynamo compiles, GC runs, rows."""
+    import gc
+
+    from torch._dynamo.utils import counters
+    graphs = len(engine.model._decode) if getattr(engine.model, "_decode", None) is not None else 0
+    now = {"graph_step": engine.counters.get("decode_graph_steps", 0), "graphs": graphs,
+           "compiles": counters["stats"]["unique_graphs"], "gc": sum(g["collections"] for g in gc.get_stats()),
+           "running": engine.running, "waiting": len(engine.waiting)}
+    if before is None:
+        return now
+    return {k: now[k] - before[k] if k in ("graph_step", "graphs", "compiles", "gc") else now[k] for k in now}
+
+
 def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: int, temperature: float,
                 seed: int = 0) -> dict:
     """``clients`` requests in flight until ``requests`` ended; tokens / wall time, TTFT and ITL per request."""
@@ -46,7 +64,13 @@ def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: 
     for _ in range(min(clients, requests)):
         submit()
     while live:
-        for ev in engine.step():
+        before = step_state(engine)
+        s0 = time.perf_counter()
+        events = engine.step()
+        ms = 1e3 * (time.perf_counter() - s0)
+        if ms > SLOW_MS:
+            slow.append(dict(ms=round(ms, 1), clients=clients, **step_state(engine, before)))
+        for ev in events:
             if ev.finish_reason is not None:
                 done.append(live.pop(ev.rid))
                 if made < requests:
@@ -120,6 +144,7 @@ def main() -> int:
                        steps=eng.counters["steps"], preemptions=eng.counters["preemptions"])
             out["rows"].append(row)
             print(json.dumps(row))
+            out["slow_steps"] = slow
             save()
         if draft == "none" and a.prefix_tokens > 0:
             system = prompts[0] * (a.prefix_tokens // len(prompts[0]) + 1)
@@ -156,6 +181,7 @@ def main() -> int:
             del eng
             torch.cuda.empty_cache()
     out["wall_s"] = time.perf_counter() - start
+    out["slow_steps"] = slow
     save()
     return 0
 
