@@ -32,6 +32,16 @@ SLOW_MS = 50.0          # a step slower than this is recorded with what it held 
 slow: list = []
 
 
+def triton_variants() -> int:
+    """Compiled variants of the paged attention kernels (Triton specialises on constexprs and on int arguments)."""
+    from tilespec.engine.paged import attention
+    total = 0
+    for fn in (getattr(attention, "_partial_kernel", None), getattr(attention, "_merge_kernel", None)):
+        for cache in getattr(fn, "device_caches", {}).values():
+            total += len(cache[0]) if isinstance(cache, tuple) else 0
+    return total
+
+
 def step_state(engine, before=None) -> dict:
     """What a step did, from counters: graph replays, captures (graphs cached), dynamo compiles, GC runs, rows."""
     import gc
@@ -40,10 +50,10 @@ def step_state(engine, before=None) -> dict:
     graphs = len(engine.model._decode) if getattr(engine.model, "_decode", None) is not None else 0
     now = {"graph_step": engine.counters.get("decode_graph_steps", 0), "graphs": graphs,
            "compiles": counters["stats"]["unique_graphs"], "gc": sum(g["collections"] for g in gc.get_stats()),
-           "running": engine.running, "waiting": len(engine.waiting)}
+           "triton": triton_variants(), "running": engine.running, "waiting": len(engine.waiting)}
     if before is None:
         return now
-    return {k: now[k] - before[k] if k in ("graph_step", "graphs", "compiles", "gc") else now[k] for k in now}
+    return {k: now[k] - before[k] if k in ("graph_step", "graphs", "compiles", "gc", "triton") else now[k] for k in now}
 
 
 def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: int, temperature: float,
