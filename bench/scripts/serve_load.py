@@ -569,7 +569,9 @@ def main(argv=None) -> int:
                 save()
             if i == soak_at:
                 c = max(clients)
-                n = max(c, int(4 * args.soak_seconds * (rows[str(c)]["requests_per_s"] or 1)))   # an upper bound
+                # an upper bound the soak's clock, not its count, ends: the level's rate can be far below the
+                # soak's (a short level dominated by its first, compiling requests)
+                n = max(256 * c, int(8 * args.soak_seconds * (rows[str(c)]["requests_per_s"] or 1)))
                 soak = run_level(url, model, prompts, c, n, 0.0, args.max_tokens, args.temperature,
                                  seed=10**7, until=args.soak_seconds, **common)
                 records = soak.pop("records")

@@ -167,6 +167,11 @@ def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> Non
     raise SystemExit(code)
 
 
+def _log(*parts) -> None:
+    """The engine process's start-up log: stderr, so that its stdout stays the parent's to read."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
 def _build(spec: EngineSpec):
     import torch
 
@@ -181,17 +186,16 @@ def _build(spec: EngineSpec):
     if spec.warmup:
         with torch.inference_mode():
             if hasattr(engine, "warm_up"):      # the paged engine: decode graphs for contexts up to WARM_CONTEXT
-                engine.warm_up(max_context=min(engine.max_len, WARM_CONTEXT), log=print)
+                engine.warm_up(max_context=min(engine.max_len, WARM_CONTEXT), log=_log)
             else:
                 from tilespec.engine.batch_warmup import warm_up
-                warm_up(engine, log=print)
+                warm_up(engine, log=_log)
     if spec.hook is not None:
         spec.hook(engine)
     marks.append(("warm-up", time.perf_counter()))
     freeze_heap()
     marks.append(("gc freeze", time.perf_counter()))
-    print("engine start: " + ", ".join(f"{name} {b - a:.1f} s" for (_, a), (name, b) in zip(marks, marks[1:])),
-          flush=True)
+    _log("engine start: " + ", ".join(f"{name} {b - a:.1f} s" for (_, a), (name, b) in zip(marks, marks[1:])))
     return engine, inner
 
 
