@@ -251,3 +251,83 @@ def test_gpu_cuda_graph_replay_follows_new_metadata():
     torch.cuda.synchronize()
     torch.testing.assert_close(out[:11].float(), pa.paged_attention_reference(*args)[:11].float(),
                                rtol=2e-2, atol=2e-2)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records each launch's arguments by name (nothing runs)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.names, self.launches = kernel, kernel.arg_names, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(dict(zip(self.names, args), **kwargs))
+        return launch
+
+
+def _recorded(monkeypatch):
+    partial, merge = _Recorder(pa._partial_kernel), _Recorder(pa._merge_kernel)
+    monkeypatch.setattr(pa, "_partial_kernel", partial)
+    monkeypatch.setattr(pa, "_merge_kernel", merge)
+    monkeypatch.setattr(pa, "_sm_count", lambda device: 132)
+    return partial, merge
+
+
+def _key(launch: dict) -> tuple:
+    return launch["BLOCK_M"], launch["SP"], launch["SINGLE"], launch["num_warps"]
+
+
+@pytest.mark.skipif(not pa._TRITON, reason="needs Triton")
+def test_every_served_launch_is_a_listed_variant_and_varying_ints_are_not_specialised(monkeypatch):
+    """Why a served step never compiles the kernel: over random mixed and decode steps (sequence counts, token counts,
+    table widths, context lengths) every launch's compile key is one of ``variants()`` -- which the warm-up launches
+    -- and every int argument whose value changes between launches is one Triton does not specialise (an int equal
+    to 1 or divisible by 16 would otherwise compile a new kernel in the middle of serving)."""
+    import random
+    heads, kv_heads, d, max_seqs, max_q = 12, 2, 128, 256, 2048
+    partial, merge = _recorded(monkeypatch)
+    rng = random.Random(0)
+    for _ in range(300):
+        s = rng.choice([1, 2, 3, 15, 16, 17, 63, 64, 65, 200, 256])
+        counts = [rng.choice([0, 1, 1, 1, 5, 16, 300]) for _ in range(s)]
+        mq = max(1, max(counts))
+        t = sum(counts) + rng.choice([0, 0, 7])                 # trailing padding tokens
+        m = rng.choice([1, 3, 16, 17, 64, 128])
+        q = torch.zeros(max(t, 1), heads, d, dtype=torch.bfloat16)
+        k = torch.zeros(4, 16, kv_heads, d, dtype=torch.bfloat16)
+        cu = torch.tensor([0] + counts, dtype=torch.int32).cumsum(0).int()
+        pa._launch(q, k, k, torch.zeros(s, m, dtype=torch.int32), cu, torch.tensor(counts, dtype=torch.int32),
+                   0.1, mq)
+    listed = pa.variants(heads, kv_heads, d, max_seqs, max_q)
+    assert {_key(x) for x in partial.launches} <= listed
+    assert any(not x["SINGLE"] for x in partial.launches) and merge.launches
+
+    for recorder in (partial, merge):
+        runtime = _runtime_params(recorder.kernel)
+        varying = {n for n in runtime if len({x[n] for x in recorder.launches if isinstance(x[n], int)}) > 1}
+        assert varying <= _unspecialised(recorder.kernel), varying
+    # the warm-up launches exactly the listed variants
+    partial.launches.clear()
+    k = torch.zeros(4, 16, kv_heads, d, dtype=torch.bfloat16)
+    monkeypatch.setattr(pa, "kernel_takes", lambda *a: True)
+    assert pa.warm_variants(torch.bfloat16, k, k, heads, max_seqs, max_q) == len(listed)
+    assert {_key(x) for x in partial.launches} == listed
+
+
+def _runtime_params(kernel) -> list:
+    """The kernel's parameters that are not constexprs (Triton may specialise their int values)."""
+    import inspect
+    return [n for n, p in inspect.signature(kernel.fn).parameters.items() if "constexpr" not in str(p.annotation)]
+
+
+def _unspecialised(kernel) -> set:
+    """Its do_not_specialize names (a JITFunction keeps them; the interpreter's function in its kwargs)."""
+    names = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")
+    return set(names or ())
+
+
+@pytest.mark.skipif(not pa._TRITON, reason="needs Triton")
+def test_triton_does_not_specialise_the_step_varying_ints():
+    """The kernels' declarations: S, NS (and the block-table stride) are not specialised."""
+    assert _unspecialised(pa._partial_kernel) == {"S", "NS", "sbt"}
+    assert _unspecialised(pa._merge_kernel) == {"S", "NS"}

@@ -133,7 +133,7 @@ def greedy_reference(target):
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_greedy_tokens_equal_target_only(target, greedy_reference, draft, prefix_caching):
     engine = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=16,
-                         prefix_caching=prefix_caching)
+                         prefix_caching=prefix_caching, pricing=False)     # priced steps: test_paged_pricing.py
     reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=0.0) for p in PROMPTS]
     _run(engine, reqs, cancel=BatchRequest(prompt=list(range(60, 90)), max_tokens=5, temperature=0.0))
     assert [r.tokens for r in reqs] == greedy_reference

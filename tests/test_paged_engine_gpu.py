@@ -8,6 +8,7 @@ import torch
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.batching import BatchRequest
 from tilespec.engine.paged import PagedEngine
+from tilespec.engine.paged.warmup import decode_shapes
 from tilespec.verify.types import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -46,9 +47,12 @@ def test_graphs_give_target_only_tokens(target, draft):
         PROMPTS, max_new_tokens=24).sequences
     eng = PagedEngine(target, draft, max_batch=4, gamma=3, compile=True, token_budget=64, max_len=512)
     assert eng.warm_up() > 0
+    captured = eng.model.captures
+    assert all(shape in eng.costs.seeds for shape in [(r, t, w) for r in (1, 2, 4) for t, w in decode_shapes(r, 3)])
     got = _run(eng, [BatchRequest(prompt=p, max_tokens=24, temperature=0.0) for p in PROMPTS])
     assert got == ref
     assert eng.counters["decode_graph_steps"] > 0
+    assert eng.model.captures == captured           # the warm-up captured every decode shape served
 
 
 def test_sampled_tokens_do_not_depend_on_graphs(target):

@@ -70,14 +70,14 @@ def test_load_levels_write_the_json(tmp_path):
 
 def test_system_settings_split_into_flags_and_environment():
     load = _script()
-    assert load.split_system("tilespec:ngram|--spec-max-batch 16|TILESPEC_NATIVE_KERNELS=attn") == (
-        "tilespec:ngram", ["--spec-max-batch", "16"], {"TILESPEC_NATIVE_KERNELS": "attn"})
+    assert load.split_system("tilespec:ngram|--gamma 2|TILESPEC_NATIVE_KERNELS=attn") == (
+        "tilespec:ngram", ["--gamma", "2"], {"TILESPEC_NATIVE_KERNELS": "attn"})
     assert load.split_system("tilespec:qwen:layers=8") == ("tilespec:qwen:layers=8", [], {})
 
 
 def test_the_soak_runs_on_a_speculative_tilespec_system():
     load = _script()
-    systems = ["tilespec:none", "tilespec:ngram|--spec-max-batch 16", "hf"]
+    systems = ["tilespec:none", "tilespec:ngram|--gamma 2", "hf"]
     assert load.soak_index(systems) == 1
     assert load.soak_index(["hf", "tilespec:none"]) == 0
     assert load.soak_index(systems, "hf") == 2

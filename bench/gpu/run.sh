@@ -385,7 +385,8 @@ stage_vparts() {  # vparts K, carrying .vparts/vllm-part-K.tar (K = 1, 2, 4, the
 stage_servebase() {  # what the HTTP runs are held to, one GPU: the API side's own ceiling over a fake engine for 1 / 2 /
                      # 4 API processes (bench/scripts/api_ceiling.py; its choice lands in $RES/api-servers for the
                      # serve stage), then the paged engine in-process at the serve stage's levels (target-only,
-                     # ngram; bench/scripts/paged_engine.py). Waits for the 1.5B's conversion first.
+                     # ngram priced, ngram unpriced: INPROC_DRAFTS; bench/scripts/paged_engine.py). Waits for the
+                     # 1.5B's conversion first.
   UNPACK=1 env_setup
   local m=qwen2.5-coder-1.5b-instruct hf tag
   tag=$(gpu_tag)
@@ -398,12 +399,13 @@ stage_servebase() {  # what the HTTP runs are held to, one GPU: the API side's o
     grep -oE "recommended_api_servers [0-9]+" "$RES/api-ceiling.log" | awk '{print $2}' > "$RES/api-servers"
   fi
   local d
-  for d in ${INPROC_DRAFTS:-none ngram}; do     # one process per drafter: each engine alone on the GPU
-    step "paged-inproc-$d" "${INPROC_LIMIT_S:-330}" python3 bench/scripts/paged_engine.py --target $m \
+  for d in ${INPROC_DRAFTS:-none ngram ngram:all}; do   # one process per drafter: each engine alone on the GPU
+    local f=${d//:/-}                               # ngram:all: every offered draft verified (pricing off)
+    step "paged-inproc-$f" "${INPROC_LIMIT_S:-330}" python3 bench/scripts/paged_engine.py --target $m \
       --clients "${SERVE_CLIENTS:-1,16,64,256}" --requests-per-client "${INPROC_RPC:-8}" --drafts "$d" \
       --batch-engine-clients "" --prefix-tokens 0 --budget-s "${INPROC_BUDGET_S:-280}" \
-      --out "$RES/paged-engine-inproc-$d-qwen1.5b-$tag.json"
-    grep -E '"clients"|warm-up' "$RES/paged-inproc-$d.log" | cut -c1-220
+      --out "$RES/paged-engine-inproc-$f-qwen1.5b-$tag.json"
+    grep -E '"clients"|warm-up' "$RES/paged-inproc-$f.log" | cut -c1-220
   done
   tarball servebase
 }

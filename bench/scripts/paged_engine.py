@@ -32,6 +32,17 @@ SLOW_MS = 50.0          # a step slower than this is recorded with what it held 
 slow: list = []
 
 
+def step_costs(eng) -> list:
+    """The engine's priced step shapes: (rows, tokens, wide), the warm-up's seed and the served estimate (ms)."""
+    out = []
+    for shape in sorted(set(eng.costs.seeds) | set(eng.costs.excess)):
+        seed, est = eng.costs.seeds.get(shape), eng.costs.estimate(shape)
+        out.append({"rows": shape[0], "tokens": shape[1], "wide": shape[2], "samples": eng.costs.samples.get(shape, 0),
+                    "seed_ms": None if seed is None else round(seed * 1e3, 3),
+                    "estimate_ms": None if est is None else round(est * 1e3, 3)})
+    return out
+
+
 def triton_variants() -> int:
     """Compiled variants of the paged attention kernels (Triton specialises on constexprs and on int arguments)."""
     from tilespec.engine.paged import attention
@@ -105,7 +116,8 @@ def main() -> int:
     p.add_argument("--clients", default="1,16,64,128,256")
     p.add_argument("--requests-per-client", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--drafts", default="none,ngram")
+    p.add_argument("--drafts", default="none,ngram",
+                   help="drafters, each run on its own engine; 'ngram:all' verifies every offered draft (pricing off)")
     p.add_argument("--batch-engine-clients", default="64", help="BatchEngine levels ('' skips)")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="shared system prompt length ('0' skips)")
     p.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this")
@@ -139,8 +151,9 @@ def main() -> int:
 
     for draft in a.drafts.split(","):
         t = time.perf_counter()
-        eng = PagedEngine(target, None if draft == "none" else draft, max_batch=max(levels), gamma=4,
-                          compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad)
+        name, _, mode = draft.partition(":")
+        eng = PagedEngine(target, None if name == "none" else name, max_batch=max(levels), gamma=4,
+                          compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad, pricing=mode != "all")
         shapes = eng.warm_up(log=print)
         freeze_heap()                   # as the server's engine process does after its warm-up
         out["rows"].append({"system": f"paged:{draft}", "kind": "setup", "warmup_s": time.perf_counter() - t,
@@ -151,7 +164,8 @@ def main() -> int:
             closed_loop(eng, prompts, c, c, a.max_tokens, 0.0)           # a warm pass of the level
             row = closed_loop(eng, prompts, c, a.requests_per_client * c, a.max_tokens, 0.0)
             row.update(system=f"paged:{draft}", kind="load", graph_steps=eng.counters["decode_graph_steps"],
-                       steps=eng.counters["steps"], preemptions=eng.counters["preemptions"])
+                       steps=eng.counters["steps"], preemptions=eng.counters["preemptions"],
+                       captures=eng.model.captures, step_costs=step_costs(eng))
             out["rows"].append(row)
             print(json.dumps(row))
             out["slow_steps"] = slow

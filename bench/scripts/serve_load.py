@@ -12,7 +12,7 @@ Each system is a server this script starts (and stops) in turn:
   * ``stub``            -> ``stub_server.py`` beside this file (tokens at a fixed rate per stream: no model);
   * ``url:NAME=URL``    -> an already running server at URL (nothing started), model id from its /v1/models.
 A system may carry its own settings after ``|``: server flags and ``NAME=VALUE`` environment variables, e.g.
-``"tilespec:ngram|--spec-max-batch 16|TILESPEC_NATIVE_KERNELS=attn"`` (results are keyed by the whole string).
+``"tilespec:ngram|--gamma 2|TILESPEC_NATIVE_KERNELS=attn"`` (results are keyed by the whole string).
 
 The client (``load_client.py`` beside this file) is --client-procs processes (default min(8, cores / 2)), each one
 asyncio loop speaking HTTP/1.1 and SSE itself; the clients of a level are split over them and their records merged.
@@ -476,7 +476,7 @@ def main(argv=None) -> int:
     p.add_argument("--stub-seconds", type=float, default=4.0, help="seconds of each stub-check level")
     p.add_argument("--stub-procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
     p.add_argument("--stub-token-ms", type=float, default=1.0, help="the stub's ms between tokens of one stream")
-    p.add_argument("--tilespec-args", default="", help="extra flags for tilespec serve, e.g. '--spec-max-batch 16'")
+    p.add_argument("--tilespec-args", default="", help="extra flags for tilespec serve, e.g. '--no-draft-pricing'")
     p.add_argument("--vllm-args", default="", help="extra flags for vllm serve, e.g. '--gpu-memory-utilization 0.8'")
     p.add_argument("--vllm-site", default="/tmp/vsite", help="the folder vLLM is installed in (its PYTHONPATH)")
     p.add_argument("--hf-args", default="", help="extra flags for transformers serve, e.g. '--cb-use-cuda-graph'")

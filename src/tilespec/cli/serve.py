@@ -10,7 +10,7 @@ import argparse
 import errno
 import socket
 
-from tilespec.cli.generate import non_negative_int, positive_int
+from tilespec.cli.generate import non_negative_float, non_negative_int, positive_int
 
 COMPILE_MODES = ("auto", "off", "native", "native-graphs", "graphs", "compiled-graphs", "default", "reduce-overhead",
                  "max-autotune", "max-autotune-no-cudagraphs")
@@ -79,6 +79,8 @@ def run(args) -> int:
                    method=args.method, compile=compile_mode, prefill_chunk=args.prefill_chunk,
                    spec_max_batch=args.spec_max_batch,
                    adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
+                   pricing=False if args.no_draft_pricing else None,
+                   max_admission_wait=None if args.max_prefill_wait_ms is None else args.max_prefill_wait_ms / 1e3,
                    prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction)
     # the engine process loads the models and owns the GPU; this process only serves HTTP
     spec = EngineSpec(load=partial(load_pair, args.target, draft_name, device, dtype, log=print),
@@ -123,11 +125,17 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
+    p.add_argument("--no-draft-pricing", action="store_true",
+                   help="paged engine: verify every offered draft (default: each step keeps the drafts that pay by "
+                        "its measured step costs and the requests' acceptance)")
+    p.add_argument("--max-prefill-wait-ms", type=non_negative_float, default=None,
+                   help="paged engine: the longest a waiting request is held so that prompts are prefilled together "
+                        "(default 100; held only while that costs the running requests less; 0: admit at once)")
     p.add_argument("--spec-max-batch", type=positive_int, default=None,
-                   help="draft nothing while more requests than this are decoding (default: always draft)")
+                   help="batch engine: draft nothing while more requests than this are decoding (default: always)")
     p.add_argument("--adaptive-spec", choices=("auto", "on", "off"), default="auto",
-                   help="draft per step row count only where it measures faster than target-only steps (auto: on "
-                        "for ngram / suffix alone with --method coupled, where it changes no token)")
+                   help="batch engine: draft per step row count only where it measures faster than target-only "
+                        "steps (auto: on for ngram / suffix alone with --method coupled, where it changes no token)")
     p.add_argument("--no-warmup", action="store_true",
                    help="start serving at once: each step shape then compiles on its first use, stalling the batch "
                         "(default: compile and capture every shape before listening; CUDA graphs only)")

@@ -90,6 +90,7 @@ class GraphCache:
         self.fn = fn
         self.max_graphs = max_graphs
         self.evictions = 0
+        self.captures = 0           # graphs captured so far (a call that captured is no timing sample)
         self._graphs: OrderedDict = OrderedDict()      # least recently replayed first
         self._pool = None
         self._epoch = workspace_epoch()
@@ -114,6 +115,7 @@ class GraphCache:
 
     def _capture(self, sig, args, key) -> _Captured:
         static = tuple(a.clone() for a in args)
+        self.captures += 1
         graph, output = self._record(static, key)
         entry = self._graphs[sig] = _Captured(graph=graph, inputs=static, output=output)
         while len(self._graphs) > self.max_graphs:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from functools import partial
 
 
-PAGED_ONLY = ("token_budget", "block_size", "num_blocks", "kv_fraction", "prefix_caching")
+PAGED_ONLY = ("token_budget", "block_size", "num_blocks", "kv_fraction", "prefix_caching", "pricing",
+              "max_admission_wait")
 BATCH_ONLY = ("capacity",)
+BATCH_SWITCHES = ("adaptive", "spec_max_batch", "min_alpha")   # the paged engine prices every step's drafts instead
 
 
 def pick_engine(target, draft, engine: str, options: dict) -> str:
@@ -31,7 +33,7 @@ def pick_engine(target, draft, engine: str, options: dict) -> str:
         raise ValueError(f"the paged engine cannot serve this: {reason}; use --engine batch")
     if engine == "auto":
         engine = "batch" if reason is not None or any(options.get(k) is not None for k in BATCH_ONLY) else "paged"
-    wrong = PAGED_ONLY if engine == "batch" else BATCH_ONLY
+    wrong = PAGED_ONLY if engine == "batch" else BATCH_ONLY + BATCH_SWITCHES
     given = [k for k in wrong if options.get(k) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} do not apply to the {engine} engine")
@@ -64,9 +66,9 @@ def build_server(target, tokenizer, *, draft=None, max_batch=None, gamma: int = 
     model, "ngram" / "suffix", "head" / "head+ngram" / a head folder, [model, "ngram"], a Drafter) with
     ``tokenizer``. The models are pickled into the engine process (see :func:`serve_engine` for the process split
     and the server ``options``; the rest go to the engine). ``engine``: "auto" (the paged engine where it serves the
-    pair, else BatchEngine), "paged" or "batch"; engine options: method, compile, adaptive, spec_max_batch,
-    eos_token_id, prefill_chunk; paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching; batch:
-    capacity. ``warmup``: compile and capture the step shapes before serving (CUDA graphs only);
+    pair, else BatchEngine), "paged" or "batch"; engine options: method, compile, eos_token_id,
+    prefill_chunk; paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching, pricing, max_admission_wait; batch:
+    capacity, adaptive, spec_max_batch. ``warmup``: compile and capture the step shapes before serving (CUDA graphs only);
     ``engine_hook``: a picklable callable run on the built engine in its process."""
     from .core import EngineSpec, given
     server = {k: options.pop(k) for k in SERVER_OPTIONS if k in options}

@@ -15,6 +15,12 @@ its tile id to (sequence, tile) from cu_q on the device), so the grid (tiles, H_
 only: no host sync, CUDA-graph safe. Each tile's keys [0, last position] are cut into ``splits`` even pieces
 (flash decoding, so B = 1 decode over 2k keys still fills the GPU) whose online-softmax partials a second kernel
 merges; one split writes the output directly. Requirements of the kernel: block_size a power of two, D <= 256.
+
+Compiled variants: Triton compiles a kernel once per distinct set of constexprs and of specialised arguments (an int
+equal to 1 or divisible by 16 is one). The sequence count, split count and block-table stride vary every step, so
+they are not specialised; the sequence loop's width SP and the merge's split width take a few fixed values; what is
+left, :func:`launch_key` (tile rows, SP, one split or more), is a small set that :func:`variants` lists and the
+engine's warm-up compiles (:func:`warm_variants`), so no served step waits for a compile.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ MAX_ROWS = 128      # rows (tokens x padded group heads) per tile
 MERGE_ROWS = 32     # rows per program of the merge
 MIN_SPLIT_KEYS = 128  # a split covers at least this many keys of the cache's capacity
 MAX_SPLITS = 64
+SPLIT_WIDTH = 64    # the merge's split lanes (a power of two >= MAX_SPLITS: one compiled merge for every split count)
 SPLITS = None       # force the number of KV splits (tests, benchmarks); None: splits_for(...)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_FAILED: list = []   # the first failure of the kernels, if any (they are not tried again)
@@ -52,7 +59,7 @@ if _TRITON:
         t = pid - tl.sum(tl.where(rs < s, cnt, 0), axis=0)
         return tl.minimum(s, S - 1), t, s < S
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["S", "NS", "sbt"])
     def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                         S, H, NS, qk_scale, sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
@@ -120,7 +127,7 @@ if _TRITON:
             tl.store(pl_ptr + slot + r, l_i)
             tl.store(pacc_ptr + (slot + r[:, None]) * DP + rd[None, :], acc)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["S", "NS"])
     def _merge_kernel(cu_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, S, H, NS,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BLOCK_M: tl.constexpr,
                       SP: tl.constexpr, BLOCK_S: tl.constexpr, ROWS: tl.constexpr):
@@ -159,6 +166,14 @@ def _pow2(n: int, low: int = 1) -> int:
     p = low
     while p < n:
         p *= 2
+    return p
+
+
+def sequence_lanes(s: int) -> int:
+    """SP, the lanes a program scans to find its sequence: 16, 64, 256, ... (few compiled variants) >= s."""
+    p = 16
+    while p < s:
+        p *= 4
     return p
 
 
@@ -309,7 +324,54 @@ def launch_plan(q, k_cache, block_tables, max_q: int) -> tuple:
     return block_m, gp, tiles, splits_for(tiles * hkv, block_tables.shape[1] * k_cache.shape[1], _sm_count(q.device))
 
 
-def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> torch.Tensor:
+def _warps(rows: int, dp: int) -> int:
+    return 8 if rows * dp >= 128 * 128 else 4
+
+
+def launch_key(q, k_cache, block_tables, max_q: int, splits: int | None = None) -> tuple:
+    """What a launch compiles by (beyond the model's fixed sizes and dtype): (BLOCK_M, SP, one split, warps)."""
+    block_m, gp, _, ns = launch_plan(q, k_cache, block_tables, max_q)
+    ns = splits or ns
+    return block_m, sequence_lanes(block_tables.shape[0]), ns == 1, _warps(block_m * gp, _pow2(q.shape[-1], 16))
+
+
+def variants(heads: int, kv_heads: int, head_dim: int, max_seqs: int, max_q: int) -> set:
+    """Every :func:`launch_key` of a model (``heads`` / ``kv_heads`` / ``head_dim``) whose steps hold at most
+    ``max_seqs`` sequences of at most ``max_q`` tokens each."""
+    g, dp = heads // kv_heads, _pow2(head_dim, 16)
+    tiles = {tile_shape(g, q) for q in [2 ** i for i in range(max(1, max_q).bit_length() + 1)]}
+    lanes, p = [], 16
+    while True:
+        lanes.append(p)
+        if p >= max_seqs:
+            break
+        p *= 4
+    return {(bm, sp, single, _warps(bm * gp, dp)) for bm, gp in tiles for sp in lanes for single in (True, False)}
+
+
+def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: int) -> int:
+    """Compile every launch variant (:func:`variants`) once, on block 0 of the given caches (their scratch block:
+    it is overwritten by nothing the kernel writes); returns how many ran. A no-op without the kernel."""
+    kv_heads, d = k_cache.shape[2], k_cache.shape[3]
+    dev = k_cache.device
+    q0 = torch.zeros((1, heads, d), dtype=q_dtype, device=dev)
+    if not kernel_takes(q0, k_cache, v_cache):
+        return 0
+    done = 0
+    for block_m, sp, single, _ in sorted(variants(heads, kv_heads, d, max_seqs, max_q)):
+        s = sp // 4 + 1 if sp > 16 else 1              # a sequence count with these lanes
+        q = torch.zeros((s * block_m, heads, d), dtype=q_dtype, device=dev)
+        cu = torch.arange(0, (s + 1) * block_m, block_m, dtype=torch.int32, device=dev)
+        lens = torch.full((s,), block_m, dtype=torch.int32, device=dev)
+        tables = torch.zeros((s, 1), dtype=torch.int32, device=dev)
+        if block_m > k_cache.shape[1]:                 # keys of the sequence's tokens: one block may not hold them
+            tables = torch.zeros((s, -(-block_m // k_cache.shape[1])), dtype=torch.int32, device=dev)
+        _launch(q, k_cache, v_cache, tables, cu, lens, 1.0, block_m, splits=1 if single else 2)
+        done += 1
+    return done
+
+
+def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None) -> torch.Tensor:
     t, h, d = q.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     s = block_tables.shape[0]
@@ -320,10 +382,10 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> t
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = h // hkv
     block_m, gp, tiles, ns = launch_plan(q, k_cache, block_tables, max_q)
+    ns = splits or ns
     rows, dp = block_m * gp, _pow2(d, 16)
     f32dot = q.dtype == torch.float32 or triton_interpreted()   # the interpreter's bf16 / fp16 dot is unreliable
-    warps = 8 if rows * dp >= 128 * 128 else 4
-    common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=_pow2(s, 2))
+    common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=sequence_lanes(s))
     if ns == 1:
         pm = pl = pacc = out     # unused
     else:
@@ -333,9 +395,9 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q) -> t
     _partial_kernel[(tiles, hkv, ns)](
         q, k_cache, v_cache, block_tables, cu_q, kv_lens, out, pm, pl, pacc, s, h, ns, scale * math.log2(math.e),
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
-        BS=bs, BLOCK_N=BLOCK_N, SINGLE=ns == 1, F32DOT=f32dot, num_warps=warps, **common)
+        BS=bs, BLOCK_N=BLOCK_N, SINGLE=ns == 1, F32DOT=f32dot, num_warps=_warps(rows, dp), **common)
     if ns > 1:
         mr = min(rows, MERGE_ROWS)
-        _merge_kernel[(tiles, hkv, rows // mr)](cu_q, out, pm, pl, pacc, s, h, ns, BLOCK_S=_pow2(ns, 2), ROWS=mr,
+        _merge_kernel[(tiles, hkv, rows // mr)](cu_q, out, pm, pl, pacc, s, h, ns, BLOCK_S=max(SPLIT_WIDTH, _pow2(ns, 2)), ROWS=mr,
                                                 num_warps=4, **common)
     return out

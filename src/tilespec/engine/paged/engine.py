@@ -2,21 +2,25 @@
 and context speculation verified exactly per request.
 
 One iteration (:meth:`PagedEngine.step`):
-  1. every decoding request proposes its context drafts (ngram / suffix; none where the load switch says drafting
-     does not pay at this batch size, engine/spec_switch.py);
+  1. every decoding request proposes its context drafts (ngram / suffix), up to gamma;
   2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of
-     waiting requests, within a token budget; it grows block tables, preempts when blocks run out;
-  3. one forward (model.py) over every item's tokens; a step of decode rows alone replays a CUDA graph per
-     (rows bucket, width);
-  4. ``verify()`` on the rows that sample ([N, K + 1, V] logits, ragged draft counts, per-request seeds keyed by
+     waiting requests, within a token budget, when admission.py says this step admits (prefills coalesced by a
+     measured trade between the running requests' delay and the waiting ones'); it grows block tables, preempts
+     when blocks run out;
+  3. the step's drafts are priced (pricing.py): from the measured cost of each step shape and every request's
+     acceptance by draft depth, the drafts that maximise expected tokens per second are kept (k_s per request,
+     0 allowed), so drafting never costs more than it returns, at one client or 256;
+  4. one forward (model.py) over every item's tokens, ragged (layout.py); a step of decode rows alone replays a CUDA
+     graph per (rows bucket, token bucket, logit width, table width);
+  5. ``verify()`` on the rows that sample ([N, K + 1, V] logits, ragged draft counts, per-request seeds keyed by
      absolute position): accepted drafts and one more token per request;
-  5. bookkeeping: computed lengths advance past the fed tokens and accepted drafts (rejected drafts' K/V are simply
+  6. bookkeeping: computed lengths advance past the fed tokens and accepted drafts (rejected drafts' K/V are simply
      overwritten later: rollback copies nothing), full blocks are sealed into the prefix cache, finished requests
      release their blocks.
 
 Exactness: a request's logits depend only on its own tokens; its random numbers are keyed by its seed and absolute
 positions; its drafts come from its own history. With ``coupled`` verification (the default) and context drafts its
-tokens are those of target-only decoding, whatever was drafted, so the load switch, preemption, prefix sharing and
+tokens are those of target-only decoding, whatever was drafted, so pricing, preemption, prefix sharing and
 the rest of the batch change none of its tokens (tests/test_paged_engine.py).
 The requests are engine/batch_request.BatchRequest records and the events BatchEvent, as for BatchEngine: the server
 (serve/core.py, in the engine process) drives either.
@@ -40,11 +44,13 @@ from ..drafters import Drafter, resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from ..native.llama import unsupported_reason
-from ..spec_switch import SpecSwitch
-from .blocks import SCRATCH, BlockManager
-from .model import PagedModel, StepInputs
+from .admission import Admission
+from .blocks import BlockManager
+from .layout import Fed, decode_inputs, mixed_inputs
+from .model import PagedModel
+from .pricing import Acceptance, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
-from .shapes import bucket, table_width
+from .shapes import bucket
 
 CPU_KV_BYTES = 2 << 30
 
@@ -75,9 +81,10 @@ class PagedEngine:
     drafts + prefill chunks); block_size: slots per block (a power of two > gamma); num_blocks: K/V blocks (default:
     ``kv_fraction`` of the free GPU memory, at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest
     prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between requests;
-    adaptive: drafting on / off per batch size as measured (default on with a drafter: with coupled verification it
-    changes no token); spec_max_batch: no drafting while more requests decode. compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit,
-    cancel and step.
+    pricing: each step verifies the drafts that pay by the measured cost model (pricing.py; False: every offered
+    draft, for comparisons); max_admission_wait: seconds a waiting request may be held so that prefills coalesce
+    (admission.py; 0: admit at once). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls
+    submit, cancel and step.
     """
 
     finished = False
@@ -85,8 +92,8 @@ class PagedEngine:
     def __init__(self, target, draft=None, *, max_batch: int = 64, gamma: int = 4, token_budget: int = 2048,
                  block_size: int = 16, num_blocks: Optional[int] = None, kv_fraction: float = 0.5,
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
-                 compile: bool = False, adaptive: Optional[bool] = None, min_alpha: float = 0.1,
-                 spec_max_batch: Optional[int] = None, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+                 compile: bool = False, pricing: bool = True, max_admission_wait: float = 0.1,
+                 eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         reason = paged_reason(target, draft)
         if reason is not None:
             raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
@@ -106,7 +113,7 @@ class PagedEngine:
         self.drafter, self.gamma = drafter, gamma
         self.device = next(target.parameters()).device
         self.method = resolve_method(method, self.device)
-        self.max_batch, self.min_alpha, self.spec_max_batch = max_batch, min_alpha, spec_max_batch
+        self.max_batch, self.pricing = max_batch, bool(pricing)
         self.max_len = min(max_len or context_limit(target) or 4096, context_limit(target) or 1 << 30)
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
@@ -116,14 +123,16 @@ class PagedEngine:
         self.vocab_out = self.model.native.lm_head.shape[0]
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.blocks, token_budget=token_budget, max_seqs=max_batch)
-        if adaptive is None:
-            adaptive = drafter is not None and self.method == "coupled"
-        self.switch = SpecSwitch() if adaptive and drafter is not None else None
+        self.costs = StepCosts()              # seconds per decode step shape (warm-up seeds, then served steps)
+        self.admission = Admission(max_admission_wait)
+        self.fixed_shapes = self.model.graphs  # decode steps padded to their shape (graphs replay them)
+        self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
         self.counters = {"steps": 0, "decode_graph_steps": 0, "prefill_tokens": 0,
                          "generated_tokens": 0, "drafted": 0, "accepted": 0, "spec_steps": 0,
-                         "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0}
+                         "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0,
+                         "admissions_deferred": 0}
 
     def _default_blocks(self, target, block_size: int, fraction: float) -> int:
         per_block = PagedModel.kv_bytes_per_token(target) * block_size
@@ -170,8 +179,9 @@ class PagedEngine:
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(self._stops(req))))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order))
-        if self.drafter is not None:
+        if self.acceptance is not None:
             seq.context = self.drafter.start([req.prompt])
+            seq.acceptance = self.acceptance.new_request()
         self.seqs[req.rid] = seq
         self.scheduler.add(seq)
         return req.rid
@@ -206,28 +216,22 @@ class PagedEngine:
         return warm_up(self, max_context, log)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def _draft_cap(self, seq: Seq) -> int:
-        req = seq.req
-        if req.cap <= 0 or (req.drafted >= 32 and req.accepted < self.min_alpha * req.drafted):
-            return 0
-        return max(0, min(req.cap, req.max_tokens - len(req.tokens) - 1))
-
-    def _propose(self) -> bool:
-        decoding = [s for s in self.scheduler.running if s.decoding]
-        allow = self.spec_max_batch is None or len(decoding) <= self.spec_max_batch
-        allow = allow and (self.switch is None or self.switch.draft(bucket(len(decoding))))
+    def _propose(self) -> None:
         for seq in self.scheduler.running:
-            cap = self._draft_cap(seq) if allow and seq.decoding and seq.context is not None else 0
+            req = seq.req
+            cap = min(req.cap, req.max_tokens - len(req.tokens) - 1) if seq.decoding and seq.context else 0
             seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
-        return allow and self.drafter is not None
 
     @torch.inference_mode()
     def step(self) -> list:
         """One iteration (see the module docstring). Returns the BatchEvent of every request that got tokens or
         ended."""
         started = time.perf_counter()
-        drafting = self._propose()
-        items = self.scheduler.schedule()
+        self._propose()
+        waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
+        admit = self.admission.admit(started, waiting, len(self.scheduler.running))
+        self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
+        items = self.scheduler.schedule(admit)
         self.counters["preemptions"] = self.scheduler.preemptions
         if not items:
             if self.scheduler.waiting and not self.scheduler.running:
@@ -235,88 +239,54 @@ class PagedEngine:
             return []
         sampling = [it for it in items if it.samples]
         decode_only = all(it.seq.decoding and it.samples for it in items)
-        width = self._width(items) if decode_only else 0
-        if decode_only and self.model.graphs:
-            inputs = self._decode_inputs(items, width)
+        shape = self._price([it for it in sampling if it.seq.decoding])
+        fed = [self._fed(it) for it in items]
+        captures = self.model.captures
+        if decode_only:
+            width = 1 + self.gamma if shape[2] else 1
+            inputs = decode_inputs(fed, shape, width, pad_id=self.pad, block_size=self.blocks.block_size,
+                                   device=self.device, fixed=self.fixed_shapes)
             logits = self.model.decode(inputs).view(-1, width, self.vocab_out)     # bucket rows: absent ones too
-            self.counters["decode_graph_steps"] += 1
+            self.counters["decode_graph_steps"] += int(self.model.graphs)
         else:
-            inputs, width = self._mixed_inputs(items, sampling)
+            width = 1 + (self.gamma if any(it.seq.drafts for it in sampling) else 0)
+            inputs = mixed_inputs(fed, width, device=self.device)
             logits = self.model.forward(inputs).view(-1, width, self.vocab_out)
         events = self._verify_and_commit(items, sampling, logits)
         self.counters["steps"] += 1
-        if self.switch is not None and decode_only:
-            emitted = sum(len(e.tokens) for e in events)
-            self.switch.observe(bucket(len(items)), drafting and width > 1, time.perf_counter() - started,
-                                emitted / len(items))
+        if self.model.captures == captures:     # a step that captured a graph is no sample
+            wall = time.perf_counter() - started
+            self.admission.observe(not decode_only, wall)
+            if decode_only:
+                self.costs.observe(shape, wall)
         return events
 
-    def _width(self, items: list) -> int:
-        """Tokens verified per sampling request this step: 1 + gamma when any request drafts (shorter drafts are
-        padded), else 1 -- so the forward and verify() see few shapes (each new shape may compile or capture)."""
-        return 1 + (self.gamma if any(it.seq.drafts for it in items) else 0)
+    def _price(self, decoding: list) -> tuple:
+        """Cut the decoding requests' drafts to those the step's plan verifies (pricing.py) -> the decode step's
+        shape (rows bucket, token bucket, wide)."""
+        rows = bucket(max(1, len(decoding)))
+        offered = [len(it.seq.drafts) for it in decoding]
+        if self.pricing and any(offered):
+            chains = [self.acceptance.chain(it.seq.acceptance, k, self.counters["steps"])
+                      for it, k in zip(decoding, offered)]
+            ks, shape = plan(rows, chains, self.costs, self.gamma)
+            for it, k in zip(decoding, ks):
+                del it.seq.drafts[k:]
+            return shape
+        tokens = len(decoding) + sum(offered)
+        return rows, token_bucket(rows, tokens, self.gamma), tokens > len(decoding)
+
+    def _fed(self, it: Item) -> Fed:
+        seq = it.seq
+        ids = seq.tokens[it.start:it.start + it.n] + (seq.drafts if it.samples else [])
+        bs = self.blocks.block_size
+        slots = [seq.table[p // bs] * bs + p % bs for p in range(it.start, it.start + len(ids))]
+        if not seq.decoding:
+            self.counters["prefill_tokens"] += it.n
+        return Fed(ids, it.start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
 
     def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
-
-    def _slot(self, seq: Seq, pos: int) -> int:
-        bs = self.blocks.block_size
-        return seq.table[pos // bs] * bs + pos % bs
-
-    def _decode_inputs(self, items: list, width: int) -> StepInputs:
-        """Every request fed ``width`` tokens (pending + drafts, padded; padding writes to the scratch block), the
-        row count rounded up to a bucket with absent rows on the scratch block: a fixed shape per (bucket, width)."""
-        rows = bucket(len(items))
-        m = table_width(max(len(it.seq.table) for it in items))
-        tokens, positions, slots, lens = [], [], [], []
-        tables = [it.seq.table + [SCRATCH] * (m - len(it.seq.table)) for it in items]
-        tables += [[SCRATCH] * m] * (rows - len(items))
-        for it in items:
-            seq = it.seq
-            fed = [seq.tokens[-1]] + seq.drafts
-            tokens += fed + [self.pad] * (width - len(fed))
-            positions += [it.start + j for j in range(width)]
-            slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
-            slots += [SCRATCH * self.blocks.block_size + j for j in range(len(fed), width)]
-            lens.append(it.start + width)
-        absent = rows - len(items)
-        tokens += [self.pad] * (absent * width)
-        positions += list(range(width)) * absent
-        slots += list(range(width)) * absent
-        lens += [width] * absent
-        return StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
-                          self._tensor(tables, torch.int32),
-                          self._tensor(range(0, (rows + 1) * width, width), torch.int32),
-                          self._tensor(lens, torch.int32), self._tensor(range(rows * width)), width)
-
-    def _mixed_inputs(self, items: list, sampling: list) -> tuple:
-        """Ragged items (prefill chunks and decode rows); logits rows: for each sampling item its last fed token
-        and its drafts, padded to the widest (repeating the last row) -> (inputs, width)."""
-        width = self._width(sampling)
-        tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
-        m = max(len(it.seq.table) for it in items)
-        tables = [it.seq.table + [SCRATCH] * (m - len(it.seq.table)) for it in items]
-        for it in items:
-            seq = it.seq
-            fed = seq.tokens[it.start:it.start + it.n] + (seq.drafts if it.samples else [])
-            base = cu[-1]
-            tokens += fed
-            positions += range(it.start, it.start + len(fed))
-            slots += [self._slot(seq, it.start + j) for j in range(len(fed))]
-            cu.append(base + len(fed))
-            lens.append(it.start + len(fed))
-            if it.samples:
-                last = base + it.n - 1
-                own = [last + j for j in range(1 + len(seq.drafts))]
-                rows += own + [own[-1]] * (width - len(own))
-            self.counters["prefill_tokens"] += 0 if seq.decoding else it.n
-        if sampling:      # verify takes the rows bucket: the head computes the padding rows, no logits copy later
-            rows += rows[:width] * ((bucket(len(sampling)) - len(sampling)))
-        inputs = StepInputs(self._tensor(tokens), self._tensor(positions), self._tensor(slots),
-                            self._tensor(tables, torch.int32), self._tensor(cu, torch.int32),
-                            self._tensor(lens, torch.int32), self._tensor(rows),
-                            max(it.width for it in items))
-        return inputs, width
 
     def _sampling_params(self, reqs: list) -> SamplingParams:
         values = [(r.temperature, r.top_k, r.top_p, r.min_p) for r in reqs]
@@ -364,6 +334,7 @@ class PagedEngine:
         seq, req = it.seq, it.seq.req
         seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
         if seq.context is not None and drafted:
+            self.acceptance.observe(seq.acceptance, drafted, len(new) - 1, self.counters["steps"])
             req.drafted += drafted
             req.accepted += len(new) - 1
             self.counters["drafted"] += drafted

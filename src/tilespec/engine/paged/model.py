@@ -124,6 +124,11 @@ class PagedModel:
         # only in decode(): its launches cost nothing inside a captured graph, mixed steps keep the compiled layer)
         self.fused = self.graphs and "layer" in active_kernel_parts()
 
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured so far (0 without graphs)."""
+        return self._decode.captures if self._decode is not None else 0
+
     @staticmethod
     def kv_bytes_per_token(model) -> int:
         native = native_model(model)

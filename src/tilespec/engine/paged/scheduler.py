@@ -38,6 +38,7 @@ class Seq:
     keys: list = field(default_factory=list)
     drafts: list = field(default_factory=list)
     context: object = None
+    acceptance: object = None         # its draft acceptance counts (pricing.Acceptance.new_request)
     preemptions: int = 0
 
     @property
@@ -103,8 +104,9 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def schedule(self) -> list:
-        """The step's items (see the module docstring); may preempt. Empty when nothing can run."""
+    def schedule(self, admit: bool = True) -> list:
+        """The step's items (see the module docstring); may preempt. Empty when nothing can run. ``admit`` False:
+        no waiting request joins this step (the engine coalesces prefills, admission.py)."""
         budget, items = self.token_budget, []
         for seq in list(self.running):
             if seq not in self.running:          # preempted below for an earlier request
@@ -113,7 +115,7 @@ class Scheduler:
             if item is not None:
                 items.append(item)
                 budget -= item.width
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+        while admit and self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             item = self._admit(self.waiting[0], budget)
             if item is None:
                 break

@@ -1,0 +1,163 @@
+"""Which drafts a step of the paged engine verifies: each step's drafts priced by a measured cost model.
+
+A decode step of R rows (a rows bucket) that feeds T tokens (R pending tokens + the verified drafts, ragged: request
+i brings k_i drafts, 0 allowed) takes t(R, T) seconds; T is rounded up to a *token bucket* of R (few shapes: one
+CUDA graph each). Request i's j-th draft adds one emitted token exactly when its first j drafts are all accepted,
+with probability c_ij, so the step's expected output is n + sum_i sum_{j <= k_i} c_ij tokens. The planner picks
+every k_i of the step together to maximise that over t(R, T):
+
+  * c_ij does not grow with j, so for a fixed T the best drafts are the T - n largest c_ij (each request's first
+    ones): sort once, prefix sums give every T's best value;
+  * then the token bucket with the most expected tokens per second wins (T = R, no drafts, when nothing pays).
+
+One mechanism serves one client (drafting is nearly free: the step reads the weights whatever T is) and 256 (only
+likely drafts pay, and only as many as fit where the step is still cheap).
+
+The costs (:class:`StepCosts`) are measured on the running engine: seeded by the warm-up's timed graph replays, then
+every decode step's wall time (schedule to accepted tokens on the host) updates its (R, T) entry; steps that compiled
+or captured a graph are never samples. Acceptance (:class:`Acceptance`) is counted per request and draft depth,
+decayed, and shrunk toward the engine-wide rate of the same depth while a request has few samples of its own.
+Pricing changes which drafts are verified, never the law of the tokens: with ``coupled`` verification and context
+drafts not even the tokens (tests/test_paged_engine.py).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+TOKEN_STEPS = (0.5, 1.0, 2.0)   # token buckets of R rows: R, R * (1 + s) for these s, and R * (1 + gamma)
+
+
+def token_buckets(rows: int, gamma: int) -> tuple:
+    """The token totals a decode step of ``rows`` rows may take (sorted; ``rows`` alone when gamma is 0)."""
+    if gamma <= 0:
+        return (rows,)
+    top = rows * (1 + gamma)
+    return tuple(sorted({rows, top, *(min(top, rows + max(1, round(s * rows))) for s in TOKEN_STEPS)}))
+
+
+def token_bucket(rows: int, tokens: int, gamma: int) -> int:
+    """The smallest token bucket of ``rows`` rows that holds ``tokens`` (``tokens`` itself above them all)."""
+    return next((b for b in token_buckets(rows, gamma) if b >= tokens), tokens)
+
+
+class StepCosts:
+    """Seconds of a decode step by shape (R rows bucket, T token bucket, wide): ``wide`` steps verify 1 + gamma
+    logit rows per request (some request drafts), narrow ones one (T = R, nobody drafts).
+
+    ``seed(shape, s)``: a graph replay's time from the warm-up (device time only). ``observe(shape, s)``: a served
+    step's wall time, kept as an exponential moving average of its excess over the seed (``decay`` per sample),
+    samples clipped to [1/2, 2] x the current estimate so that one stalled step cannot price a shape out for good.
+    A shape with no sample of its own borrows the mean excess of R's sampled shapes; with neither a seed nor a
+    sample, the dearest sampled shape of R with no more tokens (costs grow with tokens), else None: unknown, which
+    the planner treats as free (so it is tried, and then measured)."""
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self.seeds: dict = {}          # (R, T, wide) -> s
+        self.excess: dict = {}         # (R, T, wide) -> EMA of wall - seed (of wall where there is no seed)
+        self.samples: dict = {}        # (R, T, wide) -> how many observed
+
+    def seed(self, shape: tuple, seconds: float) -> None:
+        self.seeds[shape] = float(seconds)
+
+    def _mean_excess(self, rows: int) -> float:
+        seen = [v for k, v in self.excess.items() if k[0] == rows and k in self.seeds]
+        return sum(seen) / len(seen) if seen else 0.0
+
+    def estimate(self, shape: tuple) -> Optional[float]:
+        if shape in self.seeds:
+            return self.seeds[shape] + (self.excess[shape] if shape in self.excess else self._mean_excess(shape[0]))
+        if shape in self.excess:
+            return self.excess[shape]
+        below = [v for k, v in self.excess.items() if k[0] == shape[0] and k[1] <= shape[1] and k not in self.seeds]
+        return max(below) if below else None
+
+    def observe(self, shape: tuple, seconds: float) -> None:
+        now = self.estimate(shape)
+        if now is not None and now > 0:
+            seconds = min(max(seconds, 0.5 * now), 2.0 * now)
+        sample = seconds - self.seeds.get(shape, 0.0)
+        old = self.excess.get(shape)
+        self.excess[shape] = sample if old is None else self.decay * old + (1 - self.decay) * sample
+        self.samples[shape] = self.samples.get(shape, 0) + 1
+
+
+class Acceptance:
+    """c_j = P(a request's first j drafts are all accepted), j = 1..gamma: its own decayed counts shrunk toward the
+    engine-wide ones (``prior`` pseudo-samples), made non-increasing in j.
+
+    Engine-wide counts start at ``start`` ** j (one pseudo-sample: an optimistic prior, so a new drafter is tried)
+    and decay by ``global_decay`` per observation. A request's decay by ``decay`` per observation (its recent drafts
+    matter most: an ngram match holds for a stretch, then stops) and by ``idle_decay`` per engine step since its
+    last one, so a request priced out of drafting drifts back to the engine's rate and is tried again."""
+
+    def __init__(self, gamma: int, start: float = 0.6, prior: float = 2.0, decay: float = 0.8,
+                 idle_decay: float = 0.97, global_decay: float = 0.995):
+        self.gamma, self.prior, self.decay = gamma, prior, decay
+        self.idle_decay, self.global_decay = idle_decay, global_decay
+        self.tried = [1.0] * gamma
+        self.hits = [start ** (j + 1) for j in range(gamma)]
+
+    def new_request(self) -> list:
+        """A request's own counts: [tried per depth, hits per depth, the step of its last observation]."""
+        return [[0.0] * self.gamma, [0.0] * self.gamma, 0]
+
+    def chain(self, own: list, k: int, step: int = 0) -> list:
+        """[c_1 .. c_k] for a request with counts ``own`` and ``k`` <= gamma drafts on offer at engine ``step``."""
+        tried, hits, last = own
+        age = self.idle_decay ** max(0, step - last)
+        out, low = [], 1.0
+        for j in range(min(k, self.gamma)):
+            engine = self.hits[j] / self.tried[j]
+            low = min(low, (age * hits[j] + self.prior * engine) / (age * tried[j] + self.prior))
+            out.append(low)
+        return out
+
+    def observe(self, own: list, drafted: int, accepted: int, step: int = 0) -> None:
+        """A request verified ``drafted`` drafts at engine ``step`` and ``accepted`` of them (a prefix)."""
+        tried, hits, last = own
+        keep = self.decay * self.idle_decay ** max(0, step - last)
+        for j in range(self.gamma):
+            tried[j] *= keep
+            hits[j] *= keep
+        for j in range(min(drafted, self.gamma)):
+            hit = 1.0 if j < accepted else 0.0
+            tried[j] += 1.0
+            hits[j] += hit
+            self.tried[j] = self.global_decay * self.tried[j] + 1.0
+            self.hits[j] = self.global_decay * self.hits[j] + hit
+        own[2] = step
+
+
+def plan(rows: int, chains: list, costs: StepCosts, gamma: int) -> tuple:
+    """The drafts of one decode step: ``chains[i]`` = [c_i1, ...] (request i's offered drafts, c non-increasing) for
+    the step's n = len(chains) requests in a bucket of ``rows`` rows -> (k per request, its shape (rows, T, wide)).
+
+    Maximises (n + expected accepted drafts) / t(shape) over the shapes: (rows, rows, narrow) with no drafts, and
+    every token bucket T with the T - n likeliest drafts (T = rows too when absent rows leave room). A shape of
+    unknown cost counts as the cheapest known shape of ``rows`` (tried, then measured); ties go to fewer tokens."""
+    n = len(chains)
+    gains = sorted(((c, j, i) for i, chain in enumerate(chains) for j, c in enumerate(chain) if c > 0),
+                   key=lambda g: (-g[0], g[1], g[2]))
+    prefix = [0.0]
+    for c, _, _ in gains:
+        prefix.append(prefix[-1] + c)
+    known = [c for c in (costs.estimate((rows, t, w)) for t in token_buckets(rows, gamma) for w in (False, True))
+             if c is not None]
+    free = min(known) if known else 1.0
+    best, held = None, n
+    for t in token_buckets(rows, gamma):
+        for wide in ((False, True) if t == rows else (True,)):
+            m = min(max(0, t - n), len(gains)) if wide else 0
+            if wide and n + m <= held:
+                continue                  # no draft, or a smaller bucket holds the same drafts
+            cost = costs.estimate((rows, t, wide))
+            value = (n + prefix[m]) / (free if cost is None else max(cost, 1e-9))
+            if best is None or value > best[0] * (1 + 1e-9):
+                best = (value, (rows, t, wide), m)
+            held = max(held, n + m)
+    _, shape, m = best
+    ks = [0] * n
+    for _, _, i in gains[:m]:
+        ks[i] += 1
+    return ks, shape
