@@ -138,7 +138,7 @@ def test_operator_form_for_compiled_code():
 def test_kernel_that_fails_to_build_falls_back_once_with_a_warning(monkeypatch):
     monkeypatch.setattr(pa, "_KERNEL_FAILED", [])
 
-    def broken(*a):
+    def broken(*a, **kw):
         raise RuntimeError("no compiler")
     monkeypatch.setattr(pa, "_launch", broken)
     args = make_inputs([(2, 20)], 4, 2, 32)

@@ -269,3 +269,17 @@ def test_bad_engine_settings_are_refused(target):
         eng.generate([[1, 2]], max_new_tokens=2, sampling=SamplingParams(temperature=[0.0]))
     with pytest.raises(ValueError, match="seeds"):
         eng.generate([[1, 2]], max_new_tokens=2, seed=[1, 2])
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_piecewise_mixed_steps_change_no_token(target, greedy_reference, draft):
+    """Mixed steps padded to their token bucket and run piece by piece (engine/paged/piecewise.py: the pieces a
+    CUDA graph captures, run directly here), decode steps padded to their shapes: the greedy tokens of the plain
+    path, and every bucket's pieces built once."""
+    engine = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=40, pricing=False)
+    engine.fixed_shapes = engine.model.piecewise = True
+    reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=0.0) for p in PROMPTS]
+    _run(engine, reqs)
+    assert [r.tokens for r in reqs] == greedy_reference
+    assert engine.model._pieces and set(engine.model._pieces) <= set(engine.mixed_sizes)
+    assert engine.blocks.num_free == engine.blocks.num_blocks - 1

@@ -258,21 +258,25 @@ def kernel_takes(q, k_cache, v_cache) -> bool:
             and d <= 256 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1)
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto"
-                    ) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto",
+                    out=None) -> torch.Tensor:
     """Attention of the step's tokens over the paged cache (module docstring: shapes and semantics).
 
     ``scale``: default 1/sqrt(D). ``max_q``: a host upper bound on n_s (default T); it sizes the kernel's tiles and
     must hold. ``kernel``: "auto" (Triton on CUDA where it is installed, else the reference), "triton" (also in Triton's interpreter
     on CPU) or "torch" (:func:`paged_attention_reference`). The Triton path reads no tensor value on the host and is
     opaque to ``torch.compile`` (``torch.ops.tilespec.paged_attention``). A kernel that fails to build warns once and
-    the reference runs from then on."""
+    the reference runs from then on. ``out``: a [T, H, D] tensor of q's dtype to write into (eager callers: a
+    piecewise graph's static buffer; its rows outside every sequence are left as they were)."""
     if kernel not in ("auto", "torch", "triton"):
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
     _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
     if kernel == "torch" or (kernel == "auto" and not (q.is_cuda and _TRITON)):
-        return paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
+        ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
+        return ref if out is None else _into(out, ref, cu_q)
     if not kernel_takes(q, k_cache, v_cache) and not _KERNEL_FAILED:
         raise ValueError(f"the paged attention kernel needs Triton on CUDA (or TRITON_INTERPRET=1), block_size a "
                          f"power of two (got {k_cache.shape[1]}), D <= 256 (got {q.shape[-1]}) and caches with unit "
@@ -280,18 +284,26 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
     mq = q.shape[0] if max_q is None else max_q
     if torch.compiler.is_compiling():
         return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
-    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq, out)
 
 
-def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int) -> torch.Tensor:
+def _into(out, ref, cu_q):
+    """The reference's rows of the sequences copied into ``out`` (the rows after them left as they were)."""
+    end = int(cu_q[-1])
+    out[:end].copy_(ref[:end])
+    return out
+
+
+def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int, out=None) -> torch.Tensor:
     """The kernels; the reference from the first time they fail to build (warned once)."""
     if not _KERNEL_FAILED:
         try:
-            return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q)
+            return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, out=out)
         except Exception as err:   # noqa: BLE001 - a kernel that fails to build must not end decoding
             _KERNEL_FAILED.append(f"{type(err).__name__}: {err}")
             warnings.warn(f"the paged attention kernel failed ({_KERNEL_FAILED[0]}); using the PyTorch reference")
-    return paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale)
+    ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale)
+    return ref if out is None else _into(out, ref, cu_q)
 
 
 @torch.library.custom_op("tilespec::paged_attention", mutates_args=())
@@ -371,9 +383,9 @@ def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: i
     return done
 
 
-def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None, out=None) -> torch.Tensor:
     t, h, d = q.shape
-    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device) if out is None else out
     s = block_tables.shape[0]
     if t == 0 or s == 0:
         return out

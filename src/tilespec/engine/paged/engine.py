@@ -48,6 +48,7 @@ from .admission import Admission
 from .blocks import BlockManager
 from .layout import Fed, decode_inputs, mixed_inputs
 from .model import PagedModel
+from .piecewise import mixed_bucket, mixed_buckets
 from .pricing import Acceptance, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
 from .shapes import bucket
@@ -125,7 +126,8 @@ class PagedEngine:
         self.scheduler = Scheduler(self.blocks, token_budget=token_budget, max_seqs=max_batch)
         self.costs = StepCosts()              # seconds per decode step shape (warm-up seeds, then served steps)
         self.admission = Admission(max_admission_wait)
-        self.fixed_shapes = self.model.graphs  # decode steps padded to their shape (graphs replay them)
+        self.fixed_shapes = self.model.graphs  # steps padded to their shape (graphs replay them)
+        self.mixed_sizes = mixed_buckets(self.scheduler.token_budget)
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
@@ -250,8 +252,10 @@ class PagedEngine:
             self.counters["decode_graph_steps"] += int(self.model.graphs)
         else:
             width = 1 + (self.gamma if any(it.seq.drafts for it in sampling) else 0)
-            inputs = mixed_inputs(fed, width, device=self.device)
-            logits = self.model.forward(inputs).view(-1, width, self.vocab_out)
+            size = mixed_bucket(sum(len(f.tokens) for f in fed), self.mixed_sizes) if self.fixed_shapes else 0
+            inputs = mixed_inputs(fed, width, device=self.device, pad_to=size or 0, pad_id=self.pad,
+                                  block_size=self.blocks.block_size)
+            logits = self.model.mixed(inputs).view(-1, width, self.vocab_out)
         events = self._verify_and_commit(items, sampling, logits)
         self.counters["steps"] += 1
         if self.model.captures == captures:     # a step that captured a graph is no sample

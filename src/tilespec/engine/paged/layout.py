@@ -7,8 +7,9 @@ Both kinds of step are ragged: request s feeds its n_s tokens at rows cu_q[s]:cu
   of R, pricing.py; the tokens after the last request's are padding, outside every sequence: they write their K/V
   to the scratch block and attend to nothing) and ``width`` logit rows per request (1, or 1 + gamma when any
   request drafts: its own rows, then its last one repeated), so verify() sees [R, width, V].
-* A **mixed step** (prefill chunks beside decode rows) is ragged with no padding of tokens; its logit rows are
-  those of the sampling requests, padded to the widest and to the rows bucket as above.
+* A **mixed step** (prefill chunks beside decode rows) is ragged; where it replays piecewise graphs (piecewise.py)
+  its tokens are padded to a mixed bucket as above; its logit rows are those of the sampling requests, padded to
+  the widest and to the rows bucket as above.
 """
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def decode_inputs(fed: list, shape: tuple, width: int, *, pad_id: int, block_siz
                       _tensor(lens, device, torch.int32), _tensor(logit_rows, device), width)
 
 
-def mixed_inputs(fed: list, width: int, *, device) -> StepInputs:
-    """A mixed step (see the module docstring): ``width`` logit rows per sampling request."""
+def mixed_inputs(fed: list, width: int, *, device, pad_to: int = 0, pad_id: int = 0, block_size: int = 16
+                 ) -> StepInputs:
+    """A mixed step (see the module docstring): ``width`` logit rows per sampling request; ``pad_to``: padding
+    tokens up to that many (a piecewise bucket: outside every sequence, K/V to the scratch block)."""
     tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
     m = max(len(f.table) for f in fed)
     tables = [f.table + [SCRATCH] * (m - len(f.table)) for f in fed]
@@ -87,6 +90,10 @@ def mixed_inputs(fed: list, width: int, *, device) -> StepInputs:
             sampling += 1
     if sampling:      # verify takes the rows bucket: the head computes the padding rows, no logits copy later
         rows += rows[:width] * (bucket(sampling) - sampling)
+    pad = max(0, pad_to - len(tokens))
+    tokens += [pad_id] * pad
+    positions += [0] * pad
+    slots += [SCRATCH * block_size + j % block_size for j in range(pad)]
     return StepInputs(_tensor(tokens, device), _tensor(positions, device), _tensor(slots, device),
                       _tensor(tables, device, torch.int32), _tensor(cu, device, torch.int32),
                       _tensor(lens, device, torch.int32), _tensor(rows, device), max(len(f.tokens) for f in fed))

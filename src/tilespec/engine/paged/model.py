@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..graphs import GraphCache
+from ..graphs import GraphCache, workspace_epoch
 from ..native import fused_layer
 from ..native.linear import fused_linear
 from ..native.llama import NativeLlama, _rotate_half, rms_norm
 from ..native.qkv_rope import qkv_rope
 from ..native.runner import active_kernel_parts, native_model
 from .attention import paged_attention
+from .piecewise import MIXED_BUCKETS, Pieces
 
 
 @dataclass
@@ -49,11 +50,10 @@ class StepInputs:
         return (self.tokens, self.positions, self.slots, self.tables, self.cu_q, self.kv_lens, self.rows)
 
 
-def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
-                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int):
-    """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` of the
-    slot-major caches [num_blocks * block_size, H_kv, D] and attends through the block tables. Same maths as
-    native.llama.decoder_layer (the residual carried as a pair)."""
+def paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, *, heads: int, kv_heads: int,
+              head_dim: int, eps: float):
+    """A layer's part before attention: residual add, norm, q/k/v, RoPE, the tokens' K/V written at ``slots`` ->
+    (queries [T, H, D], residual)."""
     t = h.shape[0]
     res = h + res
     proj = F.linear(rms_norm(res, ln1, eps), qkv, qkv_bias)
@@ -66,12 +66,27 @@ def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache
     xk = (xk * cos + _rotate_half(xk) * sin).to(h.dtype)
     k_cache.index_copy_(0, slots, xk)
     v_cache.index_copy_(0, slots, xv)
-    attn = paged_attention(xq, k_cache.unflatten(0, (-1, block_size)), v_cache.unflatten(0, (-1, block_size)),
-                           tables, cu_q, kv_lens, max_q=max_q)
-    res = res + F.linear(attn.reshape(t, nq), o)
+    return xq, res
+
+
+def paged_post(attn, res, o, ln2, gate_up, down, *, eps: float):
+    """A layer's part after attention: o projection + residual, norm, gate/up, SiLU, down -> (h, residual)."""
+    res = res + F.linear(attn.reshape(attn.shape[0], -1), o)
     gu = F.linear(rms_norm(res, ln2, eps), gate_up)
     f = gu.shape[-1] // 2
     return F.linear(F.silu(gu[:, :f]) * gu[:, f:], down), res
+
+
+def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
+                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int):
+    """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` of the
+    slot-major caches [num_blocks * block_size, H_kv, D] and attends through the block tables. Same maths as
+    native.llama.decoder_layer (the residual carried as a pair)."""
+    xq, res = paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, heads=heads,
+                        kv_heads=kv_heads, head_dim=head_dim, eps=eps)
+    attn = paged_attention(xq, k_cache.unflatten(0, (-1, block_size)), v_cache.unflatten(0, (-1, block_size)),
+                           tables, cu_q, kv_lens, max_q=max_q)
+    return paged_post(attn, res, o, ln2, gate_up, down, eps=eps)
 
 
 def paged_fused_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
@@ -119,15 +134,22 @@ class PagedModel:
         self._fns = (paged_prologue, paged_layer, paged_head)
         if self.graphs:
             self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
-        self._decode = GraphCache(self._graph_forward, max_graphs=512) if self.graphs else None
+        self._decode = GraphCache(self._graph_forward, max_graphs=1024) if self.graphs else None
+        # mixed steps: piecewise graphs per token bucket (piecewise.py), attention eager between the pieces
+        self.piecewise, self._pieces, self._pool, self._epoch = self.graphs, {}, None, workspace_epoch()
+        self._piece_fns = (paged_prologue, paged_pre, paged_post, paged_head)
+        if self.graphs:
+            self._piece_fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._piece_fns)
         # one-token decode steps on the fused layer (the runtime's kernel part "layer"; compiled engines only, and
         # only in decode(): its launches cost nothing inside a captured graph, mixed steps keep the compiled layer)
         self.fused = self.graphs and "layer" in active_kernel_parts()
 
+    captures_piecewise = 0
+
     @property
     def captures(self) -> int:
-        """CUDA graphs captured so far (0 without graphs)."""
-        return self._decode.captures if self._decode is not None else 0
+        """Step shapes captured so far: decode graphs and mixed buckets (0 without graphs)."""
+        return (self._decode.captures if self._decode is not None else 0) + self.captures_piecewise
 
     @staticmethod
     def kv_bytes_per_token(model) -> int:
@@ -164,6 +186,32 @@ class PagedModel:
             warnings.warn(f"compiled paged forward failed ({type(err).__name__}: {err}); running eagerly")
             self._fns, self.graphs, self._decode = (paged_prologue, paged_layer, paged_head), False, None
             return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused).float()
+
+    def graph_pool(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    @torch.inference_mode()
+    def mixed(self, inputs: StepInputs) -> torch.Tensor:
+        """A mixed step -> fp32 logits at ``inputs.rows``: piecewise (graphs on CUDA) when ``piecewise`` is on and
+        the tokens fill a mixed bucket the caller padded to (piecewise.MIXED_BUCKETS), else :meth:`forward`."""
+        size = inputs.tokens.shape[0]
+        if not self.piecewise or size not in MIXED_BUCKETS:
+            return self.forward(inputs)
+        if self._epoch != workspace_epoch():        # a cuBLAS workspace the graphs use was freed: capture again
+            self._pieces, self._pool, self._epoch = {}, None, workspace_epoch()
+        pieces = self._pieces.get(size)
+        if pieces is None:
+            try:
+                pieces = self._pieces[size] = Pieces(self, size, self._piece_fns, capture=self.graphs)
+                self.captures_piecewise += 1
+            except Exception as err:        # stay correct where a capture fails: unpadded eager steps from now on
+                warnings.warn(f"piecewise capture of mixed steps failed ({type(err).__name__}: {err}); "
+                              "running them eagerly")
+                self.piecewise, self._pieces = False, {}
+                return self.forward(inputs)
+        return pieces(inputs).float()
 
     @torch.inference_mode()
     def decode(self, inputs: StepInputs) -> torch.Tensor:

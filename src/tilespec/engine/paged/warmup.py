@@ -4,7 +4,8 @@ only (no request's K/V is touched), so no request waits for a compile or a captu
   * the attention kernel's compiled variants (attention.variants: tile rows x sequence lanes x split or not), each
     launched once;
   * mixed steps (eager, torch.compile with dynamic sizes): a few row counts and prompt chunks, enough for the
-    compiler's size specialisations (0 / 1 / many) and the largest step's memory;
+    compiler's size specialisations (0 / 1 / many) and the largest step's memory; then every mixed bucket's
+    piecewise graphs (piecewise.py);
   * every decode step shape (rows bucket x token bucket x logit width, pricing.py) at every table width up to the
     longest context: one CUDA graph each, replayed and timed, which seeds the engine's step costs; and verify() at
     every (rows, width) for greedy and sampled requests.
@@ -21,7 +22,7 @@ from tilespec.verify.types import SamplingParams
 
 from .attention import warm_variants
 from .blocks import SCRATCH
-from .layout import Fed, decode_inputs
+from .layout import Fed, decode_inputs, mixed_inputs
 from .model import StepInputs
 from .pricing import token_buckets
 from .shapes import BUCKETS, bucket, table_width
@@ -45,6 +46,11 @@ def warm_up(engine, max_context: Optional[int] = None, log=None) -> int:
     for s in sorted({1, 2, 4, rows_top}):
         for q in sorted({1, 2, 17, 64, budget}):
             engine.model.forward(scratch_inputs(engine, [q] + [1] * (s - 1)))
+            shapes += 1
+    if engine.model.piecewise:
+        for size in engine.mixed_sizes:         # one sampling token on the scratch block, the rest padding
+            engine.model.mixed(mixed_inputs([Fed([engine.pad], 0, [SCRATCH * bs], [SCRATCH])], 1,
+                                            device=engine.device, pad_to=size, pad_id=engine.pad, block_size=bs))
             shapes += 1
     top = table_width(-(-(max_context or engine.max_len) // bs))
     for rows in [b for b in BUCKETS if b <= rows_top]:
