@@ -39,61 +39,69 @@ def _tensor(values, device, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
+class _Flat:
+    """The requests' tokens back to back: ids, positions, slots, cu_q, lengths after the step, tables ``m`` wide."""
+
+    def __init__(self, fed: list, m: int):
+        self.tokens, self.positions, self.slots, self.cu, self.lens = [], [], [], [0], []
+        self.tables = [f.table + [SCRATCH] * (m - len(f.table)) for f in fed]
+        for f in fed:
+            self.tokens += f.tokens
+            self.positions += range(f.start, f.start + len(f.tokens))
+            self.slots += f.slots
+            self.cu.append(self.cu[-1] + len(f.tokens))
+            self.lens.append(f.start + len(f.tokens))
+
+    def pad_to(self, total: int, pad_id: int, block_size: int) -> None:
+        """Padding tokens up to ``total``: outside every sequence, position 0, K/V to the scratch block."""
+        pad = max(0, total - len(self.tokens))
+        self.tokens += [pad_id] * pad
+        self.positions += [0] * pad
+        self.slots += [SCRATCH * block_size + j % block_size for j in range(pad)]
+
+    def inputs(self, rows: list, max_q: int, device) -> StepInputs:
+        return StepInputs(_tensor(self.tokens, device), _tensor(self.positions, device), _tensor(self.slots, device),
+                          _tensor(self.tables, device, torch.int32), _tensor(self.cu, device, torch.int32),
+                          _tensor(self.lens, device, torch.int32), _tensor(rows, device), max_q)
+
+
+def _own_rows(end: int, n: int, width: int) -> list:
+    """The logit rows of a request whose last ``n`` fed tokens (ending at row ``end``) are verified, padded to
+    ``width`` by repeating the last."""
+    own = [end - n + j for j in range(n)]
+    return own + [own[-1]] * (width - n)
+
+
 def decode_inputs(fed: list, shape: tuple, width: int, *, pad_id: int, block_size: int, device,
                   fixed: bool) -> StepInputs:
     """A decode step (see the module docstring). ``shape`` = (R, T, wide) from the planner; ``fixed``: pad to it and
     to a power-of-two table width (a graph replays it); otherwise R = len(fed), T = the tokens fed."""
     rows, total = (shape[0], shape[1]) if fixed else (len(fed), 0)
     m = max(len(f.table) for f in fed)
-    m = table_width(m) if fixed else m
-    tables = [f.table + [SCRATCH] * (m - len(f.table)) for f in fed] + [[SCRATCH] * m] * (rows - len(fed))
-    tokens, positions, slots, cu, lens, logit_rows = [], [], [], [0], [], []
-    for f in fed:
-        base = cu[-1]
-        tokens += f.tokens
-        positions += range(f.start, f.start + len(f.tokens))
-        slots += f.slots
-        cu.append(base + len(f.tokens))
-        lens.append(f.start + len(f.tokens))
-        logit_rows += [base + j for j in range(len(f.tokens))] + [cu[-1] - 1] * (width - len(f.tokens))
-    absent = rows - len(fed)
-    cu += [cu[-1]] * absent
-    lens += [0] * absent
+    flat = _Flat(fed, table_width(m) if fixed else m)
+    logit_rows = []
+    for f, end in zip(fed, flat.cu[1:]):
+        logit_rows += _own_rows(end, len(f.tokens), width)
+    absent = rows - len(fed)          # absent rows: no token, a table of scratch, logits of row 0
+    flat.tables += [[SCRATCH] * len(flat.tables[0])] * absent
+    flat.cu += [flat.cu[-1]] * absent
+    flat.lens += [0] * absent
     logit_rows += [0] * (absent * width)
-    pad = max(0, total - len(tokens))
-    tokens += [pad_id] * pad
-    positions += [0] * pad
-    slots += [SCRATCH * block_size + j % block_size for j in range(pad)]
-    return StepInputs(_tensor(tokens, device), _tensor(positions, device), _tensor(slots, device),
-                      _tensor(tables, device, torch.int32), _tensor(cu, device, torch.int32),
-                      _tensor(lens, device, torch.int32), _tensor(logit_rows, device), width)
+    flat.pad_to(total, pad_id, block_size)
+    return flat.inputs(logit_rows, width, device)
 
 
 def mixed_inputs(fed: list, width: int, *, device, pad_to: int = 0, pad_id: int = 0, block_size: int = 16
                  ) -> StepInputs:
     """A mixed step (see the module docstring): ``width`` logit rows per sampling request; ``pad_to``: padding
     tokens up to that many (a piecewise bucket: outside every sequence, K/V to the scratch block)."""
-    tokens, positions, slots, cu, lens, rows = [], [], [], [0], [], []
-    m = max(len(f.table) for f in fed)
-    tables = [f.table + [SCRATCH] * (m - len(f.table)) for f in fed]
-    sampling = 0
-    for f in fed:
-        base = cu[-1]
-        tokens += f.tokens
-        positions += range(f.start, f.start + len(f.tokens))
-        slots += f.slots
-        cu.append(base + len(f.tokens))
-        lens.append(f.start + len(f.tokens))
+    flat = _Flat(fed, max(len(f.table) for f in fed))
+    rows, sampling = [], 0
+    for f, end in zip(fed, flat.cu[1:]):
         if f.samples:
-            own = [cu[-1] - 1 - f.drafts + j for j in range(1 + f.drafts)]
-            rows += own + [own[-1]] * (width - len(own))
+            rows += _own_rows(end, 1 + f.drafts, width)
             sampling += 1
     if sampling:      # verify takes the rows bucket: the head computes the padding rows, no logits copy later
         rows += rows[:width] * (bucket(sampling) - sampling)
-    pad = max(0, pad_to - len(tokens))
-    tokens += [pad_id] * pad
-    positions += [0] * pad
-    slots += [SCRATCH * block_size + j % block_size for j in range(pad)]
-    return StepInputs(_tensor(tokens, device), _tensor(positions, device), _tensor(slots, device),
-                      _tensor(tables, device, torch.int32), _tensor(cu, device, torch.int32),
-                      _tensor(lens, device, torch.int32), _tensor(rows, device), max(len(f.tokens) for f in fed))
+    flat.pad_to(pad_to, pad_id, block_size)
+    return flat.inputs(rows, max(len(f.tokens) for f in fed), device)
