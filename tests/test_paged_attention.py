@@ -331,3 +331,13 @@ def test_triton_does_not_specialise_the_step_varying_ints():
     """The kernels' declarations: S, NS (and the block-table stride) are not specialised."""
     assert _unspecialised(pa._partial_kernel) == {"S", "NS", "sbt"}
     assert _unspecialised(pa._merge_kernel) == {"S", "NS"}
+
+
+def test_out_buffer_is_checked_and_filled_on_the_sequences_rows():
+    q, k, v, tables, cu_q, lens = make_inputs([(2, 5), (3, 30)], 4, 2, 16)
+    with pytest.raises(ValueError, match="out must be"):
+        pa.paged_attention(q, k, v, tables, cu_q, lens, out=torch.zeros(2, 4, 16))
+    out = torch.full((7, 4, 16), 7.0)
+    got = pa.paged_attention(torch.cat([q, torch.zeros(2, 4, 16)]), k, v, tables, cu_q, lens, out=out)
+    assert got is out and torch.equal(out[5:], torch.full((2, 4, 16), 7.0))     # rows past the sequences kept
+    torch.testing.assert_close(out[:5], pa.paged_attention_reference(q, k, v, tables, cu_q, lens))
