@@ -48,7 +48,7 @@ def test_graphs_give_target_only_tokens(target, draft):
     eng = PagedEngine(target, draft, max_batch=4, gamma=3, compile=True, token_budget=64, max_len=512)
     assert eng.warm_up() > 0
     captured = eng.model.captures
-    assert all(shape in eng.costs.seeds for shape in [(r, t, w) for r in (1, 2, 4) for t, w in decode_shapes(r, 3)])
+    assert all(shape in eng.costs.seeds for shape in [(r, t, w) for r in (1, 2, 4) for t, w in decode_shapes(r, eng.gamma)])
     got = _run(eng, [BatchRequest(prompt=p, max_tokens=24, temperature=0.0) for p in PROMPTS])
     assert got == ref
     assert eng.counters["decode_graph_steps"] > 0
