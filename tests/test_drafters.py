@@ -29,6 +29,33 @@ def test_ngram_proposes_what_followed_the_most_recent_longest_match():
     assert NgramDrafter(n_min=2).start([[1, 2, 3]]).propose(0, 4) == []      # no repeated bigram: no draft
 
 
+def _lookup(hist, n_min, n_max):
+    """The longest suffix n-gram's most recent earlier occurrence, by scanning the history."""
+    for n in range(min(n_max, len(hist) - 1), n_min - 1, -1):
+        for end in range(len(hist) - 1, n - 1, -1):
+            if hist[end - n:end] == hist[len(hist) - n:]:
+                return n, end
+    return 0, -1
+
+
+def test_ngram_index_kept_lazily_matches_a_scan_of_the_history():
+    """Appends only store tokens; a lookup indexes what came since the last one: with lookups after every append,
+    after runs of appends (the draft gate off) or never until the end, every match is the scan's."""
+    rng = np.random.default_rng(0)
+    for every in (1, 3, 50):
+        hist = [int(t) for t in rng.integers(0, 6, 5)]
+        state = NgramDrafter(n_min=1, n_max=4).start([hist])
+        for i in range(300):
+            new = [int(t) for t in rng.integers(0, 6, int(rng.integers(1, 5)))]
+            state.extend(0, new)
+            hist += new
+            if i % every == 0:
+                assert state.match(0) == _lookup(hist, 1, 4)
+        assert state.match(0) == _lookup(hist, 1, 4)
+    big = NgramDrafter(n_min=2, n_max=3).start([[150_000, 7, 9, 150_000, 7]])        # ids far above 2**16
+    assert big.propose(0, 4) == [9, 150_000, 7]
+
+
 def test_ngram_draft_length_grows_with_the_match_length():
     prompt = [5, 1, 2, 3, 4, 6, 7, 8, 9, 5]
     short = NgramDrafter(n_min=1, n_max=4, tokens_per_match=2).start([prompt])

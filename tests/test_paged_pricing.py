@@ -8,7 +8,7 @@ import torch
 
 from tilespec.engine.batching import BatchRequest
 from tilespec.engine.paged.engine import PagedEngine
-from tilespec.engine.paged.pricing import Acceptance, StepCosts, plan, token_bucket, token_buckets
+from tilespec.engine.paged.pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket, token_buckets
 from tilespec.engine.paged.warmup import decode_shapes, scratch_decode
 
 from engine_models import tiny_lm
@@ -130,7 +130,7 @@ def test_priced_ragged_steps_change_no_greedy_token(target, greedy_reference, dr
     """Pricing on, decode steps ragged, and (``fixed``) padded to their (rows, token) bucket as graphs replay them:
     absent rows, padding tokens on the scratch block, logit rows repeated."""
     engine = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=16)
-    engine.fixed_shapes = fixed
+    engine.fixed_shapes, engine.gate = fixed, None      # the draft gate times the wall clock: tested on its own
     for rows in (1, 2, 4):                        # drafts priced as nearly free (wall times on a busy CPU vary)
         for total, wide in decode_shapes(rows, 3):
             engine.costs.seed((rows, total, wide), 1.0 + 1e-3 * (total - rows))
@@ -146,6 +146,7 @@ def test_measured_costs_decide_whether_the_engine_drafts(target, greedy_referenc
     """Costs seeded for every shape and never updated: drafts cost nothing (``dear`` False: the engine drafts) or
     a wide step, and each token in it, cost a whole step (it drafts nothing); the tokens are the same either way."""
     engine = PagedEngine(target, "ngram", max_batch=3, gamma=3, block_size=4, token_budget=16)
+    engine.gate = None                                  # the draft gate times the wall clock: tested on its own
     for rows in (1, 2, 4):
         for total, wide in decode_shapes(rows, 3):
             engine.costs.seed((rows, total, wide), 1.0 + (total - rows + wide if dear else 0))
@@ -155,6 +156,44 @@ def test_measured_costs_decide_whether_the_engine_drafts(target, greedy_referenc
     assert [r.tokens for r in reqs] == greedy_reference
     decode_drafted = engine.counters["drafted"]
     assert (decode_drafted == 0) if dear else (decode_drafted > 0)
+
+
+def test_the_draft_gate_runs_the_faster_branch_and_explores_the_other():
+    gate = DraftGate(explore=4)
+    assert gate.drafting(8) is True                   # a new bucket drafts first ...
+    gate.observe(8, True, 30, 1.0)
+    assert gate.drafting(8) is False                  # ... then measures without
+    gate.observe(8, False, 10, 1.0)
+    picks = [gate.drafting(8) for _ in range(8)]      # drafting is faster: on, but every 4th step of 8 is off
+    assert picks == [True, True, False, True, True, True, False, True]
+    for _ in range(40):                               # drafting stops paying (it got slower): the gate follows
+        gate.observe(8, True, 5, 1.0)
+    assert sum(gate.drafting(8) for _ in range(8)) == 2
+    assert gate.drafting(16) is True                  # buckets are independent
+    with pytest.raises(ValueError, match="explore"):
+        DraftGate(explore=1)
+
+
+def test_a_gate_that_finds_drafting_slower_stops_proposing(target, greedy_reference):
+    """Rates seeded so that steps without the drafter are far faster, and frozen: the engine proposes only on the
+    gate's exploration steps, and its tokens are target-only's."""
+    engine = PagedEngine(target, "ngram", max_batch=3, gamma=3, block_size=4, token_budget=16)
+    engine.gate = DraftGate(explore=10**6)
+    for rows in (1, 2, 4):
+        engine.gate.rate.update({(rows, True): 1.0, (rows, False): 1e9})
+        engine.gate.steps[rows] = 1                   # past each bucket's first (exploring) step
+    engine.gate.observe = lambda *a: None
+    proposed = []
+    reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=0.0) for p in PROMPTS]
+    for r in reqs:
+        engine.submit(r)
+    for seq in engine.seqs.values():
+        real = seq.context.propose
+        seq.context.propose = lambda row, cap, real=real: proposed.append(cap) or real(row, cap)
+    while engine.has_work:
+        engine.step()
+    assert [r.tokens for r in reqs] == greedy_reference
+    assert proposed == [] and engine.counters["drafted"] == 0 and engine.counters["steps_drafter_off"] > 0
 
 
 def test_pricing_off_verifies_every_offered_draft(target, greedy_reference):

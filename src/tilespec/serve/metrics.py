@@ -15,6 +15,7 @@ COUNTERS = {"steps": "decode steps", "defrags": "cache defragmentations", "prefi
             "decode_graph_steps": "steps of decode rows alone, replayed as CUDA graphs (paged engine)",
             "preemptions": "requests preempted when K/V blocks ran out, recomputed later (paged engine)",
             "admissions_deferred": "steps that held waiting requests back so their prefills coalesce (paged engine)",
+            "steps_drafter_off": "steps whose draft gate ran no drafter: without it they were faster (paged engine)",
             "gc_full_collections": "full garbage collections in the engine process (each pauses its step loop)",
             "gc_full_collection_seconds": "seconds the engine process spent in full garbage collections"}
 

@@ -32,6 +32,7 @@ import itertools
 import time
 from typing import Optional
 
+import numpy as np
 import torch
 
 from tilespec.verify.api import verify
@@ -49,7 +50,7 @@ from .blocks import BlockManager
 from .layout import Fed, decode_inputs, mixed_inputs
 from .model import PagedModel
 from .piecewise import mixed_bucket, mixed_buckets
-from .pricing import Acceptance, StepCosts, plan, token_bucket
+from .pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
 from .shapes import bucket
 
@@ -129,12 +130,13 @@ class PagedEngine:
         self.fixed_shapes = self.model.graphs  # steps padded to their shape (graphs replay them)
         self.mixed_sizes = mixed_buckets(self.scheduler.token_budget)
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
+        self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
         self.counters = {"steps": 0, "decode_graph_steps": 0, "prefill_tokens": 0,
                          "generated_tokens": 0, "drafted": 0, "accepted": 0, "spec_steps": 0,
                          "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0,
-                         "admissions_deferred": 0}
+                         "admissions_deferred": 0, "steps_drafter_off": 0}
 
     def _default_blocks(self, target, block_size: int, fraction: float) -> int:
         per_block = PagedModel.kv_bytes_per_token(target) * block_size
@@ -180,7 +182,7 @@ class PagedEngine:
         req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(self._stops(req))))
-        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order))
+        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=frozenset(self._stops(req)))
         if self.acceptance is not None:
             seq.context = self.drafter.start([req.prompt])
             seq.acceptance = self.acceptance.new_request()
@@ -218,18 +220,27 @@ class PagedEngine:
         return warm_up(self, max_context, log)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def _propose(self) -> None:
-        for seq in self.scheduler.running:
+    def _propose(self) -> Optional[tuple]:
+        """Every decoding request's context drafts, when the draft gate runs the drafter at this step's rows bucket
+        -> (rows bucket, drafting) for the gate's sample, or None (no gate: unpriced or no drafter)."""
+        running = self.scheduler.running
+        gated, decoding = None, sum(1 for seq in running if seq.decoding)
+        if self.gate is not None and decoding:
+            rows = bucket(decoding)
+            gated = (rows, self.gate.drafting(rows))
+            self.counters["steps_drafter_off"] += not gated[1]
+        for seq in running:
             req = seq.req
             cap = min(req.cap, req.max_tokens - len(req.tokens) - 1) if seq.decoding and seq.context else 0
-            seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
+            seq.drafts = seq.context.propose(0, cap) if cap > 0 and (gated is None or gated[1]) else []
+        return gated
 
     @torch.inference_mode()
     def step(self) -> list:
         """One iteration (see the module docstring). Returns the BatchEvent of every request that got tokens or
         ended."""
         started = time.perf_counter()
-        self._propose()
+        gated = self._propose()
         waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
         admit = self.admission.admit(started, waiting, len(self.scheduler.running))
         self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
@@ -263,6 +274,8 @@ class PagedEngine:
             self.admission.observe(not decode_only, wall)
             if decode_only:
                 self.costs.observe(shape, wall)
+                if gated is not None and gated[0] == shape[0]:
+                    self.gate.observe(gated[0], gated[1], sum(len(e.tokens) for e in events), wall)
         return events
 
     def _price(self, decoding: list) -> tuple:
@@ -288,9 +301,6 @@ class PagedEngine:
         if not seq.decoding:
             self.counters["prefill_tokens"] += it.n
         return Fed(ids, it.start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
-
-    def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
     def _sampling_params(self, reqs: list) -> SamplingParams:
         values = [(r.temperature, r.top_k, r.top_p, r.min_p) for r in reqs]
@@ -319,19 +329,24 @@ class PagedEngine:
         request [num_emitted, tokens...] (host)."""
         n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
         reqs = [it.seq.req for it in sampling]
-        counts = [len(it.seq.drafts) for it in sampling] + [0] * (rows - n)
-        drafts = [it.seq.drafts + [self.pad] * (k - len(it.seq.drafts)) for it in sampling]
-        drafts = self._tensor(drafts + [[self.pad] * k] * (rows - n)).view(rows, k)
+        host = np.zeros(rows * (3 + k), dtype=np.int64)     # counts, seeds, offsets, drafts: one copy to the device
+        table, drafts = host[:3 * rows].reshape(3, rows), host[3 * rows:].reshape(rows, k)
+        drafts[:] = self.pad
+        for i, it in enumerate(sampling):
+            d = it.seq.drafts
+            table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
+            drafts[i, :len(d)] = d
+        packed = torch.from_numpy(host).to(self.device, non_blocking=True)
+        counts, seeds, offsets = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
+        drafts = packed[3 * rows:].view(rows, k)
         settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
         if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
             logits = transform_logits(logits, drafts, TransformBatch.from_settings(
                 settings + [None] * (rows - n), [r.tokens for r in reqs] + [[]] * (rows - n), self.vocab_out,
                 self.device))
-        result = verify(logits, drafts, num_draft_tokens=self._tensor(counts),
+        result = verify(logits, drafts, num_draft_tokens=counts,
                         sampling=self._sampling_params(reqs + reqs[:1] * (rows - n)), method=self.method,
-                        seed=self._tensor([r.seed for r in reqs] + [0] * (rows - n)),
-                        offsets=self._tensor([len(it.seq.tokens) for it in sampling] + [0] * (rows - n)),
-                        check_values=False)
+                        seed=seeds, offsets=offsets, check_values=False)
         return torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
 
     def _commit(self, it: Item, drafted: int, new: list) -> BatchEvent:
@@ -344,7 +359,7 @@ class PagedEngine:
             self.counters["drafted"] += drafted
             self.counters["accepted"] += len(new) - 1
             self.counters["spec_steps"] += 1
-        toks, reason = keep_tokens(req, new, self._stops(req), time.perf_counter())
+        toks, reason = keep_tokens(req, new, seq.stops, time.perf_counter())
         seq.tokens += toks
         self.counters["generated_tokens"] += len(toks)
         if seq.context is not None:

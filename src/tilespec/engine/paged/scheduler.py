@@ -39,6 +39,7 @@ class Seq:
     drafts: list = field(default_factory=list)
     context: object = None
     acceptance: object = None         # its draft acceptance counts (pricing.Acceptance.new_request)
+    stops: frozenset = frozenset()    # the ids that end it (EOS unless ignored, its stop_token_ids)
     preemptions: int = 0
 
     @property
