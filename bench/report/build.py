@@ -29,7 +29,7 @@ from .tables import (BASELINE, _batch, _exact, _f, _is_gpu, _label, _methods, _o
 
 OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
                   "engine-", "compile-", "repeatability-", "heads-", "tensor-parallel-", "soak-", "graphs-",
-                  "whisper-", "demo-", "trees-", "serve-", "keep-", "step-cost-", "attention-")
+                  "whisper-", "demo-", "trees-", "serve-", "keep-", "step-cost-", "attention-", "paged-")
 
 
 def load_results(folder: Path) -> tuple[list, list]:

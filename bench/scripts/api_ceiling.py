@@ -162,6 +162,14 @@ def load_client_prompts() -> list:
     return [f"Rewrite this function with a docstring (variant {i}):\ndef f(x):\n    return x * {i}\n" for i in range(64)]
 
 
+def _gpu_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU-only"
+    except Exception:          # the API side needs no torch; a machine without it is named by its CPUs alone
+        return "a"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokenizer", default=None, help="an HF folder whose tokenizer decodes the fake tokens")
@@ -174,6 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     result = run(args)
+    result["device"] = f"{_gpu_name()} machine ({os.cpu_count()} CPU cores; the fake engine uses no GPU)"
     result["environment"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                              "machine": platform.machine(), "commit": os.environ.get("TILESPEC_COMMIT", "unknown"),
                              "date": time.strftime("%Y-%m-%d")}
