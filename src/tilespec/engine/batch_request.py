@@ -13,13 +13,18 @@ from tilespec.verify.validation import resolve_sampling
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # a request's sampling, in SamplingParams order
 
 
+MAX_LOGPROBS = 20       # top alternatives per token, as OpenAI's top_logprobs allows
+
+
 @dataclass
 class BatchRequest:
     """One request: ``prompt`` token ids (>= 1), at most ``max_tokens`` new tokens, its sampling parameters and seed;
     ``gamma``: cap on its draft tokens per step (0: never speculate; None or above the engine's gamma: the engine's).
     ``logits``: transforms of the target's logits (penalties, logit_bias, min_tokens: verify/logit_transforms.py;
     its ``banned`` ids are set by the engine to the request's stop ids); ``stop_token_ids``: more ids that end it
-    (finish reason "stop"); ``ignore_eos``: EOS does not end it.
+    (finish reason "stop"); ``ignore_eos``: EOS does not end it. ``logprobs``: None, or how many top alternatives
+    (0-20) to report beside each emitted token's log-probability (the paged engine; raw: the target's log-softmax
+    before temperature, filters and logit transforms, as vLLM reports them by default).
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 
@@ -34,6 +39,7 @@ class BatchRequest:
     logits: Optional[LogitSettings] = None
     stop_token_ids: tuple = ()
     ignore_eos: bool = False
+    logprobs: Optional[int] = None
     rid: int = -1
     tokens: list = field(default_factory=list)
     finish_reason: Optional[str] = None
@@ -63,6 +69,7 @@ class BatchEvent:
     rid: int
     tokens: list
     finish_reason: Optional[str] = None
+    logprobs: Optional[list] = None     # per token: (its log-probability, [(id, log-probability), ...] top first)
 
 
 def keep_tokens(req: BatchRequest, new: list, stops: set, now: float) -> tuple:
@@ -107,6 +114,9 @@ def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None
         raise ValueError(f"stop_token_ids hold ids outside the vocabulary [0, {vocab})")
     if req.logits is not None:
         req.logits.check(vocab)
+    if req.logprobs is not None and not (isinstance(req.logprobs, int) and 0 <= req.logprobs <= MAX_LOGPROBS):
+        raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top alternatives per token), "
+                         f"got {req.logprobs!r}")
     if not -2**63 <= req.seed < 2**63:
         raise ValueError(f"seed {req.seed} does not fit int64")
     resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks

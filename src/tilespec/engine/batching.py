@@ -160,6 +160,9 @@ class BatchEngine:
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (empty / too long / bad ids or values)."""
         check_request(req, self.max_request_len, self.vocab)
+        if req.logprobs is not None:
+            raise ValueError("logprobs are reported by the paged engine (Llama-family targets with ngram, suffix or "
+                             "no draft); this engine serves draft models and heads: drop logprobs")
 
     def submit(self, req: BatchRequest) -> int:
         """Queue a request (checked first); returns its id."""

@@ -314,9 +314,9 @@ class PagedEngine:
                 it.seq.computed = it.start + it.n
         events = []
         if sampling:
-            host = self._verify(sampling, logits)
-            for it, row in zip(sampling, host):
-                events.append(self._commit(it, len(it.seq.drafts), row[1:1 + row[0]]))
+            host, logprobs = self._verify(sampling, logits)
+            for it, row, lp in zip(sampling, host, logprobs):
+                events.append(self._commit(it, len(it.seq.drafts), row[1:1 + row[0]], lp))
         for it in items:
             seq = it.seq
             if seq.req.finish_reason is None:
@@ -326,7 +326,7 @@ class PagedEngine:
     def _verify(self, sampling: list, logits: torch.Tensor) -> list:
         """verify() over the sampling requests and ``logits`` [bucket rows, 1 + K, V] (both step paths give the rows
         bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few -> per
-        request [num_emitted, tokens...] (host)."""
+        request [num_emitted, tokens...] (host), and per request its tokens' logprobs (None unless it asked)."""
         n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
         reqs = [it.seq.req for it in sampling]
         host = np.zeros(rows * (3 + k), dtype=np.int64)     # counts, seeds, offsets, drafts: one copy to the device
@@ -347,9 +347,10 @@ class PagedEngine:
         result = verify(logits, drafts, num_draft_tokens=counts,
                         sampling=self._sampling_params(reqs + reqs[:1] * (rows - n)), method=self.method,
                         seed=seeds, offsets=offsets, check_values=False)
-        return torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
+        logprobs = _logprobs(logits, reqs, result)
+        return torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist(), logprobs
 
-    def _commit(self, it: Item, drafted: int, new: list) -> BatchEvent:
+    def _commit(self, it: Item, drafted: int, new: list, logprobs: Optional[list] = None) -> BatchEvent:
         seq, req = it.seq, it.seq.req
         seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
         if seq.context is not None and drafted:
@@ -366,4 +367,29 @@ class PagedEngine:
             seq.context.extend(0, toks)
         if reason is not None:
             self._retire(seq, reason)
-        return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason)
+        return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason,
+                          logprobs=None if logprobs is None else logprobs[:len(toks)])
+
+
+def _logprobs(logits: torch.Tensor, reqs: list, result) -> list:
+    """Per request (None unless it asked): each emitted token's raw log-probability (the target's log-softmax at the
+    position it was drawn at: accepted drafts and the resampled or bonus token alike) and the top ``logprobs``
+    alternatives there, from the logits the step already verified ([rows, 1 + K, V])."""
+    want = [i for i, r in enumerate(reqs) if r.logprobs is not None]
+    out = [None] * len(reqs)
+    if not want:
+        return out
+    rows = torch.tensor(want, device=logits.device)
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)                        # [w, 1 + K, V]
+    tokens = result.output_tokens[rows].clamp(min=0)
+    chosen = lp.gather(-1, tokens[..., None]).squeeze(-1).cpu().tolist()
+    top = max(reqs[i].logprobs for i in want)
+    if top > 0:
+        values, ids = lp.topk(top, dim=-1)
+        values, ids = values.cpu().tolist(), ids.cpu().tolist()
+    emitted = result.num_emitted[rows].cpu().tolist()
+    for w, i in enumerate(want):
+        k = reqs[i].logprobs
+        out[i] = [(chosen[w][j], list(zip(ids[w][j][:k], values[w][j][:k])) if k else [])
+                  for j in range(emitted[w])]
+    return out

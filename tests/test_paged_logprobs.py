@@ -1,0 +1,72 @@
+"""Logprobs on the paged engine: every emitted token's raw log-probability and its top alternatives equal the
+target's own log-softmax over the full sequence, with and without drafts, greedy and sampled, and the tokens are
+unchanged by asking; bad values and the engine that cannot report them give clear errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilespec.engine.batching import BatchEngine, BatchRequest
+from tilespec.engine.paged.engine import PagedEngine
+
+from engine_models import tiny_lm
+from test_paged_engine import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    model = tiny_lm(0, logit_scale=3.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _events(engine, reqs):
+    got = {}
+    for r in reqs:
+        engine.submit(r)
+        got[r.rid] = []
+    while engine.has_work:
+        for e in engine.step():
+            got[e.rid] += [(t, lp) for t, lp in zip(e.tokens, e.logprobs or [None] * len(e.tokens))]
+    return [got[r.rid] for r in reqs]
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_logprobs_are_the_targets_log_softmax_at_each_emitted_token(target, draft):
+    asks = [BatchRequest(prompt=p, max_tokens=10, temperature=t, seed=i, logprobs=k)
+            for i, (p, t, k) in enumerate(zip(PROMPTS, [0.0, 1.0, 0.0, 1.0, 0.0, 0.0], [3, 0, 5, 2, 20, None]))]
+    plain = [BatchRequest(prompt=r.prompt, max_tokens=10, temperature=r.temperature, seed=r.seed) for r in asks]
+    engine = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=16, pricing=False)
+    got = _events(engine, asks)
+    again = _events(PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4, token_budget=16, pricing=False),
+                    plain)
+    assert [[t for t, _ in g] for g in got] == [[t for t, _ in g] for g in again]     # asking changes no token
+    if draft:
+        assert engine.counters["accepted"] > 0           # accepted drafts are among the reported tokens
+    for req, events in zip(asks, got):
+        if req.logprobs is None:
+            assert all(lp is None for _, lp in events)
+            continue
+        seq = torch.tensor([req.prompt + req.tokens])
+        with torch.no_grad():
+            ref = torch.log_softmax(target(seq).logits[0].float(), -1)[len(req.prompt) - 1:-1]     # [new, V]
+        assert len(events) == len(req.tokens) == 10
+        for j, (tok, (chosen, top)) in enumerate(events):
+            assert chosen == pytest.approx(ref[j, tok].item(), abs=1e-4)
+            assert len(top) == req.logprobs
+            if top:
+                values, ids = ref[j].topk(req.logprobs)
+                assert [i for i, _ in top] == ids.tolist()
+                assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-4)
+                if req.temperature == 0.0:
+                    assert top[0][0] == tok           # greedy: the chosen token is the top one
+
+
+def test_logprobs_values_are_checked_and_the_batch_engine_refuses_them(target):
+    engine = PagedEngine(target, None, max_batch=2, block_size=4, token_budget=16)
+    for bad in (-1, 21, 2.5):
+        with pytest.raises(ValueError, match=r"logprobs must be an integer in \[0, 20\]"):
+            engine.submit(BatchRequest(prompt=[1, 2], max_tokens=2, logprobs=bad))
+    with pytest.raises(ValueError, match="paged engine"):
+        BatchEngine(target, None, max_batch=2).check(BatchRequest(prompt=[1, 2], max_tokens=2, logprobs=1))
