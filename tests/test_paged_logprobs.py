@@ -9,16 +9,10 @@ import torch
 from tilespec.engine.batching import BatchEngine, BatchRequest
 from tilespec.engine.paged.engine import PagedEngine
 
-from engine_models import tiny_lm
+import test_paged_engine
 from test_paged_engine import PROMPTS
 
-
-@pytest.fixture(scope="module")
-def target():
-    torch.set_num_threads(1)
-    model = tiny_lm(0, logit_scale=3.0)
-    model.generation_config.eos_token_id = None
-    return model
+target = test_paged_engine.target      # the paged tests' tiny model (a module fixture)
 
 
 def _events(engine, reqs):

@@ -4,15 +4,16 @@ priced and padded (fixed-shape) steps change no greedy token, and measured costs
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tilespec.engine.batching import BatchRequest
 from tilespec.engine.paged.engine import PagedEngine
 from tilespec.engine.paged.pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket, token_buckets
 from tilespec.engine.paged.warmup import decode_shapes, scratch_decode
 
-from engine_models import tiny_lm
+import test_paged_engine
 from test_paged_engine import PROMPTS, _run
+
+target = test_paged_engine.target      # the paged tests' tiny model (a module fixture)
 
 
 def costs_of(rows: int, gamma: int, per_token: float, fixed: float = 1.0, free_up_to: int = 0) -> StepCosts:
@@ -108,14 +109,6 @@ def test_a_request_priced_out_is_tried_again_as_its_evidence_ages():
 
 
 # ------------------------------------------------------------------------------------------------- on the engine
-@pytest.fixture(scope="module")
-def target():
-    torch.set_num_threads(1)
-    model = tiny_lm(0, logit_scale=3.0)
-    model.generation_config.eos_token_id = None
-    return model
-
-
 @pytest.fixture(scope="module")
 def greedy_reference(target):
     engine = PagedEngine(target, None, max_batch=3, block_size=4, token_budget=16)

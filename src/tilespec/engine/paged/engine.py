@@ -180,9 +180,10 @@ class PagedEngine:
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
         req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
+        stops = frozenset(self._stops(req))
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
-            req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(self._stops(req))))
-        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=frozenset(self._stops(req)))
+            req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
+        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops)
         if self.acceptance is not None:
             seq.context = self.drafter.start([req.prompt])
             seq.acceptance = self.acceptance.new_request()
@@ -323,7 +324,7 @@ class PagedEngine:
                 self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
         return events
 
-    def _verify(self, sampling: list, logits: torch.Tensor) -> list:
+    def _verify(self, sampling: list, logits: torch.Tensor) -> tuple:
         """verify() over the sampling requests and ``logits`` [bucket rows, 1 + K, V] (both step paths give the rows
         bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few -> per
         request [num_emitted, tokens...] (host), and per request its tokens' logprobs (None unless it asked)."""
@@ -347,8 +348,8 @@ class PagedEngine:
         result = verify(logits, drafts, num_draft_tokens=counts,
                         sampling=self._sampling_params(reqs + reqs[:1] * (rows - n)), method=self.method,
                         seed=seeds, offsets=offsets, check_values=False)
-        logprobs = _logprobs(logits, reqs, result)
-        return torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist(), logprobs
+        host = torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
+        return host, _logprobs(logits, reqs, result, [row[0] for row in host])
 
     def _commit(self, it: Item, drafted: int, new: list, logprobs: Optional[list] = None) -> BatchEvent:
         seq, req = it.seq, it.seq.req
@@ -371,10 +372,11 @@ class PagedEngine:
                           logprobs=None if logprobs is None else logprobs[:len(toks)])
 
 
-def _logprobs(logits: torch.Tensor, reqs: list, result) -> list:
+def _logprobs(logits: torch.Tensor, reqs: list, result, emitted: list) -> list:
     """Per request (None unless it asked): each emitted token's raw log-probability (the target's log-softmax at the
     position it was drawn at: accepted drafts and the resampled or bonus token alike) and the top ``logprobs``
-    alternatives there, from the logits the step already verified ([rows, 1 + K, V])."""
+    alternatives there, from the logits the step already verified ([rows, 1 + K, V]); ``emitted``: tokens per request
+    (host)."""
     want = [i for i, r in enumerate(reqs) if r.logprobs is not None]
     out = [None] * len(reqs)
     if not want:
@@ -387,9 +389,8 @@ def _logprobs(logits: torch.Tensor, reqs: list, result) -> list:
     if top > 0:
         values, ids = lp.topk(top, dim=-1)
         values, ids = values.cpu().tolist(), ids.cpu().tolist()
-    emitted = result.num_emitted[rows].cpu().tolist()
     for w, i in enumerate(want):
         k = reqs[i].logprobs
         out[i] = [(chosen[w][j], list(zip(ids[w][j][:k], values[w][j][:k])) if k else [])
-                  for j in range(emitted[w])]
+                  for j in range(emitted[i])]
     return out
