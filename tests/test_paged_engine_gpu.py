@@ -61,3 +61,15 @@ def test_sampled_tokens_do_not_depend_on_graphs(target):
     eager = _run(PagedEngine(target, "ngram", max_batch=4, gamma=3, compile=False, max_len=512), asks())
     graphs = _run(PagedEngine(target, "ngram", max_batch=4, gamma=3, compile=True, max_len=512), asks())
     assert eager == graphs
+
+
+def test_overlapped_steps_give_the_synchronous_tokens(target):
+    def asks():
+        return [BatchRequest(prompt=p, max_tokens=32, temperature=float(i % 2), seed=i) for i, p in enumerate(PROMPTS)]
+    runs = []
+    for overlap in (False, True):
+        eng = PagedEngine(target, None, max_batch=4, compile=True, max_len=512, overlap=overlap)
+        runs.append((_run(eng, asks()), eng.counters["steps_overlapped"]))
+    (sync, none), (over, overlapped) = runs
+    assert over == sync
+    assert none == 0 < overlapped

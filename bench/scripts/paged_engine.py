@@ -53,6 +53,10 @@ def triton_variants() -> int:
     return total
 
 
+LEVEL_COUNTERS = ("steps", "decode_graph_steps", "steps_overlapped", "steps_drafter_off", "spec_steps", "drafted",
+                  "accepted", "admissions_deferred")     # per level in the JSON: how its steps ran
+
+
 def step_state(engine, before=None) -> dict:
     """What a step did, from counters: graph replays, captures (graphs cached), dynamo compiles, GC runs, rows."""
     import gc
@@ -117,7 +121,8 @@ def main() -> int:
     p.add_argument("--requests-per-client", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--drafts", default="none,ngram",
-                   help="drafters, each run on its own engine; 'ngram:all' verifies every offered draft (pricing off)")
+                   help="drafters, each run on its own engine; 'ngram:all' verifies every offered draft (pricing off), "
+                        "'none:sync' runs every step synchronously (no overlap)")
     p.add_argument("--batch-engine-clients", default="64", help="BatchEngine levels ('' skips)")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="shared system prompt length ('0' skips)")
     p.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this")
@@ -153,7 +158,8 @@ def main() -> int:
         t = time.perf_counter()
         name, _, mode = draft.partition(":")
         eng = PagedEngine(target, None if name == "none" else name, max_batch=max(levels), gamma=4,
-                          compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad, pricing=mode != "all")
+                          compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad, pricing=mode != "all",
+                          overlap=mode != "sync")
         shapes = eng.warm_up(log=print)
         freeze_heap()                   # as the server's engine process does after its warm-up
         out["rows"].append({"system": f"paged:{draft}", "kind": "setup", "warmup_s": time.perf_counter() - t,
@@ -162,10 +168,12 @@ def main() -> int:
             if time.perf_counter() - start > a.budget_s:
                 break
             closed_loop(eng, prompts, c, c, a.max_tokens, 0.0)           # a warm pass of the level
+            before = dict(eng.counters)
             row = closed_loop(eng, prompts, c, a.requests_per_client * c, a.max_tokens, 0.0)
+            level = {k: eng.counters[k] - before[k] for k in LEVEL_COUNTERS}
             row.update(system=f"paged:{draft}", kind="load", graph_steps=eng.counters["decode_graph_steps"],
                        steps=eng.counters["steps"], preemptions=eng.counters["preemptions"],
-                       captures=eng.model.captures, step_costs=step_costs(eng))
+                       captures=eng.model.captures, level_counters=level, step_costs=step_costs(eng))
             out["rows"].append(row)
             print(json.dumps(row))
             out["slow_steps"] = slow

@@ -32,11 +32,8 @@ import itertools
 import time
 from typing import Optional
 
-import numpy as np
 import torch
 
-from tilespec.verify.api import verify
-from tilespec.verify.logit_transforms import TransformBatch, transform_logits
 from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
@@ -49,10 +46,12 @@ from .admission import Admission
 from .blocks import BlockManager
 from .layout import Fed, decode_inputs, mixed_inputs
 from .model import PagedModel
+from .overlap import InFlight, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
 from .pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
 from .shapes import bucket
+from .verify_rows import emitted_logprobs, verify_rows
 
 CPU_KV_BYTES = 2 << 30
 
@@ -85,7 +84,8 @@ class PagedEngine:
     prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between requests;
     pricing: each step verifies the drafts that pay by the measured cost model (pricing.py; False: every offered
     draft, for comparisons); max_admission_wait: seconds a waiting request may be held so that prefills coalesce
-    (admission.py; 0: admit at once). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls
+    (admission.py; 0: admit at once); overlap: plan and launch the next decode step before the last one's tokens
+    reach the host (overlap.py; False: every step synchronous). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls
     submit, cancel and step.
     """
 
@@ -95,7 +95,7 @@ class PagedEngine:
                  block_size: int = 16, num_blocks: Optional[int] = None, kv_fraction: float = 0.5,
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
                  compile: bool = False, pricing: bool = True, max_admission_wait: float = 0.1,
-                 eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+                 overlap: bool = True, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         reason = paged_reason(target, draft)
         if reason is not None:
             raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
@@ -115,7 +115,8 @@ class PagedEngine:
         self.drafter, self.gamma = drafter, gamma
         self.device = next(target.parameters()).device
         self.method = resolve_method(method, self.device)
-        self.max_batch, self.pricing = max_batch, bool(pricing)
+        self.max_batch, self.pricing, self.overlap = max_batch, bool(pricing), bool(overlap)
+        self._inflight: Optional[InFlight] = None      # a decode step launched, its tokens not yet committed
         self.max_len = min(max_len or context_limit(target) or 4096, context_limit(target) or 1 << 30)
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
@@ -136,7 +137,7 @@ class PagedEngine:
         self.counters = {"steps": 0, "decode_graph_steps": 0, "prefill_tokens": 0,
                          "generated_tokens": 0, "drafted": 0, "accepted": 0, "spec_steps": 0,
                          "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0,
-                         "admissions_deferred": 0, "steps_drafter_off": 0}
+                         "admissions_deferred": 0, "steps_drafter_off": 0, "steps_overlapped": 0}
 
     def _default_blocks(self, target, block_size: int, fraction: float) -> int:
         per_block = PagedModel.kv_bytes_per_token(target) * block_size
@@ -161,7 +162,7 @@ class PagedEngine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._inflight is not None)
 
     def kv_bytes_in_use(self) -> int:
         used = self.blocks.num_blocks - 1 - self.blocks.num_free
@@ -221,36 +222,47 @@ class PagedEngine:
         return warm_up(self, max_context, log)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def _propose(self) -> Optional[tuple]:
-        """Every decoding request's context drafts, when the draft gate runs the drafter at this step's rows bucket
-        -> (rows bucket, drafting) for the gate's sample, or None (no gate: unpriced or no drafter)."""
-        running = self.scheduler.running
-        gated, decoding = None, sum(1 for seq in running if seq.decoding)
-        if self.gate is not None and decoding:
-            rows = bucket(decoding)
-            gated = (rows, self.gate.drafting(rows))
-            self.counters["steps_drafter_off"] += not gated[1]
-        for seq in running:
+    def _gate(self) -> Optional[tuple]:
+        """(rows bucket, whether the drafter runs) for this step's decode rows, when the draft gate decides (priced,
+        with a drafter); None otherwise."""
+        decoding = sum(1 for seq in self.scheduler.running if seq.decoding)
+        if self.gate is None or not decoding:
+            return None
+        rows = bucket(decoding)
+        gated = (rows, self.gate.drafting(rows))
+        self.counters["steps_drafter_off"] += not gated[1]
+        return gated
+
+    def _propose(self, drafting: bool) -> None:
+        """Every decoding request's context drafts (none when the drafter is off this step)."""
+        for seq in self.scheduler.running:
             req = seq.req
             cap = min(req.cap, req.max_tokens - len(req.tokens) - 1) if seq.decoding and seq.context else 0
-            seq.drafts = seq.context.propose(0, cap) if cap > 0 and (gated is None or gated[1]) else []
-        return gated
+            seq.drafts = seq.context.propose(0, cap) if cap > 0 and drafting else []
 
     @torch.inference_mode()
     def step(self) -> list:
         """One iteration (see the module docstring). Returns the BatchEvent of every request that got tokens or
-        ended."""
+        ended. A decode step without drafts is left in flight (overlap.py): its events come with the next call."""
         started = time.perf_counter()
-        gated = self._propose()
+        gated = self._gate()
+        drafting = self.acceptance is not None and (gated is None or gated[1])
         waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
         admit = self.admission.admit(started, waiting, len(self.scheduler.running))
         self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
+        prev, events = self._inflight, []
+        if prev is not None and blocked(self, drafting, admit and bool(self.scheduler.waiting)):
+            events, prev = self._land(prev), None
+        self._inflight = None
+        self._propose(drafting)
         items = self.scheduler.schedule(admit)
         self.counters["preemptions"] = self.scheduler.preemptions
         if not items:
+            if prev is not None:
+                return events + self._land(prev)
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("the paged engine could not admit a checked request into an empty cache")
-            return []
+            return events
         sampling = [it for it in items if it.samples]
         decode_only = all(it.seq.decoding and it.samples for it in items)
         shape = self._price([it for it in sampling if it.seq.decoding])
@@ -260,6 +272,8 @@ class PagedEngine:
             width = 1 + self.gamma if shape[2] else 1
             inputs = decode_inputs(fed, shape, width, pad_id=self.pad, block_size=self.blocks.block_size,
                                    device=self.device, fixed=self.fixed_shapes)
+            if prev is not None:
+                resolve(inputs.tokens, prev)
             logits = self.model.decode(inputs).view(-1, width, self.vocab_out)     # bucket rows: absent ones too
             self.counters["decode_graph_steps"] += int(self.model.graphs)
         else:
@@ -268,7 +282,14 @@ class PagedEngine:
             inputs = mixed_inputs(fed, width, device=self.device, pad_to=size or 0, pad_id=self.pad,
                                   block_size=self.blocks.block_size)
             logits = self.model.mixed(inputs).view(-1, width, self.vocab_out)
-        events = self._verify_and_commit(items, sampling, logits)
+        if self.overlap and decode_only and not shape[2] and all(plain(it.seq.req) for it in sampling):
+            self._inflight, made, own = self._launch(sampling, logits), len(sampling), []
+        else:
+            own = self._verify_and_commit(items, sampling, logits)
+            made = sum(len(e.tokens) for e in own)
+        if prev is not None:            # the previous step's tokens, while the device runs this one
+            events += self._land(prev)
+            self.counters["steps_overlapped"] += 1
         self.counters["steps"] += 1
         if self.model.captures == captures:     # a step that captured a graph is no sample
             wall = time.perf_counter() - started
@@ -276,7 +297,37 @@ class PagedEngine:
             if decode_only:
                 self.costs.observe(shape, wall)
                 if gated is not None and gated[0] == shape[0]:
-                    self.gate.observe(gated[0], gated[1], sum(len(e.tokens) for e in events), wall)
+                    self.gate.observe(gated[0], gated[1], made, wall)
+        return events + own
+
+    def _launch(self, sampling: list, logits: torch.Tensor) -> InFlight:
+        """Verify a decode step without drafts and leave it in flight: each request's token is a placeholder until
+        :meth:`_land` (overlap.py); its position, slot and length budget are known now."""
+        for it in sampling:
+            it.seq.computed = it.start + it.n
+        result, _ = verify_rows(sampling, logits, pad=self.pad, method=self.method)
+        flight = InFlight.launch(sampling, result.output_tokens)
+        for row, it in enumerate(sampling):
+            seq = it.seq
+            seq.tokens.append(placeholder(row))
+            seq.pending += 1
+            seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens     # its last token is in flight
+        return flight
+
+    def _land(self, flight: InFlight) -> list:
+        """Wait for a step in flight and commit its tokens (requests that ended or were cancelled meanwhile are
+        skipped: their extra row is dropped)."""
+        events = []
+        for it, token in zip(flight.items, flight.wait()):
+            seq = it.seq
+            seq.pending -= 1
+            if seq.req.finish_reason is not None:
+                continue
+            seq.tokens[it.start + it.n] = token
+            events.append(self._commit(it, 0, [token], placed=True))
+            seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens
+            if seq.req.finish_reason is None:     # sealed up to the first token still in flight
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, min(seq.computed, len(seq.tokens) - seq.pending))
         return events
 
     def _price(self, decoding: list) -> tuple:
@@ -303,12 +354,6 @@ class PagedEngine:
             self.counters["prefill_tokens"] += it.n
         return Fed(ids, it.start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
 
-    def _sampling_params(self, reqs: list) -> SamplingParams:
-        values = [(r.temperature, r.top_k, r.top_p, r.min_p) for r in reqs]
-        if all(v == values[0] for v in values):
-            return SamplingParams(*values[0])
-        return SamplingParams(*[list(col) for col in zip(*values)])
-
     def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor) -> list:
         for it in items:                    # every fed token up to the sampling point is now in the cache
             if not it.samples:
@@ -325,35 +370,20 @@ class PagedEngine:
         return events
 
     def _verify(self, sampling: list, logits: torch.Tensor) -> tuple:
-        """verify() over the sampling requests and ``logits`` [bucket rows, 1 + K, V] (both step paths give the rows
-        bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few -> per
-        request [num_emitted, tokens...] (host), and per request its tokens' logprobs (None unless it asked)."""
-        n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
-        reqs = [it.seq.req for it in sampling]
-        host = np.zeros(rows * (3 + k), dtype=np.int64)     # counts, seeds, offsets, drafts: one copy to the device
-        table, drafts = host[:3 * rows].reshape(3, rows), host[3 * rows:].reshape(rows, k)
-        drafts[:] = self.pad
-        for i, it in enumerate(sampling):
-            d = it.seq.drafts
-            table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
-            drafts[i, :len(d)] = d
-        packed = torch.from_numpy(host).to(self.device, non_blocking=True)
-        counts, seeds, offsets = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
-        drafts = packed[3 * rows:].view(rows, k)
-        settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
-        if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
-            logits = transform_logits(logits, drafts, TransformBatch.from_settings(
-                settings + [None] * (rows - n), [r.tokens for r in reqs] + [[]] * (rows - n), self.vocab_out,
-                self.device))
-        result = verify(logits, drafts, num_draft_tokens=counts,
-                        sampling=self._sampling_params(reqs + reqs[:1] * (rows - n)), method=self.method,
-                        seed=seeds, offsets=offsets, check_values=False)
+        """verify_rows.py's verify, then its tokens on the host -> per request [num_emitted, tokens...], and per
+        request its tokens' logprobs (None unless it asked)."""
+        result, logits = verify_rows(sampling, logits, pad=self.pad, method=self.method)
+        n, reqs = len(sampling), [it.seq.req for it in sampling]
         host = torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
-        return host, _logprobs(logits, reqs, result, [row[0] for row in host])
+        return host, emitted_logprobs(logits, reqs, result, [row[0] for row in host])
 
-    def _commit(self, it: Item, drafted: int, new: list, logprobs: Optional[list] = None) -> BatchEvent:
+    def _commit(self, it: Item, drafted: int, new: list, logprobs: Optional[list] = None,
+                placed: bool = False) -> BatchEvent:
+        """Record a request's verified tokens ``new``; ``placed``: a landed step's one token, already in its
+        placeholder's place (computed advanced at launch)."""
         seq, req = it.seq, it.seq.req
-        seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
+        if not placed:
+            seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
         if seq.context is not None and drafted:
             self.acceptance.observe(seq.acceptance, drafted, len(new) - 1, self.counters["steps"])
             req.drafted += drafted
@@ -362,7 +392,8 @@ class PagedEngine:
             self.counters["accepted"] += len(new) - 1
             self.counters["spec_steps"] += 1
         toks, reason = keep_tokens(req, new, seq.stops, time.perf_counter())
-        seq.tokens += toks
+        if not placed:
+            seq.tokens += toks
         self.counters["generated_tokens"] += len(toks)
         if seq.context is not None:
             seq.context.extend(0, toks)
@@ -371,26 +402,3 @@ class PagedEngine:
         return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason,
                           logprobs=None if logprobs is None else logprobs[:len(toks)])
 
-
-def _logprobs(logits: torch.Tensor, reqs: list, result, emitted: list) -> list:
-    """Per request (None unless it asked): each emitted token's raw log-probability (the target's log-softmax at the
-    position it was drawn at: accepted drafts and the resampled or bonus token alike) and the top ``logprobs``
-    alternatives there, from the logits the step already verified ([rows, 1 + K, V]); ``emitted``: tokens per request
-    (host)."""
-    want = [i for i, r in enumerate(reqs) if r.logprobs is not None]
-    out = [None] * len(reqs)
-    if not want:
-        return out
-    rows = torch.tensor(want, device=logits.device)
-    lp = torch.log_softmax(logits[rows].float(), dim=-1)                        # [w, 1 + K, V]
-    tokens = result.output_tokens[rows].clamp(min=0)
-    chosen = lp.gather(-1, tokens[..., None]).squeeze(-1).cpu().tolist()
-    top = max(reqs[i].logprobs for i in want)
-    if top > 0:
-        values, ids = lp.topk(top, dim=-1)
-        values, ids = values.cpu().tolist(), ids.cpu().tolist()
-    for w, i in enumerate(want):
-        k = reqs[i].logprobs
-        out[i] = [(chosen[w][j], list(zip(ids[w][j][:k], values[w][j][:k])) if k else [])
-                  for j in range(emitted[i])]
-    return out

@@ -41,6 +41,8 @@ class Seq:
     acceptance: object = None         # its draft acceptance counts (pricing.Acceptance.new_request)
     stops: frozenset = frozenset()    # the ids that end it (EOS unless ignored, its stop_token_ids)
     preemptions: int = 0
+    pending: int = 0                  # its tokens still in flight (placeholders at the end of tokens: overlap.py)
+    held: bool = False                # its last token is in flight: it is not scheduled again
 
     @property
     def remaining(self) -> int:
@@ -126,7 +128,7 @@ class Scheduler:
         return items
 
     def _running_item(self, seq: Seq, budget: int) -> Optional[Item]:
-        if budget <= 0:
+        if budget <= 0 or seq.held:
             seq.drafts = []
             return None
         n = min(seq.remaining, budget)

@@ -1,0 +1,68 @@
+"""The paged engine's verify step: the sampling requests' drafts, seeds and offsets packed for one copy to the device,
+their logit transforms, ``verify()``, and the logprobs of what it emitted (from the logits it already has)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tilespec.verify.api import verify
+from tilespec.verify.logit_transforms import TransformBatch, transform_logits
+from tilespec.verify.types import SamplingParams
+
+
+def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str) -> tuple:
+    """verify() over the sampling items (scheduler.Item) and ``logits`` [bucket rows, 1 + K, V] (both step paths give
+    the rows bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few ->
+    (the VerifyResult on the device, the logits after the requests' transforms)."""
+    n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
+    reqs = [it.seq.req for it in sampling]
+    host = np.zeros(rows * (3 + k), dtype=np.int64)     # counts, seeds, offsets, drafts: one copy to the device
+    table, drafts = host[:3 * rows].reshape(3, rows), host[3 * rows:].reshape(rows, k)
+    drafts[:] = pad
+    for i, it in enumerate(sampling):
+        d = it.seq.drafts
+        table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
+        drafts[i, :len(d)] = d
+    packed = torch.from_numpy(host).to(logits.device, non_blocking=True)
+    counts, seeds, offsets = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
+    drafts = packed[3 * rows:].view(rows, k)
+    settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
+    if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
+        logits = transform_logits(logits, drafts, TransformBatch.from_settings(
+            settings + [None] * (rows - n), [r.tokens for r in reqs] + [[]] * (rows - n), logits.shape[-1],
+            logits.device))
+    result = verify(logits, drafts, num_draft_tokens=counts, sampling=sampling_params(reqs + reqs[:1] * (rows - n)),
+                    method=method, seed=seeds, offsets=offsets, check_values=False)
+    return result, logits
+
+
+def sampling_params(reqs: list) -> SamplingParams:
+    """The requests' sampling: scalars when they all agree (verify's cheaper path), else one value per request."""
+    values = [(r.temperature, r.top_k, r.top_p, r.min_p) for r in reqs]
+    if all(v == values[0] for v in values):
+        return SamplingParams(*values[0])
+    return SamplingParams(*[list(col) for col in zip(*values)])
+
+
+def emitted_logprobs(logits: torch.Tensor, reqs: list, result, emitted: list) -> list:
+    """Per request (None unless it asked): each emitted token's raw log-probability (the target's log-softmax at the
+    position it was drawn at: accepted drafts and the resampled or bonus token alike) and the top ``logprobs``
+    alternatives there, from the logits the step already verified ([rows, 1 + K, V]); ``emitted``: tokens per request
+    (host)."""
+    want = [i for i, r in enumerate(reqs) if r.logprobs is not None]
+    out = [None] * len(reqs)
+    if not want:
+        return out
+    rows = torch.tensor(want, device=logits.device)
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)                        # [w, 1 + K, V]
+    tokens = result.output_tokens[rows].clamp(min=0)
+    chosen = lp.gather(-1, tokens[..., None]).squeeze(-1).cpu().tolist()
+    top = max(reqs[i].logprobs for i in want)
+    if top > 0:
+        values, ids = lp.topk(top, dim=-1)
+        values, ids = values.cpu().tolist(), ids.cpu().tolist()
+    for w, i in enumerate(want):
+        k = reqs[i].logprobs
+        out[i] = [(chosen[w][j], list(zip(ids[w][j][:k], values[w][j][:k])) if k else [])
+                  for j in range(emitted[i])]
+    return out

@@ -1,0 +1,88 @@
+"""Overlapped decode steps (engine/paged/overlap.py): the next step planned while the last one's tokens are in
+flight gives every request the tokens of the synchronous engine, with stops, length budgets, cancellations,
+admissions, prefix sharing, drafts and logprobs in the mix, and leaks no block."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import test_paged_engine
+from tilespec.engine.batching import BatchRequest
+from tilespec.engine.paged.engine import PagedEngine
+from tilespec.engine.paged.overlap import InFlight, placeholder, resolve
+
+target = test_paged_engine.target
+
+
+def _requests(seed: int, logprobs: bool = False, stops=None) -> list:
+    """Ten requests: shared prefixes, repeats, greedy and sampled; ``stops``: request i's stop ids (else none)."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(1, 100) for _ in range(9)]
+    reqs = []
+    for i in range(10):
+        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1, 100) for _ in range(rng.randrange(1, 12))]
+        if i % 4 == 1:
+            prompt = [7, 8, 9, 7, 8, 9, 7, 8]        # repeats: the ngram drafter finds drafts
+        reqs.append(BatchRequest(prompt=prompt, max_tokens=rng.randrange(1, 24), seed=100 + i,
+                                 temperature=0.0 if i % 2 else 1.0, stop_token_ids=(stops or {}).get(i, ()),
+                                 logprobs=2 if logprobs and i == 3 else None))
+    return reqs
+
+
+def _serve(engine, reqs, cancel_at: int = -1):
+    """Submit in three waves between steps; cancel request 5 at step ``cancel_at``; step until idle."""
+    out, steps = {}, 0
+    waves = [reqs[:4], reqs[4:7], reqs[7:]]
+    while waves or engine.has_work:
+        if waves and steps % 3 == 0:
+            for r in waves.pop(0):
+                engine.submit(r)
+        for e in engine.step():
+            out.setdefault(e.rid, []).extend(e.tokens)
+        if steps == cancel_at:
+            engine.cancel(reqs[5].rid)
+        engine.blocks.check()
+        steps += 1
+    assert engine.blocks.num_free == engine.blocks.num_blocks - 1      # every block back
+    return out
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+@pytest.mark.parametrize("cancel_at", [-1, 4])
+def test_overlap_gives_the_synchronous_tokens(target, draft, cancel_at):
+    probe = _requests(1)
+    _serve(PagedEngine(target, None, max_batch=8, block_size=4, overlap=False), probe)
+    stops = {i: (r.tokens[len(r.tokens) // 2],) for i, r in enumerate(probe) if i % 2 == 0 and len(r.tokens) > 2}
+    runs = {}
+    for overlap in (False, True):
+        reqs = _requests(1, logprobs=draft is None, stops=stops)
+        engine = PagedEngine(target, draft, max_batch=8, gamma=3, block_size=4, token_budget=64, overlap=overlap,
+                             max_admission_wait=0.0)
+        events = _serve(engine, reqs, cancel_at)
+        runs[overlap] = [(r.tokens, r.finish_reason) for r in reqs], events, engine.counters
+    (sync, sync_events, sync_counters), (over, over_events, counters) = runs[False], runs[True]
+    assert over == sync
+    assert sum(reason == "stop" for _, reason in sync) >= 2
+    assert over_events == sync_events            # the events carry the same tokens, nothing twice
+    assert sync_counters["steps_overlapped"] == 0 < counters["steps_overlapped"]
+    assert counters["generated_tokens"] == sync_counters["generated_tokens"]
+
+
+def test_a_length_budget_in_flight_is_not_scheduled_again(target):
+    engine = PagedEngine(target, None, max_batch=2, block_size=4)
+    req = BatchRequest(prompt=[3, 4, 5], max_tokens=2, temperature=0.0)
+    engine.submit(req)
+    while engine.has_work:
+        engine.step()
+    assert len(req.tokens) == 2 and req.finish_reason == "length"
+    assert engine.counters["steps"] == 2          # prefill (token 1), one decode (token 2): no wasted third step
+
+
+def test_resolve_replaces_placeholders_on_the_device():
+    flight = InFlight.launch([None, None], torch.tensor([[11, -1], [22, -1]]))
+    ids = torch.tensor([5, placeholder(1), placeholder(0), 6])
+    resolve(ids, flight)
+    assert ids.tolist() == [5, 22, 11, 6]
+    assert flight.wait() == [11, 22]
