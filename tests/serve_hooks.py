@@ -33,3 +33,29 @@ def stall_after(steps: int):
 def fail_after(steps: int):
     """A hook: the engine's step raises after ``steps`` steps."""
     return _AfterSteps(steps, stall=False)
+
+
+class _RecordLogprobs:
+    """Append every event that carries logprobs to ``path`` as a JSON line ``[rid, tokens, logprobs]``, written
+    before the step's tokens leave the engine process (so a client holding a response finds its events there)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, engine) -> None:
+        import json
+        step = engine.step
+
+        def recorded():
+            events = step()
+            with open(self.path, "a") as f:
+                for e in events:
+                    if e.logprobs:
+                        f.write(json.dumps([e.rid, e.tokens, e.logprobs]) + "\n")
+            return events
+        engine.step = recorded
+
+
+def record_logprobs(path: str):
+    """A hook: the engine's BatchEvent logprobs, as they left the engine, in ``path`` (JSON lines)."""
+    return _RecordLogprobs(str(path))

@@ -100,8 +100,8 @@ def test_tokenizing_runs_off_the_event_loop(server):
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),          # without logprobs: true
+    ({"logprobs": 2}, "logprobs"),                  # chat's logprobs is a boolean
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "tool", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),

@@ -46,14 +46,16 @@ class EngineFailed(Exception):
 
 class RequestStream:
     """One submitted request in the API process: ``pending`` ids not yet handed out, ``finish`` once it ended
-    ("stop", "length", "cancelled"), ``error`` when it failed; ``ready`` is set whenever something arrived."""
+    ("stop", "length", "cancelled"), ``error`` when it failed; ``ready`` is set whenever something arrived.
+    ``logprobs``: None, or (a request that asked) every token's entry so far, entry i for the i-th token taken."""
 
-    __slots__ = ("id", "pending", "finish", "error", "ready", "done")
+    __slots__ = ("id", "pending", "finish", "error", "ready", "done", "logprobs")
 
-    def __init__(self, rid: int):
+    def __init__(self, rid: int, logprobs: bool = False):
         self.id, self.pending, self.finish, self.error = rid, [], None, None
         self.ready = asyncio.Event()
         self.done = False
+        self.logprobs: Optional[list] = [] if logprobs else None
 
     def take(self) -> list:
         """The ids that arrived since the last take (the caller then awaits ``ready`` again)."""
@@ -132,13 +134,14 @@ class EngineClient:
         if self.queued >= self.max_queue:
             raise Overloaded(429, f"too many requests waiting ({self.max_queue}); retry later")
         check_request(req, self.info["max_request_len"], self.info["vocab"])
-        stream = RequestStream(next(self._ids))
+        stream = RequestStream(next(self._ids), logprobs=req.logprobs is not None)
         self.streams[stream.id] = stream
         logits = req.logits
         self._out.send(encode(Submit(
             id=stream.id, prompt=req.prompt, max_tokens=req.max_tokens, temperature=req.temperature,
             top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed, gamma=req.gamma,
             stop_token_ids=list(req.stop_token_ids), ignore_eos=req.ignore_eos, transforms=logits is not None,
+            logprobs=req.logprobs,
             **({} if logits is None else dict(presence_penalty=logits.presence_penalty,
                                               frequency_penalty=logits.frequency_penalty,
                                               logit_bias=dict(logits.logit_bias), min_tokens=logits.min_tokens)))))
@@ -170,13 +173,16 @@ class EngineClient:
                 self._fail(msg.error)
 
     def _dispatch(self, msg: Step) -> None:
-        streams = self.streams
+        streams, logprobs = self.streams, msg.logprobs or {}
         for rid, ids, finish in msg.outputs:
             stream = streams.get(rid)
             if stream is None:
                 continue
             if ids:
                 stream.pending += ids
+                if stream.logprobs is not None:     # one entry per id, so that entry i stays token i's
+                    got = logprobs.get(rid, [])[:len(ids)]
+                    stream.logprobs += got + [None] * (len(ids) - len(got))
             if finish is not None:
                 stream.finish, stream.done = finish, True
                 del streams[rid]

@@ -6,7 +6,8 @@ Tokenizing and the chat template run on one worker thread (``encode_pool``), nev
 prompt does not stall ``/health`` or other streams; the tokenizer is used by one encoding thread at a time. A
 streamed response is server-sent events: each chunk carries every token that arrived since the previous one (a
 client slower than the engine gets fewer, larger chunks, never a queue of them); a client that disconnects cancels
-its request (its blocks are freed).
+its request (its blocks are freed). A request with logprobs gets, with each piece of text, the entries of the tokens
+that piece accounts for (serve/text.py's ``settled_tokens``), in its shape's format (serve/logprobs.py).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .protocol import APIError, ChatCompletionRequest, CompletionRequest, Sampli
 from .shapes import ChatShape, CompletionShape, sse
 from .client import EngineClient, EngineFailed, Overloaded, RequestStream
 from .detokenize import fast_decoder
+from .logprobs import TokenText
 from .text import TextStream
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
@@ -40,6 +42,7 @@ class Completions:
         self.client, self.tok, self.model_name = client, tokenizer, model_name
         self.default_max_tokens, self.chat, self.retry_after = default_max_tokens, chat, retry_after
         self.decode = fast_decoder(tokenizer)
+        self.token_text = TokenText(tokenizer)
         self.encode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tilespec-encode")
 
     async def _off_loop(self, fn, *args):
@@ -72,6 +75,12 @@ class Completions:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{self.model_name}`",
                            param="model", code="model_not_found")
         body.check_supported()
+        refused = self.client.info.get("logprobs_refused")
+        if refused and body.logprob_count() is not None:
+            info = self.client.info
+            raise APIError(400, f"logprobs need the paged engine; this server runs {info.get('engine')} with "
+                                f"draft {info.get('drafter') or 'none'}: {refused}", param="logprobs",
+                           code="unsupported_parameter")
 
     def max_tokens(self, body: SamplingFields, n: int, prompt_param: str) -> int:
         """The request's token budget for a prompt of ``n`` tokens, or a 400 that says what is over the context."""
@@ -98,7 +107,8 @@ class Completions:
         return BatchRequest(prompt=ids, max_tokens=self.max_tokens(body, len(ids), prompt_param),
                             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                             seed=seed, gamma=body.gamma, logits=body.logit_settings(),
-                            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+                            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                            logprobs=body.logprob_count())
 
     def submit(self, req: BatchRequest):
         try:
@@ -110,14 +120,17 @@ class Completions:
             raise APIError(err.status, str(err), kind="server_error", code="unavailable") from None
         except ValueError as err:
             text = str(err)
-            param = next((p for p in ("stop_token_ids", "logit_bias", "max_tokens", "prompt") if p in text), None)
+            names = ("stop_token_ids", "logit_bias", "max_tokens", "logprobs", "prompt")
+            param = next((p for p in names if p in text), None)
             raise APIError(400, text, param=param) from None
 
     # ---------------------------------------------------------------------------------------------- responses
     async def respond(self, request, body: SamplingFields, ids: list, shape, prompt_param: str):
         """Submit and answer: a StreamingResponse of server-sent events, or the full response body."""
-        stream = self.submit(self.request(body, ids, prompt_param))
-        reply = _Reply(self, request, stream, TextStream(self.decode, body.stops()), shape, len(ids))
+        req = self.request(body, ids, prompt_param)
+        stream = self.submit(req)
+        text = TextStream(self.decode, body.stops(), track=req.logprobs is not None)
+        reply = _Reply(self, request, stream, text, shape, len(ids))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return TicketStream(reply.events_sse(include_usage), lambda: self.client.cancel(stream),
@@ -153,6 +166,7 @@ class _Reply:
     def __init__(self, owner: Completions, request, stream: RequestStream, text: TextStream, shape, n_prompt: int):
         self.owner, self.request, self.stream, self.text, self.shape = owner, request, stream, text, shape
         self.n_prompt = n_prompt
+        self.reported = 0           # tokens whose logprobs were handed out
         self.rid, self.created = f"{shape.prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
 
     def usage(self) -> dict:
@@ -171,8 +185,17 @@ class _Reply:
                     raise ClientGone() from None
         await ready.wait()
 
+    def _logprobs(self, done: bool):
+        """None without logprobs, else (ids, entries, text offsets) of the tokens the text sent now accounts for."""
+        if self.stream.logprobs is None:
+            return None
+        a, n = self.reported, max(self.reported, self.text.settled_tokens(done))
+        self.reported = n
+        return self.text.tokens[a:n], self.stream.logprobs[a:n], [self.text.start(i) for i in range(a, n)]
+
     async def events(self, watch: bool = False):
-        """(new text, finish reason or None) per arrival of tokens; cancels the request when a stop string hits."""
+        """(new text, finish reason or None, logprobs piece or None: ``_logprobs``) per arrival of tokens; cancels
+        the request when a stop string hits."""
         stream = self.stream
         while True:
             await self._arrival(watch)
@@ -184,10 +207,11 @@ class _Reply:
             new = self.text.push(stream.take(), final=done)
             if self.text.stopped and not done:
                 self.owner.client.cancel(stream)
-                yield new, "stop"
+                yield new, "stop", self._logprobs(True)
                 return
             if new or done:
-                yield new, ("stop" if self.text.stopped else FINISH[stream.finish]) if done else None
+                yield new, ("stop" if self.text.stopped else FINISH[stream.finish]) if done else None, \
+                    self._logprobs(done)
             if done:
                 return
 
@@ -195,8 +219,8 @@ class _Reply:
         chunk = self.shape.chunk_encoder(self.rid, self.created, self.owner.model_name)
         try:
             yield chunk(None, None, first=True)
-            async for new, reason in self.events():
-                yield chunk(new, reason)
+            async for new, reason, piece in self.events():
+                yield chunk(new, reason) if piece is None else self._chunk_with(new, reason, piece)
             if include_usage:
                 yield sse({**self.shape.chunk(self.rid, self.created, self.owner.model_name, None, None),
                            "choices": [], "usage": self.usage()})
@@ -208,16 +232,25 @@ class _Reply:
         finally:
             self.owner.client.cancel(self.stream)       # no-op when it finished; a disconnect frees the blocks
 
+    def _chunk_with(self, new: str, reason, piece) -> str:
+        """A chunk with logprobs: built whole (the cheap encoder of text-only chunks has no room for them)."""
+        return sse(self.shape.chunk(self.rid, self.created, self.owner.model_name, new, reason,
+                                    logprobs=self.shape.logprobs(self.owner.token_text, *piece)))
+
     async def full(self):
-        parts, reason = [], None
+        parts, reason, pieces = [], None, ([], [], [])
         try:
-            async for new, reason in self.events(watch=True):
+            async for new, reason, piece in self.events(watch=True):
                 parts.append(new)
+                for whole, part in zip(pieces, piece or ()):
+                    whole += part
         except ClientGone:
             return JSONResponse({}, status_code=499)
         finally:
             self.owner.client.cancel(self.stream)
-        return self.shape.full(self.rid, self.created, self.owner.model_name, "".join(parts), reason, self.usage())
+        logprobs = None if self.stream.logprobs is None else self.shape.logprobs(self.owner.token_text, *pieces)
+        return self.shape.full(self.rid, self.created, self.owner.model_name, "".join(parts), reason, self.usage(),
+                               logprobs=logprobs)
 
 
 __all__ = ["ChatShape", "ClientGone", "CompletionShape", "Completions"]

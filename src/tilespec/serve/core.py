@@ -6,8 +6,8 @@ here: every API process sends to it) and one outbox per API process. It loads th
 engine (serve.make_engine), warms it up, answers :class:`~tilespec.serve.messages.Ready` on every outbox, then
 loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work, run
 one ``engine.step()``, send each API process one :class:`~tilespec.serve.messages.Step` with its requests' new
-tokens (request id ``i`` belongs to API process ``i % count``). zmq sends from its own I/O thread with no high-water
-mark, so a slow API process never stalls a step. When idle it blocks
+tokens and the raw logprobs of those that asked (request id ``i`` belongs to API process ``i % count``). zmq sends
+from its own I/O thread with no high-water mark, so a slow API process never stalls a step. When idle it blocks
 on the inbox (100 ms at a time, checking that its parent lives). A step that raises ends the process with a
 :class:`~tilespec.serve.messages.Failed`: the API process then fails every request in flight instead of hanging.
 
@@ -230,10 +230,26 @@ def engine_info(engine) -> dict:
     info = {"engine": type(engine).__name__, "max_len": engine.max_len, "max_request_len": engine.max_request_len,
             "vocab": engine.vocab, "max_batch": engine.max_batch, "gamma": engine.gamma,
             "gc_frozen_objects": gc.get_freeze_count()}
+    info["drafter"] = getattr(getattr(engine, "drafter", None), "name", None)
+    info["logprobs_refused"] = _logprobs_refused(engine)
     if hasattr(engine, "capacity_tokens"):
         info["kv_capacity_tokens"] = engine.capacity_tokens
         info["kv_bytes"] = engine.model.memory_bytes()
     return info
+
+
+def _logprobs_refused(engine) -> Optional[str]:
+    """Why ``engine`` cannot report logprobs (its own check's message; None when it can). Asked once here so that
+    the API process refuses such a request with a 400 before it is accepted, not with an error mid-stream."""
+    from tilespec.engine.batch_request import BatchRequest
+    check = getattr(engine, "check", None)
+    if check is None:
+        return None
+    try:
+        check(BatchRequest(prompt=[0], max_tokens=1, logprobs=0))
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def engine_stats(engine, pauses: Optional[GCPauses] = None) -> dict:
@@ -319,19 +335,22 @@ class EngineLoop:
         self.ids[rid], self.rids[msg.id] = msg.id, rid
 
     def _step(self) -> None:
-        outputs = []
+        outputs, logprobs = [], None
         for event in self.engine.step():
             i = self.ids.get(event.rid)
             if i is None:
                 continue
             outputs.append((i, event.tokens, event.finish_reason))
+            if event.logprobs:          # only requests that asked carry them; their text is the API process's work
+                logprobs = logprobs or {}
+                logprobs[i] = event.logprobs
             if event.finish_reason is not None:
                 del self.ids[event.rid]
                 self.rids.pop(i, None)
         self.dirty = True
-        self._send(outputs, force=not self.engine.has_work)     # an idle engine's gauges are current at once
+        self._send(outputs, force=not self.engine.has_work, logprobs=logprobs)     # idle: gauges current at once
 
-    def _send(self, outputs: list, force: bool) -> None:
+    def _send(self, outputs: list, force: bool, logprobs: Optional[dict] = None) -> None:
         now = time.monotonic()
         stats = None
         if self.dirty and (force or now - self.stats_at >= STATS_EVERY_S):
@@ -339,14 +358,18 @@ class EngineLoop:
         n = len(self.pushes)
         if n == 1:
             if outputs or stats is not None:
-                self.pushes[0].send(encode(Step(outputs=outputs, stats=stats)), copy=False)
+                self.pushes[0].send(encode(Step(outputs=outputs, stats=stats, logprobs=logprobs)), copy=False)
             return
         parts: list = [[] for _ in range(n)]
         for out in outputs:
             parts[out[0] % n].append(out)
-        for push, part in zip(self.pushes, parts):
+        lps: list = [None] * n
+        for i, entries in (logprobs or {}).items():
+            lps[i % n] = lps[i % n] or {}
+            lps[i % n][i] = entries
+        for push, part, lp in zip(self.pushes, parts, lps):
             if part or stats is not None:
-                push.send(encode(Step(outputs=part, stats=stats)), copy=False)
+                push.send(encode(Step(outputs=part, stats=stats, logprobs=lp)), copy=False)
 
 
 def request_of(msg: Submit):
@@ -358,4 +381,5 @@ def request_of(msg: Submit):
         logits = LogitSettings(msg.presence_penalty, msg.frequency_penalty, dict(msg.logit_bias), msg.min_tokens)
     return BatchRequest(prompt=list(msg.prompt), max_tokens=msg.max_tokens, temperature=msg.temperature,
                         top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p, seed=msg.seed, gamma=msg.gamma,
-                        logits=logits, stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos)
+                        logits=logits, stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
+                        logprobs=msg.logprobs)

@@ -3,7 +3,8 @@
 API -> engine: :class:`Submit` (one request, already checked), :class:`Cancel` (requests whose client went away or
 whose stop string hit), :class:`Shutdown`. Engine -> API: :class:`Ready` once (what the API needs to check requests
 and to decode: limits, the tokenizer, K/V capacity), then one :class:`Step` per engine step carrying every request's
-new token ids and finish reasons (never one message per token), :class:`Rejected` for a request the engine refused,
+new token ids and finish reasons (never one message per token; the logprobs of the requests that asked for them
+beside, raw: the API process turns them into text), :class:`Rejected` for a request the engine refused,
 :class:`Failed` when the engine died. Counters ride on steps at most every ``STATS_EVERY_S`` seconds.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Submit(msgspec.Struct, tag=True, array_like=True):
     logit_bias: dict[int, float] = {}
     min_tokens: int = 0
     transforms: bool = False        # whether the request carries logit transforms at all
+    logprobs: Optional[int] = None  # top alternatives per token (BatchRequest.logprobs); None: no logprobs
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):
@@ -47,12 +49,19 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     tokenizer: bytes = b""          # the engine's tokenizer, pickled (empty when the API process brought its own)
 
 
+# per new token: (its log-probability, [(id, log-probability), ...] top first), as BatchEvent.logprobs
+TokenLogprobs = list[tuple[float, list[tuple[int, float]]]]
+
+
 class Step(msgspec.Struct, tag=True, array_like=True):
     """One engine step: ``outputs`` holds (request id, new token ids, finish reason or None) for every request that
-    got tokens or ended; ``stats`` the engine's counters and gauges (or None between stats intervals)."""
+    got tokens or ended; ``stats`` the engine's counters and gauges (or None between stats intervals);
+    ``logprobs``: request id -> its new tokens' logprobs, for the requests that asked (None when none did: a step
+    costs one byte more than without logprobs, not one per request)."""
 
     outputs: list[tuple[int, list[int], Optional[str]]]
     stats: Optional[dict] = None
+    logprobs: Optional[dict[int, TokenLogprobs]] = None
 
 
 class Rejected(msgspec.Struct, tag=True, array_like=True):

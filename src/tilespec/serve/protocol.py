@@ -2,12 +2,14 @@
 
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
 naming the field (``check_supported``), never silently ignored: ``tools`` (unless ``tool_choice`` is "none"),
-``response_format`` other than text, ``top_logprobs``, ``logprobs``, ``n`` > 1, ``best_of`` > 1, ``suffix``,
-``echo``, tool / function messages and non-text content parts. Other unknown fields are ignored, as OpenAI's clients
-send extras. Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
-``frequency_penalty``, ``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions
-(vLLM names): ``top_k``, ``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no
-speculation). Errors are :class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
+``response_format`` other than text, ``n`` > 1, ``best_of`` > 1, ``suffix``, ``echo``, tool / function messages and
+non-text content parts. Other unknown fields are ignored, as OpenAI's clients send extras. Logprobs
+(``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions' ``logprobs`` 0-20 (OpenAI
+allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only (serve/logprobs.py).
+Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``, ``frequency_penalty``,
+``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions (vLLM names): ``top_k``,
+``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no speculation). Errors are
+:class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, Field
 
+from tilespec.engine.batch_request import MAX_LOGPROBS
 from tilespec.verify.logit_transforms import LogitSettings
 
 
@@ -76,10 +79,11 @@ class SamplingFields(BaseModel):
         """Refuse the OpenAI fields this server does not implement (400 naming the field)."""
         if self.n != 1:
             raise APIError(400, f"n={self.n} is not supported: this server returns one choice per request", param="n")
-        if self.logprobs not in (None, False, 0):
-            raise unsupported("logprobs", "logprobs")
-        if self.top_logprobs not in (None, 0):
-            raise unsupported("top_logprobs", "top_logprobs")
+        self.logprob_count()
+
+    def logprob_count(self) -> Optional[int]:
+        """None (no logprobs), or how many top alternatives to report beside each token's log-probability."""
+        raise NotImplementedError
 
     def logit_settings(self) -> Optional[LogitSettings]:
         """The request's logit transforms (None when it has none); ``logit_bias`` keys must be token ids."""
@@ -99,6 +103,19 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+
+    def logprob_count(self) -> Optional[int]:
+        """OpenAI's legacy ``logprobs``: an integer, the alternatives per token (0: the chosen token's alone)."""
+        if self.top_logprobs:
+            raise APIError(400, "top_logprobs is a chat completions field; completions take logprobs: <count>",
+                           param="top_logprobs")
+        lp = self.logprobs
+        if lp is None or lp is False:       # false: what clients of the older server sent for "none"
+            return None
+        if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_LOGPROBS:
+            raise APIError(400, f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top alternatives per token), "
+                                f"got {lp!r}", param="logprobs")
+        return lp
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -154,6 +171,21 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Optional[Union[str, dict]] = None
     response_format: Optional[ResponseFormat] = None
     parallel_tool_calls: Optional[bool] = None
+
+    def logprob_count(self) -> Optional[int]:
+        """Chat's ``logprobs`` (a boolean) and ``top_logprobs`` (alternatives per token, 0-20)."""
+        if self.logprobs not in (None, False, True):
+            raise APIError(400, f"logprobs must be a boolean for chat completions, got {self.logprobs!r} (the "
+                                f"number of alternatives is top_logprobs)", param="logprobs")
+        top = self.top_logprobs
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {top}",
+                           param="top_logprobs")
+        if not self.logprobs:
+            if top:
+                raise APIError(400, "top_logprobs needs logprobs: send logprobs: true with it", param="top_logprobs")
+            return None
+        return top or 0
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -1,10 +1,13 @@
 """The response bodies of ``/v1/completions`` and ``/v1/chat/completions``: a streamed chunk and a full response.
 
 ``chunk_encoder`` gives a request's streamed chunks as ready SSE strings: the JSON around the text is built once per
-request, so a chunk costs one ``json.dumps`` of its text (a stream of many chunks a second stays cheap)."""
+request, so a chunk costs one ``json.dumps`` of its text (a stream of many chunks a second stays cheap). A request
+with logprobs has its chunks built whole (``chunk(..., logprobs=)``): ``logprobs`` formats them for the shape."""
 from __future__ import annotations
 
 import json
+
+from .logprobs import chat_logprobs, completion_logprobs
 
 
 def sse(obj) -> str:
@@ -26,6 +29,7 @@ def _encoder(head: str, tail: str, opening: str):
 
 class CompletionShape:
     prefix = "cmpl"
+    logprobs = staticmethod(completion_logprobs)
 
     @staticmethod
     def chunk_encoder(rid, created, model):
@@ -35,18 +39,20 @@ class CompletionShape:
                         sse(CompletionShape.chunk(rid, created, model, None, None)))
 
     @staticmethod
-    def chunk(rid, created, model, text, reason, first=False):
+    def chunk(rid, created, model, text, reason, first=False, logprobs=None):
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
+                "choices": [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}]}
 
     @staticmethod
-    def full(rid, created, model, text, reason, usage):
+    def full(rid, created, model, text, reason, usage, logprobs=None):
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": usage}
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}],
+                "usage": usage}
 
 
 class ChatShape:
     prefix = "chatcmpl"
+    logprobs = staticmethod(chat_logprobs)
 
     @staticmethod
     def chunk_encoder(rid, created, model):
@@ -56,13 +62,13 @@ class ChatShape:
                         sse(ChatShape.chunk(rid, created, model, None, None, first=True)))
 
     @staticmethod
-    def chunk(rid, created, model, text, reason, first=False):
+    def chunk(rid, created, model, text, reason, first=False, logprobs=None):
         delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
 
     @staticmethod
-    def full(rid, created, model, text, reason, usage):
+    def full(rid, created, model, text, reason, usage, logprobs=None):
         return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                              "finish_reason": reason}], "usage": usage}

@@ -64,13 +64,25 @@ class _Flat:
     def inputs(self, rows: list, max_q: int, device) -> StepInputs:
         """The step's tensors in two host-to-device copies (one int64, one int32 buffer), not seven: each copy is a
         launch and a wait on the step's critical path."""
-        t = len(self.tokens)
-        longs = torch.from_numpy(np.array(self.tokens + self.positions + self.slots + rows, dtype=np.int64))
-        ints = torch.from_numpy(np.concatenate([self.tables.ravel(), np.array(self.cu + self.lens, np.int32)]))
-        longs, ints = longs.to(device, non_blocking=True), ints.to(device, non_blocking=True)
         s, w = self.tables.shape
-        return StepInputs(longs[:t], longs[t:2 * t], longs[2 * t:3 * t], ints[:s * w].view(s, w),
-                          ints[s * w:s * w + s + 1], ints[s * w + s + 1:], longs[3 * t:], max_q)
+        tokens, positions, slots, rows = pack_aligned([self.tokens, self.positions, self.slots, rows], np.int64,
+                                                      device)
+        tables, cu, lens = pack_aligned([self.tables.ravel(), self.cu, self.lens], np.int32, device)
+        return StepInputs(tokens, positions, slots, tables.view(s, w), cu, lens, rows, max_q)
+
+
+def pack_aligned(parts: list, dtype, device) -> list:
+    """1-d integer sequences -> views of one device buffer (one copy), each starting on a 16-byte boundary: Triton
+    specialises a kernel on its pointers' alignment, so an unaligned view would compile a new variant mid-serving."""
+    step, offsets, total = 16 // np.dtype(dtype).itemsize, [], 0
+    for part in parts:
+        offsets.append(total)
+        total += -(-len(part) // step) * step
+    host = np.zeros(total, dtype)
+    for offset, part in zip(offsets, parts):
+        host[offset:offset + len(part)] = part
+    buffer = torch.from_numpy(host).to(device, non_blocking=True)
+    return [buffer[offset:offset + len(part)] for offset, part in zip(offsets, parts)]
 
 
 def _own_rows(end: int, n: int, width: int) -> list:

@@ -9,6 +9,8 @@ from tilespec.verify.api import verify
 from tilespec.verify.logit_transforms import TransformBatch, transform_logits
 from tilespec.verify.types import SamplingParams
 
+from .layout import pack_aligned
+
 
 def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str) -> tuple:
     """verify() over the sampling items (scheduler.Item) and ``logits`` [bucket rows, 1 + K, V] (both step paths give
@@ -16,16 +18,14 @@ def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str) 
     (the VerifyResult on the device, the logits after the requests' transforms)."""
     n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
     reqs = [it.seq.req for it in sampling]
-    host = np.zeros(rows * (3 + k), dtype=np.int64)     # counts, seeds, offsets, drafts: one copy to the device
-    table, drafts = host[:3 * rows].reshape(3, rows), host[3 * rows:].reshape(rows, k)
-    drafts[:] = pad
+    table = np.zeros((3, rows), dtype=np.int64)      # counts, seeds, offsets, drafts: one copy to the device
+    drafts = np.full((rows, k), pad, dtype=np.int64)
     for i, it in enumerate(sampling):
         d = it.seq.drafts
         table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
         drafts[i, :len(d)] = d
-    packed = torch.from_numpy(host).to(logits.device, non_blocking=True)
-    counts, seeds, offsets = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
-    drafts = packed[3 * rows:].view(rows, k)
+    counts, seeds, offsets, drafts = pack_aligned([*table, drafts.ravel()], np.int64, logits.device)
+    drafts = drafts.view(rows, k)
     settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
     if any(settings):        # penalties etc. on the target's law; position i counts the block's drafts < i
         logits = transform_logits(logits, drafts, TransformBatch.from_settings(
