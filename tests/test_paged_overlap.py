@@ -86,3 +86,28 @@ def test_resolve_replaces_placeholders_on_the_device():
     resolve(ids, flight)
     assert ids.tolist() == [5, 22, 11, 6]
     assert flight.wait() == [11, 22]
+
+
+def test_a_drain_that_ends_the_batch_admits_the_waiting(target):
+    """The step in flight is landed first (the drafter runs this step) and its only request ends there: the waiting
+    request is admitted by the same step, not refused as if the cache could not hold it."""
+    engine = PagedEngine(target, "ngram", max_batch=4, gamma=3, block_size=4)
+    probe = BatchRequest(prompt=[3, 4, 5], max_tokens=8, temperature=0.0)
+    engine.submit(probe)
+    while engine.has_work:
+        engine.step()
+    first = BatchRequest(prompt=[3, 4, 5], max_tokens=8, temperature=0.0, stop_token_ids=(probe.tokens[2],))
+    engine.admission.admit = lambda now, waiting, running: running == 0      # defer while anything runs
+    drafting = [False]
+    engine.gate.drafting = lambda rows: drafting[0]
+    engine.submit(first)
+    while len(first.tokens) < 2:
+        engine.step()
+    second = BatchRequest(prompt=[9, 10, 11], max_tokens=4, temperature=0.0)
+    engine.submit(second)
+    assert engine._inflight is not None          # the step drawing the stop token is in flight
+    drafting[0] = True
+    while engine.has_work:
+        engine.step()
+    assert first.finish_reason == "stop" and first.tokens == probe.tokens[:3]
+    assert second.finish_reason == "length" and len(second.tokens) == 4

@@ -152,16 +152,19 @@ def test_measured_costs_decide_whether_the_engine_drafts(target, greedy_referenc
 
 
 def test_the_draft_gate_runs_the_faster_branch_and_explores_the_other():
-    gate = DraftGate(explore=4)
+    gate = DraftGate(explore=4, max_explore=32)
     assert gate.drafting(8) is True                   # a new bucket drafts first ...
     gate.observe(8, True, 30, 1.0)
     assert gate.drafting(8) is False                  # ... then measures without
     gate.observe(8, False, 10, 1.0)
-    picks = [gate.drafting(8) for _ in range(8)]      # drafting is faster: on, but every 4th step of 8 is off
-    assert picks == [True, True, False, True, True, True, False, True]
-    for _ in range(40):                               # drafting stops paying (it got slower): the gate follows
-        gate.observe(8, True, 5, 1.0)
-    assert sum(gate.drafting(8) for _ in range(8)) == 2
+    picks = [gate.drafting(8) for _ in range(12)]     # drafting is faster: on, off at the 4th step, then 8 later
+    assert picks == [True] * 3 + [False] + [True] * 7 + [False]
+    for _ in range(40):                               # drafting stops paying (it got slower): the gate follows,
+        gate.observe(8, True, 5, 1.0)                 # exploring every 4th step again
+    assert [gate.drafting(8) for _ in range(12)] == [False] * 3 + [True] + [False] * 7 + [True]
+    for _ in range(200):                              # while the winner holds, explorations thin out (to 32 here)
+        gate.drafting(8)
+    assert gate.every[8] == 32 and sum(gate.drafting(8) for _ in range(64)) == 2
     assert gate.drafting(16) is True                  # buckets are independent
     with pytest.raises(ValueError, match="explore"):
         DraftGate(explore=1)
@@ -171,7 +174,7 @@ def test_a_gate_that_finds_drafting_slower_stops_proposing(target, greedy_refere
     """Rates seeded so that steps without the drafter are far faster, and frozen: the engine proposes only on the
     gate's exploration steps, and its tokens are target-only's."""
     engine = PagedEngine(target, "ngram", max_batch=3, gamma=3, block_size=4, token_budget=16)
-    engine.gate = DraftGate(explore=10**6)
+    engine.gate = DraftGate(explore=10**6, max_explore=10**6)
     for rows in (1, 2, 4):
         engine.gate.rate.update({(rows, True): 1.0, (rows, False): 1e9})
         engine.gate.steps[rows] = 1                   # past each bucket's first (exploring) step

@@ -343,13 +343,14 @@ def stop_server(proc, grace: float = 60.0) -> None:
 def ratios(levels: dict) -> dict:
     """Per baseline (tilespec:none, vllm, hf) and level: each system's throughput and ITL ratio (system / baseline)."""
     out = {}
+    named = {split_system(system)[0]: system for system in levels}      # "tilespec:none|--api-servers 1" by name
     for base in ("tilespec:none", "vllm", "hf"):
-        if base not in levels:
+        if base not in named:
             continue
         for system, rows in levels.items():
             for c, row in rows.items():
-                ref = levels[base].get(c)
-                if system == base or ref is None:
+                ref = levels[named[base]].get(c)
+                if system == named[base] or ref is None:
                     continue
                 entry = out.setdefault(f"{system} vs {base}", {})
                 th, rth = row.get("throughput_tok_s"), ref.get("throughput_tok_s")

@@ -247,13 +247,14 @@ class PagedEngine:
         started = time.perf_counter()
         gated = self._gate()
         drafting = self.acceptance is not None and (gated is None or gated[1])
-        waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
-        admit = self.admission.admit(started, waiting, len(self.scheduler.running))
-        self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
+        admit = self._admits(started)
         prev, events = self._inflight, []
         if prev is not None and blocked(self, drafting, admit and bool(self.scheduler.waiting)):
             events, prev = self._land(prev), None
+            started = time.perf_counter()      # the wait for the step in flight is that step's cost, not this one's
+            admit = self._admits(started)      # the requests that just ended may have emptied the batch
         self._inflight = None
+        self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
         self._propose(drafting)
         items = self.scheduler.schedule(admit)
         self.counters["preemptions"] = self.scheduler.preemptions
@@ -299,6 +300,10 @@ class PagedEngine:
                 if gated is not None and gated[0] == shape[0]:
                     self.gate.observe(gated[0], gated[1], made, wall)
         return events + own
+
+    def _admits(self, now: float) -> bool:
+        waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
+        return self.admission.admit(now, waiting, len(self.scheduler.running))
 
     def _launch(self, sampling: list, logits: torch.Tensor) -> InFlight:
         """Verify a decode step without drafts and leave it in flight: each request's token is a placeholder until

@@ -21,8 +21,8 @@ Per-draft pricing sees drafts already proposed, so it cannot see the host work o
 drafter's index upkeep, the pricing): at 256 rows on an H200 that made a step that verified no draft cost 13 ms in
 the ngram engine against 8 ms in the target-only one. :class:`DraftGate` closes that gap: per rows bucket it keeps
 the measured tokens per second of decode steps that ran the drafter and of steps that did not, runs the better
-one, and every ``explore``-th step there the other, so drafting stops where it loses whole and comes back when it
-pays again.
+one, and now and then the other (less often the longer it keeps losing), so drafting stops where it loses whole and
+comes back when it pays again.
 Pricing changes which drafts are verified, never the law of the tokens: with ``coupled`` verification and context
 drafts not even the tokens (tests/test_paged_engine.py).
 """
@@ -172,24 +172,36 @@ def plan(rows: int, chains: list, costs: StepCosts, gamma: int) -> tuple:
 class DraftGate:
     """Whether a decode step of R rows runs the drafter at all (see the module docstring): per rows bucket an
     exponential moving average (``decay`` per sample) of tokens per second of decode steps with the drafter on and
-    off. The first step of a bucket drafts, the next does not, then the faster branch runs and every ``explore``-th
-    step of the bucket the other one (so neither estimate goes stale)."""
+    off. The first step of a bucket drafts, the next does not, then the faster branch runs, and the other one every
+    ``explore``-th step, an interval that doubles (up to ``max_explore``) while the explorations leave the winner
+    unchanged: the losing branch's steps cost (a drafting step also forgoes the overlap of decode steps), so it is
+    sampled less the longer it keeps losing, and as often as at first once the winner changes."""
 
-    def __init__(self, explore: int = 16, decay: float = 0.9):
-        if not (isinstance(explore, int) and explore >= 2):
-            raise ValueError(f"explore must be an integer >= 2, got {explore!r}")
-        self.explore, self.decay = explore, decay
+    def __init__(self, explore: int = 16, decay: float = 0.9, max_explore: int = 256):
+        if not (isinstance(explore, int) and explore >= 2 and max_explore >= explore):
+            raise ValueError(f"explore must be an integer >= 2 and <= max_explore, got {explore!r}")
+        self.explore, self.max_explore, self.decay = explore, max_explore, decay
         self.rate: dict = {}           # (R, drafting) -> EMA of tokens per second
         self.steps: dict = {}          # R -> decode steps decided
+        self.every: dict = {}          # R -> steps between explorations now
+        self.wait: dict = {}           # R -> steps until the next exploration
+        self.best: dict = {}           # R -> the winner at the last decision (True: drafting)
 
     def drafting(self, rows: int) -> bool:
         on, off = self.rate.get((rows, True)), self.rate.get((rows, False))
-        n = self.steps.get(rows, 0)
-        self.steps[rows] = n + 1
+        self.steps[rows] = self.steps.get(rows, 0) + 1
         if on is None or off is None:
             return on is None
         best = on >= off
-        return best != (n % self.explore == 0)
+        if self.best.setdefault(rows, best) != best:       # the winner changed: explore as often as at first
+            self.best[rows], self.every[rows], self.wait[rows] = best, self.explore, self.explore
+        every = self.every.setdefault(rows, self.explore)
+        wait = self.wait.get(rows, every) - 1
+        if wait > 0:
+            self.wait[rows] = wait
+            return best
+        self.every[rows] = self.wait[rows] = min(2 * every, self.max_explore)
+        return not best
 
     def observe(self, rows: int, drafting: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:
