@@ -54,7 +54,8 @@ def triton_variants() -> int:
 
 
 LEVEL_COUNTERS = ("steps", "decode_graph_steps", "steps_overlapped", "steps_drafter_off", "spec_steps", "drafted",
-                  "accepted", "admissions_deferred")     # per level in the JSON: how its steps ran
+                  "accepted", "admissions_deferred", "host_plan_seconds", "host_launch_seconds", "host_wait_seconds",
+                  "host_commit_seconds")     # per level in the JSON: how its steps ran
 
 
 def step_state(engine, before=None) -> dict:

@@ -24,8 +24,8 @@ BATCH_SWITCHES = ("adaptive", "spec_max_batch", "min_alpha")   # the paged engin
 
 def pick_engine(target, draft, engine: str, options: dict) -> str:
     """"paged" or "batch" for ``engine`` = "auto" | "paged" | "batch": auto takes the paged engine wherever it can
-    serve the pair (engine/paged/engine.paged_reason) and no BatchEngine-only option is set."""
-    from tilespec.engine.paged.engine import paged_reason
+    serve the pair (engine/paged/support.paged_reason) and no BatchEngine-only option is set."""
+    from tilespec.engine.paged.support import paged_reason
     if engine not in ("auto", "paged", "batch"):
         raise ValueError(f"engine must be 'auto', 'paged' or 'batch', got {engine!r}")
     reason = paged_reason(target, draft)

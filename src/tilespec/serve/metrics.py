@@ -16,6 +16,11 @@ COUNTERS = {"steps": "decode steps", "defrags": "cache defragmentations", "prefi
             "preemptions": "requests preempted when K/V blocks ran out, recomputed later (paged engine)",
             "admissions_deferred": "steps that held waiting requests back so their prefills coalesce (paged engine)",
             "steps_drafter_off": "steps whose draft gate ran no drafter: without it they were faster (paged engine)",
+            "steps_overlapped": "steps launched before the previous step's tokens reached the host (paged engine)",
+            "host_plan_seconds": "engine host seconds planning steps: gate, drafts, schedule, inputs (paged engine)",
+            "host_launch_seconds": "engine host seconds launching forwards and verify (paged engine)",
+            "host_wait_seconds": "engine host seconds waiting for a step in flight (paged engine)",
+            "host_commit_seconds": "engine host seconds committing the tokens of steps in flight (paged engine)",
             "gc_full_collections": "full garbage collections in the engine process (each pauses its step loop)",
             "gc_full_collection_seconds": "seconds the engine process spent in full garbage collections"}
 

@@ -2,28 +2,22 @@
 and context speculation verified exactly per request.
 
 One iteration (:meth:`PagedEngine.step`):
-  1. every decoding request proposes its context drafts (ngram / suffix), up to gamma;
-  2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of
-     waiting requests, within a token budget, when admission.py says this step admits (prefills coalesced by a
-     measured trade between the running requests' delay and the waiting ones'); it grows block tables, preempts
-     when blocks run out;
-  3. the step's drafts are priced (pricing.py): from the measured cost of each step shape and every request's
-     acceptance by draft depth, the drafts that maximise expected tokens per second are kept (k_s per request,
-     0 allowed), so drafting never costs more than it returns, at one client or 256;
-  4. one forward (model.py) over every item's tokens, ragged (layout.py); a step of decode rows alone replays a CUDA
-     graph per (rows bucket, token bucket, logit width, table width);
-  5. ``verify()`` on the rows that sample ([N, K + 1, V] logits, ragged draft counts, per-request seeds keyed by
-     absolute position): accepted drafts and one more token per request;
-  6. bookkeeping: computed lengths advance past the fed tokens and accepted drafts (rejected drafts' K/V are simply
-     overwritten later: rollback copies nothing), full blocks are sealed into the prefix cache, finished requests
-     release their blocks.
+  1. the draft gate (pricing.py) says whether the drafter runs; decoding requests propose their drafts (ngram /
+     suffix), up to gamma;
+  2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of waiting
+     requests within a token budget when admission.py admits; it grows block tables, preempts when blocks run out;
+  3. the drafts are priced (pricing.py): those that maximise expected tokens per measured second are kept;
+  4. one ragged forward (model.py, layout.py); decode-only steps replay a CUDA graph per shape;
+  5. ``verify()`` on the sampling rows (verify_rows.py): accepted drafts and one more token per request;
+  6. commit: computed lengths advance (rejected drafts' K/V are overwritten later), full blocks are sealed into the
+     prefix cache, finished requests release their blocks. A decode step without drafts is left in flight instead
+     and committed by the next call, after it has launched the next step (overlap.py).
 
-Exactness: a request's logits depend only on its own tokens; its random numbers are keyed by its seed and absolute
-positions; its drafts come from its own history. With ``coupled`` verification (the default) and context drafts its
-tokens are those of target-only decoding, whatever was drafted, so pricing, preemption, prefix sharing and
-the rest of the batch change none of its tokens (tests/test_paged_engine.py).
-The requests are engine/batch_request.BatchRequest records and the events BatchEvent, as for BatchEngine: the server
-(serve/core.py, in the engine process) drives either.
+Exactness: a request's logits depend only on its own tokens, its random numbers on its seed and absolute positions,
+its drafts on its own history; with ``coupled`` verification (the default) and context drafts its tokens are
+target-only decoding's whatever the batch, drafts, pricing, preemption, prefix sharing or overlap
+(tests/test_paged_engine.py, test_paged_overlap.py). Requests are engine/batch_request.BatchRequest records, events
+BatchEvent, as for BatchEngine: the server (serve/core.py, in the engine process) drives either.
 """
 from __future__ import annotations
 
@@ -38,10 +32,9 @@ from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
 from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
-from ..drafters import Drafter, resolve_drafter
+from ..drafters import resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
-from ..native.llama import unsupported_reason
 from .admission import Admission
 from .blocks import BlockManager
 from .layout import Fed, decode_inputs, mixed_inputs
@@ -50,28 +43,14 @@ from .overlap import InFlight, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
 from .pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
+from .support import paged_reason
 from .shapes import bucket
 from .verify_rows import emitted_logprobs, verify_rows
 
 CPU_KV_BYTES = 2 << 30
-
-
-def paged_reason(target, draft) -> Optional[str]:
-    """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
-    BatchEngine): a draft model or trained head (they need a draft runner), or a target without the native
-    Llama-family path."""
-    reason = unsupported_reason(target)
-    if reason is not None:
-        return reason
-    drafter = resolve_drafter(draft)
-    if drafter is not None and (not drafter.has_context or drafter.model is not None or _has_runner(drafter)):
-        return f"{getattr(drafter, 'name', drafter)!r} drafts with a model or a trained head"
-    return None
-
-
-def _has_runner(drafter) -> bool:
-    """Whether the drafter has a device side of its own (a head, a tree drafter): the paged engine has none."""
-    return type(drafter).runner is not Drafter.runner
+COUNTERS = ("steps", "decode_graph_steps", "prefill_tokens", "generated_tokens", "drafted", "accepted", "spec_steps",
+            "requests_finished", "requests_cancelled", "preemptions", "admissions_deferred", "steps_drafter_off",
+            "steps_overlapped", "host_plan_seconds", "host_launch_seconds", "host_wait_seconds", "host_commit_seconds")
 
 
 class PagedEngine:
@@ -134,10 +113,7 @@ class PagedEngine:
         self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
-        self.counters = {"steps": 0, "decode_graph_steps": 0, "prefill_tokens": 0,
-                         "generated_tokens": 0, "drafted": 0, "accepted": 0, "spec_steps": 0,
-                         "requests_finished": 0, "requests_cancelled": 0, "preemptions": 0,
-                         "admissions_deferred": 0, "steps_drafter_off": 0, "steps_overlapped": 0}
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     def _default_blocks(self, target, block_size: int, fraction: float) -> int:
         per_block = PagedModel.kv_bytes_per_token(target) * block_size
@@ -152,13 +128,8 @@ class PagedEngine:
     def capacity_tokens(self) -> int:
         return (self.blocks.num_blocks - 1) * self.blocks.block_size
 
-    @property
-    def waiting(self):
-        return self.scheduler.waiting
-
-    @property
-    def running(self) -> int:
-        return len(self.scheduler.running)
+    waiting = property(lambda self: self.scheduler.waiting)
+    running = property(lambda self: len(self.scheduler.running))
 
     @property
     def has_work(self) -> bool:
@@ -181,7 +152,7 @@ class PagedEngine:
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
         req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
-        stops = frozenset(self._stops(req))
+        stops = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else frozenset(self.eos))
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops)
@@ -191,10 +162,6 @@ class PagedEngine:
         self.seqs[req.rid] = seq
         self.scheduler.add(seq)
         return req.rid
-
-    def _stops(self, req: BatchRequest) -> set:
-        """The ids that end ``req``: EOS (unless it ignores EOS) and its stop_token_ids."""
-        return (set() if req.ignore_eos else set(self.eos)) | set(req.stop_token_ids)
 
     def cancel(self, rid: int) -> Optional[BatchRequest]:
         """Drop request ``rid`` (waiting or running): its blocks are released at once."""
@@ -268,7 +235,8 @@ class PagedEngine:
         decode_only = all(it.seq.decoding and it.samples for it in items)
         shape = self._price([it for it in sampling if it.seq.decoding])
         fed = [self._fed(it) for it in items]
-        captures = self.model.captures
+        captures, planned = self.model.captures, time.perf_counter()     # host seconds by phase: counters
+        self.counters["host_plan_seconds"] += planned - started
         if decode_only:
             width = 1 + self.gamma if shape[2] else 1
             inputs = decode_inputs(fed, shape, width, pad_id=self.pad, block_size=self.blocks.block_size,
@@ -288,6 +256,7 @@ class PagedEngine:
         else:
             own = self._verify_and_commit(items, sampling, logits)
             made = sum(len(e.tokens) for e in own)
+        self.counters["host_launch_seconds"] += time.perf_counter() - planned
         if prev is not None:            # the previous step's tokens, while the device runs this one
             events += self._land(prev)
             self.counters["steps_overlapped"] += 1
@@ -322,8 +291,11 @@ class PagedEngine:
     def _land(self, flight: InFlight) -> list:
         """Wait for a step in flight and commit its tokens (requests that ended or were cancelled meanwhile are
         skipped: their extra row is dropped)."""
-        events = []
-        for it, token in zip(flight.items, flight.wait()):
+        events, t0 = [], time.perf_counter()
+        tokens = flight.wait()
+        t1 = time.perf_counter()
+        self.counters["host_wait_seconds"] += t1 - t0
+        for it, token in zip(flight.items, tokens):
             seq = it.seq
             seq.pending -= 1
             if seq.req.finish_reason is not None:
@@ -333,6 +305,7 @@ class PagedEngine:
             seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens
             if seq.req.finish_reason is None:     # sealed up to the first token still in flight
                 self.blocks.seal(seq.tokens, seq.table, seq.keys, min(seq.computed, len(seq.tokens) - seq.pending))
+        self.counters["host_commit_seconds"] += time.perf_counter() - t1
         return events
 
     def _price(self, decoding: list) -> tuple:
@@ -351,13 +324,14 @@ class PagedEngine:
         return rows, token_bucket(rows, tokens, self.gamma), tokens > len(decoding)
 
     def _fed(self, it: Item) -> Fed:
-        seq = it.seq
-        ids = seq.tokens[it.start:it.start + it.n] + (seq.drafts if it.samples else [])
-        bs = self.blocks.block_size
-        slots = [seq.table[p // bs] * bs + p % bs for p in range(it.start, it.start + len(ids))]
+        seq, start, bs = it.seq, it.start, self.blocks.block_size
+        if it.n == 1 and it.samples and not seq.drafts:        # a plain decode row: most rows of most steps
+            return Fed([seq.tokens[start]], start, [seq.table[start // bs] * bs + start % bs], seq.table, True, 0)
+        ids = seq.tokens[start:start + it.n] + (seq.drafts if it.samples else [])
+        slots = [seq.table[p // bs] * bs + p % bs for p in range(start, start + len(ids))]
         if not seq.decoding:
             self.counters["prefill_tokens"] += it.n
-        return Fed(ids, it.start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
+        return Fed(ids, start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
 
     def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor) -> list:
         for it in items:                    # every fed token up to the sampling point is now in the cache

@@ -56,15 +56,16 @@ class Seq:
 
 @dataclass
 class Item:
-    """One request's part of a step: it feeds ``tokens[start : start + n]`` (+ its drafts when ``samples``)."""
+    """One request's part of a step: it feeds ``tokens[start : start + n]`` (+ its drafts when it ``samples``: the
+    fed tokens reach its last one, fixed when the step is scheduled)."""
 
     seq: Seq
     start: int
     n: int
+    samples: bool = False
 
-    @property
-    def samples(self) -> bool:
-        return self.start + self.n == len(self.seq.tokens)
+    def __post_init__(self):
+        self.samples = self.start + self.n == len(self.seq.tokens)
 
     @property
     def width(self) -> int:
