@@ -167,6 +167,30 @@ def test_shared_prefix_is_reused(target):
     assert engine.blocks.hits >= 3 * 8
 
 
+def test_requests_with_one_prompt_prefill_it_once(target):
+    """n choices of one prompt (different seeds): submitted together, the first prefills the prompt and the others
+    wait for its blocks, then compute only the last partial block; each one's tokens are its solo run's."""
+    prompt = list(range(20, 58))                                      # 38 tokens: 9 full blocks of 4
+    def asks():
+        return [BatchRequest(prompt=prompt, max_tokens=8, temperature=1.0, seed=s) for s in range(4)]
+    solo = []
+    for r in asks():
+        e = PagedEngine(target, None, max_batch=1, block_size=4)
+        e.submit(r)
+        while e.has_work:
+            e.step()
+        solo.append(r.tokens)
+    engine = PagedEngine(target, None, max_batch=4, block_size=4)
+    reqs = asks()
+    for r in reqs:
+        engine.submit(r)
+    while engine.has_work:
+        engine.step()
+        engine.blocks.check()
+    assert [r.tokens for r in reqs] == solo
+    assert engine.counters["prefill_tokens"] == 38 + 3 * 2       # the twins: 2 tokens past the 9 shared blocks
+
+
 @pytest.mark.parametrize("draft", [None, "ngram"])
 def test_sampled_tokens_do_not_depend_on_the_batch(target, draft):
     """T = 1, per-request seeds: each request's tokens equal those it gets alone, and those of BatchEngine."""

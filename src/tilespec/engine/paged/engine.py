@@ -155,7 +155,8 @@ class PagedEngine:
         stops = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else frozenset(self.eos))
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
-        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops)
+        seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops,
+                  prompt_key=hash(tuple(req.prompt)))
         if self.acceptance is not None:
             seq.context = self.drafter.start([req.prompt])
             seq.acceptance = self.acceptance.new_request()

@@ -12,7 +12,7 @@ Per step (vLLM v1's policy, simplified):
      the newest running request (its blocks are released; it waits at the front of the queue and recomputes later,
      with its sealed prefix usually still cached), never failing a request that fits the cache.
   2. Waiting requests are admitted (prefix-cache lookup first) while the step's token budget, ``max_seqs`` and the
-     free blocks allow; a prompt larger than the remaining budget is prefilled in chunks over several steps, in the
+     free blocks allow (one whose prompt a running request is still prefilling waits for its blocks instead); a prompt larger than the remaining budget is prefilled in chunks over several steps, in the
      same forwards as the decoding requests (chunked prefill: no step ever waits for a whole prompt).
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Seq:
     preemptions: int = 0
     pending: int = 0                  # its tokens still in flight (placeholders at the end of tokens: overlap.py)
     held: bool = False                # its last token is in flight: it is not scheduled again
+    prompt_key: int = 0               # hash of its prompt (0: none): requests with one prompt prefill it once
 
     @property
     def remaining(self) -> int:
@@ -120,6 +121,8 @@ class Scheduler:
                 items.append(item)
                 budget -= item.width
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            if self._twin_prefilling(self.waiting[0]):
+                break                            # it waits a step or two, then reuses its twin's prompt blocks
             item = self._admit(self.waiting[0], budget)
             if item is None:
                 break
@@ -144,6 +147,15 @@ class Scheduler:
             if victim is seq:
                 return None
         return Item(seq, seq.computed, n)
+
+    def _twin_prefilling(self, seq: Seq) -> bool:
+        """Whether a running request with the same prompt (n choices of one request, or repeats) is still prefilling
+        it: admitted now, this one would compute the prompt again instead of finding its blocks in the prefix cache."""
+        key = seq.prompt_key
+        if not key or not self.blocks.prefix_caching or len(seq.req.prompt) <= self.blocks.block_size:
+            return False
+        return any(other.prompt_key == key and other.computed < len(other.req.prompt) and
+                   other.req.prompt == seq.req.prompt for other in self.running)
 
     def _admit(self, seq: Seq, budget: int) -> Optional[Item]:
         seq.drafts = []
