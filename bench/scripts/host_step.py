@@ -1,9 +1,10 @@
 """The paged engine's host time per decode step: the model's forward replaced by a stub that returns logits at once,
 so what is timed is the engine's own work (gate, scheduling, inputs, verify's packing and launches, commit) at each
 rows count, target-only and with ngram drafts offered. On a GPU machine the stub's logits live on the device and
-every step syncs as served; on CPU verify runs on the host too (a small vocabulary keeps it cheap).
+every step syncs as served; on CPU verify's torch ops run on the host over an 8-token vocabulary, so each costs
+about its dispatch (a proxy for a launch): numbers for before / after comparisons on one machine.
 
-    python bench/scripts/host_step.py --rows 1,16,64,256 --out bench/results/paged-host-step-cpu.json
+    python bench/scripts/host_step.py --rows 1,16,64,256 --out bench/results/paged-host-step-cpu.json  # ~2 min
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,16,64,256")
     p.add_argument("--drafts", default="none,ngram")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=8)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     torch.set_num_threads(1)
