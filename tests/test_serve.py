@@ -260,8 +260,8 @@ def test_openai_style_errors(server):
         client.chat.completions.create(model=MODEL, temperature=-1, **chat)
     with pytest.raises(openai.BadRequestError, match="over the context of 96"):
         client.completions.create(model=MODEL, prompt="x" * 90, max_tokens=20)
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        client.chat.completions.create(model=MODEL, n=2, **chat)
+    with pytest.raises(openai.BadRequestError, match="n=5 is over this server's 4 batch rows"):
+        client.chat.completions.create(model=MODEL, n=5, **chat)
     resp = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 0})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
     engine = server.app.state.client

@@ -103,7 +103,19 @@ def test_tokenizing_runs_off_the_event_loop(server):
     ({"top_logprobs": 3}, "top_logprobs"),          # without logprobs: true
     ({"logprobs": 2}, "logprobs"),                  # chat's logprobs is a boolean
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
-    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "function", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages.0.tool_call_id"),     # which call it answers
+    ({"messages": [{"role": "user", "content": "hi", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0.tool_calls"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1"}}]}]},
+     "messages.0.tool_calls.0.function.arguments"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools.0.function.strict"),
+    ({"tools": [{"type": "custom", "function": {"name": "f"}}]}, "tools.0.type"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"n": 0}, "n"),
+    ({"n": 129}, "n"),
     ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content.0"),

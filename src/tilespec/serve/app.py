@@ -6,8 +6,8 @@ draining or after an engine failure), ``GET /metrics`` (Prometheus text format, 
 Every error has OpenAI's body (serve/errors.py): 400 bad parameters, fields this server does not implement, a prompt
 too long, malformed bodies (serve/body.py); 401 without the API key (when one is set); 404 unknown model or route;
 413 a body over ``max_body_mb``; 429 queue full (with Retry-After); 503 shutting down / engine failed. The request
-work itself (prompt ids, the engine request, the events) is serve/completion.py. A client that disconnects has its
-request cancelled, which frees its batch row.
+work itself (prompt ids, the engine requests of its ``n`` choices, the events) is serve/completion.py and
+serve/choices.py. A client that disconnects has its requests cancelled, which frees their batch rows.
 """
 from __future__ import annotations
 
@@ -100,5 +100,5 @@ def _completion_routes(app: FastAPI, completions: Completions, max_bytes: int) -
     @app.post("/v1/chat/completions")
     async def chat_completion(request: Request):
         body = await parse_request(request, ChatCompletionRequest, max_bytes)
-        ids = await completions.chat_ids(body)
-        return await completions.respond(request, body, ids, ChatShape, "messages")
+        ids, tools = await completions.chat_ids(body)
+        return await completions.respond(request, body, ids, ChatShape, "messages", tools=tools)

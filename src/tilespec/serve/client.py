@@ -46,16 +46,22 @@ class EngineFailed(Exception):
 
 class RequestStream:
     """One submitted request in the API process: ``pending`` ids not yet handed out, ``finish`` once it ended
-    ("stop", "length", "cancelled"), ``error`` when it failed; ``ready`` is set whenever something arrived.
+    ("stop", "length", "cancelled"), ``error`` when it failed; ``ready`` is set whenever something arrived (the
+    choices of one ``n`` > 1 request share theirs, so that their handler waits on one event for any of them).
     ``logprobs``: None, or (a request that asked) every token's entry so far, entry i for the i-th token taken."""
 
     __slots__ = ("id", "pending", "finish", "error", "ready", "done", "logprobs")
 
-    def __init__(self, rid: int, logprobs: bool = False):
+    def __init__(self, rid: int, logprobs: bool = False, ready: Optional[asyncio.Event] = None):
         self.id, self.pending, self.finish, self.error = rid, [], None, None
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event() if ready is None else ready
         self.done = False
         self.logprobs: Optional[list] = [] if logprobs else None
+
+    @property
+    def news(self) -> bool:
+        """Something arrived that was not taken yet (ids, the end, an error)."""
+        return bool(self.pending) or self.finish is not None or self.error is not None
 
     def take(self) -> list:
         """The ids that arrived since the last take (the caller then awaits ``ready`` again)."""
@@ -127,14 +133,25 @@ class EngineClient:
 
     def submit(self, req: BatchRequest) -> RequestStream:
         """Check ``req`` (ValueError: a 400) and send it; Overloaded (429 / 503) when it cannot be taken now."""
+        return self.submit_all([req])[0]
+
+    def submit_all(self, reqs: list) -> list:
+        """Check and send ``reqs`` (the choices of one request) all or none: they count as ``len(reqs)`` requests
+        against ``max_queue``; their streams share one ``ready`` event."""
         if self.error is not None:
             raise Overloaded(503, f"the engine failed and serves no more requests: {self.error}")
         if self.draining:
             raise Overloaded(503, "the server is shutting down")
-        if self.queued >= self.max_queue:
-            raise Overloaded(429, f"too many requests waiting ({self.max_queue}); retry later")
-        check_request(req, self.info["max_request_len"], self.info["vocab"])
-        stream = RequestStream(next(self._ids), logprobs=req.logprobs is not None)
+        if self.queued + len(reqs) > self.max_queue:
+            more = f" to take {len(reqs)} more (one per choice)" if len(reqs) > 1 else ""
+            raise Overloaded(429, f"too many requests waiting ({self.max_queue}){more}; retry later")
+        for req in reqs:
+            check_request(req, self.info["max_request_len"], self.info["vocab"])
+        ready = asyncio.Event()
+        return [self._send(req, ready) for req in reqs]
+
+    def _send(self, req: BatchRequest, ready: asyncio.Event) -> RequestStream:
+        stream = RequestStream(next(self._ids), logprobs=req.logprobs is not None, ready=ready)
         self.streams[stream.id] = stream
         logits = req.logits
         self._out.send(encode(Submit(

@@ -1,37 +1,47 @@
-"""One completion request, from its parsed body to the response: prompt ids, the engine request, its tokens as text.
+"""One completion request, from its parsed body to the response: prompt ids, the engine requests, their answer.
 
 :class:`Completions` holds what every request needs (the engine client, the tokenizer, the served model's name,
 defaults).
 Tokenizing and the chat template run on one worker thread (``encode_pool``), never on the event loop, so a long
-prompt does not stall ``/health`` or other streams; the tokenizer is used by one encoding thread at a time. A
-streamed response is server-sent events: each chunk carries every token that arrived since the previous one (a
-client slower than the engine gets fewer, larger chunks, never a queue of them); a client that disconnects cancels
-its request (its blocks are freed). A request with logprobs gets, with each piece of text, the entries of the tokens
-that piece accounts for (serve/text.py's ``settled_tokens``), in its shape's format (serve/logprobs.py).
+prompt does not stall ``/health`` or other streams; the tokenizer is used by one encoding thread at a time. The
+prompt is tokenized once; each of the ``n`` choices is its own engine request (choice i seeded ``seed + i`` when
+the request has a seed, wrapping within int64; else each its own random seed), submitted together, all or none,
+counting ``n`` against ``--max-queue``. ``n`` is at most the server's batch rows (its choices decode side by side)
+and ``--max-queue``. The answer (streamed as server-sent events or whole) is serve/choices.py's; a client that
+disconnects cancels every choice (their blocks are freed). Chat with tools offered also gets a tool-call parser for
+the served model (serve/tools.py).
 """
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from tilespec.engine.batch_request import BatchRequest
 
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
-from .shapes import ChatShape, CompletionShape, sse
-from .client import EngineClient, EngineFailed, Overloaded, RequestStream
+from .choices import Choice, ClientGone, Reply
+from .client import EngineClient, Overloaded
 from .detokenize import fast_decoder
 from .logprobs import TokenText
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
+from .shapes import ChatShape, CompletionShape
 from .text import TextStream
+from .tools import tool_parser_for
 
-FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
+try:
+    from jinja2.exceptions import TemplateError     # chat templates refuse messages with raise_exception
+except ImportError:         # no jinja2: no template of transformers' can run either
+    TemplateError = ()
 
 
-class ClientGone(Exception):
-    """The client of a request disconnected."""
+def choice_seeds(seed, n: int) -> list:
+    """Choice i's seed: ``seed + i`` wrapped into int64 (so choice 0 is the request alone), or random ones."""
+    if seed is None:
+        return [uuid.uuid4().int % 2**62 for _ in range(n)]
+    return [(seed + i + 2**63) % 2**64 - 2**63 for i in range(n)]
 
 
 class Completions:
@@ -54,9 +64,16 @@ class Completions:
             return list(self.tok(body.prompt).input_ids) if body.prompt else []
         return list(body.prompt)
 
-    def _chat_ids(self, turns: list) -> list:
-        if self.chat and getattr(self.tok, "chat_template", None):
-            prompt = self.tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    def templated(self) -> bool:
+        return bool(self.chat and getattr(self.tok, "chat_template", None))
+
+    def _chat_ids(self, turns: list, tools) -> list:
+        if self.templated():
+            extra = {} if tools is None else {"tools": tools}
+            try:
+                prompt = self.tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)
+            except TemplateError as err:
+                raise APIError(400, f"the chat template refused the messages: {err}", param="messages") from None
             return list(self.tok(prompt, add_special_tokens=False).input_ids)
         return list(self.tok("\n".join(m["content"] for m in turns)).input_ids)
 
@@ -64,9 +81,17 @@ class Completions:
         self.check(body)
         return await self._off_loop(self._completion_ids, body)
 
-    async def chat_ids(self, body: ChatCompletionRequest) -> list:
+    async def chat_ids(self, body: ChatCompletionRequest) -> tuple:
+        """(prompt ids, the tool parser's factory or None: no tools offered)."""
         self.check(body)
-        return await self._off_loop(self._chat_ids, body.turns())
+        tools, turns = body.template_tools(), body.turns()
+        if (tools is not None or any("tool_calls" in t for t in turns)) and not self.templated():
+            # joined as plain text, the calls would vanish from the prompt
+            raise APIError(400, "tools and tool calls need the model's chat template; this server has none "
+                                "(or runs with --no-chat)", param="tools" if tools else "messages",
+                           code="unsupported_parameter")
+        parser = None if tools is None else partial(tool_parser_for(self.tok, self.model_name), body.max_tool_calls())
+        return await self._off_loop(self._chat_ids, turns, tools), parser
 
     # ---------------------------------------------------------------------------------------------- requests
     def check(self, body: SamplingFields) -> None:
@@ -81,6 +106,20 @@ class Completions:
             raise APIError(400, f"logprobs need the paged engine; this server runs {info.get('engine')} with "
                                 f"draft {info.get('drafter') or 'none'}: {refused}", param="logprobs",
                            code="unsupported_parameter")
+        self.check_n(body.n)
+
+    def check_n(self, n: int) -> None:
+        """``n`` choices are ``n`` engine requests: at most the batch rows (they decode side by side) and the queue
+        (they may all wait at once), else a 400 naming the limit."""
+        if n == 1:
+            return
+        rows, queue = self.client.info.get("max_batch", n), self.client.max_queue
+        if n > rows:
+            raise APIError(400, f"n={n} is over this server's {rows} batch rows (--max-batch): the choices of a "
+                                f"request decode side by side; ask for at most {rows}", param="n")
+        if n > queue:
+            raise APIError(400, f"n={n} choices are {n} engine requests, more than the {queue} that may wait at "
+                                f"once (--max-queue); ask for at most {queue}", param="n")
 
     def max_tokens(self, body: SamplingFields, n: int, prompt_param: str) -> int:
         """The request's token budget for a prompt of ``n`` tokens, or a 400 that says what is over the context."""
@@ -100,19 +139,20 @@ class Completions:
                            code="context_length_exceeded")
         return asked
 
-    def request(self, body: SamplingFields, ids: list, prompt_param: str) -> BatchRequest:
+    def requests(self, body: SamplingFields, ids: list, prompt_param: str) -> list:
+        """The engine requests of the ``n`` choices: one prompt, one budget, a seed each (``choice_seeds``)."""
         if not ids:
             raise APIError(400, "the prompt is empty", param=prompt_param)
-        seed = body.seed if body.seed is not None else uuid.uuid4().int % 2**62
-        return BatchRequest(prompt=ids, max_tokens=self.max_tokens(body, len(ids), prompt_param),
-                            temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                            seed=seed, gamma=body.gamma, logits=body.logit_settings(),
-                            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                            logprobs=body.logprob_count())
+        max_tokens, logits = self.max_tokens(body, len(ids), prompt_param), body.logit_settings()
+        return [BatchRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
+                             top_p=body.top_p, min_p=body.min_p, seed=seed, gamma=body.gamma, logits=logits,
+                             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                             logprobs=body.logprob_count())
+                for seed in choice_seeds(body.seed, body.n)]
 
-    def submit(self, req: BatchRequest):
+    def submit(self, reqs: list) -> list:
         try:
-            return self.client.submit(req)
+            return self.client.submit_all(reqs)
         except Overloaded as err:
             if err.status == 429:
                 raise APIError(429, str(err), kind="rate_limit_error", code="overloaded",
@@ -125,16 +165,19 @@ class Completions:
             raise APIError(400, text, param=param) from None
 
     # ---------------------------------------------------------------------------------------------- responses
-    async def respond(self, request, body: SamplingFields, ids: list, shape, prompt_param: str):
-        """Submit and answer: a StreamingResponse of server-sent events, or the full response body."""
-        req = self.request(body, ids, prompt_param)
-        stream = self.submit(req)
-        text = TextStream(self.decode, body.stops(), track=req.logprobs is not None)
-        reply = _Reply(self, request, stream, text, shape, len(ids))
+    async def respond(self, request, body: SamplingFields, ids: list, shape, prompt_param: str, tools=None):
+        """Submit the choices and answer: a StreamingResponse of server-sent events, or the full response body.
+        ``tools``: a factory of tool parsers (one a choice), None when the request offered no tools."""
+        reqs = self.requests(body, ids, prompt_param)
+        stops = body.stops()        # checked before submitting: a 400 here must leave nothing running
+        streams = self.submit(reqs)
+        track = reqs[0].logprobs is not None
+        choices = [Choice(i, stream, TextStream(self.decode, stops, track=track), tools() if tools else None)
+                   for i, stream in enumerate(streams)]
+        reply = Reply(self, request, choices, shape, len(ids))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return TicketStream(reply.events_sse(include_usage), lambda: self.client.cancel(stream),
-                                media_type="text/event-stream",
+            return TicketStream(reply.events_sse(include_usage), reply.cancel, media_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await reply.full()
 
@@ -160,97 +203,4 @@ class TicketStream(StreamingResponse):
                 pass
 
 
-class _Reply:
-    """The answer to one submitted request (``stream``): its text as events, streamed or gathered."""
-
-    def __init__(self, owner: Completions, request, stream: RequestStream, text: TextStream, shape, n_prompt: int):
-        self.owner, self.request, self.stream, self.text, self.shape = owner, request, stream, text, shape
-        self.n_prompt = n_prompt
-        self.reported = 0           # tokens whose logprobs were handed out
-        self.rid, self.created = f"{shape.prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
-
-    def usage(self) -> dict:
-        done = len(self.text.tokens)
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": done, "total_tokens": self.n_prompt + done}
-
-    async def _arrival(self, watch: bool) -> None:
-        """Until the engine sent something for this request; ``watch``: also notice a client that went away (a
-        streamed response is cancelled by Starlette on a disconnect instead, so it waits on the event alone)."""
-        ready = self.stream.ready
-        while watch and not ready.is_set():
-            try:
-                return await asyncio.wait_for(ready.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await self.request.is_disconnected():
-                    raise ClientGone() from None
-        await ready.wait()
-
-    def _logprobs(self, done: bool):
-        """None without logprobs, else (ids, entries, text offsets) of the tokens the text sent now accounts for."""
-        if self.stream.logprobs is None:
-            return None
-        a, n = self.reported, max(self.reported, self.text.settled_tokens(done))
-        self.reported = n
-        return self.text.tokens[a:n], self.stream.logprobs[a:n], [self.text.start(i) for i in range(a, n)]
-
-    async def events(self, watch: bool = False):
-        """(new text, finish reason or None, logprobs piece or None: ``_logprobs``) per arrival of tokens; cancels
-        the request when a stop string hits."""
-        stream = self.stream
-        while True:
-            await self._arrival(watch)
-            if stream.error is not None:
-                if isinstance(stream.error, EngineFailed):
-                    raise APIError(503, f"the engine failed: {stream.error}", kind="server_error")
-                raise APIError(400, str(stream.error))
-            done = stream.finish is not None
-            new = self.text.push(stream.take(), final=done)
-            if self.text.stopped and not done:
-                self.owner.client.cancel(stream)
-                yield new, "stop", self._logprobs(True)
-                return
-            if new or done:
-                yield new, ("stop" if self.text.stopped else FINISH[stream.finish]) if done else None, \
-                    self._logprobs(done)
-            if done:
-                return
-
-    async def events_sse(self, include_usage: bool):
-        chunk = self.shape.chunk_encoder(self.rid, self.created, self.owner.model_name)
-        try:
-            yield chunk(None, None, first=True)
-            async for new, reason, piece in self.events():
-                yield chunk(new, reason) if piece is None else self._chunk_with(new, reason, piece)
-            if include_usage:
-                yield sse({**self.shape.chunk(self.rid, self.created, self.owner.model_name, None, None),
-                           "choices": [], "usage": self.usage()})
-            yield "data: [DONE]\n\n"
-        except APIError as err:
-            yield sse(err.body())
-        except ClientGone:
-            pass
-        finally:
-            self.owner.client.cancel(self.stream)       # no-op when it finished; a disconnect frees the blocks
-
-    def _chunk_with(self, new: str, reason, piece) -> str:
-        """A chunk with logprobs: built whole (the cheap encoder of text-only chunks has no room for them)."""
-        return sse(self.shape.chunk(self.rid, self.created, self.owner.model_name, new, reason,
-                                    logprobs=self.shape.logprobs(self.owner.token_text, *piece)))
-
-    async def full(self):
-        parts, reason, pieces = [], None, ([], [], [])
-        try:
-            async for new, reason, piece in self.events(watch=True):
-                parts.append(new)
-                for whole, part in zip(pieces, piece or ()):
-                    whole += part
-        except ClientGone:
-            return JSONResponse({}, status_code=499)
-        finally:
-            self.owner.client.cancel(self.stream)
-        logprobs = None if self.stream.logprobs is None else self.shape.logprobs(self.owner.token_text, *pieces)
-        return self.shape.full(self.rid, self.created, self.owner.model_name, "".join(parts), reason, self.usage(),
-                               logprobs=logprobs)
-
-
-__all__ = ["ChatShape", "ClientGone", "CompletionShape", "Completions"]
+__all__ = ["ChatShape", "ClientGone", "CompletionShape", "Completions", "choice_seeds"]

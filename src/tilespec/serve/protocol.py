@@ -1,18 +1,23 @@
 """The OpenAI API's request bodies and error shape, as far as ``tilespec serve`` implements them.
 
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
-naming the field (``check_supported``), never silently ignored: ``tools`` (unless ``tool_choice`` is "none"),
-``response_format`` other than text, ``n`` > 1, ``best_of`` > 1, ``suffix``, ``echo``, tool / function messages and
-non-text content parts. Other unknown fields are ignored, as OpenAI's clients send extras. Logprobs
-(``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions' ``logprobs`` 0-20 (OpenAI
-allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only (serve/logprobs.py).
-Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``, ``frequency_penalty``,
-``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions (vLLM names): ``top_k``,
-``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no speculation). Errors are
-:class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
+naming the field (``check_supported``), never silently ignored: ``tool_choice`` "required" or a named function and
+``strict`` function tools (they need decoding constrained by a grammar engine, which this server does not have),
+``response_format`` other than text, ``best_of`` > 1, ``suffix``, ``echo``, the deprecated ``functions`` /
+``function_call`` and function messages, non-text content parts. Other unknown fields are ignored, as OpenAI's
+clients send extras. ``n``: 1-128 choices (the server's own limits: serve/completion.py). Tools (``tools``,
+``tool_choice`` "auto" / "none", assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
+structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply are
+serve/tools.py's. Logprobs (``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions'
+``logprobs`` 0-20 (OpenAI allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only
+(serve/logprobs.py). Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
+``frequency_penalty``, ``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions
+(vLLM names): ``top_k``, ``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no
+speculation). Errors are :class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, Field
@@ -39,6 +44,9 @@ def unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this server", param=param, code="unsupported_parameter")
 
 
+MAX_N = 128        # OpenAI's own cap on n; a server's batch rows and queue cap it further (serve/completion.py)
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -57,7 +65,7 @@ class SamplingFields(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     logprobs: Any = None
     top_logprobs: Optional[int] = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -77,8 +85,6 @@ class SamplingFields(BaseModel):
 
     def check_supported(self) -> None:
         """Refuse the OpenAI fields this server does not implement (400 naming the field)."""
-        if self.n != 1:
-            raise APIError(400, f"n={self.n} is not supported: this server returns one choice per request", param="n")
         self.logprob_count()
 
     def logprob_count(self) -> Optional[int]:
@@ -123,27 +129,56 @@ class CompletionRequest(SamplingFields):
             raise unsupported("echo", "echo")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", f"best_of={self.best_of}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError(400, f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
         if self.suffix:
             raise unsupported("suffix", "suffix (insertion)")
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str          # JSON text, as OpenAI's responses carry it
+
+
+class ToolCallIn(BaseModel):
+    """A call in an assistant message of the conversation (one an earlier response returned)."""
+
+    id: Optional[str] = None
+    type: str = "function"
+    function: FunctionCall
+
+    def template(self, where: str) -> dict:
+        """The call as transformers' chat templates take it: ``arguments`` a dict (templates ``tojson`` it)."""
+        if self.type != "function":
+            raise unsupported(f"{where}.type", f"tool call type {self.type!r} (function only)")
+        try:
+            args = json.loads(self.function.arguments)
+        except (ValueError, RecursionError):      # RecursionError: nested deeper than the parser goes
+            args = None
+        if not isinstance(args, dict):
+            raise APIError(400, f"{where}.function.arguments must be a JSON object as text, got "
+                                f"{self.function.arguments[:80]!r}", param=f"{where}.function.arguments")
+        call = {"type": "function", "function": {"name": self.function.name, "arguments": args}}
+        return call if self.id is None else {"id": self.id, **call}
 
 
 class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[dict]]] = None
-    tool_calls: Optional[list] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
 
     def text(self, where: str) -> str:
         """The message's text; ``where`` names it in errors (``messages.3``)."""
         if self.role not in ROLES:
-            hint = " (tool and function messages need tools, which this server does not support)" \
-                if self.role in ("tool", "function") else ""
+            hint = " (function messages are the deprecated functions API: send tool messages)" \
+                if self.role == "function" else ""
             raise APIError(400, f"{where}.role {self.role!r} is not one of {', '.join(ROLES)}{hint}",
                            param=f"{where}.role")
-        if self.tool_calls:
-            raise unsupported(f"{where}.tool_calls", "tool_calls")
         if self.content is None:
             if self.role != "assistant":
                 raise APIError(400, f"{where}.content is null: a {self.role} message needs content",
@@ -158,14 +193,48 @@ class ChatMessage(BaseModel):
             parts.append(part["text"])
         return "".join(parts)
 
+    def turn(self, where: str) -> dict:
+        """The message for the chat template: {"role", "content"}, with ``tool_calls`` (an assistant's) or
+        ``tool_call_id`` (a tool's; and ``name`` where given) as transformers' templates take them."""
+        turn = {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise APIError(400, f"{where}.tool_calls: only assistant messages carry tool calls",
+                               param=f"{where}.tool_calls")
+            turn["tool_calls"] = [c.template(f"{where}.tool_calls.{j}") for j, c in enumerate(self.tool_calls)]
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise APIError(400, f"{where}.tool_call_id: a tool message names the call it answers",
+                               param=f"{where}.tool_call_id")
+            turn["tool_call_id"] = self.tool_call_id
+            if self.name:
+                turn["name"] = self.name
+        return turn
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    type: str
+    function: FunctionDef
+
 
 class ResponseFormat(BaseModel):
     type: str
 
 
+CONSTRAINED = ("this server does not constrain decoding (that needs a grammar engine such as xgrammar or "
+               "llguidance, which it does not have)")
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: Optional[list] = None
+    tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[str, dict]] = None
     functions: Optional[list] = None
     function_call: Optional[Union[str, dict]] = None
@@ -189,19 +258,44 @@ class ChatCompletionRequest(SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools and self.tool_choice != "none":
-            raise unsupported("tools", 'tools (send tool_choice "none" to run without them)')
-        if self.tool_choice not in (None, "none", "auto") and not self.tools:
-            raise unsupported("tool_choice", f"tool_choice {self.tool_choice!r}")
+        choice = self.tool_choice
+        if choice == "required" or isinstance(choice, dict):
+            what = "\"required\"" if choice == "required" else "naming a function"
+            raise APIError(400, f"tool_choice {what} is not supported: it forces a call, and {CONSTRAINED}; "
+                                f"supported: \"auto\" (the default with tools: the model decides, its calls are "
+                                f"parsed) and \"none\" (the model is not offered the tools)", param="tool_choice",
+                           code="unsupported_parameter")
+        if choice not in (None, "auto", "none"):
+            raise APIError(400, f"tool_choice must be \"auto\", \"none\", \"required\" or a named function, got "
+                                f"{choice!r}", param="tool_choice")
+        for i, tool in enumerate(self.tools or ()):
+            if tool.type != "function":
+                raise unsupported(f"tools.{i}.type", f"tool type {tool.type!r} (function tools only)")
+            if tool.function.strict:
+                raise APIError(400, f"strict function tools are not supported: {CONSTRAINED}, so the arguments "
+                                    f"cannot be held to the schema; send strict: false or leave it out",
+                               param=f"tools.{i}.function.strict", code="unsupported_parameter")
         if self.functions or self.function_call not in (None, "none"):
-            raise unsupported("functions" if self.functions else "function_call", "functions")
+            raise unsupported("functions" if self.functions else "function_call",
+                              "functions (deprecated by OpenAI: send tools)")
         if self.response_format is not None and self.response_format.type != "text":
             raise unsupported("response_format", f"response_format {self.response_format.type!r} (text only)")
 
+    def template_tools(self) -> Optional[list]:
+        """The tools offered to the model (to the chat template, in OpenAI's shape, which transformers' templates
+        take), or None: no tools, or ``tool_choice`` "none" (then the model is not offered them, as in vLLM)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [{"type": "function", "function": t.function.model_dump(exclude_none=True, exclude={"strict"})}
+                for t in self.tools]
+
+    def max_tool_calls(self) -> Optional[int]:
+        """``parallel_tool_calls: false``: one call at most (later ones are dropped, as vLLM does)."""
+        return 1 if self.parallel_tool_calls is False else None
+
     def turns(self) -> list[dict]:
-        """The messages as {"role", "content"} for the chat template ("developer" is given as "system")."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text(f"messages.{i}")}
-                for i, m in enumerate(self.messages)]
+        """The messages for the chat template ("developer" is given as "system"; tool calls as ``turn`` says)."""
+        return [m.turn(f"messages.{i}") for i, m in enumerate(self.messages)]
 
 
 def validation_message(errors: list) -> tuple[str, Optional[str]]:
@@ -215,5 +309,5 @@ def validation_message(errors: list) -> tuple[str, Optional[str]]:
     return "; ".join(parts) or "invalid request body", param
 
 
-__all__ = ["APIError", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "SamplingFields",
-           "validation_message"]
+__all__ = ["APIError", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "MAX_N", "SamplingFields",
+           "Tool", "ToolCallIn", "validation_message"]
