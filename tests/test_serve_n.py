@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -15,18 +14,14 @@ pytest.importorskip("uvicorn")
 from tilespec.serve.completion import choice_seeds  # noqa: E402
 
 from serve_hooks import stall_after  # noqa: E402
+import test_serve  # noqa: E402
 from test_serve import MODEL, Server, make_app, wait_metric  # noqa: E402
 
 CHAT = dict(model=MODEL, messages=[{"role": "user", "content": "abcabcabc"}], max_tokens=10)
 PROMPT = dict(model=MODEL, prompt="hello there", max_tokens=10)
 
 
-@pytest.fixture(scope="module")
-def server():
-    torch.set_num_threads(1)
-    srv = Server(make_app())
-    yield srv
-    srv.stop()
+server = test_serve.server          # the tiny model's default server (one per module)
 
 
 def post(srv, path, body, **kw):
