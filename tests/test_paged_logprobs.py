@@ -64,3 +64,41 @@ def test_logprobs_values_are_checked_and_the_batch_engine_refuses_them(target):
             engine.submit(BatchRequest(prompt=[1, 2], max_tokens=2, logprobs=bad))
     with pytest.raises(ValueError, match="paged engine"):
         BatchEngine(target, None, max_batch=2).check(BatchRequest(prompt=[1, 2], max_tokens=2, logprobs=1))
+    with pytest.raises(ValueError, match=r"prompt_logprobs must be an integer in \[0, 20\]"):
+        engine.submit(BatchRequest(prompt=[1, 2], max_tokens=2, prompt_logprobs=21))
+    with pytest.raises(ValueError, match="paged engine"):
+        BatchEngine(target, None, max_batch=2).check(BatchRequest(prompt=[1, 2], max_tokens=2, prompt_logprobs=0))
+
+
+@pytest.mark.parametrize("preempt", [False, True])
+def test_prompt_logprobs_are_the_targets_log_softmax_over_the_prompt(target, preempt):
+    """Every prompt token after the first: its raw log-probability and top alternatives, across prefill chunks, though
+    the same prompt is already in the prefix cache, and through a preemption; the first event carries them, and
+    asking changes no token."""
+    prompt = list(range(20, 50))                                             # 30 tokens: 4 chunks of <= 8
+    engine = PagedEngine(target, None, max_batch=3, block_size=4, token_budget=8,
+                         num_blocks=14 if preempt else None)
+    warm = BatchRequest(prompt=prompt, max_tokens=4, temperature=0.0)        # caches the prompt's blocks
+    _events(engine, [warm])
+    asks = [BatchRequest(prompt=prompt, max_tokens=6, temperature=0.0, prompt_logprobs=3),
+            BatchRequest(prompt=list(range(60, 80)), max_tokens=12, temperature=0.0, prompt_logprobs=0)]
+    firsts = {}
+    for r in asks:
+        engine.submit(r)
+    while engine.has_work:
+        for e in engine.step():
+            if e.prompt_logprobs is not None:
+                assert e.rid not in firsts                                  # only the first event
+                firsts[e.rid] = e.prompt_logprobs
+        engine.blocks.check()
+    if preempt:
+        assert engine.counters["preemptions"] > 0
+    assert asks[0].tokens == warm.tokens + asks[0].tokens[4:]               # greedy: the same continuation
+    for req in asks:
+        with torch.no_grad():
+            ref = torch.log_softmax(target(torch.tensor([req.prompt])).logits[0].float(), -1)[:-1]   # [P - 1, V]
+        got = firsts[req.rid]
+        assert len(got) == len(req.prompt) - 1
+        for j, (chosen, top) in enumerate(got):
+            assert chosen == pytest.approx(ref[j, req.prompt[j + 1]].item(), abs=1e-4)
+            assert [i for i, _ in top] == ref[j].topk(req.prompt_logprobs).indices.tolist()

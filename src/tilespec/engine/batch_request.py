@@ -24,7 +24,9 @@ class BatchRequest:
     its ``banned`` ids are set by the engine to the request's stop ids); ``stop_token_ids``: more ids that end it
     (finish reason "stop"); ``ignore_eos``: EOS does not end it. ``logprobs``: None, or how many top alternatives
     (0-20) to report beside each emitted token's log-probability (the paged engine; raw: the target's log-softmax
-    before temperature, filters and logit transforms, as vLLM reports them by default).
+    before temperature, filters and logit transforms, as vLLM reports them by default); ``prompt_logprobs``: the
+    same for every prompt token after the first (its prompt is then computed, not taken from the prefix cache),
+    delivered with its first event.
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 
@@ -40,6 +42,7 @@ class BatchRequest:
     stop_token_ids: tuple = ()
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     rid: int = -1
     tokens: list = field(default_factory=list)
     finish_reason: Optional[str] = None
@@ -70,6 +73,7 @@ class BatchEvent:
     tokens: list
     finish_reason: Optional[str] = None
     logprobs: Optional[list] = None     # per token: (its log-probability, [(id, log-probability), ...] top first)
+    prompt_logprobs: Optional[list] = None   # with the first event: the same for every prompt token after the first
 
 
 def keep_tokens(req: BatchRequest, new: list, stops: set, now: float) -> tuple:
@@ -114,9 +118,11 @@ def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None
         raise ValueError(f"stop_token_ids hold ids outside the vocabulary [0, {vocab})")
     if req.logits is not None:
         req.logits.check(vocab)
-    if req.logprobs is not None and not (isinstance(req.logprobs, int) and 0 <= req.logprobs <= MAX_LOGPROBS):
-        raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top alternatives per token), "
-                         f"got {req.logprobs!r}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(req, name)
+        if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS):
+            raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (top alternatives per token), "
+                             f"got {value!r}")
     if not -2**63 <= req.seed < 2**63:
         raise ValueError(f"seed {req.seed} does not fit int64")
     resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks

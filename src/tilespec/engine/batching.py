@@ -160,7 +160,7 @@ class BatchEngine:
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (empty / too long / bad ids or values)."""
         check_request(req, self.max_request_len, self.vocab)
-        if req.logprobs is not None:
+        if req.logprobs is not None or req.prompt_logprobs is not None:
             raise ValueError("logprobs are reported by the paged engine (Llama-family targets with ngram, suffix or "
                              "no draft); this engine serves draft models and heads: drop logprobs")
 

@@ -45,7 +45,7 @@ from .pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket
 from .scheduler import Item, Scheduler, Seq
 from .support import paged_reason
 from .shapes import bucket
-from .verify_rows import emitted_logprobs, verify_rows
+from .verify_rows import emitted_logprobs, score_prompts, verify_rows
 
 CPU_KV_BYTES = 2 << 30
 COUNTERS = ("steps", "decode_graph_steps", "prefill_tokens", "generated_tokens", "drafted", "accepted", "spec_steps",
@@ -157,6 +157,8 @@ class PagedEngine:
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops,
                   prompt_key=hash(tuple(req.prompt)))
+        if req.prompt_logprobs is not None:     # every prompt position computed, none taken from the cache
+            seq.cacheable, seq.prompt_lps = False, []
         if self.acceptance is not None:
             seq.context = self.drafter.start([req.prompt])
             seq.acceptance = self.acceptance.new_request()
@@ -251,7 +253,11 @@ class PagedEngine:
             size = mixed_bucket(sum(len(f.tokens) for f in fed), self.mixed_sizes) if self.fixed_shapes else 0
             inputs = mixed_inputs(fed, width, device=self.device, pad_to=size or 0, pad_id=self.pad,
                                   block_size=self.blocks.block_size)
-            logits = self.model.mixed(inputs).view(-1, width, self.vocab_out)
+            logits, scored = self.model.mixed(inputs), sum(f.scored for f in fed)
+            if scored:                          # the prompt tokens' rows come last
+                score_prompts(items, fed, logits[logits.shape[0] - scored:])
+                logits = logits[:logits.shape[0] - scored]
+            logits = logits.view(-1, width, self.vocab_out)
         if self.overlap and decode_only and not shape[2] and all(plain(it.seq.req) for it in sampling):
             self._inflight, made, own = self._launch(sampling, logits), len(sampling), []
         else:
@@ -332,7 +338,11 @@ class PagedEngine:
         slots = [seq.table[p // bs] * bs + p % bs for p in range(start, start + len(ids))]
         if not seq.decoding:
             self.counters["prefill_tokens"] += it.n
-        return Fed(ids, start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
+        fed = Fed(ids, start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
+        if seq.prompt_lps is not None:          # positions not yet scored whose next token is a prompt token
+            lo, hi = max(start, len(seq.prompt_lps)), min(start + it.n, len(seq.req.prompt) - 1)
+            fed.score_from, fed.scored = lo - start, max(0, hi - lo)
+        return fed
 
     def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor) -> list:
         for it in items:                    # every fed token up to the sampling point is now in the cache
@@ -362,6 +372,7 @@ class PagedEngine:
         """Record a request's verified tokens ``new``; ``placed``: a landed step's one token, already in its
         placeholder's place (computed advanced at launch)."""
         seq, req = it.seq, it.seq.req
+        first = not req.tokens
         if not placed:
             seq.computed = it.start + it.n + len(new) - 1       # fed tokens + accepted drafts
         if seq.context is not None and drafted:
@@ -380,5 +391,6 @@ class PagedEngine:
         if reason is not None:
             self._retire(seq, reason)
         return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason,
-                          logprobs=None if logprobs is None else logprobs[:len(toks)])
+                          logprobs=None if logprobs is None else logprobs[:len(toks)],
+                          prompt_logprobs=seq.prompt_lps if first else None)
 

@@ -9,7 +9,7 @@ Both kinds of step are ragged: request s feeds its n_s tokens at rows cu_q[s]:cu
   request drafts: its own rows, then its last one repeated), so verify() sees [R, width, V].
 * A **mixed step** (prefill chunks beside decode rows) is ragged; where it replays piecewise graphs (piecewise.py)
   its tokens are padded to a mixed bucket as above; its logit rows are those of the sampling requests, padded to
-  the widest and to the rows bucket as above.
+  the widest and to the rows bucket as above, then those of the tokens whose prompt logprobs are wanted.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ class Fed:
     table: list
     samples: bool = True
     drafts: int = 0
+    scored: int = 0          # ``scored`` of its tokens from ``score_from`` on want their logits too (prompt
+    score_from: int = 0      # logprobs; mixed steps)
 
 
 class _Flat:
@@ -119,5 +121,7 @@ def mixed_inputs(fed: list, width: int, *, device, pad_to: int = 0, pad_id: int 
             sampling += 1
     if sampling:      # verify takes the rows bucket: the head computes the padding rows, no logits copy later
         rows += rows[:width] * (bucket(sampling) - sampling)
+    for f, end in zip(fed, flat.cu[1:]):   # then the scored tokens' rows (prompt logprobs), after verify's
+        rows += range(end - len(f.tokens) + f.score_from, end - len(f.tokens) + f.score_from + f.scored)
     flat.pad_to(pad_to, pad_id, block_size)
     return flat.inputs(rows, max(len(f.tokens) for f in fed), device)

@@ -44,6 +44,8 @@ class Seq:
     pending: int = 0                  # its tokens still in flight (placeholders at the end of tokens: overlap.py)
     held: bool = False                # its last token is in flight: it is not scheduled again
     prompt_key: int = 0               # hash of its prompt (0: none): requests with one prompt prefill it once
+    cacheable: bool = True            # its prompt may come from the prefix cache (not when its logprobs are wanted)
+    prompt_lps: Optional[list] = None  # its prompt tokens' logprobs so far, when the request asked for them
 
     @property
     def remaining(self) -> int:
@@ -152,7 +154,7 @@ class Scheduler:
         """Whether a running request with the same prompt (n choices of one request, or repeats) is still prefilling
         it: admitted now, this one would compute the prompt again instead of finding its blocks in the prefix cache."""
         key = seq.prompt_key
-        if not key or not self.blocks.prefix_caching or len(seq.req.prompt) <= self.blocks.block_size:
+        if not key or not seq.cacheable or not self.blocks.prefix_caching or len(seq.req.prompt) <= self.blocks.block_size:
             return False
         return any(other.prompt_key == key and other.computed < len(other.req.prompt) and
                    other.req.prompt == seq.req.prompt for other in self.running)
@@ -160,7 +162,7 @@ class Scheduler:
     def _admit(self, seq: Seq, budget: int) -> Optional[Item]:
         seq.drafts = []
         if not seq.table:
-            seq.computed = self.blocks.match_prefix(seq.tokens, seq.table, seq.keys)
+            seq.computed = self.blocks.match_prefix(seq.tokens, seq.table, seq.keys) if seq.cacheable else 0
         reserve = self.watermark if self.running else 0     # room for the running requests' next tokens
         room = (len(seq.table) + self.blocks.num_free - reserve) * self.blocks.block_size - seq.computed
         n = min(seq.remaining, budget, room)

@@ -66,3 +66,20 @@ def emitted_logprobs(logits: torch.Tensor, reqs: list, result, emitted: list) ->
         out[i] = [(chosen[w][j], list(zip(ids[w][j][:k], values[w][j][:k])) if k else [])
                   for j in range(emitted[i])]
     return out
+
+
+def score_prompts(items: list, fed: list, logits: torch.Tensor) -> None:
+    """Append to each scoring request's ``prompt_lps`` its scored positions' raw log-probability of the next prompt
+    token and its top alternatives (``prompt_logprobs`` of them), from ``logits`` [scored rows, V] (layout.py's
+    order: request by request)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    rows = [(it.seq, f) for it, f in zip(items, fed) if f.scored]
+    nexts = [t for seq, f in rows for t in seq.req.prompt[f.start + f.score_from + 1:][:f.scored]]
+    chosen = lp.gather(-1, torch.tensor(nexts, device=lp.device)[:, None]).squeeze(-1).tolist()
+    top = max(seq.req.prompt_logprobs for seq, _ in rows)
+    values, ids = lp.topk(top, dim=-1) if top else (lp[:, :0], lp[:, :0].long())
+    values, ids, at = values.tolist(), ids.tolist(), 0
+    for seq, f in rows:
+        k = seq.req.prompt_logprobs
+        seq.prompt_lps += [(chosen[j], list(zip(ids[j][:k], values[j][:k]))) for j in range(at, at + f.scored)]
+        at += f.scored
