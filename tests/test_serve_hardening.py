@@ -129,7 +129,7 @@ def test_unimplemented_or_bad_chat_fields_are_refused_by_name(server, extra, par
 
 
 @pytest.mark.parametrize("extra,param", [({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
-                                         ({"echo": True}, "echo")])
+                                         ({"suffix": "end", "echo": True}, "suffix")])
 def test_unimplemented_completion_fields_are_refused_by_name(server, extra, param):
     body = {"model": MODEL, "prompt": "ab", "max_tokens": 2, **extra}
     assert error_of(post(server, "/v1/completions", body), 400)["param"] == param

@@ -217,7 +217,7 @@ def test_the_batch_engine_refuses_logprobs_with_a_400_that_says_why():
 
 def test_steps_carry_logprobs_only_for_the_requests_that_asked():
     """The engine loop's split over two API processes gives each its own requests' entries; a step without any
-    costs one nil byte more than the Step before logprobs."""
+    costs one nil byte more than the Step before logprobs (and one more for the prompt's logprobs, echo's)."""
     import msgspec
 
     from tilespec.serve.core import EngineLoop
@@ -242,4 +242,4 @@ def test_steps_carry_logprobs_only_for_the_requests_that_asked():
         stats: object = None
 
     outputs = [(0, [7, 8], None), (5, [9], "length")]
-    assert len(encode(Step(outputs=outputs))) == len(encode(Before(outputs=outputs))) + 1
+    assert len(encode(Step(outputs=outputs))) == len(encode(Before(outputs=outputs))) + 2

@@ -15,6 +15,12 @@ offered: serve/tools.py) a choice's text goes through it: content deltas as they
 streams one (serve/shapes.tool_call_deltas), and the finish reason "tool_calls" when the model called a tool and
 ended by itself ("length" stays "length": the text was cut). The logprobs of text the parser holds back ride on the
 next chunk sent, the rest on the last one.
+
+Echo (completions): a choice's text begins with the prompt's (``Choice.echo``) and its logprobs with the prompt's
+tokens (serve/logprobs.echo_piece), on its first piece of text: streamed without logprobs, the prompt's text is the
+choice's opening chunk at once; with them, the first chunk once the engine's first step brought the prompt's
+entries. Offsets of the generated tokens count from the start of the echoed text. ``drop``: the request asked for
+``max_tokens`` 0 (scoring its prompt); the one token the engine made is dropped.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from typing import Optional
 from fastapi.responses import JSONResponse
 
 from .client import EngineFailed, RequestStream
+from .logprobs import Echo, echo_piece
 from .protocol import APIError
 from .shapes import sse, tool_call_deltas
 from .text import TextStream
@@ -41,8 +48,11 @@ class ClientGone(Exception):
 class Choice:
     """One choice: its engine ``stream``, its ``text`` (stop strings), the logprobs handed out, its tool parser."""
 
-    def __init__(self, index: int, stream: RequestStream, text: TextStream, tools=None):
+    def __init__(self, index: int, stream: RequestStream, text: TextStream, tools=None,
+                 echo: Optional[Echo] = None, drop: bool = False):
         self.index, self.stream, self.text, self.tools = index, stream, text, tools
+        self.echo, self.drop = echo, drop       # the prompt to echo, until its text was handed out
+        self.shift = len(echo.text) if echo is not None else 0      # where the completion starts in the text
         self.reported = 0           # tokens whose logprobs were handed out
         self.finished = False
         self.parts: list = []       # a whole response's text pieces
@@ -57,7 +67,21 @@ class Choice:
             return None
         a, n = self.reported, max(self.reported, self.text.settled_tokens(done))
         self.reported = n
-        return self.text.tokens[a:n], self.stream.logprobs[a:n], [self.text.start(i) for i in range(a, n)]
+        return self.text.tokens[a:n], self.stream.logprobs[a:n], [self.shift + self.text.start(i) for i in range(a, n)]
+
+    def take_echo(self) -> str:
+        """The prompt's text to echo now ('' once handed out); its logprobs are then no more to come."""
+        echo, self.echo = self.echo, None
+        return "" if echo is None else echo.text
+
+    def _echoed(self, event: Optional[tuple]) -> Optional[tuple]:
+        """The first event's text and logprobs with the echoed prompt's before them."""
+        if self.echo is None or event is None:
+            return event
+        echo, (new, reason, piece) = self.echo, event
+        if piece is not None:
+            piece = echo_piece(echo, self.stream.prompt_logprobs, piece)
+        return self.take_echo() + new, reason, piece
 
     def advance(self, client) -> Optional[tuple]:
         """What arrived as (new text, finish reason or None, logprobs piece or None); None when it settles nothing.
@@ -68,15 +92,17 @@ class Choice:
                 raise APIError(503, f"the engine failed: {stream.error}", kind="server_error")
             raise APIError(400, str(stream.error))
         done = stream.finish is not None
-        new = self.text.push(stream.take(), final=done)
+        ids = stream.take()
+        new = self.text.push([] if self.drop else ids, final=done)
         if self.text.stopped and not done:
             client.cancel(stream)
             self.finished = True
-            return new, "stop", self._logprobs(True)
+            return self._echoed((new, "stop", self._logprobs(True)))
         if done:
             self.finished = True
-            return new, "stop" if self.text.stopped else FINISH[stream.finish], self._logprobs(True)
-        return (new, None, self._logprobs(False)) if new else None
+            return self._echoed((new, "stop" if self.text.stopped else FINISH[stream.finish], self._logprobs(True)))
+        ready = new or (self.echo is not None and stream.prompt_logprobs is not None)   # the prompt's entries came
+        return self._echoed((new, None, self._logprobs(False))) if ready else None
 
     def finish_reason(self, reason: Optional[str]) -> Optional[str]:
         return "tool_calls" if reason == "stop" and self.tools is not None and self.tools.calls else reason
@@ -144,7 +170,10 @@ class Reply:
         try:
             for choice in self.choices:
                 choice.chunk = shape.chunk_encoder(self.rid, self.created, model, choice.index)
-                yield choice.chunk(None, None, first=True)
+                if choice.echo is None:
+                    yield choice.chunk(None, None, first=True)
+                elif choice.stream.logprobs is None:        # echo: the prompt's text opens the choice at once
+                    yield choice.chunk(choice.take_echo(), None)
             async for choice, (new, reason, piece) in self.events():
                 if choice.tools is not None:
                     for chunk in self._tool_chunks(choice, new, reason, piece):

@@ -48,15 +48,18 @@ class RequestStream:
     """One submitted request in the API process: ``pending`` ids not yet handed out, ``finish`` once it ended
     ("stop", "length", "cancelled"), ``error`` when it failed; ``ready`` is set whenever something arrived (the
     choices of one ``n`` > 1 request share theirs, so that their handler waits on one event for any of them).
-    ``logprobs``: None, or (a request that asked) every token's entry so far, entry i for the i-th token taken."""
+    ``logprobs``: None, or (a request that asked) every token's entry so far, entry i for the i-th token taken;
+    ``prompt_logprobs``: None, or (a request that asked: echo) its prompt tokens' entries after the first, set with
+    its first step."""
 
-    __slots__ = ("id", "pending", "finish", "error", "ready", "done", "logprobs")
+    __slots__ = ("id", "pending", "finish", "error", "ready", "done", "logprobs", "prompt_logprobs")
 
     def __init__(self, rid: int, logprobs: bool = False, ready: Optional[asyncio.Event] = None):
         self.id, self.pending, self.finish, self.error = rid, [], None, None
         self.ready = asyncio.Event() if ready is None else ready
         self.done = False
         self.logprobs: Optional[list] = [] if logprobs else None
+        self.prompt_logprobs: Optional[list] = None
 
     @property
     def news(self) -> bool:
@@ -158,7 +161,7 @@ class EngineClient:
             id=stream.id, prompt=req.prompt, max_tokens=req.max_tokens, temperature=req.temperature,
             top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed, gamma=req.gamma,
             stop_token_ids=list(req.stop_token_ids), ignore_eos=req.ignore_eos, transforms=logits is not None,
-            logprobs=req.logprobs,
+            logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
             **({} if logits is None else dict(presence_penalty=logits.presence_penalty,
                                               frequency_penalty=logits.frequency_penalty,
                                               logit_bias=dict(logits.logit_bias), min_tokens=logits.min_tokens)))))
@@ -190,11 +193,13 @@ class EngineClient:
                 self._fail(msg.error)
 
     def _dispatch(self, msg: Step) -> None:
-        streams, logprobs = self.streams, msg.logprobs or {}
+        streams, logprobs, prompts = self.streams, msg.logprobs or {}, msg.prompt_logprobs
         for rid, ids, finish in msg.outputs:
             stream = streams.get(rid)
             if stream is None:
                 continue
+            if prompts and rid in prompts:
+                stream.prompt_logprobs = prompts[rid]
             if ids:
                 stream.pending += ids
                 if stream.logprobs is not None:     # one entry per id, so that entry i stays token i's

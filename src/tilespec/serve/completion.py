@@ -9,7 +9,10 @@ the request has a seed, wrapping within int64; else each its own random seed), s
 counting ``n`` against ``--max-queue``. ``n`` is at most the server's batch rows (its choices decode side by side)
 and ``--max-queue``. The answer (streamed as server-sent events or whole) is serve/choices.py's; a client that
 disconnects cancels every choice (their blocks are freed). Chat with tools offered also gets a tool-call parser for
-the served model (serve/tools.py).
+the served model (serve/tools.py). Completions' ``echo`` (serve/choices.py): the prompt's text (the string given, or
+the ids decoded) before each choice's; with ``logprobs`` the engine also reports the prompt's entries
+(BatchRequest.prompt_logprobs); ``max_tokens`` 0 (echo only: scoring the prompt) asks the engine for one token,
+which is dropped.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from tilespec.engine.batch_request import BatchRequest
 from .choices import Choice, ClientGone, Reply
 from .client import EngineClient, Overloaded
 from .detokenize import fast_decoder
-from .logprobs import TokenText
+from .logprobs import Echo, TokenText
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .shapes import ChatShape, CompletionShape
 from .text import TextStream
@@ -103,7 +106,8 @@ class Completions:
         refused = self.client.info.get("logprobs_refused")
         if refused and body.logprob_count() is not None:
             info = self.client.info
-            raise APIError(400, f"logprobs need the paged engine; this server runs {info.get('engine')} with "
+            what = "logprobs (and echo's prompt logprobs)" if getattr(body, "echo", False) else "logprobs"
+            raise APIError(400, f"{what} need the paged engine; this server runs {info.get('engine')} with "
                                 f"draft {info.get('drafter') or 'none'}: {refused}", param="logprobs",
                            code="unsupported_parameter")
         self.check_n(body.n)
@@ -144,11 +148,20 @@ class Completions:
         if not ids:
             raise APIError(400, "the prompt is empty", param=prompt_param)
         max_tokens, logits = self.max_tokens(body, len(ids), prompt_param), body.logit_settings()
-        return [BatchRequest(prompt=ids, max_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
-                             top_p=body.top_p, min_p=body.min_p, seed=seed, gamma=body.gamma, logits=logits,
-                             stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-                             logprobs=body.logprob_count())
+        lp = body.logprob_count()
+        return [BatchRequest(prompt=ids, max_tokens=max(1, max_tokens), temperature=body.temperature,
+                             top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=seed, gamma=body.gamma,
+                             logits=logits, stop_token_ids=tuple(body.stop_token_ids or ()),
+                             ignore_eos=body.ignore_eos, logprobs=lp,
+                             prompt_logprobs=lp if getattr(body, "echo", False) else None)
                 for seed in choice_seeds(body.seed, body.n)]
+
+    def echo_of(self, body: CompletionRequest, ids: list) -> Echo:
+        """The prompt to echo: its text (as given, or its ids decoded) and each token's start in its decoded text."""
+        stream = TextStream(self.decode, [], track=True)
+        decoded = stream.push(ids, final=True)
+        text = body.prompt if isinstance(body.prompt, str) else decoded
+        return Echo(text, list(ids), [stream.start(i) for i in range(len(ids))])
 
     def submit(self, reqs: list) -> list:
         try:
@@ -170,9 +183,12 @@ class Completions:
         ``tools``: a factory of tool parsers (one a choice), None when the request offered no tools."""
         reqs = self.requests(body, ids, prompt_param)
         stops = body.stops()        # checked before submitting: a 400 here must leave nothing running
+        echo = await self._off_loop(self.echo_of, body, ids) if getattr(body, "echo", False) else None
+        drop = echo is not None and (body.max_completion_tokens or body.max_tokens) == 0     # scoring the prompt
         streams = self.submit(reqs)
         track = reqs[0].logprobs is not None
-        choices = [Choice(i, stream, TextStream(self.decode, stops, track=track), tools() if tools else None)
+        choices = [Choice(i, stream, TextStream(self.decode, stops, track=track), tools() if tools else None,
+                          echo=echo, drop=drop)
                    for i, stream in enumerate(streams)]
         reply = Reply(self, request, choices, shape, len(ids))
         if body.stream:

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 WARM_CONTEXT = 4096     # longer contexts capture their decode graphs when first met (rare; each once)
 
 from .messages import (STATS_EVERY_S, Cancel, Failed, Ready, Rejected, Shutdown, Step, Submit, decode_to_engine,
-                       encode)
+                       encode, split_by_process)
 
 
 @dataclass
@@ -246,7 +246,7 @@ def _logprobs_refused(engine) -> Optional[str]:
     if check is None:
         return None
     try:
-        check(BatchRequest(prompt=[0], max_tokens=1, logprobs=0))
+        check(BatchRequest(prompt=[0], max_tokens=1, logprobs=0, prompt_logprobs=0))
     except ValueError as err:
         return str(err)
     return None
@@ -335,7 +335,7 @@ class EngineLoop:
         self.ids[rid], self.rids[msg.id] = msg.id, rid
 
     def _step(self) -> None:
-        outputs, logprobs = [], None
+        outputs, logprobs, prompts = [], None, None
         for event in self.engine.step():
             i = self.ids.get(event.rid)
             if i is None:
@@ -344,13 +344,16 @@ class EngineLoop:
             if event.logprobs:          # only requests that asked carry them; their text is the API process's work
                 logprobs = logprobs or {}
                 logprobs[i] = event.logprobs
+            if event.prompt_logprobs is not None:       # an echoing request's first event
+                prompts = prompts or {}
+                prompts[i] = event.prompt_logprobs
             if event.finish_reason is not None:
                 del self.ids[event.rid]
                 self.rids.pop(i, None)
         self.dirty = True
-        self._send(outputs, force=not self.engine.has_work, logprobs=logprobs)     # idle: gauges current at once
+        self._send(outputs, force=not self.engine.has_work, logprobs=logprobs, prompts=prompts)    # idle: gauges now
 
-    def _send(self, outputs: list, force: bool, logprobs: Optional[dict] = None) -> None:
+    def _send(self, outputs: list, force: bool, logprobs: Optional[dict] = None, prompts: Optional[dict] = None):
         now = time.monotonic()
         stats = None
         if self.dirty and (force or now - self.stats_at >= STATS_EVERY_S):
@@ -358,18 +361,14 @@ class EngineLoop:
         n = len(self.pushes)
         if n == 1:
             if outputs or stats is not None:
-                self.pushes[0].send(encode(Step(outputs=outputs, stats=stats, logprobs=logprobs)), copy=False)
+                self.pushes[0].send(encode(Step(outputs, stats, logprobs, prompts)), copy=False)
             return
         parts: list = [[] for _ in range(n)]
         for out in outputs:
             parts[out[0] % n].append(out)
-        lps: list = [None] * n
-        for i, entries in (logprobs or {}).items():
-            lps[i % n] = lps[i % n] or {}
-            lps[i % n][i] = entries
-        for push, part, lp in zip(self.pushes, parts, lps):
+        for push, part, lp, pl in zip(self.pushes, parts, split_by_process(logprobs, n), split_by_process(prompts, n)):
             if part or stats is not None:
-                push.send(encode(Step(outputs=part, stats=stats, logprobs=lp)), copy=False)
+                push.send(encode(Step(part, stats, lp, pl)), copy=False)
 
 
 def request_of(msg: Submit):
@@ -382,4 +381,4 @@ def request_of(msg: Submit):
     return BatchRequest(prompt=list(msg.prompt), max_tokens=msg.max_tokens, temperature=msg.temperature,
                         top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p, seed=msg.seed, gamma=msg.gamma,
                         logits=logits, stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
-                        logprobs=msg.logprobs)
+                        logprobs=msg.logprobs, prompt_logprobs=msg.prompt_logprobs)

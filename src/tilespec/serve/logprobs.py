@@ -10,13 +10,17 @@ does (``decode([id])`` with special tokens kept, so an EOS shows as itself), onc
   "text_offset"}``, where each ``top_logprobs`` dict holds the k alternatives and the chosen token (OpenAI: "up to
   logprobs + 1 elements"; tokens whose strings coincide share a key, as in OpenAI's and vLLM's).
 
-Which tokens go with which text (a stop string cuts both alike) is serve/text.py's ``settled_tokens``.
+Which tokens go with which text (a stop string cuts both alike) is serve/text.py's ``settled_tokens``. Echo
+(completions): :func:`echo_piece` puts the prompt's tokens before a choice's first piece, the first of them with
+:data:`NO_ENTRY` (no log-probability: ``token_logprobs`` and ``top_logprobs`` None there, as OpenAI returns), the
+others with the engine's prompt entries (messages.Step.prompt_logprobs).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 FLOOR = -9999.0     # vLLM's floor: a token the target rules out has -inf, which JSON cannot carry
+NO_ENTRY = (None, None)     # a token with no log-probability (an echoed prompt's first)
 
 
 def _value(lp: Optional[float]) -> Optional[float]:
@@ -67,8 +71,27 @@ def completion_logprobs(strings: TokenText, ids: list, entries: list, starts: li
         tokens.append(text)
         value = None if entry is None else _value(entry[0])
         values.append(value)
-        top = {} if entry is None else {strings(t): _value(lp) for t, lp in entry[1]}
-        if entry is not None:
+        top = {} if entry is None else None if entry[1] is None else {strings(t): _value(lp) for t, lp in entry[1]}
+        if top is not None and entry is not None:
             top.setdefault(text, value)
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": list(starts)}
+
+
+class Echo:
+    """An echoed prompt (completions' ``echo``): its ``text`` (the prompt as given, or its ids decoded), ``ids`` and
+    each token's ``starts`` in the prompt's detokenized text."""
+
+    __slots__ = ("text", "ids", "starts")
+
+    def __init__(self, text: str, ids: list, starts: list):
+        self.text, self.ids, self.starts = text, ids, starts
+
+
+def echo_piece(echo: Echo, prompt_entries: Optional[list], piece: tuple) -> tuple:
+    """A choice's first logprobs piece (ids, entries, offsets) with the prompt's tokens before it: the first with
+    NO_ENTRY, the rest with ``prompt_entries`` (None where the engine sent none)."""
+    ids, entries, starts = piece
+    got = list(prompt_entries or [])[:len(echo.ids) - 1]
+    prompt = [NO_ENTRY] + got + [None] * (len(echo.ids) - 1 - len(got))
+    return echo.ids + list(ids), prompt[:len(echo.ids)] + list(entries), echo.starts + list(starts)

@@ -4,7 +4,7 @@ API -> engine: :class:`Submit` (one request, already checked), :class:`Cancel` (
 whose stop string hit), :class:`Shutdown`. Engine -> API: :class:`Ready` once (what the API needs to check requests
 and to decode: limits, the tokenizer, K/V capacity), then one :class:`Step` per engine step carrying every request's
 new token ids and finish reasons (never one message per token; the logprobs of the requests that asked for them
-beside, raw: the API process turns them into text), :class:`Rejected` for a request the engine refused,
+beside, raw, and those of the prompt for the requests that echo it: the API process turns them into text), :class:`Rejected` for a request the engine refused,
 :class:`Failed` when the engine died. Counters ride on steps at most every ``STATS_EVERY_S`` seconds.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Submit(msgspec.Struct, tag=True, array_like=True):
     min_tokens: int = 0
     transforms: bool = False        # whether the request carries logit transforms at all
     logprobs: Optional[int] = None  # top alternatives per token (BatchRequest.logprobs); None: no logprobs
+    prompt_logprobs: Optional[int] = None   # the same for the prompt's tokens (BatchRequest.prompt_logprobs: echo)
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):
@@ -57,11 +58,23 @@ class Step(msgspec.Struct, tag=True, array_like=True):
     """One engine step: ``outputs`` holds (request id, new token ids, finish reason or None) for every request that
     got tokens or ended; ``stats`` the engine's counters and gauges (or None between stats intervals);
     ``logprobs``: request id -> its new tokens' logprobs, for the requests that asked (None when none did: a step
-    costs one byte more than without logprobs, not one per request)."""
+    costs one byte more than without logprobs, not one per request); ``prompt_logprobs``: request id -> its prompt
+    tokens' entries after the first (BatchEvent.prompt_logprobs, with a request's first event; None when none did)."""
 
     outputs: list[tuple[int, list[int], Optional[str]]]
     stats: Optional[dict] = None
     logprobs: Optional[dict[int, TokenLogprobs]] = None
+    prompt_logprobs: Optional[dict[int, TokenLogprobs]] = None
+
+
+def split_by_process(entries: Optional[dict], n: int) -> list:
+    """A request id -> entries map split across ``n`` API processes (request ``i`` is process ``i % n``'s): one map
+    per process, None where it has none."""
+    parts: list = [None] * n
+    for i, value in (entries or {}).items():
+        parts[i % n] = parts[i % n] or {}
+        parts[i % n][i] = value
+    return parts
 
 
 class Rejected(msgspec.Struct, tag=True, array_like=True):

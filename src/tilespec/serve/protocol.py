@@ -3,14 +3,16 @@
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
 naming the field (``check_supported``), never silently ignored: ``tool_choice`` "required" or a named function and
 ``strict`` function tools (they need decoding constrained by a grammar engine, which this server does not have),
-``response_format`` other than text, ``best_of`` > 1, ``suffix``, ``echo``, the deprecated ``functions`` /
+``response_format`` other than text, ``best_of`` > 1, ``suffix``, the deprecated ``functions`` /
 ``function_call`` and function messages, non-text content parts. Other unknown fields are ignored, as OpenAI's
 clients send extras. ``n``: 1-128 choices (the server's own limits: serve/completion.py). Tools (``tools``,
 ``tool_choice`` "auto" / "none", assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
 structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply are
 serve/tools.py's. Logprobs (``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions'
 ``logprobs`` 0-20 (OpenAI allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only
-(serve/logprobs.py). Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
+(serve/logprobs.py). Completions' ``echo``: the prompt's text before each choice's, with ``logprobs`` the prompt
+tokens' entries first (the first token's None); ``max_tokens`` 0 only with echo (the prompt alone: scoring it).
+Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions
 (vLLM names): ``top_k``, ``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no
 speculation). Errors are :class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
@@ -106,6 +108,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[int]]
+    max_tokens: Optional[int] = Field(default=None, ge=0)      # 0: with echo only (scoring the prompt)
     echo: bool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -125,8 +128,9 @@ class CompletionRequest(SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise unsupported("echo", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens must be at least 1 (0 only with echo: true, which returns the prompt "
+                                "alone, to score it)", param="max_tokens")
         if self.best_of not in (None, 1):
             raise unsupported("best_of", f"best_of={self.best_of}")
         if self.best_of is not None and self.best_of < self.n:
