@@ -59,3 +59,23 @@ class _RecordLogprobs:
 def record_logprobs(path: str):
     """A hook: the engine's BatchEvent logprobs, as they left the engine, in ``path`` (JSON lines)."""
     return _RecordLogprobs(str(path))
+
+
+class RecordingPush:
+    """A zmq PUSH socket stand-in that keeps every message the engine loop sends, decoded."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, data, copy=True):
+        from tilespec.serve.messages import decode_to_api
+        self.sent.append(decode_to_api(data))
+
+
+def recording_loop(api_processes: int = 2):
+    """An EngineLoop with no engine whose sends to ``api_processes`` API processes are recorded -> (loop, pushes)."""
+    from tilespec.serve.core import EngineLoop
+    pushes = [RecordingPush() for _ in range(api_processes)]
+    loop = EngineLoop.__new__(EngineLoop)
+    loop.pushes, loop.dirty = pushes, False
+    return loop, pushes

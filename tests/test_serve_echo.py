@@ -13,18 +13,15 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
+import test_serve  # noqa: E402
+from serve_hooks import recording_loop  # noqa: E402
 from test_serve import MODEL, CharTokenizer, Server, make_app, make_target  # noqa: E402
 
 TOK = CharTokenizer()
 PROMPT = "hello there"
 
 
-@pytest.fixture(scope="module")
-def served():
-    torch.set_num_threads(1)
-    srv = Server(make_app())
-    yield srv
-    srv.stop()
+served = test_serve.server          # the tiny model's default server (one per module)
 
 
 def token(i: int) -> str:
@@ -151,19 +148,7 @@ def test_the_batch_engine_refuses_echo_with_logprobs_and_echoes_without():
 
 
 def test_steps_carry_prompt_logprobs_to_the_api_process_of_their_request():
-    from tilespec.serve.core import EngineLoop
-    from tilespec.serve.messages import decode_to_api
-
-    class Push:
-        def __init__(self):
-            self.sent = []
-
-        def send(self, data, copy=True):
-            self.sent.append(decode_to_api(data))
-
-    pushes = [Push(), Push()]
-    loop = EngineLoop.__new__(EngineLoop)
-    loop.pushes, loop.dirty = pushes, False
+    loop, pushes = recording_loop(2)
     entries = [(-0.5, [(7, -0.5)]), (-2.0, [(9, -1.0)])]
     loop._send([(0, [7], None), (1, [3], None)], force=False, prompts={1: entries, 0: []})
     assert pushes[0].sent[0].prompt_logprobs == {0: []} and pushes[0].sent[0].logprobs is None

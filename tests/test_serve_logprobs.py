@@ -16,7 +16,7 @@ pytest.importorskip("uvicorn")
 
 from tilespec.serve.text import TextStream  # noqa: E402
 
-from serve_hooks import record_logprobs  # noqa: E402
+from serve_hooks import record_logprobs, recording_loop  # noqa: E402
 from test_serve import MODEL, CharTokenizer, Server, make_app, make_target  # noqa: E402
 
 TOK = CharTokenizer()
@@ -220,19 +220,9 @@ def test_steps_carry_logprobs_only_for_the_requests_that_asked():
     costs one nil byte more than the Step before logprobs (and one more for the prompt's logprobs, echo's)."""
     import msgspec
 
-    from tilespec.serve.core import EngineLoop
-    from tilespec.serve.messages import Step, decode_to_api, encode
+    from tilespec.serve.messages import Step, encode
 
-    class Push:
-        def __init__(self):
-            self.sent = []
-
-        def send(self, data, copy=True):
-            self.sent.append(decode_to_api(data))
-
-    pushes = [Push(), Push()]
-    loop = EngineLoop.__new__(EngineLoop)
-    loop.pushes, loop.dirty = pushes, False
+    loop, pushes = recording_loop(2)
     entries = [(-0.5, [(7, -0.5), (9, -1.25)])]
     loop._send([(0, [7], None), (1, [3], None), (3, [4], "stop")], force=False, logprobs={3: entries})
     assert pushes[0].sent[0].logprobs is None and pushes[0].sent[0].outputs == [(0, [7], None)]

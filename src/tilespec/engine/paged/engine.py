@@ -284,12 +284,11 @@ class PagedEngine:
     def _launch(self, sampling: list, logits: torch.Tensor) -> InFlight:
         """Verify a decode step without drafts and leave it in flight: each request's token is a placeholder until
         :meth:`_land` (overlap.py); its position, slot and length budget are known now."""
-        for it in sampling:
-            it.seq.computed = it.start + it.n
         result, _ = verify_rows(sampling, logits, pad=self.pad, method=self.method)
         flight = InFlight.launch(sampling, result.output_tokens)
         for row, it in enumerate(sampling):
             seq = it.seq
+            seq.computed = it.start + it.n                  # the fed token is in the cache
             seq.tokens.append(placeholder(row))
             seq.pending += 1
             seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens     # its last token is in flight
