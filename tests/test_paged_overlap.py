@@ -111,3 +111,29 @@ def test_a_drain_that_ends_the_batch_admits_the_waiting(target):
         engine.step()
     assert first.finish_reason == "stop" and first.tokens == probe.tokens[:3]
     assert second.finish_reason == "length" and len(second.tokens) == 4
+
+
+def test_admissions_and_prompt_chunks_stay_in_flight(target):
+    """Arrivals while the batch decodes, and prompts longer than the step's budget (chunked over several steps):
+    the mixed steps are left in flight like decode steps, and every request gets the synchronous engine's tokens."""
+    long_prompts = [[(7 * i + j) % 97 + 1 for j in range(18 + 3 * i)] for i in range(4)]
+    runs = {}
+    for overlap in (False, True):
+        engine = PagedEngine(target, None, max_batch=4, block_size=4, token_budget=16, overlap=overlap,
+                             max_admission_wait=0.0)
+        reqs = [BatchRequest(prompt=p, max_tokens=6, seed=i, temperature=1.0 if i % 2 else 0.0)
+                for i, p in enumerate(long_prompts)]
+        mixed_in_flight, step = 0, 0
+        pending = list(reqs)
+        while pending or engine.has_work:
+            if pending and step % 4 == 0:
+                engine.submit(pending.pop(0))
+            engine.step()
+            flight = engine._inflight
+            mixed_in_flight += flight is not None and flight.sample.mixed
+            engine.blocks.check()
+            step += 1
+        assert engine.blocks.num_free == engine.blocks.num_blocks - 1
+        runs[overlap] = [r.tokens for r in reqs], mixed_in_flight
+    assert runs[True][0] == runs[False][0]
+    assert runs[False][1] == 0 < runs[True][1]

@@ -21,6 +21,17 @@ from collections import OrderedDict
 import numpy as np
 
 SCRATCH = 0
+CPU_KV_BYTES = 2 << 30
+
+
+def default_blocks(block_bytes: int, full: int, fraction: float, device) -> int:
+    """How many K/V blocks of ``block_bytes`` to allocate: ``full`` (every request at full length) at most, within
+    ``fraction`` of the free GPU memory, or CPU_KV_BYTES of host memory."""
+    if device.type != "cuda":
+        return max(2, min(full, CPU_KV_BYTES // block_bytes))
+    import torch
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(2, min(full, int(free * fraction) // block_bytes))
 
 
 def block_key(parent: bytes, tokens) -> bytes:

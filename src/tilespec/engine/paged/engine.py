@@ -10,8 +10,8 @@ One iteration (:meth:`PagedEngine.step`):
   4. one ragged forward (model.py, layout.py); decode-only steps replay a CUDA graph per shape;
   5. ``verify()`` on the sampling rows (verify_rows.py): accepted drafts and one more token per request;
   6. commit: computed lengths advance (rejected drafts' K/V are overwritten later), full blocks are sealed into the
-     prefix cache, finished requests release their blocks. A decode step without drafts is left in flight instead
-     and committed by the next call, after it has launched the next step (overlap.py).
+     prefix cache, finished requests release their blocks. A step without drafts (decode or mixed) is left in
+     flight instead and committed by the next call, after it has launched the next step (overlap.py).
 
 Exactness: a request's logits depend only on its own tokens, its random numbers on its seed and absolute positions,
 its drafts on its own history; with ``coupled`` verification (the default) and context drafts its tokens are
@@ -36,18 +36,17 @@ from ..drafters import resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
-from .blocks import BlockManager
+from .blocks import BlockManager, default_blocks
 from .layout import Fed, decode_inputs, mixed_inputs
 from .model import PagedModel
-from .overlap import InFlight, blocked, placeholder, plain, resolve
+from .overlap import InFlight, Sample, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
-from .pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket
+from .pricing import Acceptance, DraftGate, StepCosts, price_drafts
 from .scheduler import Item, Scheduler, Seq
 from .support import paged_reason
 from .shapes import bucket
 from .verify_rows import emitted_logprobs, score_prompts, verify_rows
 
-CPU_KV_BYTES = 2 << 30
 COUNTERS = ("steps", "decode_graph_steps", "prefill_tokens", "generated_tokens", "drafted", "accepted", "spec_steps",
             "requests_finished", "requests_cancelled", "preemptions", "admissions_deferred", "steps_drafter_off",
             "steps_overlapped", "host_plan_seconds", "host_launch_seconds", "host_wait_seconds", "host_commit_seconds")
@@ -100,7 +99,8 @@ class PagedEngine:
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
         if num_blocks is None:
-            num_blocks = self._default_blocks(target, block_size, kv_fraction)
+            num_blocks = default_blocks(PagedModel.kv_bytes_per_token(target) * block_size,
+                                        max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction, self.device)
         self.model = PagedModel(target, num_blocks, block_size, compile=compile)
         self.vocab_out = self.model.native.lm_head.shape[0]
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
@@ -114,14 +114,6 @@ class PagedEngine:
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
         self.counters = dict.fromkeys(COUNTERS, 0)
-
-    def _default_blocks(self, target, block_size: int, fraction: float) -> int:
-        per_block = PagedModel.kv_bytes_per_token(target) * block_size
-        full = self.max_batch * (-(-self.max_len // block_size)) + 1
-        if self.device.type != "cuda":          # host memory: at most CPU_KV_BYTES of K/V
-            return max(2, min(full, CPU_KV_BYTES // per_block))
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return max(2, min(full, int(free * fraction) // per_block))
 
     # ------------------------------------------------------------------------------------------------ requests
     @property
@@ -236,9 +228,10 @@ class PagedEngine:
             return events
         sampling = [it for it in items if it.samples]
         decode_only = all(it.seq.decoding and it.samples for it in items)
-        shape = self._price([it for it in sampling if it.seq.decoding])
+        shape = price_drafts([it for it in sampling if it.seq.decoding], self.acceptance if self.pricing else None,
+                             self.costs, self.gamma, self.counters["steps"])
         fed = [self._fed(it) for it in items]
-        captures, planned = self.model.captures, time.perf_counter()     # host seconds by phase: counters
+        captures, planned, scored = self.model.captures, time.perf_counter(), 0     # host seconds by phase: counters
         self.counters["host_plan_seconds"] += planned - started
         if decode_only:
             width = 1 + self.gamma if shape[2] else 1
@@ -253,42 +246,62 @@ class PagedEngine:
             size = mixed_bucket(sum(len(f.tokens) for f in fed), self.mixed_sizes) if self.fixed_shapes else 0
             inputs = mixed_inputs(fed, width, device=self.device, pad_to=size or 0, pad_id=self.pad,
                                   block_size=self.blocks.block_size)
+            if prev is not None:
+                resolve(inputs.tokens, prev)
             logits, scored = self.model.mixed(inputs), sum(f.scored for f in fed)
             if scored:                          # the prompt tokens' rows come last
                 score_prompts(items, fed, logits[logits.shape[0] - scored:])
                 logits = logits[:logits.shape[0] - scored]
             logits = logits.view(-1, width, self.vocab_out)
-        if self.overlap and decode_only and not shape[2] and all(plain(it.seq.req) for it in sampling):
-            self._inflight, made, own = self._launch(sampling, logits), len(sampling), []
-        else:
-            own = self._verify_and_commit(items, sampling, logits)
-            made = sum(len(e.tokens) for e in own)
+        flight = None
+        if self.overlap and width == 1 and sampling and not scored and all(plain(it.seq.req) for it in sampling):
+            flight = self._launch(items, sampling, logits, Sample(not decode_only, shape, gated))
         self.counters["host_launch_seconds"] += time.perf_counter() - planned
         if prev is not None:            # the previous step's tokens, while the device runs this one
             events += self._land(prev)
             self.counters["steps_overlapped"] += 1
+        if flight is None:
+            own = self._verify_and_commit(items, sampling, logits)
+            made = sum(len(e.tokens) for e in own)
+        else:
+            self._inflight, own, made = flight, [], len(sampling)
         self.counters["steps"] += 1
         if self.model.captures == captures:     # a step that captured a graph is no sample
-            wall = time.perf_counter() - started
-            self.admission.observe(not decode_only, wall)
-            if decode_only:
-                self.costs.observe(shape, wall)
-                if gated is not None and gated[0] == shape[0]:
-                    self.gate.observe(gated[0], gated[1], made, wall)
+            self._observe(time.perf_counter() - started, prev, flight, Sample(not decode_only, shape, gated, made))
         return events + own
+
+    def _observe(self, wall: float, prev: Optional[InFlight], flight: Optional[InFlight], now: "Sample") -> None:
+        """A call's wall time samples the step whose device time it waited for: the step in flight it landed, else
+        its own step run synchronously (one launched with nothing landed spent host time only: no sample)."""
+        sample = prev.sample if prev is not None else (None if flight is not None else now)
+        if sample is None:
+            return
+        self.admission.observe(sample.mixed, wall)
+        if not sample.mixed:
+            self.costs.observe(sample.shape, wall)
+            if sample.gated is not None and sample.gated[0] == sample.shape[0]:
+                self.gate.observe(sample.gated[0], sample.gated[1], sample.made, wall)
 
     def _admits(self, now: float) -> bool:
         waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
         return self.admission.admit(now, waiting, len(self.scheduler.running))
 
-    def _launch(self, sampling: list, logits: torch.Tensor) -> InFlight:
-        """Verify a decode step without drafts and leave it in flight: each request's token is a placeholder until
-        :meth:`_land` (overlap.py); its position, slot and length budget are known now."""
+    def _launch(self, items: list, sampling: list, logits: torch.Tensor, sample: "Sample") -> InFlight:
+        """Verify a step without drafts and leave it in flight: each sampling request's token is a placeholder until
+        :meth:`_land` (overlap.py); its position, slot and length budget are known now. Fed tokens that are no
+        placeholder (prompt chunks) are in the cache once the step runs: their blocks are sealed now."""
         result, _ = verify_rows(sampling, logits, pad=self.pad, method=self.method)
         flight = InFlight.launch(sampling, result.output_tokens)
+        flight.sample = dataclasses.replace(sample, made=len(sampling))
+        for it in items:
+            if not it.samples:
+                it.seq.computed = it.start + it.n
+                self.blocks.seal(it.seq.tokens, it.seq.table, it.seq.keys, it.seq.computed)
         for row, it in enumerate(sampling):
             seq = it.seq
-            seq.computed = it.start + it.n                  # the fed token is in the cache
+            seq.computed = it.start + it.n                  # the fed tokens are in the cache
+            if not seq.pending:         # none of them a placeholder (a prompt's end): sealed now, so twins find it
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
             seq.tokens.append(placeholder(row))
             seq.pending += 1
             seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens     # its last token is in flight
@@ -314,21 +327,6 @@ class PagedEngine:
         self.counters["host_commit_seconds"] += time.perf_counter() - t1
         return events
 
-    def _price(self, decoding: list) -> tuple:
-        """Cut the decoding requests' drafts to those the step's plan verifies (pricing.py) -> the decode step's
-        shape (rows bucket, token bucket, wide)."""
-        rows = bucket(max(1, len(decoding)))
-        offered = [len(it.seq.drafts) for it in decoding]
-        if self.pricing and any(offered):
-            chains = [self.acceptance.chain(it.seq.acceptance, k, self.counters["steps"])
-                      for it, k in zip(decoding, offered)]
-            ks, shape = plan(rows, chains, self.costs, self.gamma)
-            for it, k in zip(decoding, ks):
-                del it.seq.drafts[k:]
-            return shape
-        tokens = len(decoding) + sum(offered)
-        return rows, token_bucket(rows, tokens, self.gamma), tokens > len(decoding)
-
     def _fed(self, it: Item) -> Fed:
         seq, start, bs = it.seq, it.start, self.blocks.block_size
         if it.n == 1 and it.samples and not seq.drafts:        # a plain decode row: most rows of most steps
@@ -351,6 +349,8 @@ class PagedEngine:
         if sampling:
             host, logprobs = self._verify(sampling, logits)
             for it, row, lp in zip(sampling, host, logprobs):
+                if it.seq.req.finish_reason is not None:     # ended by the step landed before this one's verify
+                    continue
                 events.append(self._commit(it, len(it.seq.drafts), row[1:1 + row[0]], lp))
         for it in items:
             seq = it.seq

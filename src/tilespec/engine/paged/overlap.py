@@ -10,10 +10,13 @@ N's tokens and commits them (stops, events, prefix sealing) while the device run
 per-request work, the step's largest cost at many rows, leaves the device's critical path. SGLang's overlap scheduler
 and vLLM's async scheduling do the same.
 
-What stays synchronous (the engine drains the step in flight first, :func:`blocked`): a step that drafts (drafts
-come from the request's own tokens), that admits waiting requests (prefill), whose requests ask for logprobs or
+A step that admits waiting requests or carries prompt chunks is planned and launched the same way: its chunks'
+tokens are the prompts', and its decode rows' placeholders are resolved as above; it is left in flight too (each
+request whose prompt ends there gets a placeholder for its first token), so arrivals under load no longer stop the
+pipeline. What stays synchronous (the engine drains the step in flight first, :func:`blocked`): a step that drafts
+(drafts come from the request's own tokens), whose requests (running or joining) ask for logprobs, prompt logprobs or
 transform their logits with their own history (penalties), or that might need blocks it cannot have without
-preempting. A request that ends on a stop token while the next step is in flight has fed one more token than it
+preempting (admission only takes free blocks, never preempts). A request that ends on a stop token while the next step is in flight has fed one more token than it
 needed: its output is dropped and its blocks are released at commit; the device writes of the step in flight are
 ordered before any later step's on the one stream, so released blocks are reused safely. Tokens are those of the
 synchronous engine: the same inputs, seeds and positions (tests/test_paged_overlap.py).
@@ -27,6 +30,17 @@ import torch
 
 
 @dataclass
+class Sample:
+    """What a step's wall time is a sample of: a mixed step (admission.py's averages) or a decode step of ``shape``
+    (pricing.StepCosts), with the draft gate's decision for it and the tokens it made."""
+
+    mixed: bool
+    shape: tuple
+    gated: Optional[tuple] = None
+    made: int = 0
+
+
+@dataclass
 class InFlight:
     """A launched decode step whose tokens are not yet on the host: its sampling items (row order), each row's
     sampled token on the device, their pinned host copy and the event that marks it done (None on CPU)."""
@@ -35,6 +49,7 @@ class InFlight:
     tokens: torch.Tensor
     host: torch.Tensor
     done: Optional[torch.cuda.Event]
+    sample: Optional[Sample] = None
 
     @classmethod
     def launch(cls, items: list, output_tokens: torch.Tensor) -> "InFlight":
@@ -68,15 +83,15 @@ def resolve(ids: torch.Tensor, previous: InFlight) -> None:
 
 def blocked(engine, drafting: bool, admits: bool) -> Optional[str]:
     """Why the next step cannot be planned before the step in flight commits (None: it can): see the module
-    docstring. ``drafting``: the draft gate runs the drafter this step; ``admits``: waiting requests join it."""
+    docstring. ``drafting``: the draft gate runs the drafter this step; ``admits``: waiting requests may join it."""
     running = engine.scheduler.running
     if drafting and any(seq.context is not None and seq.req.cap > 0 for seq in running):
         return "drafts"
-    if admits:
+    if admits and any(not plain(seq.req) or seq.prompt_lps is not None for seq in engine.scheduler.waiting):
         return "admission"
     if engine.blocks.num_free < len(running):
         return "blocks"
-    if any(not seq.decoding or not plain(seq.req) for seq in running):
+    if any(not plain(seq.req) or seq.prompt_lps is not None for seq in running):
         return "request"
     return None
 

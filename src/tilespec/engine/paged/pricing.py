@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .shapes import bucket
+
 TOKEN_STEPS = (0.5, 1.0, 2.0)   # token buckets of R rows: R, R * (1 + s) for these s, and R * (1 + gamma)
 
 
@@ -167,6 +169,21 @@ def plan(rows: int, chains: list, costs: StepCosts, gamma: int) -> tuple:
     for _, _, i in gains[:m]:
         ks[i] += 1
     return ks, shape
+
+
+def price_drafts(decoding: list, acceptance: Optional[Acceptance], costs: StepCosts, gamma: int, step: int) -> tuple:
+    """Cut the decoding items' drafts (scheduler.Item) to those the step's :func:`plan` verifies -> the decode step's
+    shape (rows bucket, token bucket, wide). ``acceptance`` None: every offered draft is kept (unpriced)."""
+    rows = bucket(max(1, len(decoding)))
+    offered = [len(it.seq.drafts) for it in decoding]
+    if acceptance is not None and any(offered):
+        chains = [acceptance.chain(it.seq.acceptance, k, step) for it, k in zip(decoding, offered)]
+        ks, shape = plan(rows, chains, costs, gamma)
+        for it, k in zip(decoding, ks):
+            del it.seq.drafts[k:]
+        return shape
+    tokens = len(decoding) + sum(offered)
+    return rows, token_bucket(rows, tokens, gamma), tokens > len(decoding)
 
 
 class DraftGate:

@@ -41,17 +41,20 @@ def warm_up(engine, max_context: Optional[int] = None, log=None) -> int:
     k0, v0 = engine.model.caches[0]
     bs = engine.blocks.block_size
     budget = min(engine.scheduler.token_budget, engine.max_len)
+    marks = [time.perf_counter()]          # phase ends: attention variants, eager mixed, piecewise, decode
     shapes = warm_variants(native.dtype, k0.unflatten(0, (-1, bs)), v0.unflatten(0, (-1, bs)), native.heads,
                            max_seqs=max(rows_top, engine.scheduler.max_seqs), max_q=budget)
     for s in sorted({1, 2, 4, rows_top}):
         for q in sorted({1, 2, 17, 64, budget}):
             engine.model.forward(scratch_inputs(engine, [q] + [1] * (s - 1)))
             shapes += 1
+    marks.append(time.perf_counter())
     if engine.model.piecewise:
         for size in engine.mixed_sizes:         # one sampling token on the scratch block, the rest padding
             engine.model.mixed(mixed_inputs([Fed([engine.pad], 0, [SCRATCH * bs], [SCRATCH])], 1,
                                             device=engine.device, pad_to=size, pad_id=engine.pad, block_size=bs))
             shapes += 1
+    marks.append(time.perf_counter())
     top = table_width(-(-(max_context or engine.max_len) // bs))
     for rows in [b for b in BUCKETS if b <= rows_top]:
         for total, wide in decode_shapes(rows, engine.gamma):
@@ -71,8 +74,11 @@ def warm_up(engine, max_context: Optional[int] = None, log=None) -> int:
                        torch.full((rows, width - 1), engine.pad, dtype=torch.int64, device=engine.device),
                        num_draft_tokens=zeros, sampling=SamplingParams(temperature=temperature),
                        method=engine.method, seed=zeros, offsets=zeros, check_values=False)
+    marks.append(time.perf_counter())
     if log is not None:
-        log(f"paged engine warm-up: {shapes} step shapes in {time.perf_counter() - start:.1f} s")
+        phases = ", ".join(f"{name} {b - a:.1f} s" for name, a, b in
+                           zip(("attention + eager mixed", "piecewise mixed", "decode graphs"), marks, marks[1:]))
+        log(f"paged engine warm-up: {shapes} step shapes in {time.perf_counter() - start:.1f} s ({phases})")
     return shapes
 
 
