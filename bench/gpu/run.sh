@@ -355,7 +355,7 @@ stage_serve() {  # load benchmark on one GPU: tilespec serve (none / ngram) agai
                  # skips it). Wheels: fastapi, uvicorn, openai ... in $EXTRA/wheels (SERVE=1 at parts); vLLM in
                  # /tmp/vsite (shared/tools/vllm-offline, its INSTALL.sh; a system that cannot start is recorded as
                  # failed). SERVE_SYSTEMS (tilespec:none,tilespec:ngram,vllm,vllm:ngram), SERVE_CLIENTS (1,16,64,256);
-                 # code edit, 128 tokens, T 0, ignore EOS, max(32, 4 x clients) requests a level, none sent after
+                 # code edit, 128 tokens, T 0, ignore EOS, max(32, SERVE_RPC (4) x clients) requests a level, none sent after
                  # SERVE_LEVEL_S (8) s; SERVE_SOAK_S (0) s of saturation soak at the end; SERVE_ARGS appended;
                  # SERVE_NAME (serve-load) names the run. A rerun with the same settings resumes the JSON
   UNPACK=1 env_setup
@@ -366,7 +366,7 @@ stage_serve() {  # load benchmark on one GPU: tilespec serve (none / ngram) agai
   step "$name" "${SERVE_LIMIT_S:-560}" python3 bench/scripts/serve_load.py --target $m --hf-model "$hf" \
     --systems "${SERVE_SYSTEMS:-tilespec:none|--api-servers $n,tilespec:ngram|--api-servers $n,vllm,vllm:ngram}" \
     --clients "${SERVE_CLIENTS:-1,16,64,256}" \
-    --requests-per-client 4 --min-requests 32 --level-seconds "${SERVE_LEVEL_S:-8}" --task code-edit --max-tokens 128 \
+    --requests-per-client "${SERVE_RPC:-4}" --min-requests 32 --level-seconds "${SERVE_LEVEL_S:-8}" --task code-edit --max-tokens 128 \
     --temperature 0 --ignore-eos --max-batch 256 --start-timeout "${SERVE_START_S:-330}" $stub \
     --stub-seconds "${SERVE_STUB_S:-3}" --soak-seconds "${SERVE_SOAK_S:-0}" ${SERVE_ARGS:-} --port "${SERVE_PORT:-8321}" \
     --log-dir "$RES/$name-logs" --out "$RES/$name-${SERVE_TAG:-qwen1.5b}-$(gpu_tag).json"
