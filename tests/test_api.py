@@ -138,7 +138,8 @@ def test_verify_is_callable_and_its_modules_import():
 
 def test_generate_on_the_paged_engine(pair):
     """engine="paged": the prompts go through the engine tilespec serve runs on, with the decoder's tokens (T = 0,
-    and at T = 1 the same seeded draws: coupled verification of context drafts is target-only decoding)."""
+    and at T = 1 the same seeded draws: coupled verification of context drafts is target-only decoding); a draft
+    model drafts there too (greedy: target-only tokens), a trained head does not."""
     target, draft = pair
     tok = ChatTokenizer()
     for temperature in (0.0, 1.0):
@@ -147,8 +148,12 @@ def test_generate_on_the_paged_engine(pair):
         out = tilespec.generate(["abcabcabc", "sky"], target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
                                 temperature=temperature, seed=3, engine="paged", gamma=3, max_batch=2)
         assert out.sequences == ref.sequences and out.texts == ref.texts and out.stats.runtime == "paged"
+    greedy = tilespec.generate(["abcabcabc", "sky"], target=target, tokenizer=tok, max_new_tokens=8, temperature=0.0)
+    out = tilespec.generate(["abcabcabc", "sky"], target=target, draft=draft, tokenizer=tok, max_new_tokens=8,
+                            temperature=0.0, engine="paged", gamma=3, max_batch=2)      # a draft model drafts
+    assert out.sequences == greedy.sequences and out.stats.drafted > 0
     with pytest.raises(ValueError, match="BatchEngine"):
-        tilespec.generate("x", target=target, draft=draft, tokenizer=tok, engine="paged")
+        tilespec.generate("x", target=target, draft="head", tokenizer=tok, engine="paged")
     with pytest.raises(ValueError, match="engine must be"):
         tilespec.generate("x", target=target, tokenizer=tok, engine="fast")
     with pytest.raises(ValueError, match="tensor-parallel"):

@@ -222,10 +222,13 @@ def test_bad_requests_fail_before_admission(target):
     assert not engine.has_work
 
 
-def test_model_drafts_are_refused(target):
-    from engine_models import layer_skip
+def test_heads_and_foreign_drafts_are_refused(target):
+    """Draft models run on the paged engine (tests/test_paged_draft_model.py); trained heads and draft models of
+    another vocabulary do not."""
     with pytest.raises(ValueError, match="BatchEngine"):
-        PagedEngine(target, layer_skip(target, 1))
+        PagedEngine(target, "head")
+    with pytest.raises(ValueError, match="vocabulary"):
+        PagedEngine(target, tiny_lm(1, vocab=96, layers=1))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -251,10 +254,11 @@ def test_the_server_picks_its_engine(target):
     from engine_models import layer_skip
     from tilespec.serve import make_engine, pick_engine
     assert pick_engine(target, "ngram", "auto", {}) == "paged"
-    assert pick_engine(target, layer_skip(target, 1), "auto", {}) == "batch"
+    assert pick_engine(target, layer_skip(target, 1), "auto", {}) == "paged"
+    assert pick_engine(target, "head", "auto", {}) == "batch"
     assert pick_engine(target, None, "auto", {"capacity": 64}) == "batch"
     with pytest.raises(ValueError, match="use --engine batch"):
-        pick_engine(target, layer_skip(target, 1), "paged", {})
+        pick_engine(target, "head", "paged", {})
     with pytest.raises(ValueError, match="do not apply"):
         pick_engine(target, None, "batch", {"prefix_caching": False})
     eng = make_engine(target, "ngram", max_batch=2, gamma=3, prefill_chunk=8, prefix_caching=False)

@@ -73,3 +73,22 @@ def test_overlapped_steps_give_the_synchronous_tokens(target):
     (sync, none), (over, overlapped) = runs
     assert over == sync
     assert none == 0 < overlapped
+
+
+def test_a_draft_model_with_graphs_gives_target_only_tokens(target):
+    """A Llama-family draft model on the paged engine, compiled with captured graphs (the draft's captured on first
+    use): greedy tokens are target-only decoding's, and drafts were verified."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(1)
+    cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=False)
+    draft = Qwen2ForCausalLM(cfg).eval().cuda()
+    ref = SpeculativeDecoder(target, None, sampling=SamplingParams(temperature=0.0)).generate(
+        PROMPTS, max_new_tokens=24).sequences
+    eng = PagedEngine(target, draft, max_batch=4, gamma=3, compile=True, token_budget=64, max_len=512,
+                      pricing=False)
+    got = _run(eng, [BatchRequest(prompt=p, max_tokens=24, temperature=0.0) for p in PROMPTS])
+    assert got == ref
+    assert eng.counters["drafted"] > 0
+    eng.blocks.check()

@@ -137,3 +137,19 @@ def test_admissions_and_prompt_chunks_stay_in_flight(target):
         runs[overlap] = [r.tokens for r in reqs], mixed_in_flight
     assert runs[True][0] == runs[False][0]
     assert runs[False][1] == 0 < runs[True][1]
+
+
+def test_drafting_steps_without_drafts_are_timed(target):
+    """The drafter runs but finds nothing (no repeats): each such step is launched in flight and drained by the next
+    drafting call; the draft gate still gets its wall time as a drafting sample, so it can learn drafting loses."""
+    engine = PagedEngine(target, "ngram", max_batch=4, gamma=3, block_size=4, max_admission_wait=0.0)
+    engine.gate.drafting = lambda rows: True
+    seen = []
+    engine.gate.observe = lambda rows, drafting, made, wall: seen.append((rows, drafting, made, wall))
+    for i in range(2):
+        rid = engine.submit(BatchRequest(prompt=[11 + i, 40, 77, 5], max_tokens=12, temperature=0.0))
+        engine.seqs[rid].context.propose = lambda *args: []          # the drafter finds nothing
+    while engine.has_work:
+        engine.step()
+    drafting = [s for s in seen if s[1]]
+    assert len(drafting) >= 5 and all(made >= 1 and wall > 0 for _, _, made, wall in drafting)

@@ -150,7 +150,7 @@ stage_wait() {  # wait [SECONDS]: until every model in $MODELS is ready or SECON
 
 stage_tests() {
   env_setup
-  step pytest-gpu 420 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/
+  step pytest-gpu 420 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider ${GPU_TESTS:-tests/}   # GPU_TESTS: a subset
   tail -3 "$RES/pytest-gpu.log"; tarball tests
 }
 

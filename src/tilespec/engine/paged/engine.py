@@ -3,7 +3,7 @@ and context speculation verified exactly per request.
 
 One iteration (:meth:`PagedEngine.step`):
   1. the draft gate (pricing.py) says whether the drafter runs; decoding requests propose their drafts (ngram /
-     suffix), up to gamma;
+     suffix; a draft model's are placeholders, sampled after step 3 by draft_model.py), up to gamma;
   2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of waiting
      requests within a token budget when admission.py admits; it grows block tables, preempts when blocks run out;
   3. the drafts are priced (pricing.py): those that maximise expected tokens per measured second are kept;
@@ -37,11 +37,12 @@ from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
 from .blocks import BlockManager, default_blocks
+from .draft_model import kv_bytes_per_token, paged_drafts
 from .layout import Fed, decode_inputs, mixed_inputs
 from .model import PagedModel
 from .overlap import InFlight, Sample, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
-from .pricing import Acceptance, DraftGate, StepCosts, price_drafts
+from .pricing import Acceptance, DraftGate, StepCosts, observe, price_drafts
 from .scheduler import Item, Scheduler, Seq
 from .support import paged_reason
 from .shapes import bucket
@@ -55,7 +56,7 @@ COUNTERS = ("steps", "decode_graph_steps", "prefill_tokens", "generated_tokens",
 class PagedEngine:
     """Serve ``target`` (a Llama-family transformers model) with continuous batching over paged K/V.
 
-    draft: None, "ngram", "suffix" or a context Drafter (drafts from the request's own tokens); gamma: draft cap per
+    draft: None, "ngram", "suffix", a context Drafter or a Llama-family draft model (draft_model.py); gamma: cap per
     request and step; max_batch: running requests at most; token_budget: tokens per forward (decode rows with their
     drafts + prefill chunks); block_size: slots per block (a power of two > gamma); num_blocks: K/V blocks (default:
     ``kv_fraction`` of the free GPU memory, at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest
@@ -76,8 +77,8 @@ class PagedEngine:
                  overlap: bool = True, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
         reason = paged_reason(target, draft)
         if reason is not None:
-            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) over a "
-                             f"Llama-family target; {reason}: serve it with BatchEngine")
+            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) or with a "
+                             f"Llama-family draft model, over a Llama-family target; {reason}: serve it with BatchEngine")
         drafter = resolve_drafter(draft)
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -99,7 +100,7 @@ class PagedEngine:
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
         if num_blocks is None:
-            num_blocks = default_blocks(PagedModel.kv_bytes_per_token(target) * block_size,
+            num_blocks = default_blocks(kv_bytes_per_token(target, drafter if gamma else None) * block_size,
                                         max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction, self.device)
         self.model = PagedModel(target, num_blocks, block_size, compile=compile)
         self.vocab_out = self.model.native.lm_head.shape[0]
@@ -111,6 +112,7 @@ class PagedEngine:
         self.mixed_sizes = mixed_buckets(self.scheduler.token_budget)
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
+        self.drafts = paged_drafts(self, drafter, compile)      # a draft model's runner, or None
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -129,7 +131,7 @@ class PagedEngine:
 
     def kv_bytes_in_use(self) -> int:
         used = self.blocks.num_blocks - 1 - self.blocks.num_free
-        return used * self.blocks.block_size * PagedModel.kv_bytes_per_token(self.model.native.model)
+        return used * self.blocks.block_size * kv_bytes_per_token(self.model.native.model, self.drafts and self.drafter)
 
     @property
     def max_request_len(self) -> int:
@@ -152,7 +154,7 @@ class PagedEngine:
         if req.prompt_logprobs is not None:     # every prompt position computed, none taken from the cache
             seq.cacheable, seq.prompt_lps = False, []
         if self.acceptance is not None:
-            seq.context = self.drafter.start([req.prompt])
+            seq.context = (self.drafts or self.drafter).start([req.prompt])
             seq.acceptance = self.acceptance.new_request()
         self.seqs[req.rid] = seq
         self.scheduler.add(seq)
@@ -212,8 +214,9 @@ class PagedEngine:
         admit = self._admits(started)
         prev, events = self._inflight, []
         if prev is not None and blocked(self, drafting, admit and bool(self.scheduler.waiting)):
-            events, prev = self._land(prev), None
-            started = time.perf_counter()      # the wait for the step in flight is that step's cost, not this one's
+            events, started = self._land(prev), time.perf_counter()   # the wait is that step's cost, not this one's
+            self._observe(prev.sample, started - prev.sample.started if prev.sample else 0.0)
+            prev = None
             admit = self._admits(started)      # the requests that just ended may have emptied the batch
         self._inflight = None
         self.counters["admissions_deferred"] += not admit and bool(self.scheduler.waiting)
@@ -230,6 +233,7 @@ class PagedEngine:
         decode_only = all(it.seq.decoding and it.samples for it in items)
         shape = price_drafts([it for it in sampling if it.seq.decoding], self.acceptance if self.pricing else None,
                              self.costs, self.gamma, self.counters["steps"])
+        q = self.drafts.run(items, sampling, prev) if self.drafts is not None else None     # the draft model's law
         fed = [self._fed(it) for it in items]
         captures, planned, scored = self.model.captures, time.perf_counter(), 0     # host seconds by phase: counters
         self.counters["host_plan_seconds"] += planned - started
@@ -255,38 +259,35 @@ class PagedEngine:
             logits = logits.view(-1, width, self.vocab_out)
         flight = None
         if self.overlap and width == 1 and sampling and not scored and all(plain(it.seq.req) for it in sampling):
-            flight = self._launch(items, sampling, logits, Sample(not decode_only, shape, gated))
+            flight = self._launch(items, sampling, logits, Sample(not decode_only, shape, gated, started=started))
         self.counters["host_launch_seconds"] += time.perf_counter() - planned
         if prev is not None:            # the previous step's tokens, while the device runs this one
             events += self._land(prev)
             self.counters["steps_overlapped"] += 1
+            if flight is not None:      # the device starts this step about now: a drain measures from here
+                flight.sample.started = time.perf_counter()
         if flight is None:
-            own = self._verify_and_commit(items, sampling, logits)
+            own = self._verify_and_commit(items, sampling, logits, q)
             made = sum(len(e.tokens) for e in own)
         else:
             self._inflight, own, made = flight, [], len(sampling)
         self.counters["steps"] += 1
-        if self.model.captures == captures:     # a step that captured a graph is no sample
-            self._observe(time.perf_counter() - started, prev, flight, Sample(not decode_only, shape, gated, made))
+        if self.model.captures != captures:     # a step that captured a graph is no sample
+            if flight is not None:
+                flight.sample = None
+        elif prev is not None or flight is None:    # the call waited for the step it landed, or ran its own
+            wall = time.perf_counter() - started
+            self._observe(prev.sample if prev is not None else Sample(not decode_only, shape, gated, made), wall)
         return events + own
 
-    def _observe(self, wall: float, prev: Optional[InFlight], flight: Optional[InFlight], now: "Sample") -> None:
-        """A call's wall time samples the step whose device time it waited for: the step in flight it landed, else
-        its own step run synchronously (one launched with nothing landed spent host time only: no sample)."""
-        sample = prev.sample if prev is not None else (None if flight is not None else now)
-        if sample is None:
-            return
-        self.admission.observe(sample.mixed, wall)
-        if not sample.mixed:
-            self.costs.observe(sample.shape, wall)
-            if sample.gated is not None and sample.gated[0] == sample.shape[0]:
-                self.gate.observe(sample.gated[0], sample.gated[1], sample.made, wall)
+    def _observe(self, sample: Optional[Sample], wall: float) -> None:
+        observe(sample, wall, self.admission, self.costs, self.gate)
 
     def _admits(self, now: float) -> bool:
         waiting = (seq.req.t_submit for seq in self.scheduler.waiting)
         return self.admission.admit(now, waiting, len(self.scheduler.running))
 
-    def _launch(self, items: list, sampling: list, logits: torch.Tensor, sample: "Sample") -> InFlight:
+    def _launch(self, items: list, sampling: list, logits: torch.Tensor, sample: Sample) -> InFlight:
         """Verify a step without drafts and leave it in flight: each sampling request's token is a placeholder until
         :meth:`_land` (overlap.py); its position, slot and length budget are known now. Fed tokens that are no
         placeholder (prompt chunks) are in the cache once the step runs: their blocks are sealed now."""
@@ -296,12 +297,12 @@ class PagedEngine:
         for it in items:
             if not it.samples:
                 it.seq.computed = it.start + it.n
-                self.blocks.seal(it.seq.tokens, it.seq.table, it.seq.keys, it.seq.computed)
+                self.blocks.seal(it.seq.tokens, it.seq.table, it.seq.keys, it.seq.sealable(it.seq.computed))
         for row, it in enumerate(sampling):
             seq = it.seq
             seq.computed = it.start + it.n                  # the fed tokens are in the cache
             if not seq.pending:         # none of them a placeholder (a prompt's end): sealed now, so twins find it
-                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.sealable(seq.computed))
             seq.tokens.append(placeholder(row))
             seq.pending += 1
             seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens     # its last token is in flight
@@ -323,7 +324,8 @@ class PagedEngine:
             events.append(self._commit(it, 0, [token], placed=True))
             seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens
             if seq.req.finish_reason is None:     # sealed up to the first token still in flight
-                self.blocks.seal(seq.tokens, seq.table, seq.keys, min(seq.computed, len(seq.tokens) - seq.pending))
+                self.blocks.seal(seq.tokens, seq.table, seq.keys,
+                                 seq.sealable(min(seq.computed, len(seq.tokens) - seq.pending)))
         self.counters["host_commit_seconds"] += time.perf_counter() - t1
         return events
 
@@ -341,13 +343,13 @@ class PagedEngine:
             fed.score_from, fed.scored = lo - start, max(0, hi - lo)
         return fed
 
-    def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor) -> list:
+    def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor, q=None) -> list:
         for it in items:                    # every fed token up to the sampling point is now in the cache
             if not it.samples:
                 it.seq.computed = it.start + it.n
         events = []
         if sampling:
-            host, logprobs = self._verify(sampling, logits)
+            host, logprobs = self._verify(sampling, logits, q)
             for it, row, lp in zip(sampling, host, logprobs):
                 if it.seq.req.finish_reason is not None:     # ended by the step landed before this one's verify
                     continue
@@ -355,13 +357,13 @@ class PagedEngine:
         for it in items:
             seq = it.seq
             if seq.req.finish_reason is None:
-                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.computed)
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.sealable(seq.computed))
         return events
 
-    def _verify(self, sampling: list, logits: torch.Tensor) -> tuple:
-        """verify_rows.py's verify, then its tokens on the host -> per request [num_emitted, tokens...], and per
-        request its tokens' logprobs (None unless it asked)."""
-        result, logits = verify_rows(sampling, logits, pad=self.pad, method=self.method)
+    def _verify(self, sampling: list, logits: torch.Tensor, q=None) -> tuple:
+        """verify_rows.py's verify (``q``: the draft model's draft logits), then its tokens on the host -> per
+        request [num_emitted, tokens...], and per request its tokens' logprobs (None unless it asked)."""
+        result, logits = verify_rows(sampling, logits, pad=self.pad, method=self.method, draft_logits=q)
         n, reqs = len(sampling), [it.seq.req for it in sampling]
         host = torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()
         return host, emitted_logprobs(logits, reqs, result, [row[0] for row in host])

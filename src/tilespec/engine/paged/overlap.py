@@ -38,6 +38,7 @@ class Sample:
     shape: tuple
     gated: Optional[tuple] = None
     made: int = 0
+    started: float = 0.0        # when its device time began (host clock), for a drain that lands it
 
 
 @dataclass

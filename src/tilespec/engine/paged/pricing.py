@@ -186,6 +186,19 @@ def price_drafts(decoding: list, acceptance: Optional[Acceptance], costs: StepCo
     return rows, token_bucket(rows, tokens, gamma), tokens > len(decoding)
 
 
+def observe(sample, wall: float, admission, costs: StepCosts, gate) -> None:
+    """A step's wall time (overlap.Sample; None: no sample) into admission's averages, the decode step costs and the
+    draft gate. A step left in flight is timed by the call that lands it: overlapped, that call's wall (the device
+    ran it meanwhile); drained, from the landing of the step before it."""
+    if sample is None:
+        return
+    admission.observe(sample.mixed, wall)
+    if not sample.mixed:
+        costs.observe(sample.shape, wall)
+        if gate is not None and sample.gated is not None and sample.gated[0] == sample.shape[0]:
+            gate.observe(sample.gated[0], sample.gated[1], sample.made, wall)
+
+
 class DraftGate:
     """Whether a decode step of R rows runs the drafter at all (see the module docstring): per rows bucket an
     exponential moving average (``decay`` per sample) of tokens per second of decode steps with the drafter on and

@@ -28,7 +28,7 @@ from .blocks import BlockManager
 class Seq:
     """One request in the engine. ``req``: the caller's record (engine/batch_request.BatchRequest); ``tokens``: prompt
     + emitted tokens; ``drafts``: this step's draft tokens (set by the engine before scheduling; the scheduler may
-    drop them); ``context``: its context drafter state or None."""
+    drop them); ``context``: its context drafter state (a draft model's: draft_model.DraftState) or None."""
 
     req: object
     tokens: list
@@ -55,6 +55,12 @@ class Seq:
     @property
     def decoding(self) -> bool:
         return self.remaining == 1
+
+    def sealable(self, n: int) -> int:
+        """How many leading positions may be sealed into the prefix cache: ``n``, within those a draft model's
+        cache holds too (its context's ``draft_len``, engine/paged/draft_model.py), so a hit serves both."""
+        draft_len = getattr(self.context, "draft_len", None)
+        return n if draft_len is None else min(n, draft_len(self.tokens))
 
 
 @dataclass

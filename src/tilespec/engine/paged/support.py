@@ -1,24 +1,38 @@
-"""What the paged engine serves: a Llama-family target with the native decoder path, and no drafter or a context
-drafter (ngram, suffix). Draft models and trained heads need a draft runner per row: the server keeps BatchEngine
-for them."""
+"""What the paged engine serves: a Llama-family target with the native decoder path, and no drafter, a context
+drafter (ngram, suffix), or a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
+context drafter, MODEL+ngram). Trained heads and token trees need a draft runner of their own: the server keeps
+BatchEngine for them."""
 from __future__ import annotations
 
 from typing import Optional
 
 from ..drafters import Drafter, resolve_drafter
+from ..drafters.model import check_draft_model
 from ..native.llama import unsupported_reason
 
 
 def paged_reason(target, draft) -> Optional[str]:
     """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
-    BatchEngine): a draft model or trained head (they need a draft runner), or a target without the native
-    Llama-family path."""
+    BatchEngine): a trained head or a tree drafter (no paged runner), a draft model without the native Llama-family
+    path or of another vocabulary or device, or a target without the native Llama-family path."""
     reason = unsupported_reason(target)
     if reason is not None:
         return reason
     drafter = resolve_drafter(draft)
-    if drafter is not None and (not drafter.has_context or drafter.model is not None or _has_runner(drafter)):
-        return f"{getattr(drafter, 'name', drafter)!r} drafts with a model or a trained head"
+    if drafter is None:
+        return None
+    name = repr(getattr(drafter, "name", drafter))
+    if _has_runner(drafter):
+        return f"{name} drafts with a trained head or a token tree (the paged engine drafts chains only)"
+    if drafter.model is None:
+        return None if drafter.has_context else f"{name} proposes no draft the paged engine can run"
+    reason = unsupported_reason(drafter.model)
+    if reason is not None:
+        return f"the draft model {name}: {reason}"
+    try:
+        check_draft_model(target, drafter.model)
+    except ValueError as err:
+        return f"the draft model {name}: {err}"
     return None
 
 

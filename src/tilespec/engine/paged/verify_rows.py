@@ -12,10 +12,11 @@ from tilespec.verify.types import SamplingParams
 from .layout import pack_aligned
 
 
-def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str) -> tuple:
+def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str, draft_logits=None) -> tuple:
     """verify() over the sampling items (scheduler.Item) and ``logits`` [bucket rows, 1 + K, V] (both step paths give
     the rows bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few ->
-    (the VerifyResult on the device, the logits after the requests' transforms)."""
+    (the VerifyResult on the device, the logits after the requests' transforms). ``draft_logits`` [n, K, V]: the
+    law each draft was sampled from (a draft model's, draft_model.py; None: deterministic drafts)."""
     n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
     reqs = [it.seq.req for it in sampling]
     table = np.zeros((3, rows), dtype=np.int64)      # counts, seeds, offsets, drafts: one copy to the device
@@ -31,8 +32,11 @@ def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str) 
         logits = transform_logits(logits, drafts, TransformBatch.from_settings(
             settings + [None] * (rows - n), [r.tokens for r in reqs] + [[]] * (rows - n), logits.shape[-1],
             logits.device))
-    result = verify(logits, drafts, num_draft_tokens=counts, sampling=sampling_params(reqs + reqs[:1] * (rows - n)),
-                    method=method, seed=seeds, offsets=offsets, check_values=False)
+    if draft_logits is not None and draft_logits.shape[0] < rows:      # absent rows draft nothing: any law
+        draft_logits = torch.cat([draft_logits, draft_logits[:1].expand(rows - n, -1, -1)])
+    result = verify(logits, drafts, draft_logits=draft_logits, num_draft_tokens=counts, method=method,
+                    sampling=sampling_params(reqs + reqs[:1] * (rows - n)), seed=seeds, offsets=offsets,
+                    check_values=False)
     return result, logits
 
 
