@@ -26,7 +26,8 @@ class BatchRequest:
     (0-20) to report beside each emitted token's log-probability (the paged engine; raw: the target's log-softmax
     before temperature, filters and logit transforms, as vLLM reports them by default); ``prompt_logprobs``: the
     same for every prompt token after the first (its prompt is then computed, not taken from the prefix cache),
-    delivered with its first event.
+    delivered with its first event. ``grammar``: (kind, spec), the structured output its tokens must form
+    (engine/paged/grammar.py: "json_object", "json_schema", "regex", "choice", "ebnf"; the paged engine only).
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 
@@ -43,6 +44,7 @@ class BatchRequest:
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     prompt_logprobs: Optional[int] = None
+    grammar: Optional[tuple] = None
     rid: int = -1
     tokens: list = field(default_factory=list)
     finish_reason: Optional[str] = None

@@ -163,6 +163,9 @@ class BatchEngine:
         if req.logprobs is not None or req.prompt_logprobs is not None:
             raise ValueError("logprobs are reported by the paged engine (Llama-family targets with ngram, suffix or "
                              "no draft); this engine serves draft models and heads: drop logprobs")
+        if req.grammar is not None:
+            raise ValueError("structured outputs are served by the paged engine (Llama-family targets with ngram, "
+                             "suffix or no draft); this engine serves draft models and heads: drop the grammar")
 
     def submit(self, req: BatchRequest) -> int:
         """Queue a request (checked first); returns its id."""

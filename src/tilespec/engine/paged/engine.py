@@ -38,7 +38,8 @@ from ..inputs import context_limit, vocab_limit
 from .admission import Admission
 from .blocks import BlockManager, default_blocks
 from .draft_model import kv_bytes_per_token, paged_drafts
-from .layout import Fed, decode_inputs, mixed_inputs
+from .grammar import advance, compiled, cut_drafts, mask_logits
+from .layout import decode_inputs, fed_item, mixed_inputs
 from .model import PagedModel
 from .overlap import InFlight, Sample, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
@@ -113,6 +114,7 @@ class PagedEngine:
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
         self.drafts = paged_drafts(self, drafter, compile)      # a draft model's runner, or None
+        self.tokenizer, self.grammars = tokenizer, None          # grammars: compiled on the first request with one
         self.seqs: dict = {}                  # rid -> Seq
         self._ids, self._order = itertools.count(), itertools.count()
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -141,6 +143,8 @@ class PagedEngine:
     def check(self, req: BatchRequest) -> None:
         """Raise ValueError with the reason when ``req`` cannot be served (before admission)."""
         check_request(req, self.max_request_len, self.vocab)
+        if req.grammar is not None:
+            compiled(self, req)
 
     def submit(self, req: BatchRequest) -> int:
         self.check(req)
@@ -151,6 +155,8 @@ class PagedEngine:
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops,
                   prompt_key=hash(tuple(req.prompt)))
+        if req.grammar is not None:
+            seq.matcher = self.grammars.matcher(compiled(self, req))
         if req.prompt_logprobs is not None:     # every prompt position computed, none taken from the cache
             seq.cacheable, seq.prompt_lps = False, []
         if self.acceptance is not None:
@@ -231,10 +237,13 @@ class PagedEngine:
             return events
         sampling = [it for it in items if it.samples]
         decode_only = all(it.seq.decoding and it.samples for it in items)
+        if self.grammars is not None:
+            cut_drafts(sampling)                # drafts the grammar refuses are cut before pricing
         shape = price_drafts([it for it in sampling if it.seq.decoding], self.acceptance if self.pricing else None,
                              self.costs, self.gamma, self.counters["steps"])
         q = self.drafts.run(items, sampling, prev) if self.drafts is not None else None     # the draft model's law
-        fed = [self._fed(it) for it in items]
+        fed = [fed_item(it, self.blocks.block_size) for it in items]
+        self.counters["prefill_tokens"] += sum(it.n for it in items if not it.seq.decoding)
         captures, planned, scored = self.model.captures, time.perf_counter(), 0     # host seconds by phase: counters
         self.counters["host_plan_seconds"] += planned - started
         if decode_only:
@@ -329,26 +338,14 @@ class PagedEngine:
         self.counters["host_commit_seconds"] += time.perf_counter() - t1
         return events
 
-    def _fed(self, it: Item) -> Fed:
-        seq, start, bs = it.seq, it.start, self.blocks.block_size
-        if it.n == 1 and it.samples and not seq.drafts:        # a plain decode row: most rows of most steps
-            return Fed([seq.tokens[start]], start, [seq.table[start // bs] * bs + start % bs], seq.table, True, 0)
-        ids = seq.tokens[start:start + it.n] + (seq.drafts if it.samples else [])
-        slots = [seq.table[p // bs] * bs + p % bs for p in range(start, start + len(ids))]
-        if not seq.decoding:
-            self.counters["prefill_tokens"] += it.n
-        fed = Fed(ids, start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
-        if seq.prompt_lps is not None:          # positions not yet scored whose next token is a prompt token
-            lo, hi = max(start, len(seq.prompt_lps)), min(start + it.n, len(seq.req.prompt) - 1)
-            fed.score_from, fed.scored = lo - start, max(0, hi - lo)
-        return fed
-
     def _verify_and_commit(self, items: list, sampling: list, logits: torch.Tensor, q=None) -> list:
         for it in items:                    # every fed token up to the sampling point is now in the cache
             if not it.samples:
                 it.seq.computed = it.start + it.n
         events = []
         if sampling:
+            if self.grammars is not None:
+                mask_logits(sampling, logits)
             host, logprobs = self._verify(sampling, logits, q)
             for it, row, lp in zip(sampling, host, logprobs):
                 if it.seq.req.finish_reason is not None:     # ended by the step landed before this one's verify
@@ -383,7 +380,9 @@ class PagedEngine:
             self.counters["drafted"] += drafted
             self.counters["accepted"] += len(new) - 1
             self.counters["spec_steps"] += 1
+        new, ended = advance(seq.matcher, new) if seq.matcher is not None else (new, False)
         toks, reason = keep_tokens(req, new, seq.stops, time.perf_counter())
+        reason = "stop" if ended else reason        # its grammar terminated (also when EOS is ignored)
         if not placed:
             seq.tokens += toks
         self.counters["generated_tokens"] += len(toks)

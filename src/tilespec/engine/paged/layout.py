@@ -38,6 +38,21 @@ class Fed:
     score_from: int = 0      # logprobs; mixed steps)
 
 
+def fed_item(it, bs: int) -> Fed:
+    """A scheduled item's (scheduler.Item) tokens, positions and slots in blocks of ``bs``, with its drafts when it
+    samples and, for a request that wants prompt logprobs, which of its positions are scored."""
+    seq, start = it.seq, it.start
+    if it.n == 1 and it.samples and not seq.drafts:        # a plain decode row: most rows of most steps
+        return Fed([seq.tokens[start]], start, [seq.table[start // bs] * bs + start % bs], seq.table, True, 0)
+    ids = seq.tokens[start:start + it.n] + (seq.drafts if it.samples else [])
+    slots = [seq.table[p // bs] * bs + p % bs for p in range(start, start + len(ids))]
+    fed = Fed(ids, start, slots, seq.table, it.samples, len(seq.drafts) if it.samples else 0)
+    if seq.prompt_lps is not None:          # positions not yet scored whose next token is a prompt token
+        lo, hi = max(start, len(seq.prompt_lps)), min(start + it.n, len(seq.req.prompt) - 1)
+        fed.score_from, fed.scored = lo - start, max(0, hi - lo)
+    return fed
+
+
 class _Flat:
     """The requests' tokens back to back: ids, positions, slots, cu_q, lengths after the step, and block tables
     ``m`` wide for ``rows`` requests (rows past the fed ones: absent, no token, a table of scratch)."""

@@ -98,5 +98,6 @@ def blocked(engine, drafting: bool, admits: bool) -> Optional[str]:
 
 
 def plain(req) -> bool:
-    """Whether ``req``'s next token needs nothing but the device: no logprobs, no history-dependent transforms."""
-    return req.logprobs is None and (req.logits is None or not req.logits.active)
+    """Whether ``req``'s next token needs nothing but the device: no logprobs, grammar or history-dependent
+    transforms."""
+    return req.logprobs is None and req.grammar is None and (req.logits is None or not req.logits.active)

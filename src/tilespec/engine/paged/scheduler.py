@@ -46,6 +46,7 @@ class Seq:
     prompt_key: int = 0               # hash of its prompt (0: none): requests with one prompt prefill it once
     cacheable: bool = True            # its prompt may come from the prefix cache (not when its logprobs are wanted)
     prompt_lps: Optional[list] = None  # its prompt tokens' logprobs so far, when the request asked for them
+    matcher: object = None            # its grammar's matcher (grammar.py), when it has one
 
     @property
     def remaining(self) -> int:
