@@ -178,3 +178,9 @@ def test_a_mask_leaking_into_the_next_position_fails_the_law_test(law_model, mon
     real = grammar_module.mask_logits
     monkeypatch.setattr("tilespec.engine.paged.engine.mask_logits", leaky)
     assert _law_p(law_model) < 1e-4
+
+
+def test_a_grammar_no_token_can_start_is_refused(target):
+    engine = PagedEngine(target, None, max_batch=2, block_size=4, tokenizer=CharTokens())
+    with pytest.raises(ValueError, match="allows no token"):
+        engine.submit(BatchRequest(prompt=[1, 2], max_tokens=4, grammar=("regex", "zz")))

@@ -27,7 +27,8 @@ class BatchRequest:
     before temperature, filters and logit transforms, as vLLM reports them by default); ``prompt_logprobs``: the
     same for every prompt token after the first (its prompt is then computed, not taken from the prefix cache),
     delivered with its first event. ``grammar``: (kind, spec), the structured output its tokens must form
-    (engine/paged/grammar.py: "json_object", "json_schema", "regex", "choice", "ebnf"; the paged engine only).
+    (engine/paged/grammar.py: "json_object", "json_schema", "regex", "choice", "ebnf"; the paged engine only; its
+    logprobs are then those of the masked logits: refused tokens have none).
     Filled in by the engine: ``rid``, ``tokens`` (new tokens), ``finish_reason`` ("stop" = EOS, "length", "cancelled"),
     ``drafted`` / ``accepted`` draft tokens, ``steps``, times of admission / first token / end (perf_counter)."""
 

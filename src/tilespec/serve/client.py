@@ -161,7 +161,7 @@ class EngineClient:
             id=stream.id, prompt=req.prompt, max_tokens=req.max_tokens, temperature=req.temperature,
             top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed, gamma=req.gamma,
             stop_token_ids=list(req.stop_token_ids), ignore_eos=req.ignore_eos, transforms=logits is not None,
-            logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
+            logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs, grammar=req.grammar,
             **({} if logits is None else dict(presence_penalty=logits.presence_penalty,
                                               frequency_penalty=logits.frequency_penalty,
                                               logit_bias=dict(logits.logit_bias), min_tokens=logits.min_tokens)))))

@@ -12,7 +12,9 @@ disconnects cancels every choice (their blocks are freed). Chat with tools offer
 the served model (serve/tools.py). Completions' ``echo`` (serve/choices.py): the prompt's text (the string given, or
 the ids decoded) before each choice's; with ``logprobs`` the engine also reports the prompt's entries
 (BatchRequest.prompt_logprobs); ``max_tokens`` 0 (echo only: scoring the prompt) asks the engine for one token,
-which is dropped.
+which is dropped. Structured outputs (serve/structured.py): the request's grammar rides on every choice's engine
+request, parsed with xgrammar on the worker thread first; an engine that cannot constrain (``grammar_refused`` in
+its info) gets none: the request is a 400 before anything is submitted.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from .detokenize import fast_decoder
 from .logprobs import Echo, TokenText
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, SamplingFields
 from .shapes import ChatShape, CompletionShape
+from .structured import check_grammar, constraint_of, preload
 from .text import TextStream
 from .tools import tool_parser_for
 
@@ -57,6 +60,9 @@ class Completions:
         self.decode = fast_decoder(tokenizer)
         self.token_text = TokenText(tokenizer)
         self.encode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tilespec-encode")
+        info = getattr(client, "info", None) or {}
+        if "grammar_refused" in info and not info["grammar_refused"]:
+            self.encode_pool.submit(preload)        # xgrammar's import takes seconds: not on the first request
 
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.encode_pool, fn, *args)
@@ -81,12 +87,12 @@ class Completions:
         return list(self.tok("\n".join(m["content"] for m in turns)).input_ids)
 
     async def completion_ids(self, body: CompletionRequest) -> list:
-        self.check(body)
+        await self.check_grammar(self.check(body))
         return await self._off_loop(self._completion_ids, body)
 
     async def chat_ids(self, body: ChatCompletionRequest) -> tuple:
         """(prompt ids, the tool parser's factory or None: no tools offered)."""
-        self.check(body)
+        constraint = self.check(body)
         tools, turns = body.template_tools(), body.turns()
         if (tools is not None or any("tool_calls" in t for t in turns)) and not self.templated():
             # joined as plain text, the calls would vanish from the prompt
@@ -94,11 +100,13 @@ class Completions:
                                 "(or runs with --no-chat)", param="tools" if tools else "messages",
                            code="unsupported_parameter")
         parser = None if tools is None else partial(tool_parser_for(self.tok, self.model_name), body.max_tool_calls())
+        await self.check_grammar(constraint)
         return await self._off_loop(self._chat_ids, turns, tools), parser
 
     # ---------------------------------------------------------------------------------------------- requests
-    def check(self, body: SamplingFields) -> None:
-        """The model name and the fields this server refuses, before any tokenizing."""
+    def check(self, body: SamplingFields):
+        """The model name and the fields this server refuses, before any tokenizing -> the request's structured
+        output (serve/structured.py; None: none)."""
         if body.model != self.model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{self.model_name}`",
                            param="model", code="model_not_found")
@@ -110,7 +118,21 @@ class Completions:
             raise APIError(400, f"{what} need the paged engine; this server runs {info.get('engine')} with "
                                 f"draft {info.get('drafter') or 'none'}: {refused}", param="logprobs",
                            code="unsupported_parameter")
+        constraint = constraint_of(body)
+        refused = self.client.info.get("grammar_refused")
+        if refused and constraint is not None:
+            info = self.client.info
+            raise APIError(400, f"{constraint.param}: structured outputs are not served by this server "
+                                f"({info.get('engine')}, draft {info.get('drafter') or 'none'}): {refused}",
+                           param=constraint.param, code="unsupported_parameter")
         self.check_n(body.n)
+        return constraint
+
+    async def check_grammar(self, constraint) -> None:
+        """The grammar parsed (xgrammar, no vocabulary: serve/structured.check_grammar) off the event loop, so that
+        a bad one is a 400 before the request is accepted, streamed or not."""
+        if constraint is not None:
+            await self._off_loop(check_grammar, constraint)
 
     def check_n(self, n: int) -> None:
         """``n`` choices are ``n`` engine requests: at most the batch rows (they decode side by side) and the queue
@@ -148,12 +170,13 @@ class Completions:
         if not ids:
             raise APIError(400, "the prompt is empty", param=prompt_param)
         max_tokens, logits = self.max_tokens(body, len(ids), prompt_param), body.logit_settings()
-        lp = body.logprob_count()
+        lp, constraint = body.logprob_count(), constraint_of(body)
         return [BatchRequest(prompt=ids, max_tokens=max(1, max_tokens), temperature=body.temperature,
                              top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=seed, gamma=body.gamma,
                              logits=logits, stop_token_ids=tuple(body.stop_token_ids or ()),
                              ignore_eos=body.ignore_eos, logprobs=lp,
-                             prompt_logprobs=lp if getattr(body, "echo", False) else None)
+                             prompt_logprobs=lp if getattr(body, "echo", False) else None,
+                             grammar=None if constraint is None else constraint.pair)
                 for seed in choice_seeds(body.seed, body.n)]
 
     def echo_of(self, body: CompletionRequest, ids: list) -> Echo:

@@ -231,24 +231,29 @@ def engine_info(engine) -> dict:
             "vocab": engine.vocab, "max_batch": engine.max_batch, "gamma": engine.gamma,
             "gc_frozen_objects": gc.get_freeze_count()}
     info["drafter"] = getattr(getattr(engine, "drafter", None), "name", None)
-    info["logprobs_refused"] = _logprobs_refused(engine)
+    info["logprobs_refused"] = _refused(engine, logprobs=0, prompt_logprobs=0)
+    info["grammar_refused"] = _refused(engine, grammar=("json_object", ""))
     if hasattr(engine, "capacity_tokens"):
         info["kv_capacity_tokens"] = engine.capacity_tokens
         info["kv_bytes"] = engine.model.memory_bytes()
     return info
 
 
-def _logprobs_refused(engine) -> Optional[str]:
-    """Why ``engine`` cannot report logprobs (its own check's message; None when it can). Asked once here so that
-    the API process refuses such a request with a 400 before it is accepted, not with an error mid-stream."""
+def _refused(engine, **fields) -> Optional[str]:
+    """Why ``engine`` cannot serve a request with ``fields`` (logprobs, a grammar: its own check's message; None when
+    it can). Asked once here so that the API process refuses such a request with a 400 before it is accepted, not
+    with an error mid-stream. Any other error the probe meets (a tokenizer xgrammar cannot read) refuses too,
+    rather than failing the start of a server that may never see such a request."""
     from tilespec.engine.batch_request import BatchRequest
     check = getattr(engine, "check", None)
     if check is None:
         return None
     try:
-        check(BatchRequest(prompt=[0], max_tokens=1, logprobs=0, prompt_logprobs=0))
+        check(BatchRequest(prompt=[0], max_tokens=1, **fields))
     except ValueError as err:
         return str(err)
+    except Exception as err:        # noqa: BLE001 - reported as the reason, per request, instead
+        return f"{type(err).__name__}: {err}"
     return None
 
 
@@ -381,4 +386,5 @@ def request_of(msg: Submit):
     return BatchRequest(prompt=list(msg.prompt), max_tokens=msg.max_tokens, temperature=msg.temperature,
                         top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p, seed=msg.seed, gamma=msg.gamma,
                         logits=logits, stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
-                        logprobs=msg.logprobs, prompt_logprobs=msg.prompt_logprobs)
+                        logprobs=msg.logprobs, prompt_logprobs=msg.prompt_logprobs,
+                        grammar=None if msg.grammar is None else tuple(msg.grammar))

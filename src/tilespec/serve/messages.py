@@ -35,6 +35,7 @@ class Submit(msgspec.Struct, tag=True, array_like=True):
     transforms: bool = False        # whether the request carries logit transforms at all
     logprobs: Optional[int] = None  # top alternatives per token (BatchRequest.logprobs); None: no logprobs
     prompt_logprobs: Optional[int] = None   # the same for the prompt's tokens (BatchRequest.prompt_logprobs: echo)
+    grammar: Optional[tuple[str, str]] = None   # (kind, spec): the structured output (BatchRequest.grammar)
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -2,9 +2,10 @@
 
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
 naming the field (``check_supported``), never silently ignored: ``tool_choice`` "required" or a named function and
-``strict`` function tools (they need decoding constrained by a grammar engine, which this server does not have),
-``response_format`` other than text, ``best_of`` > 1, ``suffix``, the deprecated ``functions`` /
-``function_call`` and function messages, non-text content parts. Other unknown fields are ignored, as OpenAI's
+``strict`` function tools (they need a grammar built from the tools, which this server does not build),
+``best_of`` > 1, ``suffix``, the deprecated ``functions`` / ``function_call`` and function messages, non-text content
+parts. Structured outputs (both endpoints: ``response_format``, vLLM's ``guided_json`` / ``guided_regex`` /
+``guided_choice`` / ``guided_grammar`` / ``structured_outputs``) are read and checked by serve/structured.py. Other unknown fields are ignored, as OpenAI's
 clients send extras. ``n``: 1-128 choices (the server's own limits: serve/completion.py). Tools (``tools``,
 ``tool_choice`` "auto" / "none", assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
 structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply are
@@ -78,6 +79,15 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     gamma: Optional[int] = Field(default=None, ge=0, le=32)
     user: Optional[str] = None
+    # structured outputs, read by serve/structured.py (which names the field in its 400s)
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    structured_outputs: Any = None
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -228,12 +238,8 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
-class ResponseFormat(BaseModel):
-    type: str
-
-
-CONSTRAINED = ("this server does not constrain decoding (that needs a grammar engine such as xgrammar or "
-               "llguidance, which it does not have)")
+CONSTRAINED = ("this server does not build a grammar from the tools for its grammar engine (structured outputs, "
+               "response_format or vLLM's guided_json, constrain the content instead)")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -242,7 +248,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Optional[Union[str, dict]] = None
     functions: Optional[list] = None
     function_call: Optional[Union[str, dict]] = None
-    response_format: Optional[ResponseFormat] = None
     parallel_tool_calls: Optional[bool] = None
 
     def logprob_count(self) -> Optional[int]:
@@ -282,8 +287,6 @@ class ChatCompletionRequest(SamplingFields):
         if self.functions or self.function_call not in (None, "none"):
             raise unsupported("functions" if self.functions else "function_call",
                               "functions (deprecated by OpenAI: send tools)")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise unsupported("response_format", f"response_format {self.response_format.type!r} (text only)")
 
     def template_tools(self) -> Optional[list]:
         """The tools offered to the model (to the chat template, in OpenAI's shape, which transformers' templates

@@ -109,10 +109,12 @@ def mask_logits(sampling: list, logits: torch.Tensor) -> None:
 
 
 def advance(matcher, tokens: list) -> tuple:
-    """Accept a step's emitted ``tokens`` -> (the tokens up to the one that terminated the grammar, terminated)."""
+    """Accept a step's emitted ``tokens`` -> (the tokens up to the one that terminated the grammar, terminated). A
+    token the grammar refuses can only come from a position where it allowed none (a dead end of the grammar over
+    this vocabulary): the request ends before it."""
     for j, t in enumerate(tokens):
-        if not matcher.accept_token(t):
-            raise RuntimeError(f"token {t} left its request's grammar: the mask was not applied")
+        if not matcher.accept_token(t):     # a state no token of the vocabulary continues: the mask allowed none
+            return tokens[:j], True
         if matcher.is_terminated():
             return tokens[:j + 1], True
     return tokens, False
@@ -126,7 +128,12 @@ def compiled(engine, req):
         raise ValueError(reason)
     if engine.grammars is None:
         engine.grammars = Grammars(engine.tokenizer, engine.vocab_out, engine.eos)
-    return engine.grammars.compile(req.grammar)
+    grammar = engine.grammars.compile(req.grammar)
+    bitmask = engine.grammars.xgr.allocate_token_bitmask(1, engine.vocab_out)
+    engine.grammars.matcher(grammar).fill_next_token_bitmask(bitmask, 0)
+    if not bool((bitmask != 0).any()):
+        raise ValueError(f"the {req.grammar[0]} grammar allows no token of this model's vocabulary to start with")
+    return grammar
 
 
 def refusal(engine) -> Optional[str]:
