@@ -11,6 +11,12 @@ from tilespec.engine.prompts import encode_prompts
 
 from engine_models import layer_skip, stub_whisper_io, tiny_lm, tiny_whisper, whisper_layer_skip
 
+@pytest.fixture(autouse=True)
+def paged_on_cpu(monkeypatch):
+    """"auto" takes the paged engine on CUDA only (api.paged_by_default); here the rest of its rule runs on CPU."""
+    monkeypatch.setattr("tilespec.api.paged_by_default", lambda target: True)
+
+
 
 class ChatTokenizer:
     """Characters <-> ids (vocab 128) with a one-line chat template; id 1 is the BOS special token."""
@@ -62,7 +68,7 @@ def test_generate_is_the_decoder_with_options_and_sampling_fields(pair):
     target, draft = pair
     tok = ChatTokenizer()
     out = tilespec.generate(["hello", "sky"], target=target, draft=draft, tokenizer=tok, max_new_tokens=8,
-                            temperature=0.8, gamma=3, method="reference", seed=5)
+                            temperature=0.8, gamma=3, method="reference", seed=5, engine="decoder")
     dec = SpeculativeDecoder(target, draft, tokenizer=tok, gamma=3,
                              sampling=tilespec.SamplingParams(temperature=0.8))
     ref = dec.generate(encode_prompts(tok, ["hello", "sky"]), max_new_tokens=8, seed=5)
@@ -137,24 +143,120 @@ def test_verify_is_callable_and_its_modules_import():
 
 
 def test_generate_on_the_paged_engine(pair):
-    """engine="paged": the prompts go through the engine tilespec serve runs on, with the decoder's tokens (T = 0,
-    and at T = 1 the same seeded draws: coupled verification of context drafts is target-only decoding); a draft
-    model drafts there too (greedy: target-only tokens), a trained head does not."""
+    """The default engine="auto" runs a Llama-family target on the paged engine tilespec serve runs on, with the
+    decoder's tokens (T = 0, and at T = 1 the same seeded draws: coupled verification of context drafts is
+    target-only decoding, on either engine); a draft model drafts there too (greedy: target-only tokens)."""
     target, draft = pair
     tok = ChatTokenizer()
+    prompts, refs = ["abcabcabc", "sky"], {}
     for temperature in (0.0, 1.0):
-        ref = tilespec.generate(["abcabcabc", "sky"], target=target, tokenizer=tok, max_new_tokens=8,
-                                temperature=temperature, seed=3)
-        out = tilespec.generate(["abcabcabc", "sky"], target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
-                                temperature=temperature, seed=3, engine="paged", gamma=3, max_batch=2)
-        assert out.sequences == ref.sequences and out.texts == ref.texts and out.stats.runtime == "paged"
-    greedy = tilespec.generate(["abcabcabc", "sky"], target=target, tokenizer=tok, max_new_tokens=8, temperature=0.0)
-    out = tilespec.generate(["abcabcabc", "sky"], target=target, draft=draft, tokenizer=tok, max_new_tokens=8,
-                            temperature=0.0, engine="paged", gamma=3, max_batch=2)      # a draft model drafts
-    assert out.sequences == greedy.sequences and out.stats.drafted > 0
-    with pytest.raises(ValueError, match="BatchEngine"):
-        tilespec.generate("x", target=target, draft="head", tokenizer=tok, engine="paged")
+        ref = refs[temperature] = tilespec.generate(prompts, target=target, tokenizer=tok, max_new_tokens=8,
+                                                    temperature=temperature, seed=3, engine="decoder")
+        dec = tilespec.generate(prompts, target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
+                                temperature=temperature, seed=3, engine="decoder", method="coupled")
+        out = tilespec.generate(prompts, target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
+                                temperature=temperature, seed=3, gamma=3)
+        assert out.sequences == dec.sequences == ref.sequences and out.texts == dec.texts == ref.texts
+        assert out.finish_reasons == dec.finish_reasons == ["length"] * 2
+        assert out.stats.runtime == "paged" and dec.stats.runtime == "eager" and out.stats.drafter == "ngram"
+        assert out.stats.new_tokens == 16 and out.stats.emitted >= 16 and out.stats.request_steps >= 8
+        assert 0 <= out.stats.match_share <= 1 and out.stats.block_efficiency >= 1
+    greedy = refs[0.0]
+    explicit = tilespec.generate(prompts, target=target, draft="ngram", tokenizer=tok, max_new_tokens=8,
+                                 temperature=0.0, engine="paged", max_batch=1, block_size=8)
+    assert explicit.sequences == greedy.sequences
+    out = tilespec.generate(prompts, target=target, draft=draft, tokenizer=tok, max_new_tokens=8,
+                            temperature=0.0, gamma=3)      # a draft model drafts on the paged engine too
+    assert out.sequences == greedy.sequences and out.stats.drafted > 0 and out.stats.runtime == "paged"
+
+
+def test_auto_picks_the_decoder_for_what_only_it_does(pair):
+    """engine="auto": the paged engine wherever it serves the pair and no decoder-only option is given (the server's
+    rule, engine/paged/support.choose_engine), else the decoder; paged-only options ask for the paged engine."""
+    from tilespec.api import decoder_only, pick_engine
+    target, draft = pair
+    for d in (None, "ngram", "suffix", draft, [draft, "ngram"]):
+        assert pick_engine(target, d) == "paged"
+    assert pick_engine(target, "head") == "decoder" and pick_engine(tiny_whisper(0), None) == "decoder"
+    assert pick_engine(target, None, options={"gamma_schedule": "constant", "gamma": 3, "method": "coupled",
+                                              "compile": False, "temperature": 0.5}) == "paged"   # defaults / shared
+    for options in ({"gamma_schedule": "optimal"}, {"max_gamma": 8}, {"tree": (3, 3, 8)}, {"chains": (2, 2)},
+                    {"method_options": {}}, {"compile": "native"}, {"lenience": 0.5}, {"temperature": [0.0, 1.0]},
+                    {"sampling": tilespec.SamplingParams(top_k=[0, 5])}, {"gamma": 16}):
+        assert pick_engine(target, "ngram", options=options) == "decoder", options
+        assert pick_engine(None, None, options=options) == "decoder"      # decided before any model loads
+    assert pick_engine(target, None, tp=2) == "decoder" and decoder_only({}, tp=2) == ["tp=2 (no tensor-parallel path)"]
+    assert pick_engine(None, None) is None                                # the models decide
+    assert pick_engine(target, None, options={"max_batch": 2}) == "paged"
+    tok = ChatTokenizer()
+    out = tilespec.generate(["abcabcabc", "sky"], target=target, draft="ngram", tokenizer=tok, max_new_tokens=6,
+                            temperature=[0.0, 1.0], gamma_schedule="heuristic")
+    assert out.stats.runtime == "eager" and len(out.sequences) == 2
+
+
+def test_paged_refusals_name_the_option_and_the_fix(pair):
+    target, draft = pair
+    tok = ChatTokenizer()
+    for kwargs, match in [(dict(draft="head"), "cannot serve this: 'head' drafts with a trained head"),
+                          (dict(draft="ngram", tree=(3, 3, 8)), "cannot honour tree; use engine='decoder'"),
+                          (dict(lenience=0.5), "cannot honour lenience=0.5"),
+                          (dict(temperature=[0.0]), "cannot honour per-prompt temperature"),
+                          (dict(compile="native"), r"compile='native' \(a decoder execution path"),
+                          (dict(gamma_schedule="optimal", max_batch=2), "max_batch is the paged engine's: drop it")]:
+        with pytest.raises(ValueError, match=match):
+            tilespec.generate("x", target=target, tokenizer=tok, engine="paged", **kwargs)
+    with pytest.raises(ValueError, match="tensor-parallel"):        # before the (unknown) target loads
+        tilespec.generate("x", target="no-such-model", engine="paged", tp=2)
+    with pytest.raises(ValueError, match="block_size is the paged engine's, not the decoder's"):
+        tilespec.generate("x", target=target, tokenizer=tok, engine="decoder", block_size=8)
+    with pytest.raises(TypeError, match="unknown option gama"):
+        tilespec.generate("x", target="no-such-model", gama=3)
     with pytest.raises(ValueError, match="engine must be"):
         tilespec.generate("x", target=target, tokenizer=tok, engine="fast")
-    with pytest.raises(ValueError, match="tensor-parallel"):
-        tilespec.generate("x", target=target, tokenizer=tok, engine="paged", tp=2)
+
+
+def test_bad_requests_fail_alike_on_both_engines(pair):
+    target, _ = pair
+    tok = ChatTokenizer()
+    for kwargs in (dict(max_new_tokens=0), dict(seed=[1, 2, 3]), dict(seed=2**63), dict(temperature=-1.0),
+                   dict(top_p=0.0), dict(max_new_tokens=2000), dict(temperature=1.0, sampling=tilespec.SamplingParams()),
+                   dict(sampling={"temperature": 0.0})):
+        errors = []
+        for engine in ("decoder", "auto"):
+            with pytest.raises((ValueError, TypeError)) as err:
+                tilespec.generate(["ab", "cd"], target=target, draft="ngram", tokenizer=tok, engine=engine,
+                                  **{"max_new_tokens": 4, **kwargs})
+            errors.append(str(err.value))
+        assert errors[0] == errors[1], kwargs
+
+
+def test_the_paged_engine_streams_like_the_decoder(pair):
+    """api.make_paged: the paged engine behind the decoder's stream / generate / warmup (what the CLI runs):
+    per-step tokens by prompt index add up to the output; a stream left unfinished leaves the engine idle."""
+    from tilespec.api import make_paged
+    target, draft = pair
+    tok = ChatTokenizer()
+    ids = encode_prompts(tok, ["abcabcabc", "sky"])
+    greedy = tilespec.SamplingParams(temperature=0.0)
+    ref = SpeculativeDecoder(target, draft, gamma=3, sampling=greedy, tokenizer=tok).generate(ids, max_new_tokens=8)
+    eng = make_paged(target, draft, tok, {"gamma": 3, "sampling": greedy}, ids, 8)
+    assert eng.warmup(prompt_len=8, max_new_tokens=2).new_tokens == 2 and eng.last_stats is None
+    seen, done = {0: [], 1: []}, []
+    for event in eng.stream(ids, max_new_tokens=8, on_finish=done.append):
+        for i, tokens in event.tokens.items():
+            seen[i] += tokens
+    assert [seen[0], seen[1]] == done[0].sequences == ref.sequences and done[0].texts == ref.texts
+    assert eng.last_stats is done[0].stats and done[0].stats.new_tokens == 16
+    left = eng.stream(ids, max_new_tokens=8)
+    next(left)
+    left.close()
+    assert not eng.engine.has_work and eng.generate(ids, max_new_tokens=8).sequences == ref.sequences
+
+
+def test_auto_keeps_the_decoder_on_cpu(pair, monkeypatch):
+    """On a CPU the paged engine's reference attention is slower than the decoder: "auto" keeps the decoder there."""
+    from tilespec import api
+    monkeypatch.undo()
+    target, _ = pair
+    assert next(target.parameters()).device.type == "cpu"
+    assert api.pick_engine(target, None) == "decoder" and api.pick_engine(target, None, engine="paged") == "paged"

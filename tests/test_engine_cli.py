@@ -10,6 +10,12 @@ from tilespec.cli import main
 
 from engine_models import layer_skip, tiny_lm
 
+@pytest.fixture(autouse=True)
+def paged_on_cpu(monkeypatch):
+    """"auto" takes the paged engine on CUDA only (api.paged_by_default); here the rest of its rule runs on CPU."""
+    monkeypatch.setattr("tilespec.api.paged_by_default", lambda target: True)
+
+
 
 class ToyTokenizer:
     """Characters <-> ids (vocab 128), enough for the CLI paths."""
@@ -67,9 +73,36 @@ def test_generate_errors(tiny_pair, tmp_path, capsys):
     assert exit_.value.code == 2 and "argument --gamma: must be an integer >= 1" in capsys.readouterr().err
 
 
-def test_demo_checks_greedy_equality(tiny_pair, capsys):
-    assert main(["demo", "--max-new-tokens", "10", "--layers", "1"]) == 0
-    assert "equals the target's greedy output" in capsys.readouterr().err
+def test_generate_picks_its_engine(tiny_pair, tmp_path, capsys, monkeypatch):
+    """--engine auto (default): the paged engine for a Llama-family pair, the decoder for what only it does (here
+    a γ schedule); greedy tokens equal on both; --engine paged refuses a decoder-only option before any model
+    loads."""
+    runs = {}
+    for name, extra in [("auto", []), ("decoder", ["--engine", "decoder"]), ("paged", ["--engine", "paged"]),
+                        ("schedule", ["--gamma-schedule", "heuristic"])]:
+        out = tmp_path / f"{name}.json"
+        assert main(["generate", "--target", "t", "--draft", "t:layers=1", "--prompt", "hello", "--max-new-tokens",
+                     "8", "--gamma", "3", "--json", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert [runs[n]["engine"] for n in runs] == ["paged", "decoder", "paged", "decoder"]
+    assert runs["auto"]["stats"]["runtime"] == "paged" and runs["decoder"]["stats"]["runtime"] == "eager"
+    assert len({str(r["tokens"]) for r in runs.values()}) == 1 and len(runs["auto"]["tokens"][0]) == 8
+    capsys.readouterr()
+    import tilespec.cli.generate as gen
+
+    def no_load(*a, **kw):
+        raise AssertionError("loaded before the engine check")
+    monkeypatch.setattr(gen, "load_pair", no_load)
+    assert main(["generate", "--target", "t", "--prompt", "x", "--engine", "paged", "--tree", "8"]) == 1
+    assert "the paged engine cannot honour tree; use --engine decoder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["auto", "decoder"])
+def test_demo_checks_greedy_equality(tiny_pair, capsys, engine):
+    assert main(["demo", "--max-new-tokens", "10", "--layers", "1", "--repeats", "3", "--engine", engine]) == 0
+    err = capsys.readouterr().err
+    assert "equals the target's greedy output" in err
+    assert f"engine: {'paged' if engine == 'auto' else 'decoder'}" in err
 
 
 def test_bench_e2e_smoke(tmp_path):

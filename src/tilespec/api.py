@@ -6,16 +6,20 @@
     print(out.texts[0], out.stats.alpha)
     texts = tilespec.transcribe(["clip.flac"]).texts          # whisper-base + its 2-layer draft
 
-Both are thin over :class:`tilespec.engine.SpeculativeDecoder`; ``target`` / ``draft`` are registry names, local
+``generate`` runs on the paged engine (:mod:`tilespec.engine.paged`, the one ``tilespec serve`` runs on) wherever
+it can serve the request, else on :class:`tilespec.engine.SpeculativeDecoder` (:func:`pick_engine`); ``transcribe``
+on the decoder. ``target`` / ``draft`` are registry names, local
 folders / .gguf files or hub ids (passed to transformers as they are) or already loaded models, and loaded models are
 kept per (name, device, dtype) so repeated calls do not reload them; ``draft="ngram"`` / ``"suffix"`` drafts from the
-context with no model (see :mod:`tilespec.engine.drafters`). Options go to the decoder (gamma,
-gamma_schedule, max_gamma, method, method_options, compile, ...) or, for temperature / top_k / top_p / min_p /
-lenience, into :class:`SamplingParams`; ``sampling=SamplingParams(...)`` may be given instead.
+context with no model (see :mod:`tilespec.engine.drafters`). Options go to the engine (gamma, method, compile; the
+decoder's gamma_schedule, max_gamma, method_options, tree, ...; the paged engine's max_batch, block_size, ...) or,
+for temperature / top_k / top_p / min_p / lenience, into :class:`SamplingParams`; ``sampling=SamplingParams(...)``
+may be given instead.
 Devices and dtypes follow :mod:`tilespec.env` ("auto": CUDA with bf16 when available, else CPU with fp32).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Optional
 
 from .env import pick_device, pick_dtype
@@ -155,51 +159,169 @@ def _draft_for_loaded(target, name: str):
 
 def _decoder(target, draft, tokenizer, options: dict):
     from .engine import SpeculativeDecoder
-    sampling = options.pop("sampling", None)
-    given = {k: options.pop(k) for k in SAMPLING_FIELDS if k in options}
-    if sampling is not None and given:
-        raise ValueError(f"pass either sampling=SamplingParams(...) or {sorted(given)}, not both")
-    sampling = sampling or SamplingParams(**given)
+    sampling = _sampling(options)
     return SpeculativeDecoder(target, draft, tokenizer=getattr(tokenizer, "tokenizer", tokenizer),
                               sampling=sampling, **options)
 
 
-def _paged(target, draft, tokenizer, options: dict):
-    """The paged engine (the one ``tilespec serve`` runs on) for offline generation, and the sampling to use."""
-    from .engine.paged import PagedEngine
+def _sampling(options: dict) -> SamplingParams:
+    """Pop ``sampling`` / the sampling fields out of ``options`` -> the SamplingParams they give."""
     sampling = options.pop("sampling", None)
     given = {k: options.pop(k) for k in SAMPLING_FIELDS if k in options}
     if sampling is not None and given:
         raise ValueError(f"pass either sampling=SamplingParams(...) or {sorted(given)}, not both")
-    compiled = options.pop("compile", False)
-    engine = PagedEngine(target, draft, tokenizer=getattr(tokenizer, "tokenizer", tokenizer),
-                         compile=bool(compiled) and compiled != "off", **options)
-    return engine, sampling or SamplingParams(**given)
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    return sampling or SamplingParams(**given)
+
+
+def make_paged(target, draft, tokenizer, options: dict, prompts=None, max_new_tokens: Optional[int] = None):
+    """The paged engine (the one ``tilespec serve`` runs on) behind the decoder's generate / stream / warmup
+    (engine/paged/offline.Offline), checking requests as the decoder does. ``prompts`` / ``max_new_tokens`` (checked
+    here): unless ``options`` say, its rows and K/V are sized to them (every prompt in one batch, the longest
+    request) instead of a server's 64 full-context rows."""
+    from functools import partial
+
+    from .engine.drafters import resolve_drafter
+    from .engine.paged import PagedEngine
+    from .engine.paged.offline import Offline
+    options = {k: v for k, v in options.items() if v is not None}
+    sampling = _sampling(options)
+    drafter = resolve_drafter(draft)
+    check = partial(check_inputs, target, drafter.model if drafter is not None else None)
+    options["compile"] = bool(options.get("compile", False))
+    if prompts:
+        check(prompts, max_new_tokens, 0, sampling)
+        options.setdefault("max_batch", min(len(prompts), 256))
+        if "max_len" not in options and "num_blocks" not in options:
+            options["max_len"] = max(map(len, prompts)) + max_new_tokens + 32    # + room for the drafts (< 32)
+    inner = getattr(tokenizer, "tokenizer", tokenizer)
+    return Offline(PagedEngine(target, draft, tokenizer=inner, **options), sampling, inner, check=check)
+
+
+def check_inputs(target, draft_model, prompts, max_new_tokens, seed, sampling) -> list:
+    """The decoder's checks of a request (engine/inputs.check_request: the same errors on either engine) -> the
+    per-request seeds."""
+    from .engine.inputs import check_request
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    return check_request(target, draft_model, prompts, max_new_tokens, seed, sampling)
+
+
+ENGINES = ("auto", "decoder", "paged")
+
+
+@lru_cache(maxsize=1)
+def engine_keywords() -> tuple:
+    """(SpeculativeDecoder's keyword options with their defaults, PagedEngine's), read from their signatures."""
+    import inspect
+
+    from .engine import SpeculativeDecoder
+    from .engine.paged import PagedEngine
+
+    def keywords(cls) -> dict:
+        return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
+                if p.kind is p.KEYWORD_ONLY}
+    return keywords(SpeculativeDecoder), keywords(PagedEngine)
+
+
+def _is_default(value, default) -> bool:
+    try:
+        return value is default or (type(value) is type(default) and bool(value == default))
+    except Exception:  # noqa: BLE001 - a value without a plain truth value is not the default
+        return False
+
+
+def decoder_only(options: dict, tp: int = 1) -> list:
+    """What in ``options`` (tilespec.generate's) only the decoder honours, in words: its own keywords set to other
+    than their defaults (gamma_schedule / max_gamma / fallback_below, tree / chains / scheme / draft_sampling,
+    method_options, schedule, verify_fn, run_ahead, cache_slack, graph_verify), a compile mode name, per-prompt
+    sampling values, lenience below 1, ``tp`` > 1. Raises TypeError on an option neither engine takes."""
+    decoder, paged = engine_keywords()
+    known = set(decoder) | set(paged) | set(SAMPLING_FIELDS) | {"sampling"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: tilespec.generate "
+                        f"takes the sampling fields ({', '.join(SAMPLING_FIELDS)}) or sampling=, and the options of "
+                        f"SpeculativeDecoder or PagedEngine")
+    only = [k for k in decoder if k not in paged and k != "sampling" and k in options
+            and not _is_default(options[k], decoder[k])]
+    if isinstance(options.get("compile"), str):
+        only.append(f"compile={options['compile']!r} (a decoder execution path; the paged engine takes True / False)")
+    sampling = options.get("sampling")
+    values = {f: getattr(sampling, f, None) if sampling is not None else options.get(f) for f in SAMPLING_FIELDS}
+    per_prompt = [f for f, v in values.items() if isinstance(v, (list, tuple)) or hasattr(v, "shape")]
+    only += [f"per-prompt {f}" for f in per_prompt]
+    if "lenience" not in per_prompt and values["lenience"] not in (None, 1, 1.0):
+        only.append(f"lenience={values['lenience']!r}")
+    gamma, block = options.get("gamma"), options.get("block_size") or 16
+    if isinstance(gamma, int) and gamma >= block:
+        only.append(f"gamma={gamma} (the paged engine drafts fewer than block_size={block})")
+    if tp != 1:
+        only.append(f"tp={tp} (no tensor-parallel path)")
+    return only
+
+
+def pick_engine(target, draft, engine: str = "auto", options: Optional[dict] = None, tp: int = 1,
+                fix: str = "use engine='decoder'") -> Optional[str]:
+    """"paged" or "decoder" for ``engine`` = "auto" | "decoder" | "paged": the rule of :func:`generate` and the CLI.
+    auto takes the paged engine, on CUDA (:func:`paged_by_default`), wherever it can serve ``target`` with ``draft`` (a Llama-family target with no
+    drafter, ngram / suffix, or a Llama-family draft model of its vocabulary: engine/paged/support.py, the server's
+    rule) and no option in :func:`decoder_only` is given, else the decoder; an option only the paged engine takes
+    (max_batch, block_size, ...) asks for it. "paged" with what it cannot honour raises ValueError naming it and
+    ``fix``; "decoder" with a paged-only option too. With target None the choice is made where the options alone
+    decide it (None otherwise): callers decide before loading models."""
+    from .engine.paged.support import choose_engine
+    options = options or {}
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be 'auto', 'decoder' or 'paged', got {engine!r}")
+    blockers = decoder_only(options, tp)
+    decoder, paged = engine_keywords()
+    paged_only = [k for k in options if k in paged and k not in decoder]
+    if paged_only:
+        these = f"{', '.join(paged_only)} {'is' if len(paged_only) == 1 else 'are'} the paged engine's"
+        if engine == "decoder":
+            raise ValueError(f"{these}, not the decoder's: drop {'it' if len(paged_only) == 1 else 'them'} or use "
+                             f"engine='paged'")
+        engine, fix = "paged", f"{these}: drop {'it' if len(paged_only) == 1 else 'them'} and {fix}"
+    if target is None and engine != "decoder" and not blockers:
+        return None         # the models decide
+    if engine == "auto" and not paged_by_default(target):
+        return "decoder"
+    return choose_engine(target, draft, engine, "decoder", blockers, fix)
+
+
+def paged_by_default(target) -> bool:
+    """Whether "auto" may take the paged engine for ``target``: on CUDA. On a CPU the paged engine attends through
+    its reference path (K/V gathered per layer and step) and decodes ~3x slower than the decoder, whose drafts then
+    pay (``tilespec demo``): the decoder is the CPU default until that path is fast."""
+    param = next(target.parameters(), None) if hasattr(target, "parameters") else None
+    return param is not None and param.device.type == "cuda"
 
 
 def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int = 128, seed=0, chat: bool = True,
-             device="auto", dtype="auto", tp: int = 1, engine: str = "decoder", **options):
+             device="auto", dtype="auto", tp: int = 1, engine: str = "auto", **options):
     """Generate from text prompts (str or list of str) -> :class:`~tilespec.engine.GenerationOutput` (texts,
     sequences, stats). Prompts are wrapped in the tokenizer's chat template when it has one (``chat=False``: raw
     text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone. ``tp`` > 1: under
     ``torchrun --nproc-per-node tp``, the target sharded over the ranks (docs/tensor-parallel.md); every rank
-    returns the same output. ``engine="paged"``: every prompt goes through the paged engine ``tilespec serve`` runs
-    on (Llama-family targets, ngram / suffix / no drafts; ``options`` are PagedEngine's), else the decoder."""
-    if engine not in ("decoder", "paged"):
-        raise ValueError(f"engine must be 'decoder' or 'paged', got {engine!r}")
-    if engine == "paged" and tp != 1:
-        raise ValueError("the paged engine has no tensor-parallel path yet: use engine='decoder' with tp > 1")
+    returns the same output. ``engine``: "auto" (default) runs every prompt on the paged engine ``tilespec serve``
+    runs on wherever it can (Llama-family targets; no draft, ngram / suffix or a Llama-family draft model; no
+    decoder-only option: see :func:`pick_engine`), else on :class:`SpeculativeDecoder`; "decoder" / "paged" choose
+    (paged refuses what it cannot honour). ``options`` are the chosen engine's (SpeculativeDecoder's or PagedEngine's,
+    besides the sampling fields)."""
     import torch
 
     from .engine.prompts import check_texts, encode_prompts
+    chosen = pick_engine(None, None, engine, options, tp)      # what the options decide fails before models load
     check_texts(prompts)     # before any model loads: None, [], [""] are errors, as in the CLI
     t, d, tok = _models(target, draft, tokenizer, device, dtype, tp)
     if tok is None:
         raise ValueError("text prompts need a tokenizer: pass tokenizer=... with loaded models")
     ids = encode_prompts(getattr(tok, "tokenizer", tok), prompts, chat)
-    if engine == "paged":
-        eng, sampling = _paged(t, d, tok, dict(options))
-        return eng.generate(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, tokenizer=tok)
+    if (chosen or pick_engine(t, d, engine, options, tp)) == "paged":
+        return make_paged(t, d, tok, options, ids, max_new_tokens).generate(ids, max_new_tokens=max_new_tokens,
+                                                                             seed=seed)
     dec = _decoder(t, d, tok, dict(options))
     with torch.inference_mode():
         return dec.generate(ids, max_new_tokens=max_new_tokens, seed=seed)

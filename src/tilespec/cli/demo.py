@@ -9,7 +9,8 @@ once (untimed); then the same model decodes the same prompt target-only and spec
 until the 95 % interval of the paired speedup is within ``--precision`` (or ``--repeats`` pairs / ``--budget``
 seconds run out: then the demo says the machine is too busy to measure and prints the noise it measured instead of a
 ratio). Each system gets ONE tokens/s figure: its new tokens over the wall time of its counted runs, prefill
-included; the greedy outputs must be identical token for token.
+included; the greedy outputs must be identical token for token. Both systems run on the engine ``--engine`` picks
+(auto: the paged engine where it runs the pair, as ``tilespec.generate`` does; else the decoder).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import time
 from pathlib import Path
 
 from ._paired import Measurement, Watchdog, free_cpus, measure
-from .generate import (check_decoding_args, encode_prompts, load_pair, pick_device, pick_dtype, sampling_from_args,
-                       stats_rows, stream_text)
+from .generate import (add_engine_argument, build_engine, check_decoding_args, encode_prompts, load_pair,
+                       pick_cli_engine, pick_device, pick_dtype, stats_rows, stream_text)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GPU_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -128,7 +129,6 @@ def _demo(args) -> int:
     import torch
     from rich.console import Console
     from rich.markup import escape
-    from tilespec.engine import SpeculativeDecoder
 
     began = time.monotonic()
     console = Console(stderr=True)
@@ -137,6 +137,7 @@ def _demo(args) -> int:
     if args.budget <= 0 or not 0 < args.precision < 1:
         raise ValueError(f"--budget must be > 0 and --precision in (0, 1), got {args.budget} and {args.precision}")
     check_decoding_args(args)
+    choice = pick_cli_engine(args)          # what the options decide fails before a model loads
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     threads, cpu = _choose_threads(args, device)
@@ -147,11 +148,12 @@ def _demo(args) -> int:
                   f"{device}, {str(dtype).replace('torch.', '')}, {threads} CPU thread{'s' if threads != 1 else ''}"
                   f"{why}, γ={args.gamma} ({args.gamma_schedule}), verify={args.method}")
     target, draft, tok = load_pair(target_name, draft_name, device, dtype, log=console.print)
-    options = dict(gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=args.method,
-                   sampling=sampling_from_args(args), tokenizer=tok, compile=args.compile)
-    spec = SpeculativeDecoder(target, draft, **options)
-    base = SpeculativeDecoder(target, None, **options)
     ids = encode_prompts(tok, [args.prompt], True)
+    choice = choice or pick_cli_engine(args, target, draft)
+    console.print(f"[dim]engine: {'paged (the one tilespec serve runs on)' if choice == 'paged' else 'decoder'}, "
+                  f"both systems[/dim]")
+    spec = build_engine(choice, args, target, draft, tok, ids)       # the same engine decodes target-only
+    base = build_engine(choice, args, target, None, tok, ids)
     for dec in (base, spec):   # uncounted: lazy initialisations (and graph captures with --compile)
         dec.warmup(prompt_len=min(len(ids[0]), 64), max_new_tokens=4)
     console.print(f"[bold]prompt[/bold]: {escape(args.prompt)}\n[bold]speculative output[/bold]:")
@@ -217,7 +219,7 @@ def _demo(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "environment": run_record(device), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target": target_name,
-            "draft": draft_name, "dtype": str(dtype), "threads": threads, "prompt": args.prompt,
+            "draft": draft_name, "engine": choice, "dtype": str(dtype), "threads": threads, "prompt": args.prompt,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
             "cpu": ({"usable": cpu.cpus, "probe_got": cpu.got, "load_average": cpu.load_average,
                      "torch_default_threads": cpu.limit, "threads_chosen": cpu.threads} if cpu else None),
@@ -274,5 +276,6 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (default: the CPUs free now, probed; fewer if they get busy)")
     from .generate import add_decoding_arguments
+    add_engine_argument(p)
     add_decoding_arguments(p)
     p.set_defaults(max_new_tokens=256, gamma=8, func=run)

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from tilespec.api import load_pair
+from tilespec.api import load_pair, make_paged, pick_engine
 from tilespec.engine.prompts import encode_prompts
 from tilespec.env import pick_device, pick_dtype
 from tilespec.verify.registry import all_methods
@@ -81,6 +81,38 @@ def add_decoding_arguments(p) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+ENGINES = ("auto", "decoder", "paged")
+
+
+def add_engine_argument(p) -> None:
+    """``--engine auto | decoder | paged`` (generate, demo): the choice tilespec.generate makes (api.pick_engine)."""
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="paged: the engine tilespec serve runs on (Llama-family targets; no draft, ngram / suffix or "
+                        "a Llama-family draft model); decoder: SpeculativeDecoder (also γ schedules, trees, heads, "
+                        "other families, --tp); auto (default): paged wherever it runs the request")
+
+
+def pick_cli_engine(args, target=None, draft=None, tp: int = 1):
+    """"paged" or "decoder" for ``--engine`` and the options given (api.pick_engine, tilespec.generate's rule);
+    without models: the choice where the options alone decide it, else None."""
+    options = dict(gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=args.method,
+                   compile=bool(args.compile), sampling=sampling_from_args(args),
+                   tree=tree_option(args), chains=getattr(args, "chains", None))
+    return pick_engine(target, draft, args.engine, options, tp, fix="use --engine decoder")
+
+
+def build_engine(choice: str, args, target, draft, tok, prompts):
+    """The engine ``choice`` names with the decoding arguments: SpeculativeDecoder, or the paged engine behind its
+    interface (api.make_paged: sized to ``prompts``)."""
+    if choice == "paged":
+        return make_paged(target, draft, tok, dict(gamma=args.gamma, method=args.method, compile=args.compile,
+                                                   sampling=sampling_from_args(args)), prompts, args.max_new_tokens)
+    from tilespec.engine import SpeculativeDecoder
+    return SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
+                              method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
+                              compile=args.compile)
+
+
 def sampling_from_args(args):
     from tilespec.verify import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -93,9 +125,11 @@ def stats_rows(stats) -> list:
             ("tokens/s", f"{stats.tokens_per_second:.1f}"), ("target calls", f"{stats.target_calls}")]
     if stats.drafted:
         rows += [("acceptance rate α (accepted/drafted)", f"{stats.alpha:.3f}"),
-                 ("tokens per target call (τ)", f"{stats.block_efficiency:.2f}"),
-                 ("mean γ (all steps / speculative steps)", f"{stats.mean_gamma:.2f} / {stats.mean_spec_gamma:.2f}"),
-                 ("verify method", stats.method)]
+                 ("tokens per target call (τ)", f"{stats.block_efficiency:.2f}")]
+        if stats.gammas:        # the paged engine prices each step's drafts: no γ per step
+            rows.append(("mean γ (all steps / speculative steps)",
+                         f"{stats.mean_gamma:.2f} / {stats.mean_spec_gamma:.2f}"))
+        rows.append(("verify method", stats.method))
     if stats.context_steps or stats.drafter in ("ngram", "suffix"):
         rows.insert(4, ("drafter", stats.drafter))
         rows.append(("steps with a context match", f"{100 * stats.match_share:.0f} % of request-steps"))
@@ -104,10 +138,13 @@ def stats_rows(stats) -> list:
     for phase in ("prefill", "draft", "target", "verify", "bookkeeping"):
         if t.get(phase):
             rows.append((f"time {phase}", f"{t[phase]:.3f} s"))
-    rows += [("wall time", f"{stats.wall_time:.3f} s"),
-             ("verify share of step time", f"{100 * stats.verify_share:.1f} %"),
-             ("KV cache", f"{stats.kv_cache_bytes / 2**20:.1f} MiB"),
+    rows.append(("wall time", f"{stats.wall_time:.3f} s"))
+    if t:                       # phase times: the decoder's
+        rows.append(("verify share of step time", f"{100 * stats.verify_share:.1f} %"))
+    rows += [("KV cache", f"{stats.kv_cache_bytes / 2**20:.1f} MiB"),
              ("peak memory", f"{stats.peak_memory_bytes / 2**20:.0f} MiB")]
+    if stats.runtime.startswith("paged"):
+        rows.insert(1, ("engine", "paged"))
     return rows
 
 
@@ -157,7 +194,6 @@ def read_batch_file(path: Path) -> list:
 
 def run(args) -> int:
     import torch
-    from tilespec.engine import SpeculativeDecoder
     if args.prompt is None and args.batch_file is None:
         raise ValueError("give --prompt TEXT or --batch-file FILE")
     if args.prompt is not None and not args.prompt.strip():
@@ -165,6 +201,7 @@ def run(args) -> int:
     check_decoding_args(args)
     if tree_option(args) is not None and args.chains:     # tree options fail here, before a model loads
         raise ValueError("give --tree or --chains, not both")
+    choice = pick_cli_engine(args, tp=args.tp)      # what the options decide fails before a model loads
     texts = [args.prompt] if args.prompt is not None else read_batch_file(args.batch_file)
     tp = None
     if args.tp > 1:     # under torchrun: one process per GPU, the target sharded, rank 0 prints
@@ -176,13 +213,12 @@ def run(args) -> int:
     log = (lambda m: print(m, file=sys.stderr)) if main else (lambda m: None)  # noqa: E731
     extra = {"tp": tp, "tp_check": args.tp_check or None} if tp is not None else {}
     target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
+    ids = encode_prompts(tok, texts, not args.no_chat)
+    choice = choice or pick_cli_engine(args, target, draft, args.tp)
     if args.tree or args.chains:
         dec = tree_decoder(args, target, draft, tok, log=log)
     else:
-        dec = SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
-                                 method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
-                                 compile=args.compile)
-    ids = encode_prompts(tok, texts, not args.no_chat)
+        dec = build_engine(choice, args, target, draft, tok, ids)
     quiet = open(os.devnull, "w") if not main else None
     with torch.inference_mode():
         if len(ids) == 1:
@@ -202,7 +238,7 @@ def run(args) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "target": args.target, "draft": args.draft, "prompts": texts,
+            "target": args.target, "draft": args.draft, "engine": choice, "prompts": texts,
             "outputs": [tok.decode(s, skip_special_tokens=True) for s in seqs], "tokens": seqs,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
             "tree": chosen_tree(dec), "stats": stats.to_dict()}, indent=2))
@@ -244,5 +280,6 @@ def register(sub) -> None:
                    help="verify K chains of L tokens sampled from the head or the draft model "
                         "(multi-draft (Khisti et al. 2024); --scheme)")
     p.add_argument("--scheme", default="specinfer", help="--chains: specinfer, spectr, is, is-lp, ... (sd for K=1)")
+    add_engine_argument(p)
     add_decoding_arguments(p)
     p.set_defaults(func=run)

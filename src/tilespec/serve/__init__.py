@@ -24,15 +24,12 @@ BATCH_SWITCHES = ("adaptive", "spec_max_batch", "min_alpha")   # the paged engin
 
 def pick_engine(target, draft, engine: str, options: dict) -> str:
     """"paged" or "batch" for ``engine`` = "auto" | "paged" | "batch": auto takes the paged engine wherever it can
-    serve the pair (engine/paged/support.paged_reason) and no BatchEngine-only option is set."""
-    from tilespec.engine.paged.support import paged_reason
-    if engine not in ("auto", "paged", "batch"):
-        raise ValueError(f"engine must be 'auto', 'paged' or 'batch', got {engine!r}")
-    reason = paged_reason(target, draft)
-    if engine == "paged" and reason is not None:
-        raise ValueError(f"the paged engine cannot serve this: {reason}; use --engine batch")
-    if engine == "auto":
-        engine = "batch" if reason is not None or any(options.get(k) is not None for k in BATCH_ONLY) else "paged"
+    serve the pair (engine/paged/support.choose_engine, the rule ``tilespec.generate`` picks by too) and no
+    BatchEngine-only option is set."""
+    from tilespec.engine.paged.support import choose_engine
+    batch_only = [k for k in BATCH_ONLY if options.get(k) is not None]
+    engine = choose_engine(target, draft, engine, "batch", batch_only if engine == "auto" else (),
+                           fix="use --engine batch")
     wrong = PAGED_ONLY if engine == "batch" else BATCH_ONLY + BATCH_SWITCHES
     given = [k for k in wrong if options.get(k) is not None]
     if given:

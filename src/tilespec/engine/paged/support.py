@@ -1,10 +1,10 @@
 """What the paged engine serves: a Llama-family target with the native decoder path, and no drafter, a context
 drafter (ngram, suffix), or a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
 context drafter, MODEL+ngram). Trained heads and token trees need a draft runner of their own: the server keeps
-BatchEngine for them."""
+BatchEngine for them, ``tilespec.generate`` the decoder (:func:`choose_engine`: the one rule both pick by)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..drafters import Drafter, resolve_drafter
 from ..drafters.model import check_draft_model
@@ -34,6 +34,30 @@ def paged_reason(target, draft) -> Optional[str]:
     except ValueError as err:
         return f"the draft model {name}: {err}"
     return None
+
+
+def choose_engine(target, draft, engine: str, fallback: str, fallback_only: Sequence[str] = (),
+                  fix: str = "") -> str:
+    """"paged" or ``fallback`` for ``engine`` = "auto" | "paged" | ``fallback`` (the server's "batch",
+    ``tilespec.generate``'s "decoder"): auto takes the paged engine wherever it can serve ``target`` with ``draft``
+    (:func:`paged_reason`) and none of ``fallback_only`` is given (the options, in words, that only the fallback
+    honours); "paged" refuses with a ValueError naming why, then ``fix``. Where ``engine`` and ``fallback_only``
+    decide alone (``engine`` is the fallback, or options are given) the models are not looked at: a caller may decide
+    before they load (target / draft None)."""
+    if engine not in ("auto", "paged", fallback):
+        raise ValueError(f"engine must be 'auto', 'paged' or {fallback!r}, got {engine!r}")
+    if engine == fallback:
+        return fallback
+    if fallback_only:
+        if engine == "paged":
+            raise ValueError(f"the paged engine cannot honour {', '.join(fallback_only)}; {fix}")
+        return fallback
+    reason = paged_reason(target, draft)
+    if reason is None:
+        return "paged"
+    if engine == "paged":
+        raise ValueError(f"the paged engine cannot serve this: {reason}; {fix}")
+    return fallback
 
 
 def _has_runner(drafter) -> bool:
