@@ -1,8 +1,29 @@
 """Engine hooks for the server tests: picklable functions that ``build_server(engine_hook=...)`` runs on the engine
-inside the engine process, to stall or break its steps there."""
+inside the engine process, to stall or break its steps there; and the servers' tokenizer, ``CharTokenizer``.
+
+Everything here is pickled into the engine process, which imports this module to unpickle it: it imports nothing
+heavy (no pytest, openai, uvicorn or test module), so an engine process starts in the time its model needs."""
 from __future__ import annotations
 
 import time
+
+
+class CharTokenizer:
+    """Characters <-> ids (vocab 128); a chat template joining every turn; no EOS (completions run to length)."""
+
+    chat_template = "turns"
+    eos_token_id = None
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = ([1] if add_special_tokens else []) + [3 + (ord(c) % 120) for c in text]
+        return type("Enc", (), {"input_ids": ids})()
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
 
 
 class _AfterSteps:

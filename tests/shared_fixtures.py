@@ -57,3 +57,35 @@ def fake_entry(monkeypatch, tmp_path):
                        description="test")
     monkeypatch.setitem(REGISTRY, entry.name, entry)
     return entry, links
+
+
+def _started(**options):
+    """A started tests/test_serve.py server (make_app(**options)) in this test process, and its stop."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from test_serve import Server, make_app
+    torch.set_num_threads(1)
+    return Server(make_app(**options))
+
+
+@pytest.fixture(scope="session")
+def tiny_server():
+    """The tiny model's default server (tests/test_serve.py's ``make_app()``: paged engine, ngram drafts), started
+    once per test process and shared by the modules whose tests only send it requests (test_serve.py,
+    test_serve_echo.py, test_serve_n.py): each engine start is a spawned process that imports torch and
+    transformers. A test that changes a setting of it restores the setting; tests that stall, break or stop a
+    server start their own."""
+    srv = _started()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_batch_server():
+    """The tiny model on a BatchEngine server (``make_app(engine="batch", warmup=False)``), started once per test
+    process: the refusals of logprobs and echo there (test_serve_logprobs.py, test_serve_echo.py)."""
+    srv = _started(engine="batch", warmup=False)
+    yield srv
+    srv.stop()
+

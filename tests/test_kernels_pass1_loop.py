@@ -15,7 +15,7 @@ from tilespec.verify.types import SamplingParams
 
 launch = pytest.importorskip("tilespec.verify.kernels.launch")
 
-CHUNK, BATCH, K = 32, 8, 3
+CHUNK, BATCH, K = 32, 4, 3           # the 4 requests: greedy, sampled, lenient, sampled
 VOCAB = 4 * CHUNK + 9                   # NC = 5 chunks, the last one ragged
 KINDS = {"logits": launch.DRAFT_LOGITS, "probs": launch.DRAFT_PROBS, "none": launch.DRAFT_NONE}
 SENTINEL = 12345.0                      # pre-fills the scratch: slots pass 1 must not write stay equal too
@@ -51,7 +51,7 @@ def _run(cpp: int, draft: str, sampling: SamplingParams, monkeypatch, dtype=torc
     plan.m.fill_(SENTINEL)
     plan.s.fill_(SENTINEL)
     plan.a.fill_(-7)
-    got = verify(target, tokens, method="fused", sampling=sampling, num_draft_tokens=torch.tensor([3, 0, 1, 2] * 2),
+    got = verify(target, tokens, method="fused", sampling=sampling, num_draft_tokens=torch.tensor([3, 0, 1, 2]),
                  seed=5, offsets=torch.arange(BATCH), **kwargs)
     assert any(p is plan for p in launch._PLANS.values())
     return got, plan.m.clone(), plan.s.clone(), plan.a.clone()
@@ -69,7 +69,7 @@ def _assert_same(one, many):
 @pytest.mark.parametrize("draft, filters", [("logits", "none"), ("probs", "none"), ("none", "none"),
                                             ("logits", "top-k")])
 def test_statistics_and_tokens_match_one_chunk_per_program(draft, filters, monkeypatch):
-    sampling = SamplingParams(temperature=[0.0, 0.8, 1.0, 1.3] * 2, lenience=[1.0, 1.0, 0.5, 1.0] * 2,
+    sampling = SamplingParams(temperature=[0.0, 0.8, 1.0, 1.3], lenience=[1.0, 1.0, 0.5, 1.0],
                               top_k=5 if filters == "top-k" else 0)
     one = _run(1, draft, sampling, monkeypatch)
     _assert_same(one, _run(3, draft, sampling, monkeypatch))   # 2 programs per row: the last has 2 chunks of 3
@@ -78,7 +78,7 @@ def test_statistics_and_tokens_match_one_chunk_per_program(draft, filters, monke
 def test_low_precision_and_one_slice_per_chunk(monkeypatch):
     # bf16 logits (the prefetched slice stays bf16 until it is used); SUB = CHUNK: each prefetch is a next chunk's
     monkeypatch.setattr(launch, "SUB1_STREAM", CHUNK)
-    sampling = SamplingParams(temperature=[0.0, 0.7] * 4)
+    sampling = SamplingParams(temperature=[0.0, 0.7] * 2)
     one = _run(1, "logits", sampling, monkeypatch, torch.bfloat16)
     _assert_same(one, _run(2, "logits", sampling, monkeypatch, torch.bfloat16))
 
@@ -115,5 +115,5 @@ def test_counters_reset_between_calls(monkeypatch):
     plan = launch._plan(torch.device("cpu"), BATCH, K, VOCAB, launch.MODE_LOGITS, launch.DRAFT_NONE, False, True)
     assert int(plan.cnt1.abs().sum()) == 0
     ref = verify(*_case("none")[:2], method="reference", sampling=sampling,
-                 num_draft_tokens=torch.tensor([3, 0, 1, 2] * 2), seed=5, offsets=torch.arange(BATCH))
+                 num_draft_tokens=torch.tensor([3, 0, 1, 2]), seed=5, offsets=torch.arange(BATCH))
     assert torch.equal(first[0].output_tokens, ref.output_tokens)

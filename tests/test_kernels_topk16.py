@@ -29,7 +29,7 @@ def _logits(batch, rows, vocab, dtype, seed, coarse=False):
          "37-bf16-pivot", "37-fp16-fallback"])
 def test_thresholds_equal_torch_topk(dtype, vocab, coarse, pivot):
     # 9001 and 8200 ids span 3 chunks of topk16.CHUNK; 9001 and 37 are not multiples of 8 (no 16-byte loads)
-    logits = _logits(4, 3, vocab, dtype, seed=vocab, coarse=coarse)
+    logits = _logits(4, 2, vocab, dtype, seed=vocab, coarse=coarse)
     logits[0, 1, : vocab // 2] = float("-inf")          # -inf at and below the k-th position in some rows
     logits[2, 0, :] = 0.0
     logits[2, 0, ::2] = -0.0                             # -0.0 and +0.0 tied: different keys, one value
@@ -37,7 +37,7 @@ def test_thresholds_equal_torch_topk(dtype, vocab, coarse, pivot):
     temperature = torch.tensor([1.0, 0.0, 1.3, 0.37])
     got = topk16.top_k_thresholds16(logits, top_k, temperature, pivot=pivot)
     want = _top_k_thresholds(logits, top_k, temperature, int(top_k.max()))
-    assert got.dtype == torch.float32 and got.shape == (4, 3)
+    assert got.dtype == torch.float32 and got.shape == (4, 2)
     assert torch.equal(got, want)
 
 
@@ -88,8 +88,8 @@ def test_keep_thresholds_routes_16_bit_top_k_here(monkeypatch):
 
 def test_target_and_draft_rows_in_one_call():
     gen = torch.Generator().manual_seed(11)
-    target = (torch.randn(2, 3, 2100, generator=gen) * 3).bfloat16()
-    draft = (torch.randn(2, 2, 2100, generator=gen) * 3).bfloat16()
+    target = (torch.randn(2, 2, 2100, generator=gen) * 3).bfloat16()
+    draft = (torch.randn(2, 1, 2100, generator=gen) * 3).bfloat16()
     draft[1, 0] = 0.5                                      # a flat draft row: the fallback, next to pivot rows
     top_k, temperature, top_p = torch.tensor([7, 40]), torch.tensor([0.7, 1.2]), torch.tensor([0.9, 0.8])
     got_t, got_d = topk16.top_k_thresholds16(target, top_k, temperature, k_max=40, draft=draft)
@@ -113,7 +113,7 @@ def test_top_k_then_top_p_equal_the_sort(dtype, coarse, pivot):
     # values: ties at t_k and among the kept values; k = 1; top_p = 1 leaves t_k)
     from tilespec.verify.filters import keep_threshold
     from tilespec.verify.validation import resolve_sampling
-    logits = _logits(4, 3, 3001, dtype, seed=7, coarse=coarse)
+    logits = _logits(4, 2, 3001, dtype, seed=7, coarse=coarse)
     logits[0, 1, :50] = float("-inf")
     s = resolve_sampling(SamplingParams(top_k=[1, 20, 50, 300], top_p=[0.9, 0.8, 0.5, 1.0],
                                         temperature=[1.0, 0.7, 0.0, 1.3]), 4, logits.device)
@@ -132,9 +132,9 @@ def test_top_p_needs_a_small_k_max():
 def test_fused_with_top_k_and_top_p_matches_reference(sampling, monkeypatch):
     monkeypatch.setattr(keep, "TOPK16_ON_CPU", True)
     # the first goes through topk16's top-p step, the second (a row without top-k) through the radix search
-    logits = _logits(2, 4, 500, torch.bfloat16, seed=8)
-    draft = _logits(2, 3, 500, torch.bfloat16, seed=9)
-    tokens = torch.randint(0, 500, (2, 3), generator=torch.Generator().manual_seed(1))
+    logits = _logits(2, 3, 500, torch.bfloat16, seed=8)
+    draft = _logits(2, 2, 500, torch.bfloat16, seed=9)
+    tokens = torch.randint(0, 500, (2, 2), generator=torch.Generator().manual_seed(1))
     for seed in range(2):
         ref = verify(logits, tokens, draft_logits=draft, method="reference", sampling=sampling, seed=seed)
         got = verify(logits, tokens, draft_logits=draft, method="fused", sampling=sampling, seed=seed)

@@ -25,27 +25,9 @@ uvicorn = pytest.importorskip("uvicorn")
 from tilespec.serve import build_server  # noqa: E402
 
 from engine_models import tiny_lm  # noqa: E402
-from serve_hooks import fail_after, stall_after  # noqa: E402
+from serve_hooks import CharTokenizer, fail_after, stall_after  # noqa: E402
 
 MODEL = "tiny"
-
-
-class CharTokenizer:
-    """Characters <-> ids (vocab 128); a chat template joining every turn; no EOS (completions run to length)."""
-
-    chat_template = "turns"
-    eos_token_id = None
-    pad_token_id = 0
-
-    def __call__(self, text, add_special_tokens=True):
-        ids = ([1] if add_special_tokens else []) + [3 + (ord(c) % 120) for c in text]
-        return type("Enc", (), {"input_ids": ids})()
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
 
 
 def wait_healthy(url: str, timeout: float = 60.0) -> None:
@@ -101,12 +83,11 @@ def make_app(**kw):
     return build_server(target, tokenizer, **options)
 
 
-@pytest.fixture(scope="module")
-def server():
-    torch.set_num_threads(1)
-    srv = Server(make_app())
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(tiny_server):
+    """make_app()'s server: the session's ``tiny_server`` (tests/shared_fixtures.py), shared with test_serve_echo.py
+    and test_serve_n.py."""
+    return tiny_server
 
 
 def metric(srv, name) -> float:

@@ -15,13 +15,13 @@ pytest.importorskip("uvicorn")
 
 import test_serve  # noqa: E402
 from serve_hooks import recording_loop  # noqa: E402
-from test_serve import MODEL, CharTokenizer, Server, make_app, make_target  # noqa: E402
+from test_serve import MODEL, CharTokenizer, make_target  # noqa: E402
 
 TOK = CharTokenizer()
 PROMPT = "hello there"
 
 
-served = test_serve.server          # the tiny model's default server (one per module)
+served = test_serve.server          # the tiny model's default server (one per test process)
 
 
 def token(i: int) -> str:
@@ -134,17 +134,14 @@ def test_max_tokens_zero_without_echo_is_still_a_400(served):
     assert chat.status_code == 400
 
 
-def test_the_batch_engine_refuses_echo_with_logprobs_and_echoes_without():
-    srv = Server(make_app(engine="batch", warmup=False))
-    try:
-        resp = post(srv, dict(prompt="ab", max_tokens=2, echo=True, logprobs=1))
-        err = resp.json()["error"]
-        assert resp.status_code == 400 and err["param"] == "logprobs", resp.text
-        assert "paged engine" in err["message"] and "echo" in err["message"]
-        ok = post(srv, dict(prompt="ab", max_tokens=2, echo=True, temperature=0))
-        assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith("ab")
-    finally:
-        srv.stop()
+def test_the_batch_engine_refuses_echo_with_logprobs_and_echoes_without(tiny_batch_server):
+    srv = tiny_batch_server             # make_app(engine="batch", warmup=False), shared with test_serve_logprobs.py
+    resp = post(srv, dict(prompt="ab", max_tokens=2, echo=True, logprobs=1))
+    err = resp.json()["error"]
+    assert resp.status_code == 400 and err["param"] == "logprobs", resp.text
+    assert "paged engine" in err["message"] and "echo" in err["message"]
+    ok = post(srv, dict(prompt="ab", max_tokens=2, echo=True, temperature=0))
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"].startswith("ab")
 
 
 def test_steps_carry_prompt_logprobs_to_the_api_process_of_their_request():

@@ -99,7 +99,7 @@ def test_tokenizing_runs_off_the_event_loop(server):
 @pytest.mark.parametrize("extra,param", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),      # no schema given
     ({"top_logprobs": 3}, "top_logprobs"),          # without logprobs: true
     ({"logprobs": 2}, "logprobs"),                  # chat's logprobs is a boolean
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),

@@ -200,19 +200,16 @@ def test_bad_logprobs_values_are_400s_naming_the_field(served, path, extra, para
         assert "logprobs: true" in resp.json()["error"]["message"]     # it names the fix
 
 
-def test_the_batch_engine_refuses_logprobs_with_a_400_that_says_why():
-    srv = Server(make_app(engine="batch", warmup=False))
-    try:
-        for stream in (False, True):
-            resp = httpx.post(f"{srv.url}/v1/chat/completions", json=chat_ask(logprobs=True, stream=stream))
-            err = resp.json()["error"]
-            assert resp.status_code == 400 and err["param"] == "logprobs", resp.text
-            assert "paged engine" in err["message"] and "BatchEngine" in err["message"]
-        resp = httpx.post(f"{srv.url}/v1/completions", json=dict(model=MODEL, prompt="ab", max_tokens=2, logprobs=0))
-        assert resp.status_code == 400 and "paged engine" in resp.json()["error"]["message"]
-        assert httpx.post(f"{srv.url}/v1/chat/completions", json=chat_ask(), timeout=60).status_code == 200
-    finally:
-        srv.stop()
+def test_the_batch_engine_refuses_logprobs_with_a_400_that_says_why(tiny_batch_server):
+    srv = tiny_batch_server             # make_app(engine="batch", warmup=False), shared with test_serve_echo.py
+    for stream in (False, True):
+        resp = httpx.post(f"{srv.url}/v1/chat/completions", json=chat_ask(logprobs=True, stream=stream))
+        err = resp.json()["error"]
+        assert resp.status_code == 400 and err["param"] == "logprobs", resp.text
+        assert "paged engine" in err["message"] and "BatchEngine" in err["message"]
+    resp = httpx.post(f"{srv.url}/v1/completions", json=dict(model=MODEL, prompt="ab", max_tokens=2, logprobs=0))
+    assert resp.status_code == 400 and "paged engine" in resp.json()["error"]["message"]
+    assert httpx.post(f"{srv.url}/v1/chat/completions", json=chat_ask(), timeout=60).status_code == 200
 
 
 def test_steps_carry_logprobs_only_for_the_requests_that_asked():

@@ -21,7 +21,7 @@ CHAT = dict(model=MODEL, messages=[{"role": "user", "content": "abcabcabc"}], ma
 PROMPT = dict(model=MODEL, prompt="hello there", max_tokens=10)
 
 
-server = test_serve.server          # the tiny model's default server (one per module)
+server = test_serve.server          # the tiny model's default server (one per test process)
 
 
 def post(srv, path, body, **kw):
