@@ -2,8 +2,8 @@
 
 On a GPU the kernels run over slices of at most MAX_GRID_ROWS = 65,535 requests (CUDA's limit on grid axes 1 and
 2). Here MAX_GRID_ROWS is shrunk so a batch runs as several slices (the last one shorter), in both layouts (the
-interpreter's batched one: 30 requests in slices of 7; the GPU's per-request one, one interpreted Python call per
-program: 9 requests in slices of 4), and the outputs must equal the one-launch outputs bit for
+interpreter's batched one: 16 requests in slices of 7; the GPU's per-request one, one interpreted Python call per
+program: 5 requests in slices of 2), and the outputs must equal the one-launch outputs bit for
 bit: per-request seeds and offsets travel with their rows. The per-request layout also runs V = 3 (a row narrower
 than a pass-1 lane group of 8 ids: it failed to compile on the GPU before the group width was capped).
 """
@@ -18,7 +18,7 @@ from tilespec.verify.types import SamplingParams
 launch = pytest.importorskip("tilespec.verify.kernels.launch")
 from tilespec.verify.kernels import batch_split  # noqa: E402
 
-SIZES = {"batched": (30, 7), "per-request": (9, 4)}   # (batch, MAX_GRID_ROWS)
+SIZES = {"batched": (16, 7), "per-request": (5, 2)}   # (batch, MAX_GRID_ROWS): 3 slices, the last one shorter
 
 
 @pytest.fixture(params=list(SIZES))
