@@ -29,7 +29,7 @@ class NgramState(ContextState):
         self.indexed = [0] * len(prompts)    # positions whose n-grams (ending there) are in the index
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
-        self.history[row].extend(int(t) for t in tokens)
+        self.history[row] += tokens if isinstance(tokens, list) else map(int, tokens)   # engines pass int lists
 
     def _catch_up(self, row: int) -> None:
         """Index the n-grams ending at every position appended since the last lookup (their next token is known)."""

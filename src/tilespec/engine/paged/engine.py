@@ -204,11 +204,17 @@ class PagedEngine:
         return gated
 
     def _propose(self, drafting: bool) -> None:
-        """Every decoding request's context drafts (none when the drafter is off this step)."""
+        """Every decoding request's context drafts (none when the drafter is off this step: then the loop only
+        clears, since at 256 rows computing each request's cap cost 0.4 ms a step of host time)."""
+        if not drafting:
+            for seq in self.scheduler.running:
+                if seq.drafts:
+                    seq.drafts = []
+            return
         for seq in self.scheduler.running:
             req = seq.req
             cap = min(req.cap, req.max_tokens - len(req.tokens) - 1) if seq.decoding and seq.context else 0
-            seq.drafts = seq.context.propose(0, cap) if cap > 0 and drafting else []
+            seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
 
     @torch.inference_mode()
     def step(self) -> list:
