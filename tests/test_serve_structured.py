@@ -265,3 +265,83 @@ def test_the_batch_engine_refuses_structured_outputs_with_a_400_that_says_why(ti
         assert err["code"] == "unsupported_parameter" and err["param"] == next(iter(fields))
         assert "BatchEngine" in err["message"] and "paged engine" in err["message"]
     assert ask(srv, response_format={"type": "text"}, max_tokens=2).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------ forced tool calls
+class ToolAsciiTokenizer(AsciiTokenizer):
+    """AsciiTokenizer with id 98 a newline (the call block's separator) and a chat template that renders tools and
+    names the hermes format (``<tool_call>``), so the server offers tools and parses the block."""
+
+    chat_template = "{% for t in tools %}{{ t.function.name }} {% endfor %}<tool_call> {{ messages[-1].content }}"
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = super().__call__(text.replace("\n", " "), add_special_tokens).input_ids
+        return type("Enc", (), {"input_ids": ids})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("\n" if i == 98 else super(ToolAsciiTokenizer, self).decode([i]) for i in ids)
+
+    def __len__(self):
+        return 99
+
+    def apply_chat_template(self, turns, tools=None, tokenize=False, add_generation_prompt=True):
+        names = " ".join(t["function"]["name"] for t in tools or ())
+        return f"{names} <tool_call> {turns[-1]['content']}"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+             "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+             "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+             "additionalProperties": False}}}]
+ARGS = {"get_weather": ("city", ("Paris", "Rome")), "get_time": ("zone", ("UTC", "CET"))}
+
+
+@pytest.fixture(scope="module")
+def tooled():
+    torch.set_num_threads(1)
+    srv = Server(make_app(tokenizer=ToolAsciiTokenizer(), max_len=192, default_max_tokens=96))
+    yield srv
+    srv.stop()
+
+
+def calls_of(resp) -> list:
+    """Per choice: (content, finish reason, [(name, arguments)...]), each call's arguments checked against TOOLS."""
+    assert resp.status_code == 200, resp.text
+    out = []
+    for c in resp.json()["choices"]:
+        calls = [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in c["message"]["tool_calls"]]
+        for name, args in calls:
+            key, allowed = ARGS[name]
+            assert set(args) == {key} and args[key] in allowed, calls
+        out.append((c["message"]["content"], c["finish_reason"], calls))
+    return out
+
+
+def test_forced_tool_calls_follow_the_tools_schemas_with_drafts_and_without(tooled):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    got = calls_of(ask(tooled, n=4, tools=TOOLS, tool_choice=named, max_tokens=96))
+    assert all(content is None and reason == "tool_calls" and [n for n, _ in calls] == ["get_time"]
+               for content, reason, calls in got), got
+    assert calls_of(ask(tooled, n=4, tools=TOOLS, tool_choice=named, max_tokens=96, gamma=0)) == got     # drafts change nothing
+    required = calls_of(ask(tooled, n=4, seed=9, tools=TOOLS, tool_choice="required", max_tokens=96))
+    assert all(len(calls) == 1 and reason == "tool_calls" for _, reason, calls in required), required
+    body = {"model": MODEL, "max_tokens": 96, "temperature": 1.0, "seed": 5, "stream": True, "tools": TOOLS,
+            "tool_choice": named, "messages": [{"role": "user", "content": "give me json"}]}
+    deltas, reason = [], None
+    with httpx.stream("POST", f"{tooled.url}/v1/chat/completions", json=body, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                c = json.loads(line[6:])["choices"][0]
+                deltas += c["delta"].get("tool_calls") or []
+                reason = c["finish_reason"] or reason
+    name = next(d["function"]["name"] for d in deltas if d["function"].get("name"))
+    args = "".join(d["function"].get("arguments") or "" for d in deltas)
+    assert (None, reason, [(name, json.loads(args))]) == got[0]        # choice 0 is the request alone, seed 5
+
+
+def test_a_forced_call_conflicts_with_another_constraint(tooled):
+    resp = ask(tooled, tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})
+    err = resp.json()["error"]
+    assert resp.status_code == 400 and err["param"] == "tool_choice" and "send one of them" in err["message"]

@@ -1,13 +1,13 @@
 """The OpenAI API's request bodies and error shape, as far as ``tilespec serve`` implements them.
 
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
-naming the field (``check_supported``), never silently ignored: ``tool_choice`` "required" or a named function and
-``strict`` function tools (they need a grammar built from the tools, which this server does not build),
-``best_of`` > 1, ``suffix``, the deprecated ``functions`` / ``function_call`` and function messages, non-text content
+naming the field (``check_supported``), never silently ignored: ``strict`` function tools with ``tool_choice``
+"auto" (held to their schema only when the call is forced), ``best_of`` > 1, ``suffix``, the deprecated ``functions`` / ``function_call`` and function messages, non-text content
 parts. Structured outputs (both endpoints: ``response_format``, vLLM's ``guided_json`` / ``guided_regex`` /
 ``guided_choice`` / ``guided_grammar`` / ``structured_outputs``) are read and checked by serve/structured.py. Other unknown fields are ignored, as OpenAI's
 clients send extras. ``n``: 1-128 choices (the server's own limits: serve/completion.py). Tools (``tools``,
-``tool_choice`` "auto" / "none", assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
+``tool_choice`` "auto" / "none" / "required" / a named function (forced: ``forced_functions``, decoded under a
+grammar of the call, serve/tools.forced_call_grammar), assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
 structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply are
 serve/tools.py's. Logprobs (``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions'
 ``logprobs`` 0-20 (OpenAI allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only
@@ -238,8 +238,6 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
-CONSTRAINED = ("this server does not build a grammar from the tools for its grammar engine (structured outputs, "
-               "response_format or vLLM's guided_json, constrain the content instead)")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -268,22 +266,28 @@ class ChatCompletionRequest(SamplingFields):
     def check_supported(self) -> None:
         super().check_supported()
         choice = self.tool_choice
-        if choice == "required" or isinstance(choice, dict):
-            what = "\"required\"" if choice == "required" else "naming a function"
-            raise APIError(400, f"tool_choice {what} is not supported: it forces a call, and {CONSTRAINED}; "
-                                f"supported: \"auto\" (the default with tools: the model decides, its calls are "
-                                f"parsed) and \"none\" (the model is not offered the tools)", param="tool_choice",
-                           code="unsupported_parameter")
-        if choice not in (None, "auto", "none"):
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if not isinstance(name, str):
+                raise APIError(400, f"tool_choice naming a function must be {{\"type\": \"function\", "
+                                    f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
+            if name not in {t.function.name for t in self.tools or ()}:
+                raise APIError(400, f"tool_choice names the function {name!r}, which is not among the tools "
+                                    f"offered; add it to tools or name one of them", param="tool_choice.function.name")
+        elif choice not in (None, "auto", "none", "required"):
             raise APIError(400, f"tool_choice must be \"auto\", \"none\", \"required\" or a named function, got "
                                 f"{choice!r}", param="tool_choice")
+        elif choice == "required" and not self.tools:
+            raise APIError(400, "tool_choice \"required\" needs tools to call: send tools with it",
+                           param="tool_choice")
         for i, tool in enumerate(self.tools or ()):
             if tool.type != "function":
                 raise unsupported(f"tools.{i}.type", f"tool type {tool.type!r} (function tools only)")
-            if tool.function.strict:
-                raise APIError(400, f"strict function tools are not supported: {CONSTRAINED}, so the arguments "
-                                    f"cannot be held to the schema; send strict: false or leave it out",
-                               param=f"tools.{i}.function.strict", code="unsupported_parameter")
+            if tool.function.strict and self.forced_functions() is None:
+                raise APIError(400, "strict function tools are held to their schema only when the call is forced "
+                                    "(tool_choice \"required\" or naming the function: then decoding follows a "
+                                    "grammar of the call); with tool_choice \"auto\" send strict: false or leave "
+                                    "it out", param=f"tools.{i}.function.strict", code="unsupported_parameter")
         if self.functions or self.function_call not in (None, "none"):
             raise unsupported("functions" if self.functions else "function_call",
                               "functions (deprecated by OpenAI: send tools)")
@@ -295,6 +299,17 @@ class ChatCompletionRequest(SamplingFields):
             return None
         return [{"type": "function", "function": t.function.model_dump(exclude_none=True, exclude={"strict"})}
                 for t in self.tools]
+
+    def forced_functions(self) -> Optional[list]:
+        """The functions a forced call may be of (``tool_choice`` "required": every tool; named: that one), or
+        None when the model decides (serve/tools.forced_call_grammar builds the grammar from them)."""
+        choice, tools = self.tool_choice, [t.function for t in self.tools or ()]
+        if choice == "required":
+            return tools
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            return [f for f in tools if f.name == name]
+        return None
 
     def max_tool_calls(self) -> Optional[int]:
         """``parallel_tool_calls: false``: one call at most (later ones are dropped, as vLLM does)."""

@@ -6,7 +6,8 @@ as JSON text), ``guided_regex``, ``guided_choice`` (a list of strings), ``guided
 ``structured_outputs: {"json" | "regex" | "choice" | "grammar": ..., "json_object": true}`` become one
 :class:`Constraint`: the field it came from (named in errors) and ``BatchRequest.grammar``'s ``(kind, spec)``, kind
 one of ``json_object`` (spec ""), ``json_schema`` (the schema as JSON text), ``regex``, ``choice`` (the list as JSON
-text), ``ebnf``. More than one of them, a malformed one, or vLLM's options this server does not implement
+text), ``ebnf``. A chat request's forced tool call (``tool_choice`` "required" or naming a function) is one
+more: the EBNF of its call block (serve/tools.forced_call_grammar), param ``tool_choice``. More than one of them, a malformed one, or vLLM's options this server does not implement
 (``guided_whitespace_pattern``, a backend other than xgrammar, ``structured_outputs``' whitespace and structural tag
 options) are 400s naming the field. :func:`check_grammar` parses the grammar with xgrammar (no tokenizer needed) in
 the API process, so that a bad schema, regex or grammar is a 400 before the request is accepted, streamed or not;
@@ -165,10 +166,27 @@ def constraint_of(body) -> Optional[Constraint]:
             found.append(Constraint(name, kind, _READERS[kind](name, value)))
     if body.structured_outputs is not None:
         found += _structured_outputs(body.structured_outputs)
+    forced = body.forced_functions() if hasattr(body, "forced_functions") else None
+    if forced is not None:          # tool_choice "required" / named: the call block's grammar (serve/tools.py)
+        found.append(Constraint("tool_choice", "ebnf", _forced_call(forced)))
     if len(found) > 1:
         names = ", ".join(c.param for c in found)
         raise APIError(400, f"{names} each constrain the output: send one of them", param=found[1].param)
     return found[0] if found else None
+
+
+def _forced_call(functions: list) -> str:
+    from .tools import forced_call_grammar
+    try:
+        return forced_call_grammar(functions)
+    except ImportError:
+        raise APIError(400, "tool_choice \"required\" or naming a function decodes under a grammar, and this "
+                            "server's grammar engine (xgrammar) is not installed: pip install 'tilespec[serve]', "
+                            "or send tool_choice \"auto\"", param="tool_choice",
+                       code="unsupported_parameter") from None
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise APIError(400, f"tools: a function's parameters are not a JSON Schema this server's grammar engine "
+                            f"(xgrammar) takes: {_clean(err)}", param="tools") from None
 
 
 def _clean(err: Exception) -> str:

@@ -17,8 +17,12 @@ are the same however its text was split into chunks (tests/test_serve_tools.py t
 
 :func:`tool_parser_for` picks the parser from the tokenizer's and the served model's names (``FAMILIES``), else
 from the chat template itself; a template that does not render tools, or one in no format known here, is a 400
-naming the model. Decoding is never constrained: ``tool_choice`` "required" or a named function would need a grammar
-engine (xgrammar, llguidance), which this server does not have (refused in serve/protocol.py).
+naming the model. ``tool_choice`` "required" or a named function constrains decoding instead (:func:`forced_call_grammar`):
+the text must be one call block of an offered function (or of the named one) whose JSON holds the function's
+``name`` and ``arguments`` following its ``parameters`` schema, written as the template shows the model (``{"name":
+..., "arguments": ...}``, ", " and ": " separators): xgrammar's grammar of the block, a structured output as any
+other (serve/structured.py), so it is exact under speculation. One call: "required" with several functions lets the
+model pick which, not how many.
 """
 from __future__ import annotations
 
@@ -148,6 +152,22 @@ FAMILIES = (("qwen2", "hermes"), ("qwen3", "hermes"), ("hermes", "hermes"))
 TEMPLATE_MARKS = ((OPEN, "hermes"),)     # a template that names the format, for models of no known name
 
 
+def forced_call_grammar(functions: list) -> str:
+    """The EBNF (xgrammar's) of one hermes call block of one of ``functions`` (serve/protocol.py's FunctionDef:
+    name, parameters), for ``tool_choice`` "required" (every offered function) or a named one (that function)."""
+    import xgrammar
+    blocks = []
+    for f in functions:
+        schema = {"type": "object", "properties": {"name": {"const": f.name},
+                                                    "arguments": f.parameters or {"type": "object"}},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+        body = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
+        blocks.append(xgrammar.Grammar.concat(xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(OPEN + chr(10))}"),
+                                              body,
+                                              xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(chr(10) + CLOSE)}")))
+    return str(blocks[0] if len(blocks) == 1 else xgrammar.Grammar.union(*blocks))
+
+
 def tool_template(tokenizer) -> Optional[str]:
     """The chat template that renders tools (a dict of named templates: its "tool_use" one, else "default")."""
     template = getattr(tokenizer, "chat_template", None)
@@ -176,4 +196,4 @@ def tool_parser_for(tokenizer, model_name: str):
                    param="tools", code="unsupported_parameter")
 
 
-__all__ = ["FAMILIES", "HermesToolParser", "PARSERS", "ToolCall", "parse_call", "split", "tool_parser_for"]
+__all__ = ["FAMILIES", "HermesToolParser", "forced_call_grammar", "PARSERS", "ToolCall", "parse_call", "split", "tool_parser_for"]
