@@ -110,7 +110,7 @@ def test_tokenizing_runs_off_the_event_loop(server):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1"}}]}]},
      "messages.0.tool_calls.0.function.arguments"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice.function.name"),    # no tools
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools.0.function.strict"),
     ({"tools": [{"type": "custom", "function": {"name": "f"}}]}, "tools.0.type"),
     ({"functions": [{"name": "f"}]}, "functions"),
