@@ -10,6 +10,7 @@ graceful shutdown that finishes running streams.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -323,6 +324,24 @@ def test_the_engine_process_dies_with_the_server():
         parent.wait()
 
 
+def connections_of(pid: int, port: int) -> int:
+    """Established TCP connections to ``port`` whose sockets process ``pid`` holds (Linux /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    count = 0
+    for line in open("/proc/net/tcp").readlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
+            count += 1
+    return count
+
+
 def test_two_api_processes_serve_one_port():
     """--api-servers 2: a second API process serves the same port (SO_REUSEPORT) beside the main one; requests over
     many connections all complete with the texts one process gives, and both processes end with the server."""
@@ -355,6 +374,15 @@ def test_two_api_processes_serve_one_port():
         assert [one(asks[i]) for i in (0, 7)] == [crowd[0], crowd[7]] and all(n == 10 for _, n in crowd)
         extra = app.state.engine.api_processes
         assert len(extra) == 1 and extra[0].is_alive()
+        if os.path.exists("/proc/net/tcp"):     # the second process listened before the first accepted: it holds
+            held = [httpx.Client(timeout=60) for _ in range(16)]    # some of 16 kept connections (all: p = 2^-16)
+            try:
+                for c in held:
+                    c.get(f"{url}/health")
+                assert connections_of(extra[0].pid, port) > 0
+            finally:
+                for c in held:
+                    c.close()
     finally:
         server.should_exit = True
         thread.join(timeout=30)

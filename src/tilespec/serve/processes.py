@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 
 import zmq
 
@@ -68,14 +69,27 @@ class EngineProcess:
             for sock in self._notify:
                 sock.send(failed)
 
-    def start_api_servers(self, options: dict, host: str, port: int, log_level: str) -> None:
-        """API processes 1..N-1, each serving ``host:port`` with the app options of the main one."""
+    def start_api_servers(self, options: dict, host: str, port: int, log_level: str, timeout: float = 300) -> None:
+        """API processes 1..N-1, each serving ``host:port`` with the app options of the main one; returns once every
+        one listens. Clients keep their connections, and the kernel spreads connections only over sockets already
+        listening: had the main process accepted before the others listened, it would have kept every client."""
+        listening = []
         for index in range(1, len(self.outboxes)):
+            ready = SPAWN.Event()
             proc = SPAWN.Process(target=run_api_server, name=f"tilespec-api-{index}",
                                  args=(self.inbox, self.outboxes[index], index, len(self.outboxes), options, host,
-                                       port, log_level, os.getpid()))
+                                       port, log_level, os.getpid(), ready))
             proc.start()
             self.api_processes.append(proc)
+            listening.append((proc, ready))
+        end = time.monotonic() + timeout
+        for proc, ready in listening:
+            while not ready.wait(0.2):
+                if not proc.is_alive():
+                    raise RuntimeError(f"{proc.name} exited with code {proc.exitcode} before it listened (its "
+                                       f"output above says why)")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{proc.name} did not listen within {timeout} s")
 
     async def stop(self) -> None:
         """The API processes end, then the engine: Shutdown (it cancels what runs), else terminate, then kill."""
@@ -141,8 +155,9 @@ def run_server(app, host: str, port: int, *, log_level: str = "info") -> None:
 
 
 def run_api_server(inbox: str, outbox: str, index: int, count: int, options: dict, host: str, port: int,
-                   log_level: str, parent: int) -> None:
-    """API process ``index``'s main (spawn target): its client, the app, uvicorn on its own socket."""
+                   log_level: str, parent: int, ready=None) -> None:
+    """API process ``index``'s main (spawn target): its client, the app, uvicorn on its own socket; ``ready`` (an
+    Event) is set once that socket listens."""
     _die_with_parent(parent)
     from .app import build_app
     options = dict(options)
@@ -150,4 +165,7 @@ def run_api_server(inbox: str, outbox: str, index: int, count: int, options: dic
     client.wait_ready()             # the engine sent Ready to every outbox when it started
     app = build_app(client, tokenizer=client.tokenizer, **options)
     freeze_heap()
-    _uvicorn(app, log_level, options["shutdown_timeout"]).run(sockets=[listening_socket(host, port)])
+    sock = listening_socket(host, port)     # connections queue in its backlog from here on
+    if ready is not None:
+        ready.set()
+    _uvicorn(app, log_level, options["shutdown_timeout"]).run(sockets=[sock])
