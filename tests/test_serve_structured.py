@@ -41,13 +41,17 @@ class AsciiTokenizer(CharTokenizer):
         return 98
 
 
-@pytest.fixture(scope="module")
-def served():
-    """make_app()'s paged engine with ngram drafts, over AsciiTokenizer, with room for JSON."""
+def started(tokenizer):
+    """make_app()'s paged engine with ngram drafts, over ``tokenizer``, with room for JSON (a fixture's body)."""
     torch.set_num_threads(1)
-    srv = Server(make_app(tokenizer=AsciiTokenizer(), max_len=192, default_max_tokens=96))
+    srv = Server(make_app(tokenizer=tokenizer, max_len=192, default_max_tokens=96))
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def served():
+    yield from started(AsciiTokenizer())
 
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "pick": {"enum": ["x", "y"]}},
@@ -300,10 +304,7 @@ ARGS = {"get_weather": ("city", ("Paris", "Rome")), "get_time": ("zone", ("UTC",
 
 @pytest.fixture(scope="module")
 def tooled():
-    torch.set_num_threads(1)
-    srv = Server(make_app(tokenizer=ToolAsciiTokenizer(), max_len=192, default_max_tokens=96))
-    yield srv
-    srv.stop()
+    yield from started(ToolAsciiTokenizer())
 
 
 def calls_of(resp) -> list:
@@ -345,3 +346,11 @@ def test_a_forced_call_conflicts_with_another_constraint(tooled):
     resp = ask(tooled, tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})
     err = resp.json()["error"]
     assert resp.status_code == 400 and err["param"] == "tool_choice" and "send one of them" in err["message"]
+
+
+def test_a_forced_call_over_parameters_that_are_no_schema_is_a_400_naming_tools():
+    body = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+                tool_choice="required")
+    with pytest.raises(APIError) as err:
+        constraint_of(body)
+    assert err.value.body()["error"]["param"] == "tools" and "nonsense" in str(err.value)

@@ -2,18 +2,19 @@
 
 Requests are pydantic models. Fields OpenAI defines that this server does not implement are refused with a 400
 naming the field (``check_supported``), never silently ignored: ``strict`` function tools with ``tool_choice``
-"auto" (held to their schema only when the call is forced), ``best_of`` > 1, ``suffix``, the deprecated ``functions`` / ``function_call`` and function messages, non-text content
-parts. Structured outputs (both endpoints: ``response_format``, vLLM's ``guided_json`` / ``guided_regex`` /
-``guided_choice`` / ``guided_grammar`` / ``structured_outputs``) are read and checked by serve/structured.py. Other unknown fields are ignored, as OpenAI's
+"auto" (held to their schema only when the call is forced), ``best_of`` > 1, ``suffix``, the deprecated
+``functions`` / ``function_call`` and function messages, non-text content parts. Structured outputs (both endpoints:
+``response_format``, vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` /
+``structured_outputs``) are read and checked by serve/structured.py. Other unknown fields are ignored, as OpenAI's
 clients send extras. ``n``: 1-128 choices (the server's own limits: serve/completion.py). Tools (``tools``,
 ``tool_choice`` "auto" / "none" / "required" / a named function (forced: ``forced_functions``, decoded under a
-grammar of the call, serve/tools.forced_call_grammar), assistant ``tool_calls`` and ``tool`` messages): given to the chat template in the
-structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply are
-serve/tools.py's. Logprobs (``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20, completions'
-``logprobs`` 0-20 (OpenAI allows 5, vLLM 20); raw log-probabilities of the target, reported by the paged engine only
-(serve/logprobs.py). Completions' ``echo``: the prompt's text before each choice's, with ``logprobs`` the prompt
-tokens' entries first (the first token's None); ``max_tokens`` 0 only with echo (the prompt alone: scoring it).
-Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
+grammar of the call, serve/tools.forced_call_grammar), assistant ``tool_calls`` and ``tool`` messages): given to the
+chat template in the structure transformers' templates take (``turns``, ``template_tools``); the calls in the reply
+are serve/tools.py's. Logprobs (``logprob_count``): chat's ``logprobs: true`` with ``top_logprobs`` 0-20,
+completions' ``logprobs`` 0-20 (OpenAI allows 5, vLLM 20); raw log-probabilities of the target, reported by the
+paged engine only (serve/logprobs.py). Completions' ``echo``: the prompt's text before each choice's, with
+``logprobs`` the prompt tokens' entries first (the first token's None); ``max_tokens`` 0 only with echo (the prompt
+alone: scoring it). Implemented as logit transforms (verify/logit_transforms.py): ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, and vLLM's ``min_tokens``, ``stop_token_ids``, ``ignore_eos``. Extensions
 (vLLM names): ``top_k``, ``min_p``; tilespec's own: ``gamma`` (cap on this request's draft tokens per step, 0 = no
 speculation). Errors are :class:`APIError` s with OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
@@ -102,6 +103,10 @@ class SamplingFields(BaseModel):
     def logprob_count(self) -> Optional[int]:
         """None (no logprobs), or how many top alternatives to report beside each token's log-probability."""
         raise NotImplementedError
+
+    def forced_functions(self) -> Optional[list]:
+        """The functions a forced tool call may be of, or None: the model decides (chat's tool_choice)."""
+        return None
 
     def logit_settings(self) -> Optional[LogitSettings]:
         """The request's logit transforms (None when it has none); ``logit_bias`` keys must be token ids."""
@@ -238,8 +243,6 @@ class Tool(BaseModel):
     function: FunctionDef
 
 
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Optional[list[Tool]] = None
@@ -267,7 +270,7 @@ class ChatCompletionRequest(SamplingFields):
         super().check_supported()
         choice = self.tool_choice
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            name = self._named()
             if not isinstance(name, str):
                 raise APIError(400, f"tool_choice naming a function must be {{\"type\": \"function\", "
                                     f"\"function\": {{\"name\": ...}}}}, got {choice!r}", param="tool_choice")
@@ -303,12 +306,17 @@ class ChatCompletionRequest(SamplingFields):
     def forced_functions(self) -> Optional[list]:
         """The functions a forced call may be of (``tool_choice`` "required": every tool; named: that one), or
         None when the model decides (serve/tools.forced_call_grammar builds the grammar from them)."""
-        choice, tools = self.tool_choice, [t.function for t in self.tools or ()]
-        if choice == "required":
+        tools = [t.function for t in self.tools or ()]
+        if self.tool_choice == "required":
             return tools
-        if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name")
-            return [f for f in tools if f.name == name]
+        name = self._named()
+        return None if name is None else [f for f in tools if f.name == name]
+
+    def _named(self):
+        """The function ``tool_choice`` names ({"type": "function", "function": {"name": ...}}), else None."""
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            return (choice.get("function") or {}).get("name")
         return None
 
     def max_tool_calls(self) -> Optional[int]:

@@ -1,17 +1,18 @@
 """Structured outputs: the request fields that hold a completion to a grammar, read into the engine's pair.
 
 OpenAI's ``response_format`` (``{"type": "text"}``: none; ``{"type": "json_object"}``; ``{"type": "json_schema",
-"json_schema": {"name", "schema", "strict"}}``) and vLLM's extensions ``guided_json`` (a JSON Schema, as an object or
-as JSON text), ``guided_regex``, ``guided_choice`` (a list of strings), ``guided_grammar`` (xgrammar's EBNF) and
+"json_schema": {"name", "schema", "strict"}}``) and vLLM's extensions ``guided_json`` (a JSON Schema, as an object
+or as JSON text), ``guided_regex``, ``guided_choice`` (a list of strings), ``guided_grammar`` (xgrammar's EBNF) and
 ``structured_outputs: {"json" | "regex" | "choice" | "grammar": ..., "json_object": true}`` become one
 :class:`Constraint`: the field it came from (named in errors) and ``BatchRequest.grammar``'s ``(kind, spec)``, kind
 one of ``json_object`` (spec ""), ``json_schema`` (the schema as JSON text), ``regex``, ``choice`` (the list as JSON
-text), ``ebnf``. A chat request's forced tool call (``tool_choice`` "required" or naming a function) is one
-more: the EBNF of its call block (serve/tools.forced_call_grammar), param ``tool_choice``. More than one of them, a malformed one, or vLLM's options this server does not implement
-(``guided_whitespace_pattern``, a backend other than xgrammar, ``structured_outputs``' whitespace and structural tag
-options) are 400s naming the field. :func:`check_grammar` parses the grammar with xgrammar (no tokenizer needed) in
-the API process, so that a bad schema, regex or grammar is a 400 before the request is accepted, streamed or not;
-the engine compiles it against the vocabulary and stays the authority (its refusal comes back as a 400 too).
+text), ``ebnf``. A chat request's forced tool call (``tool_choice`` "required" or naming a function) is one more:
+the EBNF of its call block (serve/tools.forced_call_grammar), param ``tool_choice``. More than one of them, a
+malformed one, or vLLM's options this server does not implement (``guided_whitespace_pattern``, a backend other than
+xgrammar, ``structured_outputs``' whitespace and structural tag options) are 400s naming the field.
+:func:`check_grammar` parses the grammar with xgrammar (no tokenizer needed) in the API process, so that a bad
+schema, regex or grammar is a 400 before the request is accepted, streamed or not; the engine compiles it against
+the vocabulary and stays the authority (its refusal comes back as a 400 too).
 """
 from __future__ import annotations
 
@@ -166,7 +167,7 @@ def constraint_of(body) -> Optional[Constraint]:
             found.append(Constraint(name, kind, _READERS[kind](name, value)))
     if body.structured_outputs is not None:
         found += _structured_outputs(body.structured_outputs)
-    forced = body.forced_functions() if hasattr(body, "forced_functions") else None
+    forced = body.forced_functions()
     if forced is not None:          # tool_choice "required" / named: the call block's grammar (serve/tools.py)
         found.append(Constraint("tool_choice", "ebnf", _forced_call(forced)))
     if len(found) > 1:
@@ -205,7 +206,7 @@ def preload() -> None:
 def check_grammar(c: Constraint) -> None:
     """Parse ``c``'s grammar with xgrammar (no vocabulary needed): a 400 naming the field when it is not valid.
     Skipped where xgrammar is not installed (the engine then refuses the request itself)."""
-    if c.kind in ("json_object", "choice"):
+    if c.kind in ("json_object", "choice") or c.param == "tool_choice":    # a forced call's: xgrammar built it
         return
     try:
         import xgrammar

@@ -15,17 +15,18 @@ are the same however its text was split into chunks (tests/test_serve_tools.py t
   more text shows whether a block follows;
 * ``max_calls`` (1 for ``parallel_tool_calls: false``): later calls are dropped, as vLLM does.
 
-:func:`tool_parser_for` picks the parser from the tokenizer's and the served model's names (``FAMILIES``), else
-from the chat template itself; a template that does not render tools, or one in no format known here, is a 400
-naming the model. ``tool_choice`` "required" or a named function constrains decoding instead (:func:`forced_call_grammar`):
-the text must be one call block of an offered function (or of the named one) whose JSON holds the function's
-``name`` and ``arguments`` following its ``parameters`` schema, written as the template shows the model (``{"name":
-..., "arguments": ...}``, ", " and ": " separators): xgrammar's grammar of the block, a structured output as any
-other (serve/structured.py), so it is exact under speculation. One call: "required" with several functions lets the
-model pick which, not how many.
+:func:`tool_parser_for` picks the parser from the tokenizer's and the served model's names (``FAMILIES``), else from
+the chat template itself; a template that does not render tools, or one in no format known here, is a 400 naming the
+model. ``tool_choice`` "required" or a named function constrains decoding instead (:func:`forced_call_grammar`): the
+text must be one call block of an offered function (or of the named one) whose JSON holds the function's ``name``
+and ``arguments`` following its ``parameters`` schema, written as the template shows the model (``{"name": ...,
+"arguments": ...}``, ", " and ": " separators): xgrammar's grammar of the block, a structured output as any other
+(serve/structured.py), so it is exact under speculation. One call: "required" with several functions lets the model
+pick which, not how many.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -154,17 +155,23 @@ TEMPLATE_MARKS = ((OPEN, "hermes"),)     # a template that names the format, for
 
 def forced_call_grammar(functions: list) -> str:
     """The EBNF (xgrammar's) of one hermes call block of one of ``functions`` (serve/protocol.py's FunctionDef:
-    name, parameters), for ``tool_choice`` "required" (every offered function) or a named one (that function)."""
+    name, parameters), for ``tool_choice`` "required" (every offered function) or a named one (that function).
+    Cached by the functions: an agent sends the same tools with every request."""
+    return _call_grammar(json.dumps([[f.name, f.parameters] for f in functions], sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _call_grammar(functions: str) -> str:
     import xgrammar
+    opening = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(OPEN + chr(10))}")
+    closing = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(chr(10) + CLOSE)}")
     blocks = []
-    for f in functions:
-        schema = {"type": "object", "properties": {"name": {"const": f.name},
-                                                    "arguments": f.parameters or {"type": "object"}},
+    for name, parameters in json.loads(functions):
+        schema = {"type": "object",
+                  "properties": {"name": {"const": name}, "arguments": parameters or {"type": "object"}},
                   "required": ["name", "arguments"], "additionalProperties": False}
         body = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
-        blocks.append(xgrammar.Grammar.concat(xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(OPEN + chr(10))}"),
-                                              body,
-                                              xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(chr(10) + CLOSE)}")))
+        blocks.append(xgrammar.Grammar.concat(opening, body, closing))
     return str(blocks[0] if len(blocks) == 1 else xgrammar.Grammar.union(*blocks))
 
 
@@ -196,4 +203,5 @@ def tool_parser_for(tokenizer, model_name: str):
                    param="tools", code="unsupported_parameter")
 
 
-__all__ = ["FAMILIES", "HermesToolParser", "forced_call_grammar", "PARSERS", "ToolCall", "parse_call", "split", "tool_parser_for"]
+__all__ = ["FAMILIES", "HermesToolParser", "PARSERS", "ToolCall", "forced_call_grammar", "parse_call", "split",
+           "tool_parser_for"]
