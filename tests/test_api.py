@@ -175,9 +175,12 @@ def test_auto_picks_the_decoder_for_what_only_it_does(pair):
     rule, engine/paged/support.choose_engine), else the decoder; paged-only options ask for the paged engine."""
     from tilespec.api import decoder_only, pick_engine
     target, draft = pair
-    for d in (None, "ngram", "suffix", draft, [draft, "ngram"]):
+    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters.trees import tree_drafter, tree_shape
+    for d in (None, "ngram", "suffix", draft, [draft, "ngram"], "head", "head+ngram"):
         assert pick_engine(target, d) == "paged"
-    assert pick_engine(target, "head") == "decoder" and pick_engine(tiny_whisper(0), None) == "decoder"
+    tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), tilespec.SamplingParams(), "constant")
+    assert pick_engine(target, tree) == "decoder" and pick_engine(tiny_whisper(0), None) == "decoder"
     assert pick_engine(target, None, options={"gamma_schedule": "constant", "gamma": 3, "method": "coupled",
                                               "compile": False, "temperature": 0.5}) == "paged"   # defaults / shared
     for options in ({"gamma_schedule": "optimal"}, {"max_gamma": 8}, {"tree": (3, 3, 8)}, {"chains": (2, 2)},
@@ -197,7 +200,10 @@ def test_auto_picks_the_decoder_for_what_only_it_does(pair):
 def test_paged_refusals_name_the_option_and_the_fix(pair):
     target, draft = pair
     tok = ChatTokenizer()
-    for kwargs, match in [(dict(draft="head"), "cannot serve this: 'head' drafts with a trained head"),
+    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters.trees import tree_drafter, tree_shape
+    tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), tilespec.SamplingParams(), "constant")
+    for kwargs, match in [(dict(draft=tree), "cannot serve this: .* drafts a token tree"),
                           (dict(draft="ngram", tree=(3, 3, 8)), "cannot honour tree; use engine='decoder'"),
                           (dict(lenience=0.5), "cannot honour lenience=0.5"),
                           (dict(temperature=[0.0]), "cannot honour per-prompt temperature"),

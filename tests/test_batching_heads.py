@@ -201,9 +201,9 @@ def test_a_head_on_a_runtime_without_hidden_states_fails_at_construction(trained
 
 
 def test_server_answers_with_the_targets_head(trained, tmp_path, monkeypatch):
-    """``--draft head``: the head found under $TILESPEC_HOME/heads/<target>/, served end to end (greedy text equals
-    target-only decoding's, streaming, drafted and accepted tokens in /metrics); a head folder (+ngram) resolves
-    too."""
+    """``--draft head``: the head found under $TILESPEC_HOME/heads/<target>/, served end to end on the paged engine
+    (greedy text equals target-only decoding's, streaming, drafted and accepted tokens in /metrics); a head folder
+    (+ngram) resolves too."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     openai = pytest.importorskip("openai")
@@ -216,7 +216,8 @@ def test_server_answers_with_the_targets_head(trained, tmp_path, monkeypatch):
     shutil.copytree(folder, tmp_path / "heads" / "tiny")
     monkeypatch.setattr(target, "tilespec_name", "tiny", raising=False)
     app = build_server(target, CharTokenizer(), draft="head", model_name="tiny", max_batch=2, gamma=3,
-                       max_len=96, default_max_tokens=16, prefill_chunk=8)
+                       max_len=96, default_max_tokens=16, prefill_chunk=8,
+                       pricing=False)      # the paged engine (auto); every draft verified, none priced out on a CPU
     srv = Server(app)
     try:
         client = srv.client(openai.OpenAI)

@@ -143,11 +143,10 @@ def test_overlap_with_a_draft_model_gives_the_synchronous_tokens(target, draft):
 def test_the_paged_engine_takes_llama_family_drafts_of_the_targets_vocabulary(target, draft):
     assert paged_reason(target, draft) is None and paged_reason(target, [draft, "ngram"]) is None
     assert "vocabulary" in paged_reason(target, tiny_lm(1, vocab=96, layers=1))
-    assert "trained head" in paged_reason(target, "head")
     engine = PagedEngine(target, draft, max_batch=2, gamma=3, block_size=4, num_blocks=8)
     assert engine.drafts.model.num_blocks == engine.blocks.num_blocks        # one block id: a slot in both caches
     with pytest.raises(ValueError, match="BatchEngine"):
-        PagedEngine(target, "head")
+        PagedEngine(target, tiny_lm(1, vocab=96, layers=1))
 
 
 VOCAB, LENGTH, SAMPLES, PROMPT = 6, 3, 3000, [1, 4]

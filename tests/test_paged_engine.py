@@ -222,11 +222,9 @@ def test_bad_requests_fail_before_admission(target):
     assert not engine.has_work
 
 
-def test_heads_and_foreign_drafts_are_refused(target):
-    """Draft models run on the paged engine (tests/test_paged_draft_model.py); trained heads and draft models of
-    another vocabulary do not."""
-    with pytest.raises(ValueError, match="BatchEngine"):
-        PagedEngine(target, "head")
+def test_foreign_drafts_are_refused(target):
+    """Draft models and trained heads run on the paged engine (tests/test_paged_draft_model.py,
+    tests/test_paged_head.py); draft models of another vocabulary do not."""
     with pytest.raises(ValueError, match="vocabulary"):
         PagedEngine(target, tiny_lm(1, vocab=96, layers=1))
 
@@ -255,10 +253,14 @@ def test_the_server_picks_its_engine(target):
     from tilespec.serve import make_engine, pick_engine
     assert pick_engine(target, "ngram", "auto", {}) == "paged"
     assert pick_engine(target, layer_skip(target, 1), "auto", {}) == "paged"
-    assert pick_engine(target, "head", "auto", {}) == "batch"
+    assert pick_engine(target, "head", "auto", {}) == "paged"          # a trained head too (tests/test_paged_head.py)
     assert pick_engine(target, None, "auto", {"capacity": 64}) == "batch"
-    with pytest.raises(ValueError, match="use --engine batch"):
-        pick_engine(target, "head", "paged", {})
+    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters.trees import tree_drafter, tree_shape
+    tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), SamplingParams(), "constant")
+    assert pick_engine(target, tree, "auto", {}) == "batch"
+    with pytest.raises(ValueError, match="token tree.*use --engine batch"):
+        pick_engine(target, tree, "paged", {})
     with pytest.raises(ValueError, match="do not apply"):
         pick_engine(target, None, "batch", {"prefix_caching": False})
     eng = make_engine(target, "ngram", max_batch=2, gamma=3, prefill_chunk=8, prefix_caching=False)

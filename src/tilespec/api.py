@@ -265,12 +265,12 @@ def decoder_only(options: dict, tp: int = 1) -> list:
 def pick_engine(target, draft, engine: str = "auto", options: Optional[dict] = None, tp: int = 1,
                 fix: str = "use engine='decoder'") -> Optional[str]:
     """"paged" or "decoder" for ``engine`` = "auto" | "decoder" | "paged": the rule of :func:`generate` and the CLI.
-    auto takes the paged engine, on CUDA (:func:`paged_by_default`), wherever it can serve ``target`` with ``draft`` (a Llama-family target with no
-    drafter, ngram / suffix, or a Llama-family draft model of its vocabulary: engine/paged/support.py, the server's
-    rule) and no option in :func:`decoder_only` is given, else the decoder; an option only the paged engine takes
-    (max_batch, block_size, ...) asks for it. "paged" with what it cannot honour raises ValueError naming it and
-    ``fix``; "decoder" with a paged-only option too. With target None the choice is made where the options alone
-    decide it (None otherwise): callers decide before loading models."""
+    auto takes the paged engine, on CUDA (:func:`paged_by_default`), wherever it can serve ``target`` with ``draft`` (a
+    Llama-family target with no drafter, ngram / suffix, a Llama-family draft model of its vocabulary or a trained head
+    drafting chains: engine/paged/support.py, the server's rule) and no option in :func:`decoder_only` is given, else
+    the decoder; an option only the paged engine takes (max_batch, block_size, ...) asks for it. "paged" with what it
+    cannot honour raises ValueError naming it and ``fix``; "decoder" with a paged-only option too. With target None the
+    choice is made where the options alone decide it (None otherwise): callers decide before loading models."""
     from .engine.paged.support import choose_engine
     options = options or {}
     if engine not in ENGINES:

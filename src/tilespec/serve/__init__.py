@@ -1,7 +1,7 @@
 """``tilespec serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over continuous batching with exact
 speculative decoding: the paged engine (:mod:`tilespec.engine.paged`: paged K/V, prefix caching, chunked prefill in
-the decode batch) for Llama-family targets with context drafts or none, else :mod:`tilespec.engine.batching` (draft
-models, trained heads, other families). See docs/serve.md.
+the decode batch) for Llama-family targets with context drafts, a draft model of their vocabulary, a trained head or
+none, else :mod:`tilespec.engine.batching` (token trees, other families). See docs/serve.md.
 
 Processes (serve/processes.py): the engine process (serve/core.py) owns the GPU and the step loop; the API processes
 (serve/client.py, serve/app.py; one by default) take HTTP requests, tokenize, detokenize and stream. They exchange

@@ -53,16 +53,23 @@ PLACEHOLDER = 0     # an offered model draft until the step's draft forwards rep
 
 
 def kv_bytes_per_token(target, drafter=None) -> int:
-    """K/V bytes per token of the target, plus the draft model's when ``drafter`` has one (same blocks)."""
+    """K/V bytes per token of the target, plus the draft model's when ``drafter`` has one, or a trained head's
+    caches (head.py; same blocks)."""
+    from .head import head_bytes_per_token      # head.py builds on this module
     model = getattr(drafter, "model", None)
-    return PagedModel.kv_bytes_per_token(target) + (PagedModel.kv_bytes_per_token(model) if model is not None else 0)
+    extra = PagedModel.kv_bytes_per_token(model) if model is not None else head_bytes_per_token(drafter)
+    return PagedModel.kv_bytes_per_token(target) + extra
 
 
-def paged_drafts(engine, drafter, compile: bool) -> Optional["PagedDrafts"]:
-    """The engine's draft runner when ``drafter`` drafts with a model (and gamma > 0), else None."""
-    if drafter is None or drafter.model is None or engine.gamma == 0:
+def paged_drafts(engine, drafter, compile: bool):
+    """The engine's draft runner (gamma > 0): a draft model's :class:`PagedDrafts`, a trained head's
+    :class:`~.head.PagedHead`, else None."""
+    from .head import PagedHead, is_head
+    if drafter is None or engine.gamma == 0:
         return None
-    return PagedDrafts(engine, drafter, compile)
+    if is_head(drafter):
+        return PagedHead(engine, drafter)
+    return PagedDrafts(engine, drafter, compile) if drafter.model is not None else None
 
 
 class DraftState(ContextState):

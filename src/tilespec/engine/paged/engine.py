@@ -3,7 +3,8 @@ and context speculation verified exactly per request.
 
 One iteration (:meth:`PagedEngine.step`):
   1. the draft gate (pricing.py) says whether the drafter runs; decoding requests propose their drafts (ngram /
-     suffix; a draft model's are placeholders, sampled after step 3 by draft_model.py), up to gamma;
+     suffix; a draft model's or a head's are placeholders, sampled after step 3 by draft_model.py / head.py), up
+     to gamma;
   2. the scheduler (scheduler.py) picks the items: decode rows with their drafts first, then prompt chunks of waiting
      requests within a token budget when admission.py admits; it grows block tables, preempts when blocks run out;
   3. the drafts are priced (pricing.py): those that maximise expected tokens per measured second are kept;
@@ -32,7 +33,6 @@ from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
 from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
-from ..drafters import resolve_drafter
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
@@ -45,7 +45,7 @@ from .overlap import InFlight, Sample, blocked, placeholder, plain, resolve
 from .piecewise import mixed_bucket, mixed_buckets
 from .pricing import Acceptance, DraftGate, StepCosts, observe, price_drafts
 from .scheduler import Item, Scheduler, Seq
-from .support import paged_reason
+from .support import paged_drafter
 from .shapes import bucket
 from .verify_rows import emitted_logprobs, score_prompts, verify_rows
 
@@ -57,16 +57,16 @@ COUNTERS = ("steps", "decode_graph_steps", "prefill_tokens", "generated_tokens",
 class PagedEngine:
     """Serve ``target`` (a Llama-family transformers model) with continuous batching over paged K/V.
 
-    draft: None, "ngram", "suffix", a context Drafter or a Llama-family draft model (draft_model.py); gamma: cap per
-    request and step; max_batch: running requests at most; token_budget: tokens per forward (decode rows with their
-    drafts + prefill chunks); block_size: slots per block (a power of two > gamma); num_blocks: K/V blocks (default:
-    ``kv_fraction`` of the free GPU memory, at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest
-    prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between requests;
-    pricing: each step verifies the drafts that pay by the measured cost model (pricing.py; False: every offered
-    draft, for comparisons); max_admission_wait: seconds a waiting request may be held so that prefills coalesce
-    (admission.py; 0: admit at once); overlap: plan and launch the next decode step before the last one's tokens
-    reach the host (overlap.py; False: every step synchronous). compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls
-    submit, cancel and step.
+    draft: None, "ngram", "suffix", a context Drafter, a Llama-family draft model (draft_model.py) or a trained head
+    ("head", "head+ngram", a head folder, a HeadDrafter: head.py); gamma: cap per request and step; max_batch: running
+    requests at most; token_budget: tokens per forward (decode rows with their drafts + prefill chunks); block_size:
+    slots per block (a power of two > gamma); num_blocks: K/V blocks (default: ``kv_fraction`` of the free GPU memory,
+    at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest prompt + max_tokens (default the
+    model's context); prefix_caching: share full prompt blocks between requests; pricing: each step verifies the drafts
+    that pay by the measured cost model (pricing.py; False: every offered draft, for comparisons); max_admission_wait:
+    seconds a waiting request may be held so that prefills coalesce (admission.py; 0: admit at once); overlap: plan and
+    launch the next decode step before the last one's tokens reach the host (overlap.py; False: every step synchronous).
+    compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit, cancel and step.
     """
 
     finished = False
@@ -76,11 +76,7 @@ class PagedEngine:
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
                  compile: bool = False, pricing: bool = True, max_admission_wait: float = 0.1,
                  overlap: bool = True, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
-        reason = paged_reason(target, draft)
-        if reason is not None:
-            raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix) or with a "
-                             f"Llama-family draft model, over a Llama-family target; {reason}: serve it with BatchEngine")
-        drafter = resolve_drafter(draft)
+        drafter = paged_drafter(target, draft)
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not 0.0 < kv_fraction <= 1.0:

@@ -6,10 +6,10 @@ next token, then one per draft) the target's logits are masked to the tokens the
 tokens and the drafts before that position (the matcher accepts the drafts in turn, fills one mask row each, then
 rolls back), so verify() accepts and resamples under the masked law at each position. Context drafts (ngram,
 suffix: a function of the request's own tokens) are cut at the first token the grammar refuses before the step is
-priced: a shorter draft, never a different law. A draft model samples from its own q, whose refused tokens could not
-be cut without biasing the resample, so the engine refuses grammars with a draft model. After verify the emitted
-tokens advance the matcher; a request ends ("stop") when its grammar terminates (a stop token after a complete
-value), also when it ignores EOS. Masks are host work per request and step, so such requests run synchronously
+priced: a shorter draft, never a different law. A draft model (or a trained head) samples from its own q, whose
+refused tokens could not be cut without biasing the resample, so the engine refuses grammars with one. After verify
+the emitted tokens advance the matcher; a request ends ("stop") when its grammar terminates (a stop token after a
+complete value), also when it ignores EOS. Masks are host work per request and step, so such requests run synchronously
 (overlap.plain).
 
 xgrammar (https://github.com/mlc-ai/xgrammar) compiles and caches the grammars; its masks are token bitmasks
@@ -139,8 +139,8 @@ def compiled(engine, req):
 def refusal(engine) -> Optional[str]:
     """Why ``engine`` (a PagedEngine) cannot serve grammars (None: it can)."""
     if engine.drafts is not None:
-        return ("structured outputs are not served with a draft model (its sampled drafts cannot be cut to the "
-                "grammar without biasing verification): serve with ngram, suffix or no drafts")
+        return ("structured outputs are not served with a draft model or a trained head (its sampled drafts cannot "
+                "be cut to the grammar without biasing verification): serve with ngram, suffix or no drafts")
     if engine.tokenizer is None:
         return "structured outputs need the engine to have the tokenizer (PagedEngine(..., tokenizer=...))"
     try:

@@ -12,6 +12,12 @@ On CUDA with ``compile=True`` the layer, prologue and head are ``torch.compile``
 serves every T), and decode steps of a fixed (rows, width) shape are captured as CUDA graphs (:meth:`decode`);
 one-token steps (a single request decoding) run the fused layer instead (:func:`paged_fused_layer`) while the
 runtime's kernel set holds ``layer`` (``PagedModel.fused``).
+
+With a trained draft head attached (:meth:`PagedModel.capture_features`, engine/paged/head.py) every fed token's
+head input -- ``fc`` of its hidden states at the head's ``feature_layers``, transformers' ``hidden_states``
+numbering (i = output of layer i - 1: ``h + res`` of the pair; i = L: after the final norm, as transformers
+returns it) -- is written at the token's slot of a feature cache [num_blocks * block_size, d] (padding tokens: the
+scratch block), in the same forward and under the same slots as the K/V; without a head nothing is captured.
 """
 from __future__ import annotations
 
@@ -145,6 +151,24 @@ class PagedModel:
         self.fused = self.graphs and "layer" in active_kernel_parts()
 
     captures_piecewise = 0
+    feature_layers: tuple = ()      # the hidden-state indices a draft head reads (capture_features); () captures none
+
+    def capture_features(self, layers: tuple, fuse, cache: torch.Tensor) -> None:
+        """From now on write ``fuse(cat(hidden states at layers))`` of every fed token at its slot of ``cache``
+        [num_blocks * block_size, d] (a draft head's input, head.py; before any graph is captured)."""
+        self.feature_layers, self._fuse, self.feature_cache = tuple(layers), fuse, cache
+
+    def keep_feature(self, feats: dict, index: int, h: torch.Tensor, res: torch.Tensor) -> None:
+        """Hold hidden state ``index`` (the output of layer index - 1, as the pair h, res) when the head reads it."""
+        if index in self.feature_layers:
+            x = h + res
+            n = self.native
+            feats[index] = rms_norm(x, n.norm, n.eps) if index == n.num_layers else x
+
+    def write_features(self, feats: dict, slots: torch.Tensor) -> None:
+        if feats:
+            fused = self._fuse(torch.cat([feats[i] for i in self.feature_layers], dim=-1))
+            self.feature_cache.index_copy_(0, slots, fused.to(self.feature_cache.dtype))
 
     @property
     def captures(self) -> int:
@@ -165,10 +189,13 @@ class PagedModel:
         h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
         if fused and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
             layer = paged_fused_layer
-        for w, (k_cache, v_cache) in zip(n.layers, self.caches):
+        feats = {}
+        for i, (w, (k_cache, v_cache)) in enumerate(zip(n.layers, self.caches)):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
                            w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
                            head_dim=n.head_dim, eps=n.eps, max_q=max_q, block_size=self.block_size)
+            self.keep_feature(feats, i + 1, h, res)
+        self.write_features(feats, slots)
         return head(h, res, rows, n.norm, n.lm_head, n.eps)
 
     def _graph_forward(self, *tensors, key=None):

@@ -116,4 +116,9 @@ class Pieces:
                             v_cache.unflatten(0, (-1, m.block_size)), inputs.tables, inputs.cu_q, inputs.kv_lens,
                             max_q=inputs.max_q, out=self.attn)
             run(2 + 2 * i)
+        if m.feature_layers:        # a draft head's input (model.py), from the pieces' static outputs
+            feats = {}
+            for j in m.feature_layers:
+                m.keep_feature(feats, j, self.hs[j], self.ress[j])
+            m.write_features(feats, self.slots)
         return self.head(self.hs[-1], self.ress[-1], inputs.rows, n.norm, n.lm_head, n.eps)

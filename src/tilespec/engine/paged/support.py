@@ -1,7 +1,8 @@
 """What the paged engine serves: a Llama-family target with the native decoder path, and no drafter, a context
-drafter (ngram, suffix), or a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
-context drafter, MODEL+ngram). Trained heads and token trees need a draft runner of their own: the server keeps
-BatchEngine for them, ``tilespec.generate`` the decoder (:func:`choose_engine`: the one rule both pick by)."""
+drafter (ngram, suffix), a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
+context drafter, MODEL+ngram) or a trained head drafting chains (head.py; also head+ngram). Token trees need a
+runner of their own: the server keeps BatchEngine for them, ``tilespec.generate`` the decoder (:func:`choose_engine`:
+the one rule both pick by)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -9,12 +10,15 @@ from typing import Optional, Sequence
 from ..drafters import Drafter, resolve_drafter
 from ..drafters.model import check_draft_model
 from ..native.llama import unsupported_reason
+from .head import is_head
 
 
 def paged_reason(target, draft) -> Optional[str]:
     """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
-    BatchEngine): a trained head or a tree drafter (no paged runner), a draft model without the native Llama-family
-    path or of another vocabulary or device, or a target without the native Llama-family path."""
+    BatchEngine): a tree drafter (no paged runner), a head on another device than the target, a draft model without
+    the native Llama-family path or of another vocabulary or device, or a target without the native Llama-family
+    path. A head named but not loaded yet ("head", a folder) is taken: the engine loads it and checks it belongs to
+    the target (HeadNotFound / HeadMismatch)."""
     reason = unsupported_reason(target)
     if reason is not None:
         return reason
@@ -22,8 +26,10 @@ def paged_reason(target, draft) -> Optional[str]:
     if drafter is None:
         return None
     name = repr(getattr(drafter, "name", drafter))
+    if is_head(drafter):
+        return _head_reason(target, drafter, name)
     if _has_runner(drafter):
-        return f"{name} drafts with a trained head or a token tree (the paged engine drafts chains only)"
+        return f"{name} drafts a token tree (the paged engine drafts chains only)"
     if drafter.model is None:
         return None if drafter.has_context else f"{name} proposes no draft the paged engine can run"
     reason = unsupported_reason(drafter.model)
@@ -34,6 +40,20 @@ def paged_reason(target, draft) -> Optional[str]:
     except ValueError as err:
         return f"the draft model {name}: {err}"
     return None
+
+
+def paged_drafter(target, draft):
+    """The Drafter :class:`PagedEngine` runs for ``draft`` (None: target-only), attached to ``target`` (a head named
+    "head" or by folder loads here); ValueError naming why not (:func:`paged_reason`)."""
+    reason = paged_reason(target, draft)
+    if reason is not None:
+        raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix), with a Llama-family "
+                         f"draft model or a trained head, over a Llama-family target; {reason}: serve it with "
+                         f"BatchEngine")
+    drafter = resolve_drafter(draft)
+    if drafter is not None:
+        drafter.attach(target)
+    return drafter
 
 
 def choose_engine(target, draft, engine: str, fallback: str, fallback_only: Sequence[str] = (),
@@ -60,6 +80,15 @@ def choose_engine(target, draft, engine: str, fallback: str, fallback_only: Sequ
     return fallback
 
 
+def _head_reason(target, drafter, name: str) -> Optional[str]:
+    head = drafter.head
+    if head is None:
+        return None
+    device, p = head.fc.weight.device, next(target.parameters())
+    return None if device == p.device else f"the head {name} is on {device}, the target on {p.device}"
+
+
 def _has_runner(drafter) -> bool:
-    """Whether the drafter has a device side of its own (a head, a tree drafter): the paged engine has none."""
+    """Whether the drafter has a device side of its own (a tree drafter; a head's is head.py): the paged engine
+    has none for it."""
     return type(drafter).runner is not Drafter.runner
