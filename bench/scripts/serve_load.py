@@ -511,7 +511,7 @@ def main(argv=None) -> int:
         check_headroom(result)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
+        tmp.write_text(json.dumps(result, separators=(",", ":")))   # records hold every token gap: compact
         os.replace(tmp, args.out)
 
     if args.stub_check and "load_generator_check" not in result:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import socket
 
 from tilespec.cli.generate import non_negative_float, non_negative_int, positive_int
@@ -35,6 +36,12 @@ def positive_mb(text: str) -> float:
     if not 0 < value <= 4096:
         raise argparse.ArgumentTypeError(f"must be a number of MiB in (0, 4096], got {text!r}")
     return value
+
+
+def default_api_servers() -> int:
+    """Two API processes where the CPUs allow: on an H200 host one streams ~26k tok/s over a fake engine at 256
+    clients and two ~53k (bench/results/serve-api-ceiling-h200.json), while the engine makes ~60k; each costs a core."""
+    return 2 if (os.cpu_count() or 1) >= 8 else 1
 
 
 def check_bind(host: str, port: int) -> None:
@@ -119,9 +126,9 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=positive_int, default=None,
                    help="longest prompt + max_tokens (default: the model's context; at most 2048 on the batch "
                         "engine)")
-    p.add_argument("--api-servers", type=positive_int, default=1,
+    p.add_argument("--api-servers", type=positive_int, default=default_api_servers(),
                    help="HTTP processes serving the port beside the one engine process (detokenizing and streaming "
-                        "spread over that many cores)")
+                        "spread over that many cores; default 2 on a machine of 8 or more CPUs, else 1)")
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
