@@ -92,3 +92,22 @@ def test_a_draft_model_with_graphs_gives_target_only_tokens(target):
     assert got == ref
     assert eng.counters["drafted"] > 0
     eng.blocks.check()
+
+
+def test_a_head_with_graphs_gives_target_only_tokens(tmp_path_factory):
+    """A trained head (the CPU tests' tiny pair, moved to CUDA) on the paged engine, compiled, decode graphs with the
+    feature capture inside: greedy tokens are the same engine's target-only tokens, drafts verified and accepted."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import test_batching_heads
+    from tilespec.engine.drafters import HeadDrafter
+    target, head, _, prompts = test_batching_heads.trained.__wrapped__(tmp_path_factory)
+    target, head = target.cuda(), head.cuda()
+
+    def asks():
+        return [BatchRequest(prompt=p, max_tokens=24, temperature=0.0) for p in prompts[:8]]
+    ref = _run(PagedEngine(target, None, max_batch=4, compile=True, max_len=256), asks())
+    eng = PagedEngine(target, HeadDrafter(head), max_batch=4, gamma=3, compile=True, max_len=256, pricing=False)
+    eng.warm_up()
+    assert _run(eng, asks()) == ref
+    assert eng.counters["accepted"] > 0 and eng.counters["decode_graph_steps"] > 0
