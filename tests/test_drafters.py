@@ -3,6 +3,7 @@ target-only decoding, the sequence law at T > 0, and the decode loop's per-gener
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from tilespec.engine import GammaSchedule, NgramDrafter, SpeculativeDecoder, SuffixDrafter
 from tilespec.engine.drafters import resolve_drafter
+from tilespec.engine.drafters.ngram import CATCH_UP
 from tilespec.exactness.stats import fit_test
 from tilespec.verify import SamplingParams
 
@@ -39,21 +41,81 @@ def _lookup(hist, n_min, n_max):
 
 
 def test_ngram_index_kept_lazily_matches_a_scan_of_the_history():
-    """Appends only store tokens; a lookup indexes what came since the last one: with lookups after every append,
-    after runs of appends (the draft gate off) or never until the end, every match is the scan's."""
+    """Appends only store tokens; a lookup asked steadily indexes (at most CATCH_UP positions of) what came since the
+    last one, any other scans the history: with lookups after every append (also behind a prompt longer than
+    CATCH_UP), after runs of appends (the draft gate off) or never until the end, every proposal is the eager one."""
     rng = np.random.default_rng(0)
-    for every in (1, 3, 50):
-        hist = [int(t) for t in rng.integers(0, 6, 5)]
-        state = NgramDrafter(n_min=1, n_max=4).start([hist])
+    for every, prompt in ((1, 5), (1, 3 * CATCH_UP), (3, 5), (50, 5)):
+        hist = [int(t) for t in rng.integers(0, 6, prompt)]
+        state = NgramDrafter(n_min=1, n_max=4, tokens_per_match=2).start([hist])
         for i in range(300):
             new = [int(t) for t in rng.integers(0, 6, int(rng.integers(1, 5)))]
             state.extend(0, new)
             hist += new
             if i % every == 0:
-                assert state.match(0) == _lookup(hist, 1, 4)
+                n, end = _lookup(hist, 1, 4)
+                assert state.propose(0, 3) == (hist[end:end + min(3, 2 * n)] if n else [])
         assert state.match(0) == _lookup(hist, 1, 4)
     big = NgramDrafter(n_min=2, n_max=3).start([[150_000, 7, 9, 150_000, 7]])        # ids far above 2**16
     assert big.propose(0, 4) == [9, 150_000, 7]
+
+
+class _EagerSuffix:
+    """The suffix drafter's proposals from an index kept at every append (what SuffixState replaced)."""
+
+    def __init__(self, d, prompt):
+        self.d, self.hist, self.index = d, [], [{} for _ in range(d.n_max + 1)]
+        self.extend(prompt)
+
+    def extend(self, tokens):
+        for t in tokens:
+            for n in range(self.d.n_min, min(self.d.n_max, len(self.hist)) + 1):
+                self.index[n].setdefault(tuple(self.hist[len(self.hist) - n:]), Counter())[t] += 1
+            self.hist.append(t)
+
+    def propose(self, cap):
+        ctx, first, out = self.hist[-self.d.n_max:], 0, []
+        while len(out) < cap:
+            for n in range(min(self.d.n_max, len(ctx)), self.d.n_min - 1, -1):
+                gram = tuple(ctx[len(ctx) - n:])
+                local, shared = self.index[n].get(gram), self.d.shared[n].get(gram) if self.d.remember else None
+                if local or shared:
+                    counts = (local or Counter()) + (shared or Counter())
+                    break
+            else:
+                break
+            if not out:
+                first, cap = n, min(cap, n * self.d.tokens_per_match)
+            token, count = counts.most_common(1)[0]
+            if count < self.d.min_share * sum(counts.values()):
+                break
+            out.append(token)
+            ctx = ctx[1:] + [token] if len(ctx) >= self.d.n_max else ctx + [token]
+        return out if first else []
+
+
+def test_suffix_scanned_at_proposals_matches_an_eager_index():
+    """SuffixState keeps no index (each proposal scans the history): on random streams, asked at random intervals,
+    with and without remembered generations, its proposals are the eager index's, ties and min_share included."""
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        vocab = int(rng.choice([2, 3, 6, 20]))
+        n_min = int(rng.integers(1, 3))
+        d = SuffixDrafter(n_min=n_min, n_max=int(rng.integers(n_min, 8)), min_share=float(rng.choice([0, 0.1, 0.5])),
+                          remember=bool(trial % 2), tokens_per_match=int(rng.integers(1, 4)))
+        if d.remember:
+            old = d.start([rng.integers(0, vocab, 20).tolist()])
+            old.extend(0, rng.integers(0, vocab, 30).tolist())
+            old.close()
+        prompt = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+        state, eager = d.start([prompt]), _EagerSuffix(d, prompt)
+        for _ in range(40):
+            new = rng.integers(0, vocab, int(rng.integers(1, 5))).tolist()
+            state.extend(0, new)
+            eager.extend(new)
+            if rng.random() < 0.5:
+                cap = int(rng.integers(1, 8))
+                assert state.propose(0, cap) == eager.propose(cap)
 
 
 def test_ngram_draft_length_grows_with_the_match_length():

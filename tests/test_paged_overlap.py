@@ -99,7 +99,7 @@ def test_a_drain_that_ends_the_batch_admits_the_waiting(target):
     first = BatchRequest(prompt=[3, 4, 5], max_tokens=8, temperature=0.0, stop_token_ids=(probe.tokens[2],))
     engine.admission.admit = lambda now, waiting, running: running == 0      # defer while anything runs
     drafting = [False]
-    engine.gate.drafting = lambda rows: drafting[0]
+    engine.gate.drafting = lambda rows, explore=True: drafting[0]
     engine.submit(first)
     while len(first.tokens) < 2:
         engine.step()
@@ -143,7 +143,7 @@ def test_drafting_steps_without_drafts_are_timed(target):
     """The drafter runs but finds nothing (no repeats): each such step is launched in flight and drained by the next
     drafting call; the draft gate still gets its wall time as a drafting sample, so it can learn drafting loses."""
     engine = PagedEngine(target, "ngram", max_batch=4, gamma=3, block_size=4, max_admission_wait=0.0)
-    engine.gate.drafting = lambda rows: True
+    engine.gate.drafting = lambda rows, explore=True: True
     seen = []
     engine.gate.observe = lambda rows, drafting, made, wall: seen.append((rows, drafting, made, wall))
     for i in range(2):

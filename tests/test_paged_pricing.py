@@ -157,6 +157,10 @@ def test_the_draft_gate_runs_the_faster_branch_and_explores_the_other():
     gate.observe(8, True, 30, 1.0)
     assert gate.drafting(8) is False                  # ... then measures without
     gate.observe(8, False, 10, 1.0)
+    assert gate.drafting(8, explore=False) is True and gate.steps[8] == 2    # a mixed step: the winner, uncounted,
+    gate.rate.update({(64, True): 1.0, (64, False): 2.0})
+    assert gate.drafting(48, explore=False) is False and 48 not in gate.steps  # the nearest measured bucket's
+    assert DraftGate().drafting(8, explore=False) is True                     # ... optimistic before any rate
     picks = [gate.drafting(8) for _ in range(12)]     # drafting is faster: on, off at the 4th step, then 8 later
     assert picks == [True] * 3 + [False] + [True] * 7 + [False]
     for _ in range(40):                               # drafting stops paying (it got slower): the gate follows,

@@ -1,10 +1,11 @@
 """``suffix``: suffix drafting (after ArcticInference's suffix decoding) with frequency counts.
 
-Index: for every context length n in [n_min, n_max], n-gram -> Counter of the tokens that followed it, over the
-request's prompt + output so far and, with ``remember=True``, the outputs of the drafter's earlier generations
-(a shared index that grows as generations finish; capped at ``max_remembered`` tokens).
+Counts: for every context length n in [n_min, n_max], n-gram -> Counter of the tokens that followed it, over the
+request's prompt + output so far (found by a scan of its history when it proposes: :class:`SuffixState`) and, with
+``remember=True``, the outputs of the drafter's earlier generations (a shared index that grows as generations
+finish; capped at ``max_remembered`` tokens).
 
-Proposal: walk greedily -- find the longest suffix of (history + tokens proposed so far) seen in the index, append
+Proposal: walk greedily -- find the longest suffix of (history + tokens proposed so far) seen in them, append
 its most frequent continuation (ties: the one seen first), repeat; stop at ``cap`` tokens, at
 ``n * tokens_per_match`` tokens (n = the first match's length), when nothing matches, or when the chosen token's
 share of its context's continuations falls below ``min_share``.
@@ -18,6 +19,7 @@ from collections import Counter
 from typing import Sequence
 
 from .base import ContextDrafter, ContextState
+from .occurrences import history, longest_suffix, scanned
 
 
 def _new_index(n_max: int) -> list:
@@ -31,35 +33,39 @@ def _add(index: list, hist: list, t: int, n_min: int, n_max: int) -> None:
 
 
 class SuffixState(ContextState):
+    """No index of its own: each proposal step finds the context's longest earlier suffix by one scan of the history
+    (occurrences.py) and counts what followed it there, the Counter an index would hold (keys in the order first
+    seen), so appending a token costs an append (an index cost ~15 us a token, a request's start ~5 ms)."""
+
     def __init__(self, drafter: "SuffixDrafter", prompts: Sequence[Sequence[int]]):
         self.d = drafter
-        self.history = [[] for _ in prompts]
+        self.history = [history(prompt) for prompt in prompts]
         self.prompt_len = [len(p) for p in prompts]
-        self.index = [_new_index(drafter.n_max) for _ in prompts]
-        for row, prompt in enumerate(prompts):
-            self.extend(row, prompt)
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
-        hist = self.history[row]
-        for t in tokens:
-            _add(self.index[row], hist, int(t), self.d.n_min, self.d.n_max)
-            hist.append(int(t))
+        self.history[row].extend(tokens)
 
-    def _counts(self, row: int, ctx: list):
-        """(n, Counter) of the longest suffix of ``ctx`` with known continuations; (0, None) when none."""
-        for n in range(min(self.d.n_max, len(ctx)), self.d.n_min - 1, -1):
-            gram = tuple(ctx[len(ctx) - n:])
-            local = self.index[row][n].get(gram)
-            shared = self.d.shared[n].get(gram) if self.d.remember else None
-            if local or shared:
-                return n, (local or Counter()) + (shared or Counter())
-        return 0, None
+    def _counts(self, h, hist, ctx: list):
+        """(n, Counter) of the longest suffix of ``ctx`` with known continuations in the history ``h`` (or the shared
+        index); (0, None) when none."""
+        top = min(self.d.n_max, len(ctx))
+        n_local, ends = longest_suffix(h, hist, ctx, top)
+        for n in range(top, max(n_local, self.d.n_min - 1), -1):     # longer than any local match: shared only
+            shared = self.d.shared[n].get(tuple(ctx[len(ctx) - n:])) if self.d.remember else None
+            if shared:
+                return n, Counter() + shared
+        if n_local < self.d.n_min:
+            return 0, None
+        local = Counter([hist[e] for e in ends])
+        shared = self.d.shared[n_local].get(tuple(ctx[len(ctx) - n_local:])) if self.d.remember else None
+        return n_local, local + shared if shared else local
 
     def propose(self, row: int, cap: int) -> list:
-        ctx = self.history[row][-self.d.n_max:]
+        hist = self.history[row]
+        h, ctx = scanned(hist), hist[-self.d.n_max:].tolist()
         first, out = 0, []
         while len(out) < cap:
-            n, counts = self._counts(row, ctx)
+            n, counts = self._counts(h, hist, ctx)
             if n == 0:
                 break
             if not out:

@@ -156,7 +156,7 @@ class PagedEngine:
         if req.prompt_logprobs is not None:     # every prompt position computed, none taken from the cache
             seq.cacheable, seq.prompt_lps = False, []
         if self.acceptance is not None:
-            seq.context = (self.drafts or self.drafter).start([req.prompt])
+            seq.context, seq.told = (self.drafts or self.drafter).start([req.prompt]), len(req.prompt)
             seq.acceptance = self.acceptance.new_request()
         self.seqs[req.rid] = seq
         self.scheduler.add(seq)
@@ -188,20 +188,23 @@ class PagedEngine:
         return warm_up(self, max_context, log)
 
     # ------------------------------------------------------------------------------------------------ the loop
-    def _gate(self) -> Optional[tuple]:
+    def _gate(self, admit: bool) -> Optional[tuple]:
         """(rows bucket, whether the drafter runs) for this step's decode rows, when the draft gate decides (priced,
-        with a drafter); None otherwise."""
-        decoding = sum(1 for seq in self.scheduler.running if seq.decoding)
-        if self.gate is None or not decoding:
+        with a drafter); None otherwise. A step that will prefill (``admit``: waiting requests may join) takes the
+        gate's measured winner without exploring (pricing.DraftGate)."""
+        running = self.scheduler.running
+        # Seq.decoding inlined: its two properties cost 44 us a step at 256 rows, this 16
+        decoding = sum([len(seq.tokens) - seq.computed == 1 for seq in running]) if self.gate is not None else 0
+        if not decoding:
             return None
-        rows = bucket(decoding)
-        gated = (rows, self.gate.drafting(rows))
+        mixed = decoding < len(running) or (admit and bool(self.scheduler.waiting))
+        gated = (bucket(decoding), self.gate.drafting(bucket(decoding), explore=not mixed))
         self.counters["steps_drafter_off"] += not gated[1]
         return gated
 
     def _propose(self, drafting: bool) -> None:
         """Every decoding request's context drafts (none when the drafter is off this step: then the loop only
-        clears, since at 256 rows computing each request's cap cost 0.4 ms a step of host time)."""
+        clears, since at 256 rows computing each request's cap cost 0.4 ms a step of host time; Seq.propose)."""
         if not drafting:
             for seq in self.scheduler.running:
                 if seq.drafts:
@@ -210,16 +213,16 @@ class PagedEngine:
         for seq in self.scheduler.running:
             req = seq.req
             cap = min(req.cap, req.max_tokens - len(req.tokens) - 1) if seq.decoding and seq.context else 0
-            seq.drafts = seq.context.propose(0, cap) if cap > 0 else []
+            seq.drafts = seq.propose(cap) if cap > 0 else []
 
     @torch.inference_mode()
     def step(self) -> list:
         """One iteration (see the module docstring). Returns the BatchEvent of every request that got tokens or
         ended. A decode step without drafts is left in flight (overlap.py): its events come with the next call."""
         started = time.perf_counter()
-        gated = self._gate()
-        drafting = self.acceptance is not None and (gated is None or gated[1])
         admit = self._admits(started)
+        gated = self._gate(admit)
+        drafting = self.acceptance is not None and (gated is None or gated[1])
         prev, events = self._inflight, []
         if prev is not None and blocked(self, drafting, admit and bool(self.scheduler.waiting)):
             events, started = self._land(prev), time.perf_counter()   # the wait is that step's cost, not this one's
@@ -388,8 +391,6 @@ class PagedEngine:
         if not placed:
             seq.tokens += toks
         self.counters["generated_tokens"] += len(toks)
-        if seq.context is not None:
-            seq.context.extend(0, toks)
         if reason is not None:
             self._retire(seq, reason)
         return BatchEvent(rid=req.rid, tokens=toks, finish_reason=reason,

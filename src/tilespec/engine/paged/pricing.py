@@ -217,8 +217,18 @@ class DraftGate:
         self.wait: dict = {}           # R -> steps until the next exploration
         self.best: dict = {}           # R -> the winner at the last decision (True: drafting)
 
-    def drafting(self, rows: int) -> bool:
+    def drafting(self, rows: int, explore: bool = True) -> bool:
+        """Whether a step of ``rows`` drafts. ``explore`` False (a mixed step: its wall time is no sample of the gate,
+        admission.py takes it) -> the measured winner, without exploring: the nearest measured bucket's where this one
+        has no rates (True where none has), since a bucket met only in prefilling steps (a load's ramp) otherwise
+        drafted in every one, each a synchronous step."""
         on, off = self.rate.get((rows, True)), self.rate.get((rows, False))
+        if not explore:
+            known = [r for r, drafting in self.rate if not drafting and (r, True) in self.rate]
+            if not known:
+                return True
+            near = min(known, key=lambda r: (abs(r - rows), -r))
+            return self.rate[near, True] >= self.rate[near, False]
         self.steps[rows] = self.steps.get(rows, 0) + 1
         if on is None or off is None:
             return on is None

@@ -39,6 +39,7 @@ class Seq:
     drafts: list = field(default_factory=list)
     context: object = None
     acceptance: object = None         # its draft acceptance counts (pricing.Acceptance.new_request)
+    told: int = 0                     # its tokens that ``context`` holds (the rest are given it when it proposes)
     stops: frozenset = frozenset()    # the ids that end it (EOS unless ignored, its stop_token_ids)
     preemptions: int = 0
     pending: int = 0                  # its tokens still in flight (placeholders at the end of tokens: overlap.py)
@@ -47,6 +48,15 @@ class Seq:
     cacheable: bool = True            # its prompt may come from the prefix cache (not when its logprobs are wanted)
     prompt_lps: Optional[list] = None  # its prompt tokens' logprobs so far, when the request asked for them
     matcher: object = None            # its grammar's matcher (grammar.py), when it has one
+
+    def propose(self, cap: int) -> list:
+        """Up to ``cap`` context drafts. Its drafter state gets the tokens it lacks here, not at every commit, so a
+        drafter the gate keeps off costs nothing per token; they are all committed by then (a drafting step lands
+        the step in flight first, overlap.blocked)."""
+        if self.told < len(self.tokens):
+            self.context.extend(0, self.tokens[self.told:])
+            self.told = len(self.tokens)
+        return self.context.propose(0, cap)
 
     @property
     def remaining(self) -> int:
