@@ -443,7 +443,7 @@ json.dump({"second_start_s": healthy, "api_servers": int(n), "exit": proc.return
            "log": open(log).read()[-2000:]}, open(out, "w"), indent=1)
 print("second start:", healthy, "s")
 PY
-  grep -E "warm-up|engine start|engine ready|listening" "$RES/restart.log"
+  grep -E "warm-up|engine start|engine ready|listening|start-up" "$RES/restart.log"
   tarball restart
 }
 
