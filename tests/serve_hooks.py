@@ -100,3 +100,16 @@ def recording_loop(api_processes: int = 2):
     loop = EngineLoop.__new__(EngineLoop)
     loop.pushes, loop.dirty = pushes, False
     return loop, pushes
+
+
+class _Sleep:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, engine) -> None:
+        time.sleep(self.seconds)
+
+
+def slow_start(seconds: float):
+    """A hook: the engine's start takes ``seconds`` longer (it runs after the warm-up, before Ready)."""
+    return _Sleep(seconds)

@@ -143,7 +143,8 @@ def test_grammars_are_parsed_in_the_api_process(c, words):
 
 def test_the_grammar_crosses_to_the_engine_process():
     from tilespec.engine.batch_request import BatchRequest
-    from tilespec.serve.core import _refused, request_of
+    from tilespec.serve.core import request_of
+    from tilespec.serve.startup import _refused
     from tilespec.serve.messages import Submit, decode_to_engine, encode
     msg = decode_to_engine(encode(Submit(id=3, prompt=[1, 2], max_tokens=4, temperature=0.0, top_k=0, top_p=1.0,
                                          min_p=0.0, seed=1, grammar=("regex", "[ab]+"))))

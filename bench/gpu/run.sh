@@ -446,7 +446,7 @@ json.dump({"second_start_s": healthy, "api_servers": int(n), "exit": proc.return
            "what": "seconds from `tilespec serve` starting to /health 200, compile caches warm"}, open(out, "w"), indent=1)
 print("second start:", healthy, "s")
 PY
-  grep -E "warm-up|engine start|engine ready|listening" "$RES/restart.log"
+  grep -E "warm-up|engine start|engine ready|listening|start-up" "$RES/restart.log"
   tarball restart
 }
 

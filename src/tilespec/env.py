@@ -17,6 +17,7 @@ import importlib.util
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from . import settings
@@ -38,10 +39,32 @@ def data_root() -> Path:
 def use_triton_interpreter_without_cuda() -> None:
     """Without CUDA, Triton kernels can only run in Triton's interpreter; Triton reads ``TRITON_INTERPRET`` when it
     is first imported (transformers may import it early), so ``import tilespec`` calls this before anything else.
-    An explicit setting is kept."""
+    An explicit setting is kept. Before torch is imported the question waits for Triton's import
+    (:class:`_BeforeTriton`): ``import tilespec`` stays free of torch (``tilespec serve`` starts its engine process
+    sooner)."""
+    if "torch" not in sys.modules and "triton" not in sys.modules:
+        if not any(isinstance(f, _BeforeTriton) for f in sys.meta_path):
+            sys.meta_path.insert(0, _BeforeTriton())
+        return
+    _decide_interpreter()
+
+
+def _decide_interpreter() -> None:
     import torch
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+class _BeforeTriton:
+    """An import finder that answers nothing: when ``triton`` is first looked up it removes itself and decides
+    ``TRITON_INTERPRET`` (importing torch, which does not import triton), then the ordinary finders import it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton":
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _decide_interpreter()
+        return None
 
 
 def triton_interpreted() -> bool:

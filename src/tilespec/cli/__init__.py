@@ -11,20 +11,31 @@ import pkgutil
 import sys
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; ``command``: only the one of the module of that name when it registers it (a
+    command runs without importing every other command's modules: ``tilespec serve`` starts its engine process
+    sooner), else all."""
     parser = argparse.ArgumentParser(prog="tilespec", description="Exact, fast speculative decoding.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    if command in names:
+        module = importlib.import_module(f"{__name__}.{command}")
+        if hasattr(module, "register"):
+            module.register(sub)
+            if command in sub.choices:
+                return parser
+        parser = argparse.ArgumentParser(prog="tilespec", description="Exact, fast speculative decoding.")
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in names:
+        module = importlib.import_module(f"{__name__}.{name}")
         if hasattr(module, "register"):
             module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -5,7 +5,6 @@ loading, prompt encoding and device/dtype picking are library calls (tilespec.ap
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -18,26 +17,9 @@ from tilespec.verify.registry import all_methods
 
 from tilespec.bench.tree_args import add_tree_arguments, chosen_tree, describe, tree_option
 
+from ._args import non_negative_float, non_negative_int, positive_int, probability  # noqa: F401 (shared)
+
 SCHEDULES = ("constant", "heuristic", "optimal")
-
-
-def _number(kind, low: float, rule: str, high: float = float("inf")):
-    """An argparse ``type`` that parses ``kind`` and requires low <= value <= high (argparse names the flag)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {rule}, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-        return value
-    return parse
-
-
-positive_int = _number(int, 1, "an integer >= 1")
-non_negative_int = _number(int, 0, "an integer >= 0")
-non_negative_float = _number(float, 0.0, "a finite number >= 0", high=1e300)
-probability = _number(float, 1e-300, "a number in (0, 1]", high=1.0)
 
 
 def check_json_path(path: Path | None) -> None:

@@ -11,7 +11,7 @@ import errno
 import os
 import socket
 
-from tilespec.cli.generate import non_negative_float, non_negative_int, positive_int
+from tilespec.cli._args import non_negative_float, non_negative_int, positive_int
 
 COMPILE_MODES = ("auto", "off", "native", "native-graphs", "graphs", "compiled-graphs", "default", "reduce-overhead",
                  "max-autotune", "max-autotune-no-cudagraphs")
@@ -65,6 +65,9 @@ def check_bind(host: str, port: int) -> None:
 def run(args) -> int:
     from functools import partial
 
+    from tilespec.serve.timeline import Marks
+    marks = Marks()
+    marks.mark("imports")       # the interpreter, tilespec and the command line's modules
     from tilespec.api import load_pair
     from tilespec.env import pick_device, pick_dtype
     from tilespec.serve import serve_engine
@@ -91,16 +94,21 @@ def run(args) -> int:
                    prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction)
     # the engine process loads the models and owns the GPU; this process only serves HTTP
     spec = EngineSpec(load=partial(load_pair, args.target, draft_name, device, dtype, log=print),
-                      options=options, warmup=not args.no_warmup)
+                      options=options, warmup=not args.no_warmup, device=str(device))
+    marks.mark("checks")
     app = serve_engine(spec, model_name=args.served_model_name or args.target, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
-                       chat=not args.no_chat, log=print, max_body_mb=args.max_body_mb, api_key=api_key,
+                       chat=not args.no_chat, log=_flushed, max_body_mb=args.max_body_mb, api_key=api_key,
                        cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()),
-                       api_servers=args.api_servers)
+                       api_servers=args.api_servers, marks=marks, freeze=True)
     print(f"tilespec serve: listening on http://{args.host}:{args.port} (model {args.served_model_name or args.target}, "
           f"{args.api_servers} API process{'es' if args.api_servers > 1 else ''})", flush=True)
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
+
+
+def _flushed(line: str) -> None:
+    print(line, flush=True)     # the start-up lines reach a log file (stdout redirected) when they happen
 
 
 def register(sub) -> None:

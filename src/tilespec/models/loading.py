@@ -19,6 +19,7 @@ import hashlib
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +33,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 ROLES = (None, "target", "draft", "asr")
+# the last load's phases (name -> seconds, or a word): the server's start-up log reports them (serve/startup.py)
+LOAD_TIMES: dict = {}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -51,8 +54,32 @@ def _is_whisper(config) -> bool:
     return getattr(config, "model_type", None) == "whisper"
 
 
-def _load_hf(source: str, dtype: torch.dtype, **kw):
-    """from_pretrained for a folder or a hub id; Whisper -> (WhisperForConditionalGeneration, processor)."""
+def _timed(name: str, t0: float) -> float:
+    now = time.perf_counter()
+    LOAD_TIMES[name] = LOAD_TIMES.get(name, 0.0) + now - t0
+    return now
+
+
+def _causal_lm(tf, source: str, dtype: torch.dtype, device, **kw):
+    """AutoModelForCausalLM.from_pretrained, its weights read straight onto a CUDA ``device`` (``device_map``: no
+    host copy of the model first, then a second copy to the GPU) where transformers can (it needs accelerate for
+    that); on CPU, or without, the host load that ``load`` then moves."""
+    if device is not None and torch.device(device).type == "cuda":
+        try:
+            model = tf.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(device), **kw)
+            LOAD_TIMES["weights"] = f"onto {device}"
+            return model
+        except (ImportError, ValueError) as err:     # no accelerate (ValueError naming it): the host load below
+            if "accelerate" not in str(err):
+                raise
+    LOAD_TIMES["weights"] = "via the host"
+    return tf.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
+
+
+def _load_hf(source: str, dtype: torch.dtype, device=None, **kw):
+    """from_pretrained for a folder or a hub id; Whisper -> (WhisperForConditionalGeneration, processor);
+    ``device``: where the caller wants the model (a causal LM's weights are read onto a CUDA device directly)."""
+    t0 = time.perf_counter()
     import transformers as tf
 
     try:
@@ -61,19 +88,23 @@ def _load_hf(source: str, dtype: torch.dtype, **kw):
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise FileNotFoundError(f"could not load {source!r} as a Hugging Face model ({first}); pass a registry "
                                 f"name (`tilespec models list`), a model folder or a .gguf file") from err
+    t0 = _timed("config", t0)
     if _is_whisper(config):
         model = tf.WhisperForConditionalGeneration.from_pretrained(source, dtype=dtype, **kw)
         return model, tf.AutoProcessor.from_pretrained(source, **kw)
-    model = tf.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
-    return model, tf.AutoTokenizer.from_pretrained(source, **kw)
+    model = _causal_lm(tf, source, dtype, device, **kw)
+    t0 = _timed("model", t0)
+    tok = tf.AutoTokenizer.from_pretrained(source, **kw)
+    _timed("tokenizer", t0)
+    return model, tok
 
 
-def _load_hub(repo_id: str, dtype: torch.dtype):
+def _load_hub(repo_id: str, dtype: torch.dtype, device=None):
     """A hub id: from the local Hugging Face cache when it is there (no network), else from the hub if it answers
     within ``hub.PROBE_TIMEOUT`` seconds, else FileNotFoundError at once (transformers' own retries take 26-40 s
     without network)."""
     try:
-        return _load_hf(repo_id, dtype, local_files_only=True)
+        return _load_hf(repo_id, dtype, device, local_files_only=True)
     except OSError:   # not (completely) in the local cache: FileNotFoundError from _load_hf, or transformers' own
         pass
     problem = hub.unreachable()
@@ -81,7 +112,7 @@ def _load_hub(repo_id: str, dtype: torch.dtype):
         raise FileNotFoundError(f"unknown model {repo_id!r}: not a registry name, file or folder, not in the local "
                                 f"Hugging Face cache, and the hub cannot be reached ({problem}); pass a registry "
                                 f"name (`tilespec models list`), a model folder or a .gguf file")
-    return _load_hf(repo_id, dtype)
+    return _load_hf(repo_id, dtype, device)
 
 
 def _save_dequantized(model, folder: Path) -> None:
@@ -105,20 +136,25 @@ def _stderr(msg: str) -> None:
     print(f"tilespec: {msg}", file=sys.stderr)
 
 
-def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool, log=_stderr):
+def _load_gguf(gguf: Path, cache: Path, dtype: torch.dtype, save: bool, log=_stderr, device=None):
     """Load ``gguf`` via transformers' GGUF loader, or its safetensors copy in ``cache/hf-<dtype>`` if present and
-    intact (models/integrity.py; a damaged copy is converted again, with a message to ``log``)."""
+    intact (models/integrity.py; a damaged copy is converted again, with a message to ``log``); ``device``: where
+    the caller wants the model (the copy's weights are read onto a CUDA device directly)."""
     import transformers as tf
 
     saved = cache / f"hf-{_dtype_name(dtype)}"
     if saved.is_dir():
+        t0 = time.perf_counter()
         problem = converted_problem(saved, adopt=True)
+        _timed("check", t0)
         if problem is None:
-            return _load_hf(str(saved), dtype)
+            return _load_hf(str(saved), dtype, device)
         log(f"the converted copy {saved} is damaged ({problem}); converting {gguf.name} again")
         shutil.rmtree(saved, ignore_errors=True)
+    t0 = time.perf_counter()
     model = tf.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
     tok = tf.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _timed("GGUF conversion", t0)
     if save:
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-hf-", dir=cache))
@@ -185,20 +221,22 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
                 raise FileNotFoundError(f"model {spec_name!r} is not cached ({model_dir(spec_name)}); run "
                                         f"`tilespec models fetch {spec_name}` or pass download=True")
             fetch(spec_name)
+        t0 = time.perf_counter()
         verify_cached(spec_name)
+        _timed("check", t0)
         folder = model_dir(spec_name)
         if entry.kind == "gguf":
-            model, tok = _load_gguf(folder / entry.source_name, folder, dtype, save_converted)
+            model, tok = _load_gguf(folder / entry.source_name, folder, dtype, save_converted, device=device)
         else:
-            model, tok = _load_hf(str(folder), dtype)
+            model, tok = _load_hf(str(folder), dtype, device)
     else:
         path = Path(spec_name).expanduser()
         if path.is_file() and path.suffix == ".gguf":
-            model, tok = _load_gguf(path, gguf_cache_dir(path), dtype, save_converted)
+            model, tok = _load_gguf(path, gguf_cache_dir(path), dtype, save_converted, device=device)
         elif path.is_dir():
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"{path} is a folder without config.json (not a transformers model folder)")
-            model, tok = _load_hf(str(path), dtype)
+            model, tok = _load_hf(str(path), dtype, device)
         elif path.exists():
             raise ValueError(f"{path} is neither a .gguf file nor a model folder")
         elif _looks_like_path(spec_name):
@@ -208,8 +246,10 @@ def load(name_or_path: str | Path, *, role: str | None = None, dtype: torch.dtyp
             raise ValueError(f"unknown model {spec_name!r}: not a registry name, file or folder; did you mean "
                              f"{closest_name(spec_name)!r}? (`tilespec models list`)")
         else:
-            model, tok = _load_hub(spec_name, dtype)
+            model, tok = _load_hub(spec_name, dtype, device)
+    t0 = time.perf_counter()
     model = model.to(device=device, dtype=dtype).eval()
+    _timed("to device", t0)
     model.tilespec_role = role
     model.tilespec_name = spec_name     # the name a trained draft head is stored under (tilespec.heads.store)
     return model, tok

@@ -81,23 +81,36 @@ SERVER_OPTIONS = ("model_name", "max_queue", "default_max_tokens", "shutdown_tim
 
 def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: int = 256,
                  default_max_tokens: int = 256, shutdown_timeout: float = 30.0, chat: bool = True, log=None,
-                 max_body_mb: float = 4.0, api_key=None, cors_origins=(), api_servers: int = 1):
+                 max_body_mb: float = 4.0, api_key=None, cors_origins=(), api_servers: int = 1, marks=None,
+                 freeze: bool = False):
     """The FastAPI app over an engine process built from ``spec`` (serve/core.EngineSpec): the process is started
     and this returns once it is ready (its failure raised here). ``tokenizer``: the API process's (default: the one
     the engine process loaded). ``max_queue``: waiting requests before 429 (per API process);
     ``shutdown_timeout``: seconds running requests get on shutdown; ``max_body_mb``, ``api_key``, ``cors_origins``:
-    see :func:`tilespec.serve.app.build_app`; ``log``: where the start-up line goes; ``api_servers``: API processes
-    in all (serve/processes.run_server starts the others; they need ``spec.send_tokenizer``)."""
-    from .app import build_app
+    see :func:`tilespec.serve.app.build_app`; ``log``: where the start-up lines go (the engine's, then the
+    start-up timeline once the server listens: serve/timeline.py); ``api_servers``: API processes in all (started
+    with the engine process; they need ``spec.send_tokenizer``); ``marks``: the main process's start-up timeline
+    so far (serve/timeline.Marks; default: from its launch); ``freeze``: freeze this process's heap (the imports,
+    the tokenizer) while the engine warms up (a process that only serves: serve/core.freeze_heap says why)."""
     from .processes import EngineProcess
-    engine = EngineProcess(spec, api_servers)
+    engine = EngineProcess(spec, api_servers, marks)        # first: the imports below run beside its start
+    engine.log = log
     client = engine.client(0, max_queue)
     try:
+        from .app import build_app
+        client.wait_ready(loaded_only=True)         # the tokenizer: unpickled while the engine warms up
+        engine.marks.mark("tokenizer")
+        if freeze:
+            from .core import freeze_heap
+            freeze_heap()
+            engine.marks.mark("gc freeze")
         info = client.wait_ready()
     except BaseException:
         client.close()
         engine.kill()
         raise
+    engine.marks.mark("engine ready")
+    engine.engine_marks = info.get("start_marks")
     inner = getattr(tokenizer, "tokenizer", tokenizer) if tokenizer is not None else client.tokenizer
     if log is not None:
         kv = f", K/V capacity {info['kv_capacity_tokens']:,} tokens ({info['kv_bytes'] / 2**30:.2f} GiB)" \
@@ -107,4 +120,5 @@ def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: 
                    chat=chat, max_body_mb=max_body_mb, api_key=api_key, cors_origins=tuple(cors_origins))
     app = build_app(client, tokenizer=inner, engine=engine, **options)
     app.state.api_options = dict(options, max_queue=max_queue)
+    engine.marks.mark("app built")
     return app

@@ -57,6 +57,7 @@ def _lifespan(client: EngineClient, completions: Completions, shutdown_timeout: 
         await client.start()
         if engine is not None:
             engine.watch()
+            engine.serving()
         yield
         await client.drain(shutdown_timeout)
         if engine is not None:

@@ -2,11 +2,11 @@
 step's tokens to the request handlers.
 
 :class:`EngineClient` connects to the engine's inbox, binds its own outbox (API process ``index`` of ``count``: its
-request ids are ``index + count * k``) and waits for the engine's Ready: the limits requests are checked against, the
-tokenizer, the K/V capacity. In the event loop one task reads the engine's messages -- one per engine step -- and,
-per request in it, appends the new ids to that request's :class:`RequestStream` and wakes its handler. A handler that
-is slower than the engine finds several steps' tokens waiting and sends them as one chunk (coalescing), so a burst
-never queues chunk after chunk.
+request ids are ``index + count * k``) and waits for the engine's Loaded (the tokenizer) and Ready: the limits
+requests are checked against, the K/V capacity. In the event loop one task reads the engine's messages -- one per
+engine step -- and, per request in it, appends the new ids to that request's :class:`RequestStream` and wakes its
+handler. A handler that is slower than the engine finds several steps' tokens waiting and sends them as one chunk
+(coalescing), so a burst never queues chunk after chunk.
 
 Failures cross the boundary: when the engine process dies (a step raised and it sent Failed; or it was killed and
 the main process, which watches it, sends Failed on its behalf: serve/processes.py), every request in flight ends
@@ -27,7 +27,7 @@ import zmq.asyncio
 from tilespec.engine.batch_request import BatchRequest, check_request
 
 from .core import push_socket
-from .messages import Cancel, Failed, Ready, Rejected, Step, Submit, decode_to_api, encode
+from .messages import Cancel, Failed, Loaded, Ready, Rejected, Step, Submit, decode_to_api, encode
 
 RAISED = {"ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError}
 
@@ -83,7 +83,7 @@ class EngineClient:
         self.max_queue, self.engine_alive = max_queue, engine_alive
         self.draining, self.error, self.started = False, None, time.time()
         self.info: dict = {}
-        self.tokenizer = None
+        self.tokenizer, self.loaded = None, False
         self.stats: dict = {"counters": {}, "running": 0, "waiting": 0}
         self.streams: dict = {}
         self._ids = itertools.count(index, count)
@@ -95,17 +95,24 @@ class EngineClient:
         self._reader: Optional[asyncio.Task] = None
 
     # ------------------------------------------------------------------------------------------------ start-up
-    def wait_ready(self, timeout: Optional[float] = None) -> dict:
+    def wait_ready(self, timeout: Optional[float] = None, loaded_only: bool = False) -> dict:
         """Block until the engine process is ready (its info) or raise what made it fail (ValueError for a bad
-        option, RuntimeError when it died)."""
+        option, RuntimeError when it died). The tokenizer arrives before (Loaded: the models are loaded, the warm-up
+        runs); ``loaded_only``: return then (an empty dict), so the caller prepares beside the warm-up."""
+        if self.info or (loaded_only and self.loaded):
+            return self.info
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._in.poll(200):
                 msg = decode_to_api(self._in.recv())
-                if isinstance(msg, Ready):
-                    self.info = msg.info
+                if isinstance(msg, Loaded):
+                    self.loaded = True
                     if msg.tokenizer:
                         self.tokenizer = pickle.loads(msg.tokenizer)
+                    if loaded_only:
+                        return {}
+                if isinstance(msg, Ready):
+                    self.info = msg.info
                     return self.info
                 if isinstance(msg, Failed):
                     raise RAISED.get(msg.kind, RuntimeError)(msg.error)

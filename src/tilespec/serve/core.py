@@ -2,9 +2,10 @@
 and never waits on HTTP work.
 
 The server's main process (serve/processes.py) starts it with an :class:`EngineSpec`, the inbox address (bound
-here: every API process sends to it) and one outbox per API process. It loads the models (``spec.load``), builds the
-engine (serve.make_engine), warms it up, answers :class:`~tilespec.serve.messages.Ready` on every outbox, then
-loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work, run
+here: every API process sends to it) and one outbox per API process. It loads the models (``spec.load``), sends
+:class:`~tilespec.serve.messages.Loaded` (the tokenizer) on every outbox, builds the engine (serve.make_engine),
+warms it up (serve/startup.py: the start-up and its timeline), answers :class:`~tilespec.serve.messages.Ready` on
+every outbox, then loops: take every waiting message (submissions, cancellations, shutdown) without blocking while there is work, run
 one ``engine.step()``, send each API process one :class:`~tilespec.serve.messages.Step` with its requests' new
 tokens and the raw logprobs of those that asked (request id ``i`` belongs to API process ``i % count``). zmq sends
 from its own I/O thread with no high-water mark, so a slow API process never stalls a step. When idle it blocks
@@ -12,8 +13,7 @@ on the inbox (100 ms at a time, checking that its parent lives). A step that rai
 :class:`~tilespec.serve.messages.Failed`: the API process then fails every request in flight instead of hanging.
 
 The process dies with its parent (Linux: PR_SET_PDEATHSIG; elsewhere the idle check of the parent's pid), so no
-orphan keeps the GPU memory. Compile and autotune caches (TorchInductor, Triton) live under the tilespec home, so a
-second start compiles nothing.
+orphan keeps the GPU memory.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import ctypes.util
 import functools
 import gc
 import os
-import pickle
 import signal
 import sys
 import time
@@ -30,10 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-WARM_CONTEXT = 4096     # longer contexts capture their decode graphs when first met (rare; each once)
-
-from .messages import (STATS_EVERY_S, Cancel, Failed, Ready, Rejected, Shutdown, Step, Submit, decode_to_engine,
-                       encode, split_by_process)
+from .messages import (STATS_EVERY_S, Cancel, Failed, Loaded, Ready, Rejected, Shutdown, Step, Submit,
+                       decode_to_engine, encode, split_by_process)
 
 
 @dataclass
@@ -42,14 +39,15 @@ class EngineSpec:
     process (the CLI loads by name there; a loaded CPU model passed to build_server is pickled across);
     ``options``: serve.make_engine's keywords; ``warmup``: compile and capture the step shapes before serving;
     ``hook``: a picklable callable given the built engine (tests slow or break its steps with it);
-    ``send_tokenizer``: return the tokenizer in Ready (the CLI's API process has none of its own)."""
+    ``send_tokenizer``: send the tokenizer in Loaded (the CLI's API process has none of its own); ``device``: where
+    ``load`` puts the target (a CUDA device: its context is created beside the imports and the load)."""
 
     load: Callable[[], tuple]
     options: dict = field(default_factory=dict)
     warmup: bool = True
     hook: Optional[Callable] = None
     send_tokenizer: bool = True
-
+    device: Optional[str] = None
 
     @contextmanager
     def portable(self):
@@ -118,14 +116,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _persistent_caches() -> None:
-    """TorchInductor's and Triton's caches under the tilespec home (unless the user set them): warm second starts."""
-    from tilespec.env import tilespec_home
-    home = tilespec_home() / "compile-cache"
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(home / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(home / "triton"))
-
-
 def push_socket(ctx, address: str):
     """A PUSH socket connected to ``address`` that never blocks its sender (no high-water mark) and still delivers
     a last message (Failed) when its process exits."""
@@ -140,7 +130,10 @@ def push_socket(ctx, address: str):
 def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> None:
     """The engine process's main (multiprocessing spawn target)."""
     _die_with_parent(parent)
-    _persistent_caches()
+    from .startup import build, engine_info, persistent_caches
+    from .timeline import Marks
+    marks = Marks()
+    persistent_caches()
     import zmq
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -151,52 +144,27 @@ def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> Non
         for sock in (pull, *pushes):
             sock.close()
         ctx.term()
+
+    def send_loaded(tokenizer: bytes) -> None:
+        loaded = encode(Loaded(tokenizer=tokenizer))
+        for push in pushes:
+            push.send(loaded)
     try:
-        engine, tokenizer = _build(spec)
+        engine, _, refused = build(spec, send_loaded, marks)
     except BaseException as err:        # a bad option, a failed load: the API process re-raises it
         failed = encode(Failed(error=f"{type(err).__name__}: {err}", kind=type(err).__name__))
         for push in pushes:
             push.send(failed)
         close()
         raise SystemExit(1) from err
-    ready = encode(Ready(info=engine_info(engine), tokenizer=pickle.dumps(tokenizer) if spec.send_tokenizer else b""))
+    info = engine_info(engine, refused)
+    marks.mark("ready")
+    ready = encode(Ready(info=dict(info, start_marks=marks.to_wire())))
     for push in pushes:
         push.send(ready)
     code = EngineLoop(engine, pull, pushes, parent).run()
     close()
     raise SystemExit(code)
-
-
-def _log(*parts) -> None:
-    """The engine process's start-up log: stderr, so that its stdout stays the parent's to read."""
-    print(*parts, file=sys.stderr, flush=True)
-
-
-def _build(spec: EngineSpec):
-    import torch
-
-    from . import make_engine
-    marks = [("start", time.perf_counter())]
-    target, draft, tokenizer = spec.load()
-    marks.append(("load", time.perf_counter()))
-    inner = getattr(tokenizer, "tokenizer", tokenizer)
-    pad = getattr(inner, "pad_token_id", None)
-    engine = make_engine(target, draft, tokenizer=inner, pad_token_id=pad if pad is not None else 0, **spec.options)
-    marks.append(("engine", time.perf_counter()))
-    if spec.warmup:
-        with torch.inference_mode():
-            if hasattr(engine, "warm_up"):      # the paged engine: decode graphs for contexts up to WARM_CONTEXT
-                engine.warm_up(max_context=min(engine.max_len, WARM_CONTEXT), log=_log)
-            else:
-                from tilespec.engine.batch_warmup import warm_up
-                warm_up(engine, log=_log)
-    if spec.hook is not None:
-        spec.hook(engine)
-    marks.append(("warm-up", time.perf_counter()))
-    freeze_heap()
-    marks.append(("gc freeze", time.perf_counter()))
-    _log("engine start: " + ", ".join(f"{name} {b - a:.1f} s" for (_, a), (name, b) in zip(marks, marks[1:])))
-    return engine, inner
 
 
 def freeze_heap() -> None:
@@ -225,43 +193,20 @@ class GCPauses:
             self.seconds += time.perf_counter() - self._t0
 
 
-def engine_info(engine) -> dict:
-    """What the API process needs: limits to check requests with, and what the start-up log line reports."""
-    info = {"engine": type(engine).__name__, "max_len": engine.max_len, "max_request_len": engine.max_request_len,
-            "vocab": engine.vocab, "max_batch": engine.max_batch, "gamma": engine.gamma,
-            "gc_frozen_objects": gc.get_freeze_count()}
-    info["drafter"] = getattr(getattr(engine, "drafter", None), "name", None)
-    info["logprobs_refused"] = _refused(engine, logprobs=0, prompt_logprobs=0)
-    info["grammar_refused"] = _refused(engine, grammar=("json_object", ""))
-    if hasattr(engine, "capacity_tokens"):
-        info["kv_capacity_tokens"] = engine.capacity_tokens
-        info["kv_bytes"] = engine.model.memory_bytes()
-    return info
+def traced_graphs() -> int:
+    """Graphs torch.compile traced in this process so far (0 where it never ran: its counters are not imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
 
 
-def _refused(engine, **fields) -> Optional[str]:
-    """Why ``engine`` cannot serve a request with ``fields`` (logprobs, a grammar: its own check's message; None when
-    it can). Asked once here so that the API process refuses such a request with a 400 before it is accepted, not
-    with an error mid-stream. Any other error the probe meets (a tokenizer xgrammar cannot read) refuses too,
-    rather than failing the start of a server that may never see such a request."""
-    from tilespec.engine.batch_request import BatchRequest
-    check = getattr(engine, "check", None)
-    if check is None:
-        return None
-    try:
-        check(BatchRequest(prompt=[0], max_tokens=1, **fields))
-    except ValueError as err:
-        return str(err)
-    except Exception as err:        # noqa: BLE001 - reported as the reason, per request, instead
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-def engine_stats(engine, pauses: Optional[GCPauses] = None) -> dict:
-    """Counters and gauges for /metrics (serve/metrics.py)."""
+def engine_stats(engine, pauses: Optional[GCPauses] = None, traced: Optional[int] = None) -> dict:
+    """Counters and gauges for /metrics (serve/metrics.py); ``traced``: :func:`traced_graphs` when serving began
+    (a graph traced after it is a compile mid-traffic, which the warm-up exists to prevent)."""
     counters = dict(engine.counters)
     if pauses is not None:
         counters.update(gc_full_collections=pauses.count, gc_full_collection_seconds=pauses.seconds)
+    if traced is not None:
+        counters["graphs_traced_serving"] = traced_graphs() - traced
     stats = {"counters": counters, "running": engine.running, "waiting": len(engine.waiting),
              "max_batch": engine.max_batch}
     if hasattr(engine, "kv_bytes_in_use"):
@@ -274,6 +219,8 @@ def engine_stats(engine, pauses: Optional[GCPauses] = None) -> dict:
 class EngineLoop:
     """Messages in, steps out (see the module docstring). ``ids``: engine rid -> the API's request id."""
 
+    traced = None       # traced_graphs() when serving began
+
     def __init__(self, engine, pull, pushes: list, parent: int):
         self.engine, self.pull, self.pushes, self.parent = engine, pull, pushes, parent
         self.ids: dict = {}
@@ -281,6 +228,7 @@ class EngineLoop:
         self.stats_at = 0.0
         self.dirty = True           # something changed since the last stats
         self.pauses = GCPauses()
+        self.traced = traced_graphs()
 
     def run(self) -> int:
         import torch
@@ -362,7 +310,7 @@ class EngineLoop:
         now = time.monotonic()
         stats = None
         if self.dirty and (force or now - self.stats_at >= STATS_EVERY_S):
-            stats, self.stats_at, self.dirty = engine_stats(self.engine, self.pauses), now, False
+            stats, self.stats_at, self.dirty = engine_stats(self.engine, self.pauses, self.traced), now, False
         n = len(self.pushes)
         if n == 1:
             if outputs or stats is not None:

@@ -1,8 +1,9 @@
 """The messages between the API process and the engine process (msgpack through msgspec, over zmq PUSH/PULL).
 
 API -> engine: :class:`Submit` (one request, already checked), :class:`Cancel` (requests whose client went away or
-whose stop string hit), :class:`Shutdown`. Engine -> API: :class:`Ready` once (what the API needs to check requests
-and to decode: limits, the tokenizer, K/V capacity), then one :class:`Step` per engine step carrying every request's
+whose stop string hit), :class:`Shutdown`. Engine -> API: :class:`Loaded` once the models are loaded (the tokenizer:
+the API processes unpickle it and get everything else ready while the engine warms up), :class:`Ready` once
+(what the API needs to check requests: limits, K/V capacity, the engine's start-up marks), then one :class:`Step` per engine step carrying every request's
 new token ids and finish reasons (never one message per token; the logprobs of the requests that asked for them
 beside, raw, and those of the prompt for the requests that echo it: the API process turns them into text), :class:`Rejected` for a request the engine refused,
 :class:`Failed` when the engine died. Counters ride on steps at most every ``STATS_EVERY_S`` seconds.
@@ -46,9 +47,12 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
+class Loaded(msgspec.Struct, tag=True, array_like=True):
+    tokenizer: bytes = b""          # the engine's tokenizer, pickled (empty when the API process brought its own)
+
+
 class Ready(msgspec.Struct, tag=True, array_like=True):
     info: dict
-    tokenizer: bytes = b""          # the engine's tokenizer, pickled (empty when the API process brought its own)
 
 
 # per new token: (its log-probability, [(id, log-probability), ...] top first), as BatchEvent.logprobs
@@ -89,7 +93,7 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
 
 
 ToEngine = Union[Submit, Cancel, Shutdown]
-ToAPI = Union[Ready, Step, Rejected, Failed]
+ToAPI = Union[Loaded, Ready, Step, Rejected, Failed]
 
 encode = msgspec.msgpack.Encoder().encode
 decode_to_engine = msgspec.msgpack.Decoder(ToEngine).decode

@@ -22,7 +22,9 @@ COUNTERS = {"steps": "decode steps", "defrags": "cache defragmentations", "prefi
             "host_wait_seconds": "engine host seconds waiting for a step in flight (paged engine)",
             "host_commit_seconds": "engine host seconds committing the tokens of steps in flight (paged engine)",
             "gc_full_collections": "full garbage collections in the engine process (each pauses its step loop)",
-            "gc_full_collection_seconds": "seconds the engine process spent in full garbage collections"}
+            "gc_full_collection_seconds": "seconds the engine process spent in full garbage collections",
+            "graphs_traced_serving": "graphs torch.compile traced after start-up (each stalled the steps; the warm-up "
+                                     "should leave none)"}
 
 
 class EngineCollector:

@@ -7,10 +7,13 @@
 
 :class:`EngineProcess` (in the main process) makes the private ipc addresses, starts the engine process and watches
 it: when it dies the main process sends Failed to every API process on its behalf, so their requests end at once.
-:func:`run_server` serves HTTP: the main process is API process 0, and an engine made for N > 1 starts API processes
-1..N-1 on the same port (each its own SO_REUSEPORT socket: the kernel spreads the connections), so detokenizing,
-SSE encoding and HTTP work spread over several cores while one engine steps. Every process started here dies with
-the main one (PR_SET_PDEATHSIG, then terminate / kill at exit): none outlives the server holding GPU memory.
+:func:`run_server` serves HTTP: the main process is API process 0, and an engine made for N > 1 has API processes
+1..N-1 serve the same port (each its own SO_REUSEPORT socket: the kernel spreads the connections), so detokenizing,
+SSE encoding and HTTP work spread over several cores while one engine steps. Those start with the engine process,
+not after it: their imports, the tokenizer (the engine's Loaded) and their heap's freeze happen while the engine
+loads and warms up; they learn where to listen over a pipe (:meth:`EngineProcess.start_api_servers`) and listen
+once the engine is ready. Every process started here dies with the main one (PR_SET_PDEATHSIG, then terminate /
+kill at exit): none outlives the server holding GPU memory.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import zmq
 from .client import EngineClient
 from .core import EngineSpec, _die_with_parent, freeze_heap, push_socket, run_engine
 from .messages import Failed, Shutdown, encode
+from .timeline import Marks, startup_line
 
 SPAWN = multiprocessing.get_context("spawn")     # CUDA does not survive fork
 
@@ -35,9 +39,10 @@ SPAWN = multiprocessing.get_context("spawn")     # CUDA does not survive fork
 class EngineProcess:
     """The engine process built from ``spec``, with outboxes for ``api_servers`` API processes."""
 
-    def __init__(self, spec: EngineSpec, api_servers: int = 1):
+    def __init__(self, spec: EngineSpec, api_servers: int = 1, marks: Marks | None = None):
         if not (isinstance(api_servers, int) and api_servers >= 1):
             raise ValueError(f"api_servers must be an integer >= 1, got {api_servers!r}")
+        self.marks = Marks() if marks is None else marks        # the main process's start-up timeline
         self.dir = tempfile.mkdtemp(prefix="tilespec-ipc-")
         self.inbox = f"ipc://{self.dir}/engine"
         self.outboxes = [f"ipc://{self.dir}/api-{i}" for i in range(api_servers)]
@@ -48,9 +53,23 @@ class EngineProcess:
                                      name="tilespec-engine")
         with spec.portable():
             self.process.start()
+        self.marks.mark("engine spawned")
         self.api_processes: list = []
+        self._pipes: list = []          # per API process 1..N-1: the main's end of its pipe
+        self.api_marks: list = []       # their start-up timelines, once they listen
+        self.engine_marks, self.log = None, None     # the engine's timeline (in Ready); where serving() logs
         self._stopping = False
         atexit.register(self.kill)
+        for index in range(1, api_servers):     # beside the engine's start: see the module docstring
+            ours, theirs = SPAWN.Pipe()
+            proc = SPAWN.Process(target=run_api_server, name=f"tilespec-api-{index}",
+                                 args=(self.inbox, self.outboxes[index], index, api_servers, os.getpid(), theirs))
+            proc.start()
+            theirs.close()
+            self.api_processes.append(proc)
+            self._pipes.append(ours)
+        if api_servers > 1:
+            self.marks.mark("API processes spawned")
 
     def client(self, index: int = 0, max_queue: int = 256) -> EngineClient:
         """API process ``index``'s client (in this process: index 0)."""
@@ -61,6 +80,12 @@ class EngineProcess:
         """In the running event loop: tell every API process at once if the engine process dies."""
         asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited)
 
+    def serving(self) -> None:
+        """The main process serves (its app's start-up ran): the start-up timeline goes to ``log``, once."""
+        if self.log is not None and self.marks.marks[-1][0] != "serving":
+            self.marks.mark("serving")
+            self.log(startup_line(self.marks, self.engine_marks, self.api_marks))
+
     def _exited(self) -> None:
         asyncio.get_running_loop().remove_reader(self.process.sentinel)
         if not self._stopping:
@@ -70,26 +95,22 @@ class EngineProcess:
                 sock.send(failed)
 
     def start_api_servers(self, options: dict, host: str, port: int, log_level: str, timeout: float = 300) -> None:
-        """API processes 1..N-1, each serving ``host:port`` with the app options of the main one; returns once every
-        one listens. Clients keep their connections, and the kernel spreads connections only over sockets already
+        """API processes 1..N-1 serve ``host:port`` with the app options of the main one; returns once every one
+        listens. Clients keep their connections, and the kernel spreads connections only over sockets already
         listening: had the main process accepted before the others listened, it would have kept every client."""
-        listening = []
-        for index in range(1, len(self.outboxes)):
-            ready = SPAWN.Event()
-            proc = SPAWN.Process(target=run_api_server, name=f"tilespec-api-{index}",
-                                 args=(self.inbox, self.outboxes[index], index, len(self.outboxes), options, host,
-                                       port, log_level, os.getpid(), ready))
-            proc.start()
-            self.api_processes.append(proc)
-            listening.append((proc, ready))
+        for pipe in self._pipes:
+            pipe.send((options, host, port, log_level))
         end = time.monotonic() + timeout
-        for proc, ready in listening:
-            while not ready.wait(0.2):
+        for proc, pipe in zip(self.api_processes, self._pipes):
+            while not pipe.poll(0.2):
                 if not proc.is_alive():
                     raise RuntimeError(f"{proc.name} exited with code {proc.exitcode} before it listened (its "
                                        f"output above says why)")
                 if time.monotonic() > end:
                     raise TimeoutError(f"{proc.name} did not listen within {timeout} s")
+            self.api_marks.append(pipe.recv())
+        if self._pipes:
+            self.marks.mark("API processes listen")
 
     async def stop(self) -> None:
         """The API processes end, then the engine: Shutdown (it cancels what runs), else terminate, then kill."""
@@ -151,21 +172,35 @@ def run_server(app, host: str, port: int, *, log_level: str = "info") -> None:
     """Serve ``app`` on ``host:port`` until interrupted (:func:`main_server`)."""
     server, sock = main_server(app, host, port, log_level=log_level)
     freeze_heap()           # the API process's start-up objects too (the tokenizer, the app)
+    app.state.engine.marks.mark("app frozen")
     server.run(sockets=[sock])
 
 
-def run_api_server(inbox: str, outbox: str, index: int, count: int, options: dict, host: str, port: int,
-                   log_level: str, parent: int, ready=None) -> None:
-    """API process ``index``'s main (spawn target): its client, the app, uvicorn on its own socket; ``ready`` (an
-    Event) is set once that socket listens."""
+def run_api_server(inbox: str, outbox: str, index: int, count: int, parent: int, pipe) -> None:
+    """API process ``index``'s main (spawn target), started with the engine process: the imports, its client, the
+    tokenizer (the engine's Loaded) and its heap's freeze while the engine warms up; then, with the app options and
+    the address from ``pipe`` and the engine ready, the app and uvicorn on its own socket. It tells ``pipe`` (its
+    start-up marks) once that socket listens. An engine that fails to start ends it quietly: the main process
+    reports why."""
     _die_with_parent(parent)
+    marks = Marks()
     from .app import build_app
+    marks.mark("imports")
+    client = EngineClient(inbox, outbox, index=index, count=count)
+    try:
+        client.wait_ready(loaded_only=True)
+        marks.mark("tokenizer")
+        freeze_heap()               # the imports and the tokenizer: the bulk of its heap, frozen beside the warm-up
+        client.wait_ready()
+    except (RuntimeError, ValueError, TypeError, FileNotFoundError):
+        os._exit(1)
+    marks.mark("engine ready")
+    options, host, port, log_level = pipe.recv()
     options = dict(options)
-    client = EngineClient(inbox, outbox, index=index, count=count, max_queue=options.pop("max_queue"))
-    client.wait_ready()             # the engine sent Ready to every outbox when it started
+    client.max_queue = options.pop("max_queue")
     app = build_app(client, tokenizer=client.tokenizer, **options)
     freeze_heap()
     sock = listening_socket(host, port)     # connections queue in its backlog from here on
-    if ready is not None:
-        ready.set()
+    marks.mark("listening")
+    pipe.send(marks.to_wire())
     _uvicorn(app, log_level, options["shutdown_timeout"]).run(sockets=[sock])
