@@ -139,6 +139,10 @@ class PagedModel:
         self.graphs = compile and self.device.type == "cuda"
         self._fns = (paged_prologue, paged_layer, paged_head)
         if self.graphs:
+            # dynamo's recompile limit counts per code object, across every model of the process: a target, its
+            # draft model and a head's feature widths each specialise these functions (a GPU test with two models
+            # in one process hit the default 8)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._fns)
         self._decode = GraphCache(self._graph_forward, max_graphs=1024) if self.graphs else None
         # mixed steps: piecewise graphs per token bucket (piecewise.py), attention eager between the pieces
