@@ -52,6 +52,38 @@ from .verify_rows import sampling_params
 PLACEHOLDER = 0     # an offered model draft until the step's draft forwards replace it
 
 
+def draft_law(seqs: list, sampling: list, gamma: int, vocab: int, pad: int, device) -> Optional[torch.Tensor]:
+    """The drafts' law q [len(sampling), gamma, vocab] to fill depth by depth, when any drafting row samples (None at
+    T = 0: verify needs no q); positions no row drafts at are one-hot at ``pad``, never read."""
+    if not any(s.req.temperature > 0 for s in seqs):
+        return None
+    q = torch.full((len(sampling), gamma, vocab), float("-inf"), device=device)
+    q[..., pad] = 0.0
+    return q
+
+
+def one_hot_context_drafts(q: Optional[torch.Tensor], sampling: list) -> Optional[torch.Tensor]:
+    """q with the rows whose drafts came from the context drafter (MODEL+ngram, head+ngram) one-hot at them."""
+    if q is not None:
+        for r, it in enumerate(sampling):
+            d = it.seq.drafts
+            if d and not it.seq.context.model:
+                q[r, :len(d)] = float("-inf")
+                q[r, torch.arange(len(d)), torch.tensor(d)] = 0.0
+    return q
+
+
+def sample_drafts(logits: torch.Tensor, seqs: list, seeds: torch.Tensor, positions: torch.Tensor, ids=None):
+    """One draft token per row from the request's processed draft distribution (keyed: batch-independent); ``ids``
+    maps the columns of a reduced draft vocabulary to target ids."""
+    reqs = [s.req for s in seqs]
+    if all(r.temperature == 0 for r in reqs):
+        best = logits.argmax(dim=-1)
+        return best if ids is None else ids[best]
+    resolved = resolve_sampling(sampling_params(reqs), len(reqs), logits.device, check_values=False)
+    return sample_keyed(logits, resolved, seeds, positions, rng.PURPOSE_EXTRA, ids=ids)
+
+
 def kv_bytes_per_token(target, drafter=None) -> int:
     """K/V bytes per token of the target, plus the draft model's when ``drafter`` has one, or a trained head's
     caches (head.py; same blocks)."""
@@ -168,10 +200,7 @@ class PagedDrafts:
         seeds = torch.tensor([s.req.seed for s in seqs], device=dev)
         first = torch.tensor([len(s.tokens) for s in seqs], device=dev)      # draft 1's position: pending + 1
         tokens = torch.zeros((len(seqs), ks[0]), dtype=torch.int64, device=dev)
-        q = None
-        if any(s.req.temperature > 0 for s in seqs):
-            q = torch.full((len(sampling), self.gamma, self.vocab), float("-inf"), device=dev)
-            q[..., self.pad] = 0.0          # positions no row drafts at: one-hot, never read
+        q = draft_law(seqs, sampling, self.gamma, self.vocab, self.pad, dev)
         at = torch.tensor(vrows, device=dev)
         for j in range(ks[0]):
             m = sum(k > j for k in ks)      # rows drafting at depth j + 1
@@ -183,21 +212,10 @@ class PagedDrafts:
         for s, k, drafted in zip(seqs, ks, tokens.tolist()):
             s.drafts[:] = drafted[:k]
             s.context.tail = drafted[:k - 1]     # fed at pending + 1 ..; the pending token is in base
-        if q is not None:                        # context drafts (MODEL+ngram): one-hot at the drafted token
-            for r, it in enumerate(sampling):
-                d = it.seq.drafts
-                if d and not it.seq.context.model:
-                    q[r, :len(d)] = float("-inf")
-                    q[r, torch.arange(len(d)), torch.tensor(d)] = 0.0
-        return q
+        return one_hot_context_drafts(q, sampling)
 
     def _sample(self, logits: torch.Tensor, seqs: list, seeds: torch.Tensor, positions: torch.Tensor):
-        """One draft token per row from the request's processed draft distribution (keyed: batch-independent)."""
-        reqs = [s.req for s in seqs]
-        if all(r.temperature == 0 for r in reqs):
-            return logits.argmax(dim=-1)
-        resolved = resolve_sampling(sampling_params(reqs), len(reqs), logits.device, check_values=False)
-        return sample_keyed(logits, resolved, seeds, positions, rng.PURPOSE_EXTRA)
+        return sample_drafts(logits, seqs, seeds, positions)
 
     def _one_token(self, seqs: list, j: int, ids: torch.Tensor) -> torch.Tensor:
         """The draft forward of depth j + 2: each row's draft j + 1 (``ids``, on the device) at position

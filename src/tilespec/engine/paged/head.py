@@ -35,17 +35,13 @@ from typing import Optional
 
 import torch
 
-from tilespec.verify import rng
-from tilespec.verify.sampling import sample_keyed
-from tilespec.verify.validation import resolve_sampling
 
 from ..drafters import ContextState, HeadDrafter
 from .attention import paged_attention
-from .draft_model import PLACEHOLDER
+from .draft_model import PLACEHOLDER, draft_law, one_hot_context_drafts, sample_drafts
 from .layout import Fed, mixed_inputs
 from .model import StepInputs
 from .overlap import resolve
-from .verify_rows import sampling_params
 
 
 def is_head(drafter) -> bool:
@@ -172,10 +168,7 @@ class PagedHead:
         seeds = torch.tensor([s.req.seed for s in seqs], device=dev)
         first = torch.tensor([len(s.tokens) for s in seqs], device=dev)      # draft 1's position: pending + 1
         tokens = torch.zeros((len(seqs), ks[0]), dtype=torch.int64, device=dev)
-        q = None
-        if any(s.req.temperature > 0 for s in seqs):
-            q = torch.full((len(sampling), self.gamma, self.vocab), float("-inf"), device=dev)
-            q[..., self.pad] = 0.0          # positions no row drafts at: one-hot, never read
+        q = draft_law(seqs, sampling, self.gamma, self.vocab, self.pad, dev)
         at = torch.tensor(vrows, device=dev)
         for j in range(ks[0]):
             m = sum(k > j for k in ks)      # rows drafting at depth j + 1
@@ -187,21 +180,11 @@ class PagedHead:
                 h = self._one_entry(seqs[:sum(k > j + 1 for k in ks)], j, h, tokens[:, j])
         for s, k, drafted in zip(seqs, ks, tokens.tolist()):
             s.drafts[:] = drafted[:k]
-        if q is not None:                   # context drafts (head+ngram): one-hot at the drafted token
-            for r, it in enumerate(sampling):
-                d = it.seq.drafts
-                if d and not it.seq.context.model:
-                    q[r, :len(d)] = float("-inf")
-                    q[r, torch.arange(len(d)), torch.tensor(d)] = 0.0
-        return q
+        return one_hot_context_drafts(q, sampling)
 
     def _sample(self, small: torch.Tensor, seqs: list, seeds: torch.Tensor, positions: torch.Tensor):
         """One draft token per row (target ids) from the request's processed head law on the draft vocabulary."""
-        reqs, ids = [s.req for s in seqs], self.head.vocab_ids
-        if all(r.temperature == 0 for r in reqs):
-            return ids[small.argmax(dim=-1)]
-        resolved = resolve_sampling(sampling_params(reqs), len(reqs), small.device, check_values=False)
-        return sample_keyed(small, resolved, seeds, positions, rng.PURPOSE_EXTRA, ids=ids)
+        return sample_drafts(small, seqs, seeds, positions, ids=self.head.vocab_ids)
 
     def _one_entry(self, seqs: list, j: int, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The draft entries of depth j + 2: each row's entry at position L - 1 + j, its feature the head's output
