@@ -101,3 +101,19 @@ def exact_sequence_law(model, sampling, prompt: list, vocab: int, length: int):
                 p = torch.exp(log_probs(logits, resolved))[0, 0].double().numpy()
                 probs[prefix] *= p.reshape([vocab] + [1] * (length - depth - 1))
     return probs.ravel()
+
+
+def serve_in_two_waves(engine, reqs) -> list:
+    """Half the requests, two steps, the rest; step until idle, the pool checked after every step: every request's
+    tokens, once every block is back."""
+    for r in reqs[:len(reqs) // 2]:
+        engine.submit(r)
+    engine.step()
+    engine.step()
+    for r in reqs[len(reqs) // 2:]:
+        engine.submit(r)
+    while engine.has_work:
+        engine.step()
+        engine.blocks.check()
+    assert engine.blocks.num_free == engine.blocks.num_blocks - 1        # every block back
+    return [r.tokens for r in reqs]

@@ -18,7 +18,7 @@ from tilespec.exactness.stats import fit_test
 from tilespec.verify.types import SamplingParams
 
 import test_paged_engine
-from engine_models import exact_sequence_law, layer_skip, tiny_lm
+from engine_models import exact_sequence_law, layer_skip, serve_in_two_waves, tiny_lm
 
 target, greedy_reference, PROMPTS = test_paged_engine.target, test_paged_engine.greedy_reference, test_paged_engine.PROMPTS
 
@@ -28,21 +28,6 @@ SETTINGS = dict(max_batch=4, gamma=3, block_size=4, pricing=False)
 @pytest.fixture(scope="module")
 def draft(target):
     return layer_skip(target, 1)
-
-
-def _serve(engine, reqs) -> list:
-    """Half the requests, two steps, the rest; step until idle, the pool checked after every step."""
-    for r in reqs[:len(reqs) // 2]:
-        engine.submit(r)
-    engine.step()
-    engine.step()
-    for r in reqs[len(reqs) // 2:]:
-        engine.submit(r)
-    while engine.has_work:
-        engine.step()
-        engine.blocks.check()
-    assert engine.blocks.num_free == engine.blocks.num_blocks - 1        # every block back
-    return [r.tokens for r in reqs]
 
 
 def _asks(temperature: float, max_tokens: int = 12, prompts=PROMPTS) -> list:
@@ -85,7 +70,7 @@ def test_drafts_follow_the_draft_models_law_and_greedy_tokens_are_target_only(ta
                          **{**SETTINGS, "max_batch": 6, **kwargs})
     reqs = [BatchRequest(prompt=p, max_tokens=12, temperature=float(i % 2 == 0), seed=i)
             for i, p in enumerate(PROMPTS * 2)]
-    tokens = _serve(engine, reqs)
+    tokens = serve_in_two_waves(engine, reqs)
     assert [t for i, t in enumerate(tokens) if i % 2] == [t for i, t in enumerate(greedy_reference * 2) if i % 2]
     assert law_checked["rows"] > 20 and law_checked["err"] < 1e-4
     assert engine.counters["drafted"] > 0 and engine.counters["accepted"] > 0
@@ -98,7 +83,7 @@ def test_greedy_tokens_equal_the_decoders_draft_model_path(target, draft, greedy
         PROMPTS, max_new_tokens=12).sequences
     assert ref == greedy_reference
     engine = PagedEngine(target, draft, **{**SETTINGS, "token_budget": 16})
-    assert _serve(engine, _asks(0.0)) == ref
+    assert serve_in_two_waves(engine, _asks(0.0)) == ref
     out = PagedEngine(target, draft, max_batch=3, gamma=3, block_size=4).generate(
         PROMPTS, max_new_tokens=12, sampling=SamplingParams(temperature=0.0))      # priced, offline
     assert out.sequences == ref and out.stats.drafter
@@ -109,12 +94,12 @@ def test_sampled_tokens_do_not_depend_on_the_batch_or_the_prefix_cache(target, d
     else runs): its tokens alone, in a batch, and with its prompt's blocks from the prefix cache (the draft's K/V
     from another request's prefill) are the same."""
     prompts = PROMPTS + [PROMPTS[3], PROMPTS[5]]              # two prompts twice: prefix hits
-    together = _serve(PagedEngine(target, draft, **{**SETTINGS, "token_budget": 256}), _asks(1.0, 10, prompts))
+    together = serve_in_two_waves(PagedEngine(target, draft, **{**SETTINGS, "token_budget": 256}), _asks(1.0, 10, prompts))
     uncached = PagedEngine(target, draft, **{**SETTINGS, "token_budget": 256, "prefix_caching": False})
-    assert _serve(uncached, _asks(1.0, 10, prompts)) == together
+    assert serve_in_two_waves(uncached, _asks(1.0, 10, prompts)) == together
     alone = []
     for r in _asks(1.0, 10, prompts):
-        alone += _serve(PagedEngine(target, draft, **{**SETTINGS, "max_batch": 1, "block_size": 8}), [r])
+        alone += serve_in_two_waves(PagedEngine(target, draft, **{**SETTINGS, "max_batch": 1, "block_size": 8}), [r])
     assert alone == together
 
 
@@ -133,7 +118,7 @@ def test_overlap_with_a_draft_model_gives_the_synchronous_tokens(target, draft):
             engine.submit(r)
         for _ in range(6):                      # nobody drafts yet: overlapped steps
             engine.step()
-        _serve(engine, reqs[-1:])               # the drafting request joins
+        serve_in_two_waves(engine, reqs[-1:])               # the drafting request joins
         runs[overlap] = [r.tokens for r in reqs], engine.counters
     assert runs[True][0] == runs[False][0]
     assert runs[False][1]["steps_overlapped"] == 0 < runs[True][1]["steps_overlapped"]

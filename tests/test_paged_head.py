@@ -20,28 +20,13 @@ from tilespec.heads import DraftHead, config_for
 from tilespec.verify.types import SamplingParams
 
 import test_batching_heads
-from engine_models import exact_sequence_law, tiny_lm
+from engine_models import exact_sequence_law, serve_in_two_waves, tiny_lm
 
 trained = test_batching_heads.trained       # a 4-layer qwen2 target, a head trained on it (draft vocabulary 96)
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9], [3, 4], list(range(20, 41)), [40, 41, 40, 41, 40] * 3,
            list(range(60, 77)) + [7, 7]]
 SETTINGS = dict(max_batch=4, gamma=3, block_size=4, pricing=False)
-
-
-def _serve(engine, reqs) -> list:
-    """Half the requests, two steps, the rest; step until idle, the pool checked after every step."""
-    for r in reqs[:len(reqs) // 2]:
-        engine.submit(r)
-    engine.step()
-    engine.step()
-    for r in reqs[len(reqs) // 2:]:
-        engine.submit(r)
-    while engine.has_work:
-        engine.step()
-        engine.blocks.check()
-    assert engine.blocks.num_free == engine.blocks.num_blocks - 1        # every block back
-    return [r.tokens for r in reqs]
 
 
 def _asks(prompts, temperature, max_tokens: int = 14) -> list:
@@ -52,7 +37,7 @@ def _asks(prompts, temperature, max_tokens: int = 14) -> list:
 @pytest.fixture(scope="module")
 def target_only(trained):
     target = trained[0]
-    return _serve(PagedEngine(target, None, max_batch=4, block_size=4), _asks(PROMPTS * 2, lambda i: 0))
+    return serve_in_two_waves(PagedEngine(target, None, max_batch=4, block_size=4), _asks(PROMPTS * 2, lambda i: 0))
 
 
 @pytest.mark.parametrize("case", ["plain", "preempted", "priced", "with-ngram", "folder"])
@@ -66,7 +51,7 @@ def test_greedy_tokens_equal_target_only(trained, target_only, case):
     kwargs = {"preempted": dict(num_blocks=22, token_budget=24), "priced": dict(pricing=True)}.get(case, {})
     engine = PagedEngine(target, draft, **{**SETTINGS, **kwargs})
     assert isinstance(engine.drafts, paged_head.PagedHead)
-    assert _serve(engine, _asks(PROMPTS * 2, lambda i: 0)) == target_only
+    assert serve_in_two_waves(engine, _asks(PROMPTS * 2, lambda i: 0)) == target_only
     assert engine.counters["drafted"] > 0 and engine.counters["accepted"] > 0
     assert (engine.counters["preemptions"] > 0) == (case == "preempted")
     assert engine.blocks.hits > 0
@@ -127,7 +112,7 @@ def test_drafts_follow_the_heads_full_recompute(trained, law_checked, case):
     engine = PagedEngine(target, HeadDrafter(head), **{**SETTINGS, "max_batch": 6, **kwargs})
     if case == "piecewise":
         engine.fixed_shapes = engine.model.piecewise = True
-    _serve(engine, _asks(PROMPTS * 2, lambda i: i % 2, max_tokens=12))
+    serve_in_two_waves(engine, _asks(PROMPTS * 2, lambda i: i % 2, max_tokens=12))
     assert law_checked["rows"] > 30 and law_checked["err"] < 1e-4, law_checked
     assert engine.counters["accepted"] > 0 and (engine.counters["preemptions"] > 0) == (case == "preempted")
     assert (engine.counters["steps_overlapped"] > 0) == (case == "priced")
