@@ -212,7 +212,7 @@ class HeadDrafter(Drafter):
         p = next(target.parameters())
         if self.head.fc.weight.device != p.device:
             raise ValueError(f"the head is on {self.head.fc.weight.device} but the target on {p.device}")
-        if self.head.embed is None:
+        if self.head.embed is None or self.head.embed.device != p.device:   # bound before the models moved
             self.head.bind(target)
 
     def start(self, prompts: Sequence[Sequence[int]]) -> Optional[ContextState]:
