@@ -14,6 +14,7 @@ from tilespec.engine.drafters import HeadDrafter
 from tilespec.engine.drafters.trees import tree_drafter, tree_shape
 from tilespec.engine.paged import head as paged_head
 from tilespec.engine.paged.engine import PagedEngine
+from tilespec.engine.paged.pricing import DraftGate
 from tilespec.engine.paged.support import choose_engine, paged_reason
 from tilespec.exactness.stats import fit_test
 from tilespec.heads import DraftHead, config_for
@@ -112,6 +113,8 @@ def test_drafts_follow_the_heads_full_recompute(trained, law_checked, case):
     engine = PagedEngine(target, HeadDrafter(head), **{**SETTINGS, "max_batch": 6, **kwargs})
     if case == "piecewise":
         engine.fixed_shapes = engine.model.piecewise = True
+    if case == "priced":        # single-step explorations: in these short requests the gate turns the head off soon
+        engine.gate = DraftGate(stretch=1)
     serve_in_two_waves(engine, _asks(PROMPTS * 2, lambda i: i % 2, max_tokens=12))
     assert law_checked["rows"] > 30 and law_checked["err"] < 1e-4, law_checked
     assert engine.counters["accepted"] > 0 and (engine.counters["preemptions"] > 0) == (case == "preempted")

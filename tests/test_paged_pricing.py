@@ -152,26 +152,40 @@ def test_measured_costs_decide_whether_the_engine_drafts(target, greedy_referenc
 
 
 def test_the_draft_gate_runs_the_faster_branch_and_explores_the_other():
-    gate = DraftGate(explore=4, max_explore=32)
-    assert gate.drafting(8) is True                   # a new bucket drafts first ...
+    gate = DraftGate(explore=4, max_explore=32, stretch=2)
+    assert [gate.drafting(8), gate.drafting(8)] == [True, True]     # a new bucket drafts for a stretch ...
     gate.observe(8, True, 30, 1.0)
-    assert gate.drafting(8) is False                  # ... then measures without
+    gate.observe(8, True, 30, 1.0)
+    assert [gate.drafting(8), gate.drafting(8)] == [False, False]   # ... then measures without
     gate.observe(8, False, 10, 1.0)
-    assert gate.drafting(8, explore=False) is True and gate.steps[8] == 2    # a mixed step: the winner, uncounted,
+    assert gate.drafting(8, explore=False) is True and gate.steps[8] == 4    # a mixed step: the winner, uncounted,
     gate.rate.update({(64, True): 1.0, (64, False): 2.0})
     assert gate.drafting(48, explore=False) is False and 48 not in gate.steps  # the nearest measured bucket's
     assert DraftGate().drafting(8, explore=False) is True                     # ... optimistic before any rate
-    picks = [gate.drafting(8) for _ in range(12)]     # drafting is faster: on, off at the 4th step, then 8 later
-    assert picks == [True] * 3 + [False] + [True] * 7 + [False]
+    picks = [gate.drafting(8) for _ in range(14)]     # drafting is faster: off for a stretch at the 4th step, then
+    assert picks == [True] * 3 + [False] * 2 + [True] * 7 + [False] * 2      # 8 steps later
     for _ in range(40):                               # drafting stops paying (it got slower): the gate follows,
         gate.observe(8, True, 5, 1.0)                 # exploring every 4th step again
-    assert [gate.drafting(8) for _ in range(12)] == [False] * 3 + [True] + [False] * 7 + [True]
+    assert [gate.drafting(8) for _ in range(14)] == [False] * 3 + [True] * 2 + [False] * 7 + [True] * 2
     for _ in range(200):                              # while the winner holds, explorations thin out (to 32 here)
         gate.drafting(8)
-    assert gate.every[8] == 32 and sum(gate.drafting(8) for _ in range(64)) == 2
+    assert gate.every[8] == 32 and sum(gate.drafting(8) for _ in range(64)) == 2 * 2
     assert gate.drafting(16) is True                  # buckets are independent
     with pytest.raises(ValueError, match="explore"):
         DraftGate(explore=1)
+    with pytest.raises(ValueError, match="stretch"):
+        DraftGate(explore=4, stretch=4)
+
+
+def test_the_draft_gate_weighs_steps_by_their_time():
+    """A branch's rate is its tokens over its seconds: three drafting steps that found nothing to draft (one token
+    each, synchronous) and one that drafted well give 8 / 3.25 tokens a second, not the mean of the four steps'
+    rates (5.75), and beat the steps without the drafter (2 a second)."""
+    gate = DraftGate(decay=1.0)
+    for tokens, seconds in ((1, 1.0), (1, 1.0), (1, 1.0), (5, 0.25)):
+        gate.observe(1, True, tokens, seconds)
+    gate.observe(1, False, 2, 1.0)
+    assert gate.rate[1, True] == pytest.approx(8 / 3.25) and gate.rate[1, True] > gate.rate[1, False]
 
 
 def test_a_gate_that_finds_drafting_slower_stops_proposing(target, greedy_reference):

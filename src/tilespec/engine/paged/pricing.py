@@ -200,22 +200,30 @@ def observe(sample, wall: float, admission, costs: StepCosts, gate) -> None:
 
 
 class DraftGate:
-    """Whether a decode step of R rows runs the drafter at all (see the module docstring): per rows bucket an
-    exponential moving average (``decay`` per sample) of tokens per second of decode steps with the drafter on and
-    off. The first step of a bucket drafts, the next does not, then the faster branch runs, and the other one every
-    ``explore``-th step, an interval that doubles (up to ``max_explore``) while the explorations leave the winner
-    unchanged: the losing branch's steps cost (a drafting step also forgoes the overlap of decode steps), so it is
-    sampled less the longer it keeps losing, and as often as at first once the winner changes."""
+    """Whether a decode step of R rows runs the drafter at all (see the module docstring): per rows bucket the
+    measured tokens per second of decode steps with the drafter on and off, each the ratio of decayed sums (tokens
+    and seconds, ``decay`` per sample), so that a step that found nothing to draft weighs by its time, not as a rate
+    of its own. Each branch is sampled in *stretches* of ``stretch`` consecutive steps: a new bucket drafts for a
+    stretch, then runs one without, then the faster branch runs, and the other for a stretch every ``explore``-th
+    step, an interval that doubles (up to ``max_explore``) while the explorations leave the winner unchanged. A
+    stretch, not a single step: whether a step has drafts at all is a coin flip per step at one client (code edit on
+    an H200: four single drafting steps all found no n-gram match, and the gate kept ngram off at one client where
+    drafting makes it 1.5x); the losing branch's steps cost (a drafting step also forgoes the overlap of decode
+    steps), so it is sampled less the longer it keeps losing, and as often as at first once the winner changes."""
 
-    def __init__(self, explore: int = 16, decay: float = 0.9, max_explore: int = 256):
+    def __init__(self, explore: int = 16, decay: float = 0.9, max_explore: int = 256, stretch: int = 8):
         if not (isinstance(explore, int) and explore >= 2 and max_explore >= explore):
             raise ValueError(f"explore must be an integer >= 2 and <= max_explore, got {explore!r}")
-        self.explore, self.max_explore, self.decay = explore, max_explore, decay
-        self.rate: dict = {}           # (R, drafting) -> EMA of tokens per second
+        if not (isinstance(stretch, int) and 1 <= stretch < explore):
+            raise ValueError(f"stretch must be an integer in [1, explore), got {stretch!r}")
+        self.explore, self.max_explore, self.decay, self.stretch = explore, max_explore, decay, stretch
+        self.rate: dict = {}           # (R, drafting) -> decayed tokens / decayed seconds
+        self._sums: dict = {}          # (R, drafting) -> [decayed tokens, decayed seconds]
         self.steps: dict = {}          # R -> decode steps decided
         self.every: dict = {}          # R -> steps between explorations now
         self.wait: dict = {}           # R -> steps until the next exploration
         self.best: dict = {}           # R -> the winner at the last decision (True: drafting)
+        self.left: dict = {}           # R -> (steps left in the stretch running now, its branch)
 
     def drafting(self, rows: int, explore: bool = True) -> bool:
         """Whether a step of ``rows`` drafts. ``explore`` False (a mixed step: its wall time is no sample of the gate,
@@ -230,8 +238,12 @@ class DraftGate:
             near = min(known, key=lambda r: (abs(r - rows), -r))
             return self.rate[near, True] >= self.rate[near, False]
         self.steps[rows] = self.steps.get(rows, 0) + 1
-        if on is None or off is None:
-            return on is None
+        left, branch = self.left.get(rows, (0, False))
+        if left > 0:                                       # inside a stretch
+            self.left[rows] = (left - 1, branch)
+            return branch
+        if on is None or off is None:                      # a new bucket: a stretch drafting, then one without
+            return self._stretch(rows, on is None)
         best = on >= off
         if self.best.setdefault(rows, best) != best:       # the winner changed: explore as often as at first
             self.best[rows], self.every[rows], self.wait[rows] = best, self.explore, self.explore
@@ -241,11 +253,19 @@ class DraftGate:
             self.wait[rows] = wait
             return best
         self.every[rows] = self.wait[rows] = min(2 * every, self.max_explore)
-        return not best
+        return self._stretch(rows, not best)
+
+    def _stretch(self, rows: int, branch: bool) -> bool:
+        self.left[rows] = (self.stretch - 1, branch)
+        return branch
 
     def observe(self, rows: int, drafting: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:
             return
-        key, rate = (rows, drafting), tokens / seconds
-        old = self.rate.get(key)
-        self.rate[key] = rate if old is None else self.decay * old + (1 - self.decay) * rate
+        key = (rows, drafting)
+        sums = self._sums.get(key)
+        if sums is None:
+            sums = self._sums[key] = [0.0, 0.0]
+        sums[0] = self.decay * sums[0] + tokens
+        sums[1] = self.decay * sums[1] + seconds
+        self.rate[key] = sums[0] / sums[1]
