@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(Path(__file__).parent)]
 
 import load_client  # noqa: E402
+from tilespec.env import host_record  # noqa: E402
 
 
 class FakeSteps:
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     result["device"] = f"{_gpu_name()} machine ({os.cpu_count()} CPU cores; the fake engine uses no GPU)"
     result["environment"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                              "machine": platform.machine(), "commit": os.environ.get("TILESPEC_COMMIT", "unknown"),
-                             "date": time.strftime("%Y-%m-%d")}
+                             "date": time.strftime("%Y-%m-%d"), **host_record()}
     print(f"recommended_api_servers {result['recommended_api_servers']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -134,6 +134,7 @@ def main() -> int:
     from tilespec.engine.batching import BatchEngine
     from tilespec.engine.paged import PagedEngine
     from tilespec.engine.prompts import encode_prompts
+    from tilespec.env import host_record
     from tilespec.serve.core import freeze_heap
 
     start = time.perf_counter()
@@ -146,7 +147,7 @@ def main() -> int:
            "commit": os.environ.get("TILESPEC_COMMIT") or subprocess.run(
                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "python": platform.python_version(),
-           "prompt_tokens_mean": statistics.mean(map(len, prompts)), "rows": []}
+           "prompt_tokens_mean": statistics.mean(map(len, prompts)), **host_record(), "rows": []}
     import transformers
     import triton
     out["transformers"], out["triton"] = transformers.__version__, triton.__version__

@@ -137,14 +137,35 @@ def device_name(device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def host_record() -> dict:
+    """The host CPU as a serving benchmark needs it: its model, core count and ``host_loop_us``, the best of five
+    timings of a fixed pure-Python loop. An engine at high load is host-bound, so the same code measured 1.6x apart
+    on two H200 machines of one kind (every host phase of the step alike); this says which host a number came from."""
+    import time
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        cpu = None
+
+    def loop() -> float:
+        t0, acc = time.perf_counter(), 0
+        for i in range(200_000):
+            acc += i & 7
+        return time.perf_counter() - t0
+    return {"cpu": cpu or platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "host_loop_us": round(1e6 * min(loop() for _ in range(5)), 1)}
+
+
 def run_record(device=None, *extra_modules: str, short_commit: bool = False) -> dict:
     """What every results JSON records, flat: device, python/torch/triton/transformers (+ ``extra_modules``)
-    versions, commit, date (UTC, ISO), platform, triton_interpret, and cuda on a GPU."""
+    versions, commit, date (UTC, ISO), platform, triton_interpret, the host (:func:`host_record`), and cuda on a
+    GPU."""
     import torch
     device = torch.device(device) if device is not None else pick_device()
     rec = dict(device=device_name(device), **versions(*extra_modules), commit=git_commit(short_commit),
                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               platform=platform.platform(), triton_interpret=triton_interpreted())
+               platform=platform.platform(), triton_interpret=triton_interpreted(), **host_record())
     if device.type == "cuda":
         rec["cuda"] = torch.version.cuda
     return rec
