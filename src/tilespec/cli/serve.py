@@ -39,9 +39,12 @@ def positive_mb(text: str) -> float:
 
 
 def default_api_servers() -> int:
-    """Two API processes where the CPUs allow: on an H200 host one streams ~26k tok/s over a fake engine at 256
-    clients and two ~53k (bench/results/serve-api-ceiling-h200.json), while the engine makes ~60k; each costs a core."""
-    return 2 if (os.cpu_count() or 1) >= 8 else 1
+    """Four API processes on a host of 16 or more CPUs, two on 8 or more, else one. On a 16-core H200 host at 256
+    clients four delivered 0.88 of the engine's in-process rate (bench/results/serve-load-api4-qwen1.5b-h200.json)
+    where two had delivered 0.71 (serve-load-qwen1.5b-h200.json; one streams ~26k tok/s over a fake engine, two
+    ~53k: serve-api-ceiling-h200.json); each costs a core."""
+    cpus = os.cpu_count() or 1
+    return 4 if cpus >= 16 else 2 if cpus >= 8 else 1
 
 
 def check_bind(host: str, port: int) -> None:
@@ -136,7 +139,7 @@ def register(sub) -> None:
                         "engine)")
     p.add_argument("--api-servers", type=positive_int, default=default_api_servers(),
                    help="HTTP processes serving the port beside the one engine process (detokenizing and streaming "
-                        "spread over that many cores; default 2 on a machine of 8 or more CPUs, else 1)")
+                        "spread over that many cores; default 4 on a machine of 16 or more CPUs, 2 on 8 or more, else 1)")
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
