@@ -24,11 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("host_plan_seconds", "host_launch_seconds", "host_wait_seconds", "host_commit_seconds")
 
 
-def stub_model(engine, vocab: int, seed: int = 0):
-    """Forwards replaced by one-hot logits of ``table[token]`` at each logit row (a deterministic random walk)."""
+def stub_model(engine, vocab: int, seed: int = 0, forward_s: float = 0.0):
+    """Forwards replaced by one-hot logits of ``table[token]`` at each logit row (a deterministic random walk);
+    ``forward_s``: each forward also sleeps that long (a device's step time, off the CPU: the draft gate then weighs
+    drafting against a forward that costs what a GPU's does at low load, whatever its token count)."""
     table = torch.randint(1, vocab, (vocab,), generator=torch.Generator().manual_seed(seed))
 
     def forward(inputs):
+        if forward_s:
+            time.sleep(forward_s)
         nxt = table[inputs.tokens.index_select(0, inputs.rows).clamp(0, vocab - 1)]
         return torch.nn.functional.one_hot(nxt, vocab).float() * 10.0
     engine.model.decode = forward
@@ -36,14 +40,14 @@ def stub_model(engine, vocab: int, seed: int = 0):
 
 
 def run(draft: str, gate: str, rows: int, requests: int, max_tokens: int, prompt_len: int, vocab: int,
-        profile: Path = None) -> dict:
+        profile: Path = None, forward_s: float = 0.0) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from engine_models import random_prompts, tiny_lm
     from tilespec.engine.batching import BatchRequest
     from tilespec.engine.paged import PagedEngine
     target = tiny_lm(0, vocab=vocab, layers=1)
     engine = PagedEngine(target, None if draft == "none" else draft, max_batch=rows, max_len=2048, eos_token_id=[])
-    stub_model(engine, vocab)
+    stub_model(engine, vocab, forward_s=forward_s)
     if engine.gate is not None and gate != "real":
         engine.gate.drafting = lambda rows, explore=True: gate == "on"
     prompts = random_prompts(64, 0, prompt_len, vocab)
@@ -88,7 +92,7 @@ def run(draft: str, gate: str, rows: int, requests: int, max_tokens: int, prompt
     out = {"draft": draft, "gate": gate, "rows": rows, "steps": c["steps"], "drafter_off": c["steps_drafter_off"],
            "spec_steps": c["spec_steps"], "drafted": c["drafted"], "accepted": c["accepted"],
            "tokens": c["generated_tokens"], "step_us": round(1e6 * wall / steps),
-           "cpu_us": round(1e6 * cpu / steps), "times": times}
+           "cpu_us": round(1e6 * cpu / steps), "tok_s": round(c["generated_tokens"] / wall), "times": times}
     out.update({k.split("_")[1] + "_us": round(1e6 * c[k] / steps) for k in PHASES})
     return out
 
@@ -104,6 +108,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs of each: the one of least CPU time is reported, and "
                    "floor_us (the mean over steps of each step's least CPU time) where they ran the same steps")
     p.add_argument("--profile", type=Path, help="cProfile the timed pass into this folder (and print the top 25)")
+    p.add_argument("--forward-ms", type=float, default=0.0,
+                   help="each stubbed forward sleeps this long (a GPU step's time at low load; 0: none)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -114,7 +120,8 @@ def main() -> int:
             for spec in a.drafts.split(","):
                 draft, _, gate = spec.partition(":")
                 runs.setdefault(spec, []).append(run(draft, gate or "real", rows, a.requests_per_row * rows,
-                                                     a.max_tokens, a.prompt_len, a.vocab, a.profile))
+                                                     a.max_tokens, a.prompt_len, a.vocab, a.profile,
+                                                     a.forward_ms / 1e3))
         for spec, rs in runs.items():
             row = min(rs, key=lambda r: r["cpu_us"])
             if len({len(r["times"]) for r in rs}) == 1:     # the same steps each time: each step's least CPU time
