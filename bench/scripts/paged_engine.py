@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(Path(__file__).parent)]
 
 
 def pct(values, q):
@@ -108,7 +108,11 @@ def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: 
     toks = sum(len(r.tokens) for r in done)
     ttft = [1e3 * (r.t_first - r.t_submit) for r in done]
     itl = [1e3 * (r.t_end - r.t_first) / (len(r.tokens) - 1) for r in done if len(r.tokens) > 1]
+    from load_client import steady_tokens_per_s        # the HTTP load script's own definition, for one ratio
+    steady = steady_tokens_per_s([{"ok": True, "sent": r.t_submit, "first": r.t_first, "end": r.t_end,
+                                   "tokens": len(r.tokens)} for r in done], clients)
     return {"clients": clients, "requests": len(done), "tokens": toks, "wall_s": wall, "tok_s": toks / wall,
+            "steady_tok_s": steady,
             "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99), "itl_ms_p50": pct(itl, 50),
             "kv_gib_peak": peak_kv / 2**30, "accepted": sum(r.accepted for r in done),
             "drafted": sum(r.drafted for r in done)}
