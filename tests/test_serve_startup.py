@@ -1,8 +1,9 @@
 """``tilespec serve``'s start-up: what runs beside what, and the timeline that says where the time went.
 
 The API processes start with the engine process and get the tokenizer (Loaded) while it still warms up; they
-listen only once it is ready. ``import tilespec`` and the CLI's parser for one command import no torch (the
-engine process starts sooner) while Triton still runs in its interpreter without CUDA. The load reads weights
+listen only once it is ready. ``import tilespec``, the CLI's parser for one command and everything ``tilespec
+serve`` runs before it spawns the engine import no torch (the engine process starts sooner; the checks that need it
+run after the spawn), nor do an API process's modules, while Triton still runs in its interpreter without CUDA. The load reads weights
 onto a CUDA device directly where transformers can, else through the host. The warm-up log's phases.
 """
 from __future__ import annotations
@@ -140,3 +141,97 @@ def test_stats_count_the_graphs_traced_after_start_up():
     torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=True)(torch.ones(3))
     assert engine_stats(Engine(), traced=since)["counters"]["graphs_traced_serving"] == 1
     assert "graphs_traced_serving" not in engine_stats(Engine())["counters"]
+
+
+def _fresh(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_an_api_process_imports_builds_its_app_and_checks_requests_without_torch(tmp_path):
+    """What an API process runs before it serves (run_api_server: the processes and the app's modules, a client,
+    the app over it, a request's checks) imports no torch: its start-up is its own imports, not torch's."""
+    pytest.importorskip("fastapi")
+    code = ("import sys\n"
+            "from tilespec.serve import processes  # noqa: F401\n"
+            "from tilespec.serve.app import build_app\n"
+            "from tilespec.serve.client import EngineClient\n"
+            "from tilespec.engine.batch_request import BatchRequest, check_request\n"
+            "from serve_hooks import CharTokenizer\n"
+            "client = EngineClient(f'ipc://{sys.argv[1]}/engine', f'ipc://{sys.argv[1]}/api-0')\n"
+            "client.info = dict(max_len=64, max_request_len=64, vocab=128, grammar_refused='no', logprobs_refused=None)\n"
+            "app = build_app(client, 'm', CharTokenizer())\n"
+            "check_request(BatchRequest(prompt=[1, 2], max_tokens=4, temperature=0.7, top_k=5, top_p=0.9), 64, 128)\n"
+            "try:\n"
+            "    check_request(BatchRequest(prompt=[1], max_tokens=1, top_p=0.0), 64, 128)\n"
+            "except ValueError as err:\n"
+            "    assert str(err) == 'sampling.top_p must be in (0, 1], got 0.0', err\n"
+            "client.close()\n"
+            "assert 'torch' not in sys.modules, 'an API process imported torch'\n")
+    out = _fresh(code, str(tmp_path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_cli_spawns_the_engine_before_importing_torch(tmp_path):
+    """``tilespec serve`` up to the spawn (EngineProcess stubbed): the spec it builds names the models and the
+    device, pickles, and nothing the main process ran so far imported torch."""
+    code = ("import pickle, socket, sys\n"
+            "import tilespec.serve.processes as processes\n"
+            "def spawn(spec, api_servers=1, marks=None):\n"
+            "    with spec.portable():\n"
+            "        blob = pickle.dumps(spec)\n"
+            "    assert 'torch' not in sys.modules, 'the main process imported torch before the spawn'\n"
+            "    back = pickle.loads(blob)\n"
+            "    print(back.load, back.device, back.options['compile'], 'torch' in sys.modules)\n"
+            "    raise SystemExit(0)\n"
+            "processes.EngineProcess = spawn\n"
+            "with socket.socket() as s:\n"
+            "    s.bind(('127.0.0.1', 0))\n"
+            "    port = s.getsockname()[1]\n"
+            "from tilespec.cli import main\n"
+            "main(['serve', '--target', 'tiny', '--draft', 'ngram', '--port', str(port), '--dtype', 'bf16'])\n")
+    out = _fresh(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["LoadByName(target='tiny',", "draft='ngram',", "device='auto',", "dtype='bf16')",
+                                  "auto", "auto", "False"]
+
+
+def test_the_engine_process_resolves_the_named_device_and_dtype(monkeypatch):
+    import torch
+
+    from tilespec.serve.named import LoadByName, device_type
+    calls = []
+    monkeypatch.setattr("tilespec.api.load_pair", lambda *a, **k: calls.append((a, k)) or ("t", None, "tok"))
+    assert LoadByName("tiny", None, "cpu", "auto")() == ("t", None, "tok")
+    assert calls[-1][0] == ("tiny", None, torch.device("cpu"), torch.float32) and calls[-1][1] == {"log": print}
+    LoadByName("tiny", "ngram", "auto", "fp16")()
+    assert calls[-1][0][2] == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert calls[-1][0][3] == torch.float16
+    assert [device_type(n) for n in ("auto", "cpu", "cuda:1")] == [None, "cpu", "cuda"]
+
+
+def test_a_check_after_the_spawn_fails_as_before_and_stops_the_spawned_processes(capsys):
+    """A method typo is found once the engine and API processes are spawned (the check imports torch): the
+    command fails with the registry's message and leaves no process behind."""
+    import multiprocessing
+
+    from tilespec.cli import main
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["serve", "--target", "tiny", "--device", "cpu", "--method", "fusd", "--port", str(port), "--api-servers",
+            "2"]
+    assert main(argv) == 1
+    assert "tilespec serve: error: unknown verification method 'fusd'; did you mean 'fused'?" in capsys.readouterr().err
+    assert multiprocessing.active_children() == []
+
+
+def test_compile_auto_is_decided_where_the_target_is(monkeypatch):
+    """The CLI sends ``compile="auto"`` (it does not know the device): CUDA graphs where the target is on CUDA."""
+    from test_serve import make_target
+
+    import tilespec.engine.paged
+    from tilespec.serve import make_engine
+    monkeypatch.setattr(tilespec.engine.paged, "PagedEngine", lambda *a, **k: k)
+    assert make_engine(make_target(), "ngram", compile="auto", max_batch=2)["compile"] is False
+    assert make_engine(make_target(), "ngram", compile="native", max_batch=2)["compile"] is True

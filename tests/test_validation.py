@@ -236,6 +236,40 @@ def test_bad_sampling_scalars(params, msg):
         call(sampling=SamplingParams(**params))
 
 
+EDGES = [0, 1, -1, 0.0, 0.5, 1.0, 1.5, -0.5, 2.5, True, False, float("nan"), float("inf"), -float("inf"), 2**53,
+         2**63 - 1, 2**63, -2**63 - 1, 10**400, 1e20, 1e39, 3.4e38, 5e-46, [0.5], (1,), [1, 2], "a", None,
+         torch.tensor(0.5), torch.tensor([-1.0])]
+
+
+def _outcome(fn):
+    try:
+        fn()
+        return "ok"
+    except Exception as err:        # noqa: BLE001 - the outcome compared, whatever it is
+        return f"{type(err).__name__}: {err}"
+
+
+@pytest.mark.parametrize("field", range(4))
+def test_the_torch_free_request_check_decides_as_resolve_sampling(field):
+    """check_request's sampling check (the API processes', without torch) refuses and accepts the values
+    resolve_sampling does, with its messages; it hands whatever is not a plain number to resolve_sampling."""
+    from tilespec.engine.batch_request import BatchRequest, check_request
+    from tilespec.verify.sampling_rules import check_plain
+    from tilespec.verify.validation import resolve_sampling
+    for value in EDGES:
+        values = [1.0, 0, 1.0, 0.0]
+        values[field] = value
+        torch_says = _outcome(lambda: resolve_sampling(SamplingParams(*values), 1, "cpu"))
+        try:
+            checked = check_plain(*values)
+        except ValueError as err:
+            assert f"ValueError: {err}" == torch_says
+        else:
+            assert not checked or torch_says == "ok", value      # False: not plain numbers, torch decides
+        request = BatchRequest([1], 1, *values)
+        assert _outcome(lambda: check_request(request, 8, 16)) == torch_says, value
+
+
 @pytest.mark.parametrize("params,msg", [
     (dict(temperature=torch.tensor([1.0, -1.0])), "sampling.temperature must be"),
     (dict(top_p=torch.tensor([0.5, 1.5])), "sampling.top_p must be"),

@@ -2,7 +2,9 @@
 
 Everything that can be checked without the model is checked before it loads (a load takes minutes on a large
 model): the port range, the compile mode (and that a CUDA-graph mode has a CUDA device), the verification method,
-the body limit, and that the host and port can be bound (a port in use fails at once, not after the load).
+the body limit, and that the host and port can be bound (a port in use fails at once, not after the load). The
+checks that need torch (the method's name, the device) run right after the engine process is spawned, beside its
+imports: importing torch first (seconds with the CUDA libraries) delayed the whole start by that much.
 """
 from __future__ import annotations
 
@@ -66,48 +68,59 @@ def check_bind(host: str, port: int) -> None:
 
 
 def run(args) -> int:
-    from functools import partial
-
     from tilespec.serve.timeline import Marks
     marks = Marks()
     marks.mark("imports")       # the interpreter, tilespec and the command line's modules
-    from tilespec.api import load_pair
-    from tilespec.env import pick_device, pick_dtype
+    from tilespec import settings
     from tilespec.serve import serve_engine
     from tilespec.serve.core import EngineSpec
+    from tilespec.serve.named import LoadByName, device_type
     from tilespec.serve.processes import run_server
-    from tilespec.verify.registry import get_method
-    get_method(args.method)                      # a typo fails before loading models
-    device = pick_device(args.device)
-    if args.compile in CUDA_ONLY and device.type != "cuda":
-        raise ValueError(f"--compile {args.compile} captures CUDA graphs and needs a CUDA device (the device is "
-                         f"{device}); use --compile auto, off or native")
+    named = device_type(args.device)
+    if args.compile in CUDA_ONLY and named not in (None, "cuda"):
+        raise ValueError(_needs_cuda(args.compile, args.device))
     check_bind(args.host, args.port)
-    from tilespec import settings
     api_key = args.api_key or settings.get().api_key
-    dtype = pick_dtype(args.dtype, device)
     draft_name = None if args.draft in (None, "none") else args.draft
-    compile_mode = {"auto": device.type == "cuda", "off": False}.get(args.compile, args.compile)
     options = dict(engine=args.engine, max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len,
-                   method=args.method, compile=compile_mode, prefill_chunk=args.prefill_chunk,
-                   spec_max_batch=args.spec_max_batch,
+                   method=args.method, compile={"off": False}.get(args.compile, args.compile),   # auto: make_engine
+                   prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
                    adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
                    pricing=False if args.no_draft_pricing else None,
                    max_admission_wait=None if args.max_prefill_wait_ms is None else args.max_prefill_wait_ms / 1e3,
                    prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction)
-    # the engine process loads the models and owns the GPU; this process only serves HTTP
-    spec = EngineSpec(load=partial(load_pair, args.target, draft_name, device, dtype, log=print),
-                      options=options, warmup=not args.no_warmup, device=str(device))
+    # the engine process loads the models and owns the GPU; this process only serves HTTP. The spec holds names
+    # and strings only, so the engine process is spawned before anything here imports torch
+    spec = EngineSpec(load=LoadByName(args.target, draft_name, args.device, args.dtype), options=options,
+                      warmup=not args.no_warmup, device=args.device)
     marks.mark("checks")
     app = serve_engine(spec, model_name=args.served_model_name or args.target, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
                        chat=not args.no_chat, log=_flushed, max_body_mb=args.max_body_mb, api_key=api_key,
                        cors_origins=tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip()),
-                       api_servers=args.api_servers, marks=marks, freeze=True)
+                       api_servers=args.api_servers, marks=marks, freeze=True, checks=lambda: torch_checks(args))
     print(f"tilespec serve: listening on http://{args.host}:{args.port} (model {args.served_model_name or args.target}, "
           f"{args.api_servers} API process{'es' if args.api_servers > 1 else ''})", flush=True)
     run_server(app, args.host, args.port, log_level=args.log_level)
     return 0
+
+
+def torch_checks(args) -> None:
+    """The checks that import torch, run once the engine process is spawned (it imports torch meanwhile) and before
+    any model loads: a method typo, the device, a CUDA-graph compile mode on an "auto" device without CUDA."""
+    from tilespec.env import pick_device
+    from tilespec.verify.registry import get_method
+    get_method(args.method)
+    if args.device == "auto" and args.compile not in CUDA_ONLY:
+        return          # nothing to check: no CUDA initialisation in this process, which never uses the GPU
+    device = pick_device(args.device)
+    if args.compile in CUDA_ONLY and device.type != "cuda":
+        raise ValueError(_needs_cuda(args.compile, device))
+
+
+def _needs_cuda(mode: str, device) -> str:
+    return (f"--compile {mode} captures CUDA graphs and needs a CUDA device (the device is {device}); use --compile "
+            f"auto, off or native")
 
 
 def _flushed(line: str) -> None:

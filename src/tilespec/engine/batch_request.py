@@ -1,14 +1,14 @@
 """The requests of continuous batching (engine/batching.py): :class:`BatchRequest` (what a client asks, and the
 engine's record of it), :class:`BatchEvent` (its new tokens after one engine iteration) and :func:`check_request`
-(the checks a request passes before it is queued: a bad one fails at submission with the reason, never mid-step)."""
+(the checks a request passes before it is queued: a bad one fails at submission with the reason, never mid-step).
+No torch: the server's API processes check their requests with this module."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tilespec.verify.logit_transforms import LogitSettings
-from tilespec.verify.types import SamplingParams
-from tilespec.verify.validation import resolve_sampling
+from tilespec.verify.logit_settings import LogitSettings
+from tilespec.verify.sampling_rules import check_plain
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # a request's sampling, in SamplingParams order
 
@@ -128,4 +128,7 @@ def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None
                              f"got {value!r}")
     if not -2**63 <= req.seed < 2**63:
         raise ValueError(f"seed {req.seed} does not fit int64")
-    resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")      # the verify contract's own value checks
+    if not check_plain(*req.sampling):      # not plain numbers: the verify contract's own checks, with torch
+        from tilespec.verify.types import SamplingParams
+        from tilespec.verify.validation import resolve_sampling
+        resolve_sampling(SamplingParams(*req.sampling), 1, "cpu")

@@ -43,8 +43,11 @@ PAGED_MAX_BATCH, BATCH_MAX_BATCH = 256, 16     # default rows: vLLM serves 256+ 
 def make_engine(target, draft, *, engine: str = "auto", max_batch=None, gamma: int = 4, max_len=None,
                 tokenizer=None, pad_token_id: int = 0, prefill_chunk: int = 512, **options):
     """The serving engine (see :func:`pick_engine`) with ``options`` of that engine; ``max_batch`` None: 256 rows
-    on the paged engine, 16 on BatchEngine."""
+    on the paged engine, 16 on BatchEngine; ``compile="auto"``: CUDA graphs where the target is on a CUDA device,
+    else off."""
     options = {k: v for k, v in options.items() if v is not None}
+    if options.get("compile") == "auto":        # where the target is: the CLI's engine process resolves the device
+        options["compile"] = next(target.parameters()).device.type == "cuda"
     if pick_engine(target, draft, engine, options) == "batch":
         from tilespec.engine.batching import BatchEngine
         return BatchEngine(target, draft, max_batch=max_batch or BATCH_MAX_BATCH, gamma=gamma, max_len=max_len,
@@ -82,7 +85,7 @@ SERVER_OPTIONS = ("model_name", "max_queue", "default_max_tokens", "shutdown_tim
 def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: int = 256,
                  default_max_tokens: int = 256, shutdown_timeout: float = 30.0, chat: bool = True, log=None,
                  max_body_mb: float = 4.0, api_key=None, cors_origins=(), api_servers: int = 1, marks=None,
-                 freeze: bool = False):
+                 freeze: bool = False, checks=None):
     """The FastAPI app over an engine process built from ``spec`` (serve/core.EngineSpec): the process is started
     and this returns once it is ready (its failure raised here). ``tokenizer``: the API process's (default: the one
     the engine process loaded). ``max_queue``: waiting requests before 429 (per API process);
@@ -91,15 +94,22 @@ def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: 
     start-up timeline once the server listens: serve/timeline.py); ``api_servers``: API processes in all (started
     with the engine process; they need ``spec.send_tokenizer``); ``marks``: the main process's start-up timeline
     so far (serve/timeline.Marks; default: from its launch); ``freeze``: freeze this process's heap (the imports,
-    the tokenizer) while the engine warms up (a process that only serves: serve/core.freeze_heap says why)."""
+    the tokenizer) while the engine warms up (a process that only serves: serve/core.freeze_heap says why);
+    ``checks``: called once the processes are spawned (the CLI's checks that import torch, which would have delayed
+    the spawn by seconds): what it raises stops them and is raised here."""
     from .processes import EngineProcess
     engine = EngineProcess(spec, api_servers, marks)        # first: the imports below run beside its start
     engine.log = log
     client = engine.client(0, max_queue)
     try:
+        if checks is not None:
+            checks()
+            engine.marks.mark("late checks")
         from .app import build_app
+        from .structured import preload_beside
         client.wait_ready(loaded_only=True)         # the tokenizer: unpickled while the engine warms up
         engine.marks.mark("tokenizer")
+        preload_beside()
         if freeze:
             from .core import freeze_heap
             freeze_heap()

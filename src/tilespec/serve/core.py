@@ -40,7 +40,8 @@ class EngineSpec:
     ``options``: serve.make_engine's keywords; ``warmup``: compile and capture the step shapes before serving;
     ``hook``: a picklable callable given the built engine (tests slow or break its steps with it);
     ``send_tokenizer``: send the tokenizer in Loaded (the CLI's API process has none of its own); ``device``: where
-    ``load`` puts the target (a CUDA device: its context is created beside the imports and the load)."""
+    ``load`` puts the target, a name ("auto": CUDA where there is one; a CUDA device: its context is created beside
+    the imports and the load)."""
 
     load: Callable[[], tuple]
     options: dict = field(default_factory=dict)
@@ -65,7 +66,9 @@ class EngineSpec:
 
 
 def _modules(values) -> list:
-    import torch
+    torch = sys.modules.get("torch")
+    if torch is None:       # nothing imported torch here, so no value is a model (the CLI's spec: names only)
+        return []
     found = []
     for v in values:
         for x in (v if isinstance(v, (list, tuple)) else [v, getattr(v, "model", None)]):
@@ -327,7 +330,7 @@ class EngineLoop:
 def request_of(msg: Submit):
     """The engine's record of a submitted request."""
     from tilespec.engine.batch_request import BatchRequest
-    from tilespec.verify.logit_transforms import LogitSettings
+    from tilespec.verify.logit_settings import LogitSettings
     logits = None
     if msg.transforms:
         logits = LogitSettings(msg.presence_penalty, msg.frequency_penalty, dict(msg.logit_bias), msg.min_tokens)

@@ -185,11 +185,13 @@ def run_api_server(inbox: str, outbox: str, index: int, count: int, parent: int,
     _die_with_parent(parent)
     marks = Marks()
     from .app import build_app
+    from .structured import preload_beside
     marks.mark("imports")
     client = EngineClient(inbox, outbox, index=index, count=count)
     try:
         client.wait_ready(loaded_only=True)
         marks.mark("tokenizer")
+        preload_beside()
         freeze_heap()               # the imports and the tokenizer: the bulk of its heap, frozen beside the warm-up
         client.wait_ready()
     except (RuntimeError, ValueError, TypeError, FileNotFoundError):

@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, Field
 
 from tilespec.engine.batch_request import MAX_LOGPROBS
-from tilespec.verify.logit_transforms import LogitSettings
+from tilespec.verify.logit_settings import LogitSettings
 
 
 class APIError(Exception):

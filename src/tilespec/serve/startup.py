@@ -64,12 +64,14 @@ class Beside(threading.Thread):
 
 
 def cuda_init(device) -> Optional[Beside]:
-    """CUDA's context for ``device`` (a CUDA device name), created on a thread; None for other devices. Without
-    CUDA the thread does nothing: the load then fails with its own message."""
+    """CUDA's context for ``device`` (a CUDA device name, or "auto": CUDA where there is one), created on a thread;
+    None for other devices. Without CUDA the thread does nothing: an explicit CUDA device's load then fails with its
+    own message, "auto" loads on the CPU."""
     import torch
-    if device is None or torch.device(device).type != "cuda":
+    auto = str(device) == "auto"
+    if device is None or not auto and torch.device(device).type != "cuda":
         return None
-    dev = torch.device(device)
+    dev = torch.device("cuda" if auto else device)      # "auto": the device pick_device gives where CUDA is
 
     def init():
         if torch.cuda.is_available():       # the driver's initialisation, on this thread too

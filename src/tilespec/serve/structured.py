@@ -16,8 +16,10 @@ the vocabulary and stays the authority (its refusal comes back as a 400 too).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -203,6 +205,14 @@ def preload() -> None:
         pass
 
 
+def preload_beside() -> None:
+    """Start :func:`preload` on a thread where xgrammar is installed. An API process calls this once it has the
+    tokenizer: the import (seconds, torch's included: xgrammar imports it, the API process's own modules do not)
+    then runs beside the engine's warm-up, not while the process builds its app and starts listening."""
+    if importlib.util.find_spec("xgrammar") is not None:
+        threading.Thread(target=preload, name="tilespec-xgrammar-import", daemon=True).start()
+
+
 def check_grammar(c: Constraint) -> None:
     """Parse ``c``'s grammar with xgrammar (no vocabulary needed): a 400 naming the field when it is not valid.
     Skipped where xgrammar is not installed (the engine then refuses the request itself)."""
@@ -222,4 +232,4 @@ def check_grammar(c: Constraint) -> None:
                             f"{_clean(err)}", param=c.param) from None
 
 
-__all__ = ["Constraint", "KINDS", "check_grammar", "constraint_of", "preload"]
+__all__ = ["Constraint", "KINDS", "check_grammar", "constraint_of", "preload", "preload_beside"]

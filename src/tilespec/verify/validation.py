@@ -14,6 +14,7 @@ from .input_checks import (check_draft_distributions, check_draft_tokens, check_
                            check_seed_arguments, check_target_logits)
 from .input_checks import check_shared_stream_seed, draft_probs_tolerance  # noqa: F401  (imported from here)
 from .rng import normalize_seed, seeds_from  # noqa: F401  (normalize_seed: verify() imports it here)
+from .sampling_rules import RULES
 from .types import PerRequest, ResolvedSampling, SamplingParams, VerifyInputs
 
 
@@ -97,7 +98,8 @@ def _per_request(name: str, value: PerRequest, batch: int, device, dtype) -> tup
     return torch.tensor(values, device=device, dtype=dtype), values
 
 
-def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, ok, rule: str, check_values: bool):
+def _check_range(name: str, values: Optional[list], tensor: torch.Tensor, check_values: bool):
+    ok, rule = RULES[name]      # shared with the API process's torch-free check (sampling_rules.check_plain)
     if values is not None:
         bad = [v for v in set(values) if not ok(float(v))]
         if bad:
@@ -145,14 +147,13 @@ def _resolve_sampling(sampling: SamplingParams, batch: int, device, check_values
     top_p, top_p_v = _per_request("top_p", sampling.top_p, batch, device, torch.float32)
     min_p, min_p_v = _per_request("min_p", sampling.min_p, batch, device, torch.float32)
     len_, len_v = _per_request("lenience", sampling.lenience, batch, device, torch.float32)
-    _check_range("temperature", temp_v, temp, lambda t: (t >= 0) & (t < float("inf")), "a finite number >= 0",
-                 check_values)
-    _check_range("top_k", top_k_v, top_k, lambda t: t >= 0, "an integer >= 0", check_values)
+    _check_range("temperature", temp_v, temp, check_values)
+    _check_range("top_k", top_k_v, top_k, check_values)
     if top_k_v is not None and any(float(v) != int(v) for v in top_k_v):
         raise ValueError("sampling.top_k must be an integer")
-    _check_range("top_p", top_p_v, top_p, lambda t: (t > 0) & (t <= 1), "in (0, 1]", check_values)
-    _check_range("min_p", min_p_v, min_p, lambda t: (t >= 0) & (t <= 1), "in [0, 1]", check_values)
-    _check_range("lenience", len_v, len_, lambda t: (t > 0) & (t <= 1), "in (0, 1]", check_values)
+    _check_range("top_p", top_p_v, top_p, check_values)
+    _check_range("min_p", min_p_v, min_p, check_values)
+    _check_range("lenience", len_v, len_, check_values)
 
     def known(values, test):  # a flag is exact when values are Python numbers, conservatively True otherwise
         return True if values is None else any(test(v) for v in set(values))
