@@ -88,7 +88,8 @@ def run(args) -> int:
                    adaptive={"auto": None, "on": True, "off": False}[args.adaptive_spec],
                    pricing=False if args.no_draft_pricing else None,
                    max_admission_wait=None if args.max_prefill_wait_ms is None else args.max_prefill_wait_ms / 1e3,
-                   prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction)
+                   prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction,
+                   deterministic=True if args.deterministic else None)
     # the engine process loads the models and owns the GPU; this process only serves HTTP. The spec holds names
     # and strings only, so the engine process is spawned before anything here imports torch
     spec = EngineSpec(load=LoadByName(args.target, draft_name, args.device, args.dtype), options=options,
@@ -176,6 +177,9 @@ def register(sub) -> None:
                         "families); auto (default): paged wherever it serves the pair")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="paged engine: do not share full prompt blocks between requests")
+    p.add_argument("--deterministic", action="store_true",
+                   help="paged engine: batch-invariant kernels, so a request's greedy and seeded outputs are bitwise "
+                        "the same whatever the batch, load, prefix cache and drafts (slower steps; docs/serve.md)")
     p.add_argument("--kv-fraction", type=float, default=None,
                    help="paged engine: share of the free GPU memory for K/V blocks (default 0.5)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")

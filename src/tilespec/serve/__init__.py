@@ -17,7 +17,7 @@ from functools import partial
 
 
 PAGED_ONLY = ("token_budget", "block_size", "num_blocks", "kv_fraction", "prefix_caching", "pricing",
-              "max_admission_wait")
+              "max_admission_wait", "deterministic")
 BATCH_ONLY = ("capacity",)
 BATCH_SWITCHES = ("adaptive", "spec_max_batch", "min_alpha")   # the paged engine prices every step's drafts instead
 
@@ -67,8 +67,8 @@ def build_server(target, tokenizer, *, draft=None, max_batch=None, gamma: int = 
     ``tokenizer``. The models are pickled into the engine process (see :func:`serve_engine` for the process split
     and the server ``options``; the rest go to the engine). ``engine``: "auto" (the paged engine where it serves the
     pair, else BatchEngine), "paged" or "batch"; engine options: method, compile, eos_token_id,
-    prefill_chunk; paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching, pricing, max_admission_wait; batch:
-    capacity, adaptive, spec_max_batch. ``warmup``: compile and capture the step shapes before serving (CUDA graphs only);
+    prefill_chunk; paged: token_budget, block_size, num_blocks, kv_fraction, prefix_caching, pricing, max_admission_wait,
+    deterministic; batch: capacity, adaptive, spec_max_batch. ``warmup``: compile and capture the step shapes before serving (CUDA graphs only);
     ``engine_hook``: a picklable callable run on the built engine in its process."""
     from .core import EngineSpec, given
     server = {k: options.pop(k) for k in SERVER_OPTIONS if k in options}

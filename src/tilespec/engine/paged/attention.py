@@ -28,9 +28,11 @@ import math
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from tilespec.env import triton_available, triton_interpreted, use_triton_interpreter_without_cuda
+
+from .attention_reference import attention_rows, paged_attention_reference  # noqa: F401 - attention's API
+from .attention_reference import check_inputs as _check
 
 BLOCK_N = 64        # keys per inner step
 MAX_ROWS = 128      # rows (tokens x padded group heads) per tile
@@ -39,7 +41,6 @@ MIN_SPLIT_KEYS = 128  # a split covers at least this many keys of the cache's ca
 MAX_SPLITS = 64
 SPLIT_WIDTH = 64    # the merge's split lanes (a power of two >= MAX_SPLITS: one compiled merge for every split count)
 SPLITS = None       # force the number of KV splits (tests, benchmarks); None: splits_for(...)
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_FAILED: list = []   # the first failure of the kernels, if any (they are not tried again)
 
 _TRITON = triton_available()
@@ -67,7 +68,8 @@ if _TRITON:
                         F32DOT: tl.constexpr):
         """Program (tile, j, split): rows r = m * GP + g (token t * BLOCK_M + m of the sequence, head j * G + g)
         over the split's keys. SINGLE: writes the normalised output; else the row max pm (log2 units), sum pl and
-        unnormalised P @ V pacc (fp32) at slot (tile * H_kv + j) * NS + split."""
+        unnormalised P @ V pacc (fp32) at slot (tile * H_kv + j) * NS + split. F32DOT: 0 the inputs' dot, 1 an
+        fp32 one, 2 fp32 sums of products (batch-invariant runs in the interpreter)."""
         pid = tl.program_id(0)
         j = tl.program_id(1)
         sp = tl.program_id(2)
@@ -102,7 +104,9 @@ if _TRITON:
                          other=0.0)
             vt = tl.load(v_ptr + (blk * svb + (kp % BS) * svs + j * svh)[:, None] + rd[None, :], mask=kmask,
                          other=0.0)
-            if F32DOT:
+            if F32DOT == 2:     # the interpreter's dot (numpy's BLAS) varies with a row's place in the tile
+                sc = tl.sum(qv[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2)
+            elif F32DOT:
                 sc = tl.dot(qv, tl.trans(kt.to(tl.float32)), input_precision="ieee")
             else:
                 sc = tl.dot(qv, tl.trans(kt))
@@ -112,7 +116,9 @@ if _TRITON:
             alpha = tl.exp2(m_i - m_use)
             p = tl.exp2(sc - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            if F32DOT:
+            if F32DOT == 2:
+                acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
+            elif F32DOT:
                 acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32), input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
@@ -177,65 +183,6 @@ def sequence_lanes(s: int) -> int:
     return p
 
 
-def _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q) -> None:
-    """Shape / dtype / device checks on host metadata only (no tensor values are read: no sync)."""
-    if q.dim() != 3 or k_cache.dim() != 4:
-        raise ValueError(f"q must be [T, H, D] and k_cache [num_blocks, block_size, H_kv, D]; got "
-                         f"{tuple(q.shape)} and {tuple(k_cache.shape)}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache {tuple(v_cache.shape)} must have k_cache's shape {tuple(k_cache.shape)}")
-    t, h, d = q.shape
-    hkv = k_cache.shape[2]
-    if k_cache.shape[3] != d:
-        raise ValueError(f"head dim of q ({d}) and of the cache ({k_cache.shape[3]}) differ")
-    if hkv < 1 or h % hkv:
-        raise ValueError(f"query heads H={h} must be a multiple of the cache's KV heads H_kv={hkv}")
-    if q.dtype not in _DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache and v_cache must share one of float32/bfloat16/float16; got {q.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
-    if block_tables.dim() != 2 or cu_q.dim() != 1 or kv_lens.dim() != 1:
-        raise ValueError("block_tables must be [S, max_blocks], cu_q [S + 1] and kv_lens [S]")
-    s = block_tables.shape[0]
-    if cu_q.shape[0] != s + 1 or kv_lens.shape[0] != s:
-        raise ValueError(f"{s} block-table rows need cu_q of {s + 1} and kv_lens of {s} entries; got "
-                         f"{cu_q.shape[0]} and {kv_lens.shape[0]}")
-    for name, x in (("block_tables", block_tables), ("cu_q", cu_q), ("kv_lens", kv_lens)):
-        if x.dtype != torch.int32:
-            raise TypeError(f"{name} must be int32, got {x.dtype}")
-    devs = {x.device for x in (q, k_cache, v_cache, block_tables, cu_q, kv_lens)}
-    if len(devs) != 1:
-        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devs))}")
-    if max_q is not None and (isinstance(max_q, bool) or not isinstance(max_q, int) or max_q < 1):
-        raise ValueError(f"max_q must be a positive int (an upper bound on tokens per sequence), got {max_q!r}")
-
-
-def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None
-                              ) -> torch.Tensor:
-    """The PyTorch path and test oracle (reads cu_q / kv_lens on the host): per sequence, its blocks gathered into
-    contiguous [L, H_kv, D] K/V and SDPA in fp32 with the causal offset mask and GQA."""
-    _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
-    t, h, d = q.shape
-    bs = k_cache.shape[1]
-    out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
-    cu, lens = cu_q.tolist(), kv_lens.tolist()
-    for s, L in enumerate(lens):
-        a, b = cu[s], cu[s + 1]
-        n = b - a
-        if n == 0:
-            continue
-        if not (0 <= a <= b <= t and n <= L <= block_tables.shape[1] * bs) or (max_q is not None and n > max_q):
-            raise ValueError(f"sequence {s}: rows {a}:{b} of {t}, kv_len {L} (max_q {max_q}, capacity "
-                             f"{block_tables.shape[1] * bs}) are inconsistent")
-        blocks = block_tables[s, :-(-L // bs)].long()
-        k = k_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()          # [H_kv, L, D]
-        v = v_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()
-        keep = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
-        o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).float(), k, v, attn_mask=keep, scale=scale,
-                                           enable_gqa=True)
-        out[a:b] = o.transpose(0, 1).to(q.dtype)
-    return out
-
-
 def splits_for(programs: int, capacity: int, sms: int) -> int:
     """KV splits per tile: about two waves of ``sms`` programs over ``programs`` (tiles x H_kv) when they are
     fewer, at most ``capacity`` / MIN_SPLIT_KEYS and MAX_SPLITS; 1 once the tiles fill the GPU."""
@@ -259,7 +206,7 @@ def kernel_takes(q, k_cache, v_cache) -> bool:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto",
-                    out=None) -> torch.Tensor:
+                    out=None, invariant: bool = False) -> torch.Tensor:
     """Attention of the step's tokens over the paged cache (module docstring: shapes and semantics).
 
     ``scale``: default 1/sqrt(D). ``max_q``: a host upper bound on n_s (default T); it sizes the kernel's tiles and
@@ -267,14 +214,20 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
     on CPU) or "torch" (:func:`paged_attention_reference`). The Triton path reads no tensor value on the host and is
     opaque to ``torch.compile`` (``torch.ops.tilespec.paged_attention``). A kernel that fails to build warns once and
     the reference runs from then on. ``out``: a [T, H, D] tensor of q's dtype to write into (eager callers: a
-    piecewise graph's static buffer; its rows outside every sequence are left as they were)."""
+    piecewise graph's static buffer; its rows outside every sequence are left as they were). ``invariant``: a row's
+    output is bitwise independent of the batch, its sequence's other rows and max_q (the engine's deterministic
+    mode): one KV split and the tile of max_q = 1 whatever the step; the kernel also in the interpreter, else
+    invariant.attention_rows (the reference's per-sequence SDPA follows the chunk length)."""
     if kernel not in ("auto", "torch", "triton"):
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
     _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
-    if kernel == "torch" or (kernel == "auto" and not (q.is_cuda and _TRITON)):
+    if invariant and (kernel == "torch" or not kernel_takes(q, k_cache, v_cache)):
+        ref = attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale)
+        return ref if out is None else _into(out, ref, cu_q)
+    if kernel == "torch" or (kernel == "auto" and not (q.is_cuda and _TRITON) and not invariant):
         ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
         return ref if out is None else _into(out, ref, cu_q)
     if not kernel_takes(q, k_cache, v_cache) and not _KERNEL_FAILED:
@@ -283,8 +236,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
                          f"stride along D; use kernel='torch' otherwise")
     mq = q.shape[0] if max_q is None else max_q
     if torch.compiler.is_compiling():
-        return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq)
-    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq, out)
+        return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq,
+                                                  invariant)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq, out, invariant)
 
 
 def _into(out, ref, cu_q):
@@ -294,27 +248,31 @@ def _into(out, ref, cu_q):
     return out
 
 
-def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int, out=None) -> torch.Tensor:
+def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int, out=None,
+         invariant: bool = False) -> torch.Tensor:
     """The kernels; the reference from the first time they fail to build (warned once)."""
     if not _KERNEL_FAILED:
         try:
-            return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, out=out)
+            return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, out=out,
+                           invariant=invariant)
         except Exception as err:   # noqa: BLE001 - a kernel that fails to build must not end decoding
             _KERNEL_FAILED.append(f"{type(err).__name__}: {err}")
             warnings.warn(f"the paged attention kernel failed ({_KERNEL_FAILED[0]}); using the PyTorch reference")
-    ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale)
+    ref = (attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale) if invariant else
+           paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale))
     return ref if out is None else _into(out, ref, cu_q)
 
 
 @torch.library.custom_op("tilespec::paged_attention", mutates_args=())
 def _paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-              cu_q: torch.Tensor, kv_lens: torch.Tensor, scale: float, max_q: int) -> torch.Tensor:
+              cu_q: torch.Tensor, kv_lens: torch.Tensor, scale: float, max_q: int, invariant: bool = False
+              ) -> torch.Tensor:
     """:func:`_run` as an operator opaque to compiled callers (inductor neither traces nor re-specialises it)."""
-    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=invariant)
 
 
 @_paged_op.register_fake
-def _(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q):
+def _(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=False):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -326,13 +284,18 @@ def tile_shape(g: int, max_q: int) -> tuple:
     return max(block_m, -(-16 // gp)), gp
 
 
-def launch_plan(q, k_cache, block_tables, max_q: int) -> tuple:
+def launch_plan(q, k_cache, block_tables, max_q: int, invariant: bool = False) -> tuple:
     """(BLOCK_M, GP, tiles, splits) of a launch, from host ints only: tiles bounds the packed tiles
-    sum_s ceil(n_s / BLOCK_M) by both S * ceil(max_q / BLOCK_M) and (T + S * (BLOCK_M - 1)) // BLOCK_M."""
+    sum_s ceil(n_s / BLOCK_M) by both S * ceil(max_q / BLOCK_M) and (T + S * (BLOCK_M - 1)) // BLOCK_M.
+    ``invariant``: the decode tile (max_q = 1) and one split, whatever the step. With one split a row's keys are
+    read in steps of BLOCK_N from key 0 up to its own position, whatever the tile's extent (the steps past it are
+    all masked and add exact zeros); a fixed tile keeps the dot's shape, so its instruction, fixed too."""
     t, h, _ = q.shape
     s, hkv = block_tables.shape[0], k_cache.shape[2]
-    block_m, gp = tile_shape(h // hkv, max_q)
+    block_m, gp = tile_shape(h // hkv, 1 if invariant else max_q)
     tiles = min(s * -(-max_q // block_m), (t + s * (block_m - 1)) // block_m)
+    if invariant:
+        return block_m, gp, tiles, 1
     return block_m, gp, tiles, splits_for(tiles * hkv, block_tables.shape[1] * k_cache.shape[1], _sm_count(q.device))
 
 
@@ -383,7 +346,8 @@ def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: i
     return done
 
 
-def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None, out=None) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None, out=None,
+            invariant: bool = False) -> torch.Tensor:
     t, h, d = q.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device) if out is None else out
     s = block_tables.shape[0]
@@ -393,10 +357,11 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, spli
     block_tables, cu_q, kv_lens = block_tables.contiguous(), cu_q.contiguous(), kv_lens.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = h // hkv
-    block_m, gp, tiles, ns = launch_plan(q, k_cache, block_tables, max_q)
-    ns = splits or ns
+    block_m, gp, tiles, ns = launch_plan(q, k_cache, block_tables, max_q, invariant)
+    ns = 1 if invariant else splits or ns
     rows, dp = block_m * gp, _pow2(d, 16)
     f32dot = q.dtype == torch.float32 or triton_interpreted()   # the interpreter's bf16 / fp16 dot is unreliable
+    f32dot = 2 if invariant and triton_interpreted() else f32dot
     common = dict(G=g, GP=gp, D=d, DP=dp, BLOCK_M=block_m, SP=sequence_lanes(s))
     if ns == 1:
         pm = pl = pacc = out     # unused

@@ -66,7 +66,8 @@ class PagedEngine:
     that pay by the measured cost model (pricing.py; False: every offered draft, for comparisons); max_admission_wait:
     seconds a waiting request may be held so that prefills coalesce (admission.py; 0: admit at once); overlap: plan and
     launch the next decode step before the last one's tokens reach the host (overlap.py; False: every step synchronous).
-    compile: CUDA graphs + torch.compile on CUDA. Not thread-safe: one thread calls submit, cancel and step.
+    compile: CUDA graphs + torch.compile on CUDA. deterministic: batch-invariant operators (model.py): a request's
+    logits bitwise the same whatever the batch, load, prefix cache or drafts. Not thread-safe: one thread steps it.
     """
 
     finished = False
@@ -75,7 +76,7 @@ class PagedEngine:
                  block_size: int = 16, num_blocks: Optional[int] = None, kv_fraction: float = 0.5,
                  max_len: Optional[int] = None, prefix_caching: bool = True, method: str = "coupled",
                  compile: bool = False, pricing: bool = True, max_admission_wait: float = 0.1,
-                 overlap: bool = True, eos_token_id=None, pad_token_id: int = 0, tokenizer=None):
+                 overlap: bool = True, eos_token_id=None, pad_token_id: int = 0, tokenizer=None, deterministic=False):
         drafter = paged_drafter(target, draft)
         if not (isinstance(max_batch, int) and max_batch >= 1):
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -88,8 +89,7 @@ class PagedEngine:
             raise ValueError(f"gamma {gamma} must be below block_size {block_size} (padding rows share one block)")
         if token_budget < max_batch * (1 + gamma):
             token_budget = max_batch * (1 + gamma)        # a full decode batch always fits one step
-        self.drafter, self.gamma = drafter, gamma
-        self.device = next(target.parameters()).device
+        self.drafter, self.gamma, self.device = drafter, gamma, next(target.parameters()).device
         self.method = resolve_method(method, self.device)
         self.max_batch, self.pricing, self.overlap = max_batch, bool(pricing), bool(overlap)
         self._inflight: Optional[InFlight] = None      # a decode step launched, its tokens not yet committed
@@ -99,7 +99,7 @@ class PagedEngine:
         if num_blocks is None:
             num_blocks = default_blocks(kv_bytes_per_token(target, drafter if gamma else None) * block_size,
                                         max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction, self.device)
-        self.model = PagedModel(target, num_blocks, block_size, compile=compile)
+        self.model = PagedModel(target, num_blocks, block_size, compile=compile, deterministic=deterministic)
         self.vocab_out = self.model.native.lm_head.shape[0]
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.blocks, token_budget=token_budget, max_seqs=max_batch)

@@ -18,6 +18,13 @@ head input -- ``fc`` of its hidden states at the head's ``feature_layers``, tran
 numbering (i = output of layer i - 1: ``h + res`` of the pair; i = L: after the final norm, as transformers
 returns it) -- is written at the token's slot of a feature cache [num_blocks * block_size, d] (padding tokens: the
 scratch block), in the same forward and under the same slots as the K/V; without a head nothing is captured.
+
+``deterministic=True`` (the engine's batch-invariant mode): every linear and RMSNorm of the layer and head is
+invariant.py's (one launch configuration whatever the token count), the attention runs with ``invariant=True`` (one
+KV split, a fixed tile: attention.launch_plan) and the fused one-token layer is never used, so a token row's logits
+are bitwise the same whatever else the step holds. The rest is element-wise or a gather (the same per element
+whatever T); the prologue does not normalise. Eager and compiled element-wise code may round differently, so the
+invariance holds within one engine (an engine whose compile fails and falls back to eager starts another run).
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from ..native.linear import fused_linear
 from ..native.llama import NativeLlama, _rotate_half, rms_norm
 from ..native.qkv_rope import qkv_rope
 from ..native.runner import active_kernel_parts, native_model
+from . import invariant as inv
 from .attention import paged_attention
 from .piecewise import MIXED_BUCKETS, Pieces
 
@@ -56,13 +64,19 @@ class StepInputs:
         return (self.tokens, self.positions, self.slots, self.tables, self.cu_q, self.kv_lens, self.rows)
 
 
+def _ops(invariant: bool) -> tuple:
+    """(linear, rms_norm): the batch-invariant ones (invariant.py) for the deterministic mode, else the library's."""
+    return (inv.linear, inv.rms_norm) if invariant else (F.linear, rms_norm)
+
+
 def paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, *, heads: int, kv_heads: int,
-              head_dim: int, eps: float):
+              head_dim: int, eps: float, invariant: bool = False):
     """A layer's part before attention: residual add, norm, q/k/v, RoPE, the tokens' K/V written at ``slots`` ->
-    (queries [T, H, D], residual)."""
+    (queries [T, H, D], residual). ``invariant``: the deterministic mode's operators (here and below)."""
+    linear, norm = _ops(invariant)
     t = h.shape[0]
     res = h + res
-    proj = F.linear(rms_norm(res, ln1, eps), qkv, qkv_bias)
+    proj = linear(norm(res, ln1, eps), qkv, qkv_bias)
     nq, nkv = heads * head_dim, kv_heads * head_dim
     xq = proj[:, :nq].view(t, heads, head_dim)
     xk = proj[:, nq:nq + nkv].view(t, kv_heads, head_dim)
@@ -75,24 +89,26 @@ def paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, *, 
     return xq, res
 
 
-def paged_post(attn, res, o, ln2, gate_up, down, *, eps: float):
+def paged_post(attn, res, o, ln2, gate_up, down, *, eps: float, invariant: bool = False):
     """A layer's part after attention: o projection + residual, norm, gate/up, SiLU, down -> (h, residual)."""
-    res = res + F.linear(attn.reshape(attn.shape[0], -1), o)
-    gu = F.linear(rms_norm(res, ln2, eps), gate_up)
+    linear, norm = _ops(invariant)
+    res = res + linear(attn.reshape(attn.shape[0], -1), o)
+    gu = linear(norm(res, ln2, eps), gate_up)
     f = gu.shape[-1] // 2
-    return F.linear(F.silu(gu[:, :f]) * gu[:, f:], down), res
+    return linear(F.silu(gu[:, :f]) * gu[:, f:], down), res
 
 
 def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
-                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int):
+                gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int,
+                invariant: bool = False):
     """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` of the
     slot-major caches [num_blocks * block_size, H_kv, D] and attends through the block tables. Same maths as
     native.llama.decoder_layer (the residual carried as a pair)."""
     xq, res = paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, heads=heads,
-                        kv_heads=kv_heads, head_dim=head_dim, eps=eps)
+                        kv_heads=kv_heads, head_dim=head_dim, eps=eps, invariant=invariant)
     attn = paged_attention(xq, k_cache.unflatten(0, (-1, block_size)), v_cache.unflatten(0, (-1, block_size)),
-                           tables, cu_q, kv_lens, max_q=max_q)
-    return paged_post(attn, res, o, ln2, gate_up, down, eps=eps)
+                           tables, cu_q, kv_lens, max_q=max_q, invariant=invariant)
+    return paged_post(attn, res, o, ln2, gate_up, down, eps=eps, invariant=invariant)
 
 
 def paged_fused_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
@@ -118,20 +134,22 @@ def paged_prologue(tokens, positions, embed, inv_freq, rope_scale: float):
     return h, torch.zeros_like(h), emb.cos() * rope_scale, emb.sin() * rope_scale
 
 
-def paged_head(h, res, rows, norm, lm_head, eps: float):
+def paged_head(h, res, rows, norm, lm_head, eps: float, invariant: bool = False):
     """(h, res) [T, d] -> logits [N, V] at token ``rows`` (model dtype)."""
+    linear, rms = _ops(invariant)
     x = (h + res).index_select(0, rows)
-    return F.linear(rms_norm(x, norm, eps), lm_head)
+    return linear(rms(x, norm, eps), lm_head)
 
 
 class PagedModel:
     """A Llama-family target over ``num_blocks`` paged blocks (see the module docstring)."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, *, compile: bool = False):
+    def __init__(self, model, num_blocks: int, block_size: int, *, compile: bool = False, deterministic: bool = False):
         native = native_model(model)
         if not isinstance(native, NativeLlama):
             raise ValueError("the paged engine runs Llama-family decoders (Llama, Qwen2, Mistral, SmolLM2)")
         self.native, self.block_size, self.num_blocks = native, block_size, num_blocks
+        self.deterministic = bool(deterministic)    # batch-invariant operators (invariant.py), no fused layer
         self.device = native.embed.device
         shape = (num_blocks * block_size, native.kv_heads, native.head_dim)
         self.caches = [(torch.zeros(shape, dtype=native.dtype, device=self.device),
@@ -152,7 +170,7 @@ class PagedModel:
             self._piece_fns = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in self._piece_fns)
         # one-token decode steps on the fused layer (the runtime's kernel part "layer"; compiled engines only, and
         # only in decode(): its launches cost nothing inside a captured graph, mixed steps keep the compiled layer)
-        self.fused = self.graphs and "layer" in active_kernel_parts()
+        self.fused = self.graphs and "layer" in active_kernel_parts() and not self.deterministic
 
     captures_piecewise = 0
     feature_layers: tuple = ()      # the hidden-state indices a draft head reads (capture_features); () captures none
@@ -191,16 +209,16 @@ class PagedModel:
         prologue, layer, head = fns
         n = self.native
         h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
-        if fused and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
+        if fused and not self.deterministic and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
             layer = paged_fused_layer
-        feats = {}
+        feats, mode = {}, {"invariant": True} if self.deterministic else {}
         for i, (w, (k_cache, v_cache)) in enumerate(zip(n.layers, self.caches)):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
                            w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
-                           head_dim=n.head_dim, eps=n.eps, max_q=max_q, block_size=self.block_size)
+                           head_dim=n.head_dim, eps=n.eps, max_q=max_q, block_size=self.block_size, **mode)
             self.keep_feature(feats, i + 1, h, res)
         self.write_features(feats, slots)
-        return head(h, res, rows, n.norm, n.lm_head, n.eps)
+        return head(h, res, rows, n.norm, n.lm_head, n.eps, **mode)
 
     def _graph_forward(self, *tensors, key=None):
         return self._run(self._fns, *tensors, max_q=key, fused=self.fused)

@@ -60,12 +60,12 @@ class Pieces:
         k_cache, v_cache = self.model.caches[i]
         self.xq[i], self.mid[i] = self.pre(self.hs[i], self.ress[i], self.cos, self.sin, self.slots, k_cache,
                                            v_cache, w.ln1, w.qkv, w.qkv_bias, heads=n.heads, kv_heads=n.kv_heads,
-                                           head_dim=n.head_dim, eps=n.eps)
+                                           head_dim=n.head_dim, eps=n.eps, invariant=self.model.deterministic)
 
     def _run_post(self, i: int):
         n, w = self.model.native, self.model.native.layers[i]
         self.hs[i + 1], self.ress[i + 1] = self.post(self.attn, self.mid[i], w.o, w.ln2, w.gate_up, w.down,
-                                                     eps=n.eps)
+                                                     eps=n.eps, invariant=self.model.deterministic)
 
     def _pieces(self) -> list:
         layers = len(self.model.native.layers)
@@ -114,11 +114,11 @@ class Pieces:
             k_cache, v_cache = m.caches[i]
             paged_attention(self.xq[i], k_cache.unflatten(0, (-1, m.block_size)),
                             v_cache.unflatten(0, (-1, m.block_size)), inputs.tables, inputs.cu_q, inputs.kv_lens,
-                            max_q=inputs.max_q, out=self.attn)
+                            max_q=inputs.max_q, out=self.attn, invariant=m.deterministic)
             run(2 + 2 * i)
         if m.feature_layers:        # a draft head's input (model.py), from the pieces' static outputs
             feats = {}
             for j in m.feature_layers:
                 m.keep_feature(feats, j, self.hs[j], self.ress[j])
             m.write_features(feats, self.slots)
-        return self.head(self.hs[-1], self.ress[-1], inputs.rows, n.norm, n.lm_head, n.eps)
+        return self.head(self.hs[-1], self.ress[-1], inputs.rows, n.norm, n.lm_head, n.eps, m.deterministic)
