@@ -22,6 +22,14 @@ def tiny_lm(seed: int, family: str = "llama", vocab: int = 128, layers: int = 2,
     return model
 
 
+def no_eos_lm():
+    """tiny_lm(0) with sharp next-token laws and no EOS (requests run to max_tokens): the engine tests' target."""
+    torch.set_num_threads(1)
+    model = tiny_lm(0, logit_scale=3.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def random_prompts(n: int, seed: int, length: int = 8, vocab: int = 64) -> list:
     """``n`` token lists of ``length`` ids in [1, vocab), reproducible from ``seed``."""
     g = torch.Generator().manual_seed(seed)

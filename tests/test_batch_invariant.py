@@ -16,7 +16,7 @@ from tilespec.engine.paged import attention as pa
 from tilespec.engine.paged import invariant as inv
 from tilespec.engine.paged.engine import PagedEngine
 
-from engine_models import tiny_lm
+from engine_models import no_eos_lm
 
 ROWS = (1, 3, 17, 64, 70)       # 70: a second row block of the matmul
 
@@ -137,10 +137,7 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], list(range(20, 47)), [9, 10, 11], [40
 
 @pytest.fixture(scope="module")
 def target():
-    torch.set_num_threads(1)
-    model = tiny_lm(0, logit_scale=3.0)
-    model.generation_config.eos_token_id = None
-    return model
+    return no_eos_lm()
 
 
 def _serve(engine, reqs, stagger: bool) -> list:

@@ -6,24 +6,20 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.batch_step import row_count
 from tilespec.engine.batching import BatchEngine, BatchRequest
 from tilespec.verify.types import SamplingParams
 
-from engine_models import layer_skip, tiny_lm
+from engine_models import layer_skip, no_eos_lm
 
 DRAFTS = ["none", "ngram", "model"]
 
 
 @pytest.fixture(scope="module")
 def target():
-    torch.set_num_threads(1)
-    model = tiny_lm(0, logit_scale=3.0)
-    model.generation_config.eos_token_id = None
-    return model
+    return no_eos_lm()
 
 
 def _draft(target, name):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.batching import BatchEngine, BatchRequest
@@ -14,15 +13,12 @@ from tilespec.engine.paged.engine import PagedEngine, bucket
 from tilespec.engine.paged.scheduler import Scheduler, Seq
 from tilespec.verify.types import SamplingParams
 
-from engine_models import tiny_lm
+from engine_models import no_eos_lm, tiny_lm
 
 
 @pytest.fixture(scope="module")
 def target():
-    torch.set_num_threads(1)
-    model = tiny_lm(0, logit_scale=3.0)
-    model.generation_config.eos_token_id = None
-    return model
+    return no_eos_lm()
 
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11], [3], list(range(20, 54)), [40, 41, 40, 41, 40] * 4,

@@ -58,9 +58,7 @@ def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, 
         if not (0 <= a <= b <= t and n <= L <= block_tables.shape[1] * bs) or (max_q is not None and n > max_q):
             raise ValueError(f"sequence {s}: rows {a}:{b} of {t}, kv_len {L} (max_q {max_q}, capacity "
                              f"{block_tables.shape[1] * bs}) are inconsistent")
-        blocks = block_tables[s, :-(-L // bs)].long()
-        k = k_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()          # [H_kv, L, D]
-        v = v_cache[blocks].flatten(0, 1)[:L].transpose(0, 1).float()
+        k, v = _gathered(k_cache, v_cache, block_tables[s], L)
         keep = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
         o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).float(), k, v, attn_mask=keep, scale=scale,
                                            enable_gqa=True)
@@ -73,19 +71,22 @@ def attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: floa
     exactly its keys [0, pos], so a call's shape depends on the row's own position only, never on its sequence's
     other rows, their number, or the batch (the reference's per-sequence SDPA follows the chunk length)."""
     t, h, d = q.shape
-    bs = k_cache.shape[1]
     out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
     cu, lens = cu_q.tolist(), kv_lens.tolist()
     for s, length in enumerate(lens):
         a, b = cu[s], cu[s + 1]
         if a == b:
             continue
-        blocks = block_tables[s, :-(-length // bs)].long()
-        k = k_cache[blocks].flatten(0, 1)[:length].transpose(0, 1).float()      # [H_kv, L, D]
-        v = v_cache[blocks].flatten(0, 1)[:length].transpose(0, 1).float()
+        k, v = _gathered(k_cache, v_cache, block_tables[s], length)
         for j in range(a, b):
             pos = length - (b - a) + (j - a)
             o = F.scaled_dot_product_attention(q[j][:, None].float(), k[:, :pos + 1], v[:, :pos + 1], scale=scale,
                                                enable_gqa=True)
             out[j] = o[:, 0].to(q.dtype)
     return out
+
+
+def _gathered(k_cache, v_cache, table, length: int) -> tuple:
+    """One sequence's first ``length`` keys and values from its blocks (``table``), contiguous fp32 [H_kv, L, D]."""
+    blocks = table[:-(-length // k_cache.shape[1])].long()
+    return tuple(c[blocks].flatten(0, 1)[:length].transpose(0, 1).float() for c in (k_cache, v_cache))
