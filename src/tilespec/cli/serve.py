@@ -11,7 +11,7 @@ import errno
 import os
 import socket
 
-from tilespec.cli._args import non_negative_float, non_negative_int, positive_int
+from tilespec.cli._args import non_negative_float, non_negative_int, positive_int, probability
 
 COMPILE_MODES = ("auto", "off", "native", "native-graphs", "graphs", "compiled-graphs", "default", "reduce-overhead",
                  "max-autotune", "max-autotune-no-cudagraphs")
@@ -163,7 +163,7 @@ def register(sub) -> None:
                         "families); auto (default): paged wherever it serves the pair")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="paged engine: do not share full prompt blocks between requests")
-    p.add_argument("--kv-fraction", type=float, default=None,
+    p.add_argument("--kv-fraction", type=probability, default=None,
                    help="paged engine: share of the free GPU memory for K/V blocks (default 0.5)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",

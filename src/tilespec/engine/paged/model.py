@@ -34,6 +34,7 @@ from ..native.llama import NativeLlama, _rotate_half, rms_norm
 from ..native.qkv_rope import qkv_rope
 from ..native.runner import active_kernel_parts, native_model
 from .attention import paged_attention
+from .blocks import kv_zeros
 from .piecewise import MIXED_BUCKETS, Pieces
 
 
@@ -134,8 +135,8 @@ class PagedModel:
         self.native, self.block_size, self.num_blocks = native, block_size, num_blocks
         self.device = native.embed.device
         shape = (num_blocks * block_size, native.kv_heads, native.head_dim)
-        self.caches = [(torch.zeros(shape, dtype=native.dtype, device=self.device),
-                        torch.zeros(shape, dtype=native.dtype, device=self.device)) for _ in native.layers]
+        kv = kv_zeros(shape, native.dtype, self.device, 2 * len(native.layers))
+        self.caches = list(zip(kv[0::2], kv[1::2]))
         self.graphs = compile and self.device.type == "cuda"
         self._fns = (paged_prologue, paged_layer, paged_head)
         if self.graphs:
