@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from tilespec.engine import SpeculativeDecoder
 from tilespec.engine.batching import BatchEngine, BatchRequest
@@ -278,6 +279,39 @@ def test_offline_generate_gives_the_decoders_tokens(target, greedy_reference, dr
     assert eng.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=7).sequences == ref
     with pytest.raises(ValueError, match="no prompts"):
         eng.generate([], max_new_tokens=4)
+
+
+def test_a_kv_cache_the_device_cannot_hold_says_what_to_lower(target, monkeypatch):
+    """A failed K/V allocation is one error (still an OutOfMemoryError) saying how much was asked, what the device
+    has free and the setting to lower, instead of the allocator's own message: a real one on the CPU (2 PiB asked,
+    past any address space, fails at once), a planted CUDA-style one; other errors of the allocation stay theirs."""
+    from types import SimpleNamespace
+
+    from tilespec.engine.paged import blocks
+    with pytest.raises(blocks.KVCacheTooLarge) as real:
+        PagedEngine(target, "ngram", max_batch=2, num_blocks=2**40)
+    message = str(real.value)
+    assert message.startswith("the K/V cache does not fit: 1,099,511,627,776 blocks of 16 tokens take 8,192.0 TiB")
+    assert "pass a smaller num_blocks" in message and "DefaultCPUAllocator" not in message
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(blocks, "torch", SimpleNamespace(zeros=no_room, OutOfMemoryError=torch.OutOfMemoryError))
+    with pytest.raises(torch.OutOfMemoryError, match="does not fit: 9 blocks of 16 tokens take 0.1 MiB") as planted:
+        PagedEngine(target, "ngram", max_batch=2, max_len=64)       # 2 rows of 4 blocks + the scratch block
+    assert "lower --max-batch / --max-len" in str(planted.value)    # a CPU cache is not sized by --kv-fraction
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an error of the device, not of its memory")
+    monkeypatch.setattr(blocks.torch, "zeros", broken)
+    with pytest.raises(RuntimeError, match="not of its memory"):
+        PagedEngine(target, "ngram", max_batch=2, max_len=64)
+    monkeypatch.undo()
+
+    gpu = str(blocks.kv_too_large(9000, 16, 2**20, torch.device("cuda:0"), 30 * 2**30, 0.95, chosen=False))
+    assert gpu.startswith("the K/V cache does not fit: 9,000 blocks of 16 tokens take 8.79 GiB; cuda:0 has 30.00 GiB "
+                          "free without them, room for at most 30,720 blocks; lower --kv-fraction (kv_fraction in "
+                          "Python; 0.95 now")
 
 
 def test_bad_engine_settings_are_refused(target):

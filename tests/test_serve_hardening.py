@@ -231,7 +231,8 @@ def _cli_modules_imported():
 
 @pytest.mark.parametrize("flags,expect", [(["--port", "99999"], "[1, 65535]"),
                                           (["--compile", "bogus"], "native-graphs"),
-                                          (["--max-body-mb", "0"], "MiB")])
+                                          (["--max-body-mb", "0"], "MiB"),
+                                          (["--kv-fraction", "1.5"], "(0, 1]")])
 def test_cli_refuses_bad_flags_before_loading(monkeypatch, capsys, flags, expect):
     from tilespec.cli import main
     monkeypatch.setattr("tilespec.api.load_pair", no_load)

@@ -13,7 +13,7 @@ import errno
 import os
 import socket
 
-from tilespec.cli._args import non_negative_float, non_negative_int, positive_int
+from tilespec.cli._args import non_negative_float, non_negative_int, positive_int, probability
 
 COMPILE_MODES = ("auto", "off", "native", "native-graphs", "graphs", "compiled-graphs", "default", "reduce-overhead",
                  "max-autotune", "max-autotune-no-cudagraphs")
@@ -180,7 +180,7 @@ def register(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="paged engine: batch-invariant kernels, so a request's greedy and seeded outputs are bitwise "
                         "the same whatever the batch, load, prefix cache and drafts (slower steps; docs/serve.md)")
-    p.add_argument("--kv-fraction", type=float, default=None,
+    p.add_argument("--kv-fraction", type=probability, default=None,
                    help="paged engine: share of the free GPU memory for K/V blocks (default 0.5)")
     p.add_argument("--prefill-chunk", type=positive_int, default=512, help="prompt tokens prefilled between steps")
     p.add_argument("--method", default="coupled",

@@ -2,7 +2,9 @@
 
 :func:`install_error_handlers` makes FastAPI answer with ``{"error": {"message", "type", "param", "code"}}``
 everywhere: our :class:`APIError` s, its own validation errors, Starlette's HTTP errors (404 unknown route, 405
-wrong method) and any other exception (500, no traceback in the body). Bodies are written as ASCII JSON, so no
+wrong method) and any other exception (500, no traceback in the body). A client that disconnects before its body
+was read (Starlette's ClientDisconnect) is no error of the server's: nothing is logged past debug and nobody reads
+the 499 written to the closed connection. Bodies are written as ASCII JSON, so no
 message can fail to encode. :class:`APIKeyMiddleware` answers 401 to a request without ``Authorization: Bearer
 <key>`` (``/health`` stays open for probes; CORS preflights are answered before it by CORSMiddleware).
 """
@@ -16,7 +18,8 @@ from typing import Iterable
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
 
 from .protocol import APIError, validation_message
 
@@ -55,6 +58,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path}: {err.detail}"
         return error_response(APIError(err.status_code, message, kind=kind, code=code,
                                        headers=getattr(err, "headers", None)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request, err: ClientDisconnect):
+        # left to the catch-all below it logged two tracebacks per client that timed out mid-upload
+        log.debug("client disconnected before its body was read: %s %s", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def crash(request, err: Exception):

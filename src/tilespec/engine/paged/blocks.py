@@ -12,13 +12,19 @@ Invariants:
     stays findable after its request ended: that is the prefix cache. Reusing a block drops its key.
   * ``free + sum over used blocks == num_blocks - 1`` at all times (tests/test_paged_blocks.py checks it over random
     arrival / cancel / preemption sequences).
+
+The K/V tensors themselves are allocated by :func:`kv_zeros` (the target's and a draft model's caches, a head's):
+a device that cannot hold them raises :class:`KVCacheTooLarge`, and the engine names what was asked, what is
+free and the setting to lower (:func:`kv_too_large`) instead of the allocator's raw message.
 """
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Optional
 
 import numpy as np
+import torch
 
 SCRATCH = 0
 CPU_KV_BYTES = 2 << 30
@@ -29,9 +35,72 @@ def default_blocks(block_bytes: int, full: int, fraction: float, device) -> int:
     ``fraction`` of the free GPU memory, or CPU_KV_BYTES of host memory."""
     if device.type != "cuda":
         return max(2, min(full, CPU_KV_BYTES // block_bytes))
-    import torch
     free, _ = torch.cuda.mem_get_info(device)
     return max(2, min(full, int(free * fraction) // block_bytes))
+
+
+class KVCacheTooLarge(torch.OutOfMemoryError):
+    """The K/V blocks asked for do not fit the device's memory. Still an OutOfMemoryError (and so a RuntimeError)
+    for callers that catch those; the engine's message says what was asked, what is free and what to lower."""
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is a failed allocation: torch's OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError."""
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def kv_zeros(shape: tuple, dtype, device, count: int) -> list:
+    """``count`` zero tensors of ``shape`` (K/V caches), or KVCacheTooLarge with none of them kept."""
+    tensors: list = []
+    try:
+        for _ in range(count):
+            tensors.append(torch.zeros(shape, dtype=dtype, device=device))
+    except RuntimeError as err:
+        if not out_of_memory(err):
+            raise
+        tensors.clear()         # freed before anyone measures what the device has left
+        raise KVCacheTooLarge(str(err)) from None
+    return tensors
+
+
+def free_memory(device) -> Optional[int]:
+    """Bytes ``device`` can still give: a GPU's free memory (torch's cached blocks returned first), the host's
+    available memory for a CPU (None where /proc/meminfo is not there to say)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _size(n: int) -> str:
+    if n >= 2**40:
+        return f"{n / 2**40:,.1f} TiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def kv_too_large(num_blocks: int, block_size: int, block_bytes: int, device, free: Optional[int],
+                 kv_fraction: float, chosen: bool) -> KVCacheTooLarge:
+    """The error for ``num_blocks`` K/V blocks that did not fit ``device`` (``free``: bytes it has without them;
+    ``chosen``: the caller passed num_blocks, else they were sized from ``kv_fraction`` or the CPU default)."""
+    room = "" if free is None else \
+        f"; {device} has {_size(free)} free without them, room for at most {free // block_bytes:,} blocks"
+    if chosen:
+        fix = "pass a smaller num_blocks, or none to size the cache by kv_fraction of the free memory"
+    elif device.type == "cuda":
+        fix = (f"lower --kv-fraction (kv_fraction in Python; {kv_fraction} now: the share of the free GPU memory "
+               f"the blocks take, the rest is for activations and CUDA graphs) or pass a smaller num_blocks")
+    else:
+        fix = (f"lower --max-batch / --max-len, or pass a smaller num_blocks (a CPU cache takes at most "
+               f"{_size(CPU_KV_BYTES)} by default; --kv-fraction sizes GPU caches)")
+    return KVCacheTooLarge(f"the K/V cache does not fit: {num_blocks:,} blocks of {block_size} tokens take "
+                           f"{_size(num_blocks * block_bytes)}{room}; {fix}")
 
 
 def block_key(parent: bytes, tokens) -> bytes:

@@ -36,7 +36,7 @@ from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
-from .blocks import BlockManager, default_blocks
+from .blocks import BlockManager, KVCacheTooLarge, default_blocks, free_memory, kv_too_large
 from .draft_model import kv_bytes_per_token, paged_drafts
 from .grammar import advance, compiled, cut_drafts, mask_logits
 from .layout import decode_inputs, fed_item, mixed_inputs
@@ -61,13 +61,15 @@ class PagedEngine:
     ("head", "head+ngram", a head folder, a HeadDrafter: head.py); gamma: cap per request and step; max_batch: running
     requests at most; token_budget: tokens per forward (decode rows with their drafts + prefill chunks); block_size:
     slots per block (a power of two > gamma); num_blocks: K/V blocks (default: ``kv_fraction`` of the free GPU memory,
-    at most max_batch full-length requests; on CPU at most 2 GiB); max_len: longest prompt + max_tokens (default the
-    model's context); prefix_caching: share full prompt blocks between requests; pricing: each step verifies the drafts
-    that pay by the measured cost model (pricing.py; False: every offered draft, for comparisons); max_admission_wait:
-    seconds a waiting request may be held so that prefills coalesce (admission.py; 0: admit at once); overlap: plan and
-    launch the next decode step before the last one's tokens reach the host (overlap.py; False: every step synchronous).
-    compile: CUDA graphs + torch.compile on CUDA. deterministic: batch-invariant operators (model.py): a request's
-    logits bitwise the same whatever the batch, load, prefix cache or drafts. Not thread-safe: one thread steps it.
+    at most max_batch full-length requests; on CPU at most 2 GiB; blocks the device cannot hold raise
+    blocks.KVCacheTooLarge, an OutOfMemoryError saying what was asked, what is free and what to lower); max_len:
+    longest prompt + max_tokens (default the model's context); prefix_caching: share full prompt blocks between
+    requests; pricing: each step verifies the drafts that pay by the measured cost model (pricing.py; False: every
+    offered draft, for comparisons); max_admission_wait: seconds a waiting request may be held so that prefills
+    coalesce (admission.py; 0: admit at once); overlap: plan and launch the next decode step before the last one's
+    tokens reach the host (overlap.py; False: every step synchronous). compile: CUDA graphs + torch.compile on CUDA.
+    deterministic: batch-invariant operators (model.py): a request's logits bitwise the same whatever the batch, load,
+    prefix cache or drafts. Not thread-safe: one thread calls submit, cancel and step.
     """
 
     finished = False
@@ -96,9 +98,31 @@ class PagedEngine:
         self.max_len = min(max_len or context_limit(target) or 4096, context_limit(target) or 1 << 30)
         self.vocab = vocab_limit(target)
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
-        if num_blocks is None:
-            num_blocks = default_blocks(kv_bytes_per_token(target, drafter if gamma else None) * block_size,
-                                        max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction, self.device)
+        block_bytes = kv_bytes_per_token(target, drafter if gamma else None) * block_size
+        chosen = num_blocks is not None         # by the caller, else sized here from the free memory
+        if not chosen:
+            num_blocks = default_blocks(block_bytes, max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction,
+                                        self.device)
+        try:        # the K/V caches: the target's here, a draft model's or a head's in paged_drafts
+            self._build(target, drafter, num_blocks, block_size, prefix_caching, token_budget, max_batch, gamma,
+                        max_admission_wait, compile, deterministic)
+        except KVCacheTooLarge:
+            failed = True
+        else:
+            failed = False
+        if failed:      # out of the except: the failed allocation's frames, and any caches made, are gone now
+            self.model = self.drafts = None
+            raise kv_too_large(num_blocks, block_size, block_bytes, self.device, free_memory(self.device),
+                               kv_fraction, chosen)
+        self.tokenizer, self.grammars = tokenizer, None          # grammars: compiled on the first request with one
+        self.seqs: dict = {}                  # rid -> Seq
+        self._ids, self._order = itertools.count(), itertools.count()
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    def _build(self, target, drafter, num_blocks: int, block_size: int, prefix_caching: bool, token_budget: int,
+               max_batch: int, gamma: int, max_admission_wait: float, compile: bool,
+               deterministic: bool) -> None:
+        """The model runners over ``num_blocks`` K/V blocks, the block manager and the scheduler."""
         self.model = PagedModel(target, num_blocks, block_size, compile=compile, deterministic=deterministic)
         self.vocab_out = self.model.native.lm_head.shape[0]
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
@@ -110,10 +134,6 @@ class PagedEngine:
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
         self.drafts = paged_drafts(self, drafter, compile)      # a draft model's runner, or None
-        self.tokenizer, self.grammars = tokenizer, None          # grammars: compiled on the first request with one
-        self.seqs: dict = {}                  # rid -> Seq
-        self._ids, self._order = itertools.count(), itertools.count()
-        self.counters = dict.fromkeys(COUNTERS, 0)
 
     # ------------------------------------------------------------------------------------------------ requests
     @property

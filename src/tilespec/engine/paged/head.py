@@ -38,6 +38,7 @@ import torch
 
 from ..drafters import ContextState, HeadDrafter
 from .attention import paged_attention
+from .blocks import kv_zeros
 from .draft_model import PLACEHOLDER, draft_law, one_hot_context_drafts, sample_drafts
 from .layout import Fed, mixed_inputs
 from .model import StepInputs
@@ -97,9 +98,8 @@ class PagedHead:
         self.block_size, self.device = engine.blocks.block_size, engine.device
         c, dtype = head.cfg, head.fc.weight.dtype
         slots = engine.blocks.num_blocks * self.block_size
-        self.k = torch.zeros((slots, c.kv_heads, c.head_dim), dtype=dtype, device=self.device)
-        self.v = torch.zeros_like(self.k)
-        self.features = torch.zeros((slots, c.hidden), dtype=dtype, device=self.device)
+        self.k, self.v = kv_zeros((slots, c.kv_heads, c.head_dim), dtype, self.device, 2)
+        self.features, = kv_zeros((slots, c.hidden), dtype, self.device, 1)
         self.vocab = c.vocab_size
         engine.model.capture_features(c.feature_layers, head.fuse, self.features)
 

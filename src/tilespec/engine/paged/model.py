@@ -42,6 +42,7 @@ from ..native.qkv_rope import qkv_rope
 from ..native.runner import active_kernel_parts, native_model
 from . import invariant as inv
 from .attention import paged_attention
+from .blocks import kv_zeros
 from .piecewise import MIXED_BUCKETS, Pieces
 
 
@@ -152,8 +153,8 @@ class PagedModel:
         self.deterministic = bool(deterministic)    # batch-invariant operators (invariant.py), no fused layer
         self.device = native.embed.device
         shape = (num_blocks * block_size, native.kv_heads, native.head_dim)
-        self.caches = [(torch.zeros(shape, dtype=native.dtype, device=self.device),
-                        torch.zeros(shape, dtype=native.dtype, device=self.device)) for _ in native.layers]
+        kv = kv_zeros(shape, native.dtype, self.device, 2 * len(native.layers))
+        self.caches = list(zip(kv[0::2], kv[1::2]))
         self.graphs = compile and self.device.type == "cuda"
         self._fns = (paged_prologue, paged_layer, paged_head)
         if self.graphs:
