@@ -27,10 +27,6 @@ from .studies import table7, table8
 from .tables import (BASELINE, _batch, _exact, _f, _is_gpu, _label, _methods, _ours_note, _pair, _pct, _suffix,
                      approximate_table, noise_table, table1, table3, table5, table6)
 
-OTHER_PREFIXES = ("verify-", "e2e-", "multidraft-", "models-", "exactness-", "kernels-", "tune-", "ncu-", "native-",
-                  "engine-", "compile-", "repeatability-", "heads-", "tensor-parallel-", "soak-", "graphs-",
-                  "whisper-", "demo-", "trees-", "serve-", "keep-", "step-cost-", "attention-", "paged-")
-
 
 def load_results(folder: Path) -> tuple[list, list]:
     """(eval runs with their source file, [(path, parsed JSON or error string)] of the other result files)."""
@@ -47,7 +43,7 @@ def load_results(folder: Path) -> tuple[list, list]:
         if path.name.startswith("eval-") and isinstance(doc, dict) and isinstance(doc.get("runs"), list):
             extra = {"_commit_note": doc["commit_note"]} if isinstance(doc.get("commit_note"), str) else {}
             runs.extend(dict(r, _source=path.name, **extra) for r in doc["runs"] if isinstance(r, dict))
-        elif path.name.startswith(OTHER_PREFIXES):
+        else:               # every committed result is listed, whatever its name
             others.append((path, doc))
     runs.sort(key=_run_order)
     return runs, others
