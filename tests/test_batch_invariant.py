@@ -17,6 +17,7 @@ from tilespec.engine.paged import invariant as inv
 from tilespec.engine.paged.engine import PagedEngine
 
 from engine_models import no_eos_lm
+from tiers import fast_first
 
 ROWS = (1, 3, 17, 64, 70)       # 70: a second row block of the matmul
 
@@ -156,7 +157,7 @@ def _serve(engine, reqs, stagger: bool) -> list:
     return [got[r.rid] for r in reqs]
 
 
-@pytest.mark.parametrize("draft", [None, "ngram"])
+@pytest.mark.parametrize("draft", fast_first(["ngram", None], 1))
 def test_a_request_alone_and_among_others_gets_bitwise_equal_tokens_and_logprobs(target, draft):
     def ask(i, p):
         return BatchRequest(prompt=p, max_tokens=8, temperature=1.0 if i == 1 else 0.0, seed=i, logprobs=3)

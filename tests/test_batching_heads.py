@@ -18,6 +18,7 @@ from tilespec.training import train_head
 from tilespec.verify.types import SamplingParams
 
 from engine_models import tiny_lm
+from tiers import fast_first
 
 GREEDY = SamplingParams(temperature=0.0)
 VOCAB = 128
@@ -151,9 +152,9 @@ def test_the_heads_cache_moves_with_the_targets_at_a_defragmentation(trained, ru
     assert engine.counters["defrags"] >= 3 and sum(r.accepted for r in reqs) > 0
 
 
-@pytest.mark.parametrize("draft,method,repeats,runtime", [
-    ("head", "coupled", False, False), ("head", "reference", False, False), ("head", "coupled", False, "native"),
-    ("head+ngram", "coupled", False, False), ("head+ngram", "coupled", True, "native")])
+@pytest.mark.parametrize("draft,method,repeats,runtime", fast_first([
+    ("head", "coupled", False, "native"), ("head+ngram", "coupled", True, "native"), ("head", "coupled", False, False),
+    ("head", "reference", False, False), ("head+ngram", "coupled", False, False)], 2))
 def test_seeded_sampled_request_alone_equals_amid_traffic_and_defrags(trained, draft, method, repeats, runtime):
     """The same sampled request (seed 7, T=1, top-p 0.9) with head (and context) drafts alone, amid 9 other requests
     (other temperatures, γ = 0 for some), and amid them with the caches defragmented mid-flight: the same tokens.
@@ -200,6 +201,7 @@ def test_a_head_on_a_runtime_without_hidden_states_fails_at_construction(trained
         BatchEngine(target, HeadDrafter(head), max_batch=2, max_len=16, compile="debug")
 
 
+@pytest.mark.slow
 def test_server_answers_with_the_targets_head(trained, tmp_path, monkeypatch):
     """``--draft head``: the head found under $TILESPEC_HOME/heads/<target>/, served end to end on the paged engine
     (greedy text equals target-only decoding's, streaming, drafted and accepted tokens in /metrics); a head folder

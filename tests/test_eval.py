@@ -128,6 +128,7 @@ def test_summarization_greedy_exact_methods_match_baseline(lm_pair):
         small_cfg(methods=("hf", "sigmoid"))
 
 
+@pytest.mark.slow
 def test_sampling_run_all_studies_and_report(lm_pair, tmp_path):
     cfg = small_cfg(temperature=1.0, methods=("hf", "tiled", "sigmoid"), studies=("main", "acceptance", "gamma", "alphabeta"))
     rec = evaluate(cfg, models=lm_pair, examples=DOCS, log=lambda *a: None, studies=STUDIES)

@@ -44,6 +44,7 @@ def quiet(*a, **k):
     pass
 
 
+@pytest.mark.slow
 def test_batched_greedy_equals_batch_one_and_exact_methods_equal_hf(pair):
     one = evaluate(cfg_of(batch_size=1), models=pair, examples=DOCS, log=quiet)
     three = evaluate(cfg_of(batch_size=3), models=pair, examples=DOCS, log=quiet)

@@ -14,6 +14,7 @@ from tilespec.engine import GammaSchedule, SpeculativeDecoder, expected_speedup
 from tilespec.verify import SamplingParams
 
 from engine_models import tiny_lm
+from tiers import fast_first
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -116,7 +117,7 @@ def fresh_compile():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("compile", [False, "debug"])
+@pytest.mark.parametrize("compile", fast_first(["debug", False], 1))
 def test_forced_fallback_greedy_equals_target_only(models, compile):
     target, draft = models["target"], models["draft"]
     prompts, n = (PROMPTS, 24) if not compile else (PROMPTS[:2], 10)

@@ -40,6 +40,7 @@ def _fresh(target, like: DraftHead) -> DraftHead:
     return DraftHead(like.cfg, vocab_ids=like.vocab_ids).init_from(target).bind(target).eval().requires_grad_(False)
 
 
+@pytest.mark.slow
 def test_training_raises_the_heads_acceptance_on_the_targets_text(trained):
     target, head, info, _ = trained
     test = _prompts(8, 2)

@@ -22,6 +22,7 @@ from tilespec.verify.types import SamplingParams
 
 import test_batching_heads
 from engine_models import exact_sequence_law, serve_in_two_waves, tiny_lm
+from tiers import fast_first
 
 trained = test_batching_heads.trained       # a 4-layer qwen2 target, a head trained on it (draft vocabulary 96)
 
@@ -41,7 +42,7 @@ def target_only(trained):
     return serve_in_two_waves(PagedEngine(target, None, max_batch=4, block_size=4), _asks(PROMPTS * 2, lambda i: 0))
 
 
-@pytest.mark.parametrize("case", ["plain", "preempted", "priced", "with-ngram", "folder"])
+@pytest.mark.parametrize("case", fast_first(["plain", "preempted", "priced", "with-ngram", "folder"], 3))
 def test_greedy_tokens_equal_target_only(trained, target_only, case):
     """T = 0, two waves of the prompts (the second finds the first's blocks in the prefix cache): the paged engine
     drafting with the head gives target-only's tokens; on a small pool (preemptions), priced, as head+ngram, and with

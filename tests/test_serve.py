@@ -27,6 +27,7 @@ from tilespec.serve import build_server  # noqa: E402
 
 from engine_models import tiny_lm  # noqa: E402
 from serve_hooks import CharTokenizer, fail_after, stall_after  # noqa: E402
+from tiers import fast_first  # noqa: E402
 
 MODEL = "tiny"
 
@@ -205,7 +206,7 @@ def test_disconnect_frees_the_blocks():
         srv.stop()
 
 
-@pytest.mark.parametrize("how", ["killed", "step raises"])
+@pytest.mark.parametrize("how", fast_first(["killed", "step raises"], 1))
 def test_a_dead_engine_process_fails_requests_at_once(how):
     """The engine process dies mid-stream (SIGKILL, or a step that raises): the stream ends with an error event
     within seconds, /health turns 503 with the reason, and new requests get 503 -- nothing hangs."""

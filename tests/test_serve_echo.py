@@ -134,6 +134,7 @@ def test_max_tokens_zero_without_echo_is_still_a_400(served):
     assert chat.status_code == 400
 
 
+@pytest.mark.slow
 def test_the_batch_engine_refuses_echo_with_logprobs_and_echoes_without(tiny_batch_server):
     srv = tiny_batch_server             # make_app(engine="batch", warmup=False), shared with test_serve_logprobs.py
     resp = post(srv, dict(prompt="ab", max_tokens=2, echo=True, logprobs=1))

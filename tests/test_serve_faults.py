@@ -28,7 +28,8 @@ MAX_BODY_MB = 0.05
 SMALL_CACHE = 7         # blocks of 16 slots: 6 beside the scratch block, 96 positions shared by the 4 rows
 
 
-@pytest.fixture(scope="module", params=[None, SMALL_CACHE], ids=["default cache", "preempting cache"])
+@pytest.fixture(scope="module", params=[pytest.param(None, marks=pytest.mark.slow), SMALL_CACHE],
+                ids=["default cache", "preempting cache"])
 def server(request):
     torch.set_num_threads(1)
     srv = Server(make_app(draft="ngram", max_body_mb=MAX_BODY_MB, num_blocks=request.param))

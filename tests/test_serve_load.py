@@ -85,6 +85,7 @@ def test_the_soak_runs_on_a_speculative_tilespec_system():
         load.soak_index(systems, "tilespec:head")
 
 
+@pytest.mark.slow
 def test_a_soak_runs_for_its_duration_and_compares_greedy_texts(tmp_path):
     """--soak-seconds keeps the largest level's load for that long (whatever the measured request rate) and counts
     the greedy texts that differ from the one-client level's."""

@@ -200,6 +200,7 @@ def test_bad_logprobs_values_are_400s_naming_the_field(served, path, extra, para
         assert "logprobs: true" in resp.json()["error"]["message"]     # it names the fix
 
 
+@pytest.mark.slow
 def test_the_batch_engine_refuses_logprobs_with_a_400_that_says_why(tiny_batch_server):
     srv = tiny_batch_server             # make_app(engine="batch", warmup=False), shared with test_serve_echo.py
     for stream in (False, True):

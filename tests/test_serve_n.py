@@ -16,6 +16,7 @@ from tilespec.serve.completion import choice_seeds  # noqa: E402
 from serve_hooks import stall_after  # noqa: E402
 import test_serve  # noqa: E402
 from test_serve import MODEL, Server, make_app, wait_metric  # noqa: E402
+from tiers import fast_first  # noqa: E402
 
 CHAT = dict(model=MODEL, messages=[{"role": "user", "content": "abcabcabc"}], max_tokens=10)
 PROMPT = dict(model=MODEL, prompt="hello there", max_tokens=10)
@@ -53,7 +54,7 @@ def test_choice_seeds_are_seed_plus_i_within_int64():
     assert len(set(fresh)) == 4 and all(0 <= s < 2**62 for s in fresh)
 
 
-@pytest.mark.parametrize("path", ["chat", "completions"])
+@pytest.mark.parametrize("path", fast_first(["chat", "completions"], 1))
 def test_n_choices_in_index_order_each_the_request_alone_with_seed_plus_i(server, path):
     base = CHAT if path == "chat" else PROMPT
     route = "chat/completions" if path == "chat" else "completions"

@@ -260,6 +260,7 @@ def test_a_grammar_the_engine_refuses_comes_back_as_a_400_with_its_message(serve
     assert texts(ask(served, guided_choice=["ok"]))[0] == ("ok", "stop")      # the engine serves on
 
 
+@pytest.mark.slow
 def test_the_batch_engine_refuses_structured_outputs_with_a_400_that_says_why(tiny_batch_server):
     srv = tiny_batch_server                 # make_app(engine="batch", warmup=False), shared with the logprobs tests
     for path, fields in (("/v1/chat/completions", dict(response_format={"type": "json_object"})),
