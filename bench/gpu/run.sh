@@ -23,6 +23,7 @@
 #   bash bench/gpu/run.sh vparts K              # vLLM's offline install, one part per call (.vparts: K = 1 2 4 3)
 #   bash bench/gpu/run.sh servebase             # the API side's ceiling (fake engine), the paged engine in-process
 #   bash bench/gpu/run.sh serve                 # tilespec serve (none, ngram) vs vLLM (plain, ngram), 1..256 clients
+#   bash bench/gpu/run.sh deterministic         # batch-invariant mode: operator cost, GPU test, 64 clients with/without
 #   bash bench/gpu/run.sh pagedcost             # a paged decode step's cost by rows x ragged draft tokens (real 1.5B)
 #   bash bench/gpu/run.sh restart               # tilespec serve's second start (warm caches) until healthy
 #   bash bench/gpu/run.sh wait [SECONDS]        # until background conversions end; results tarred to $OUT/res.tgz
@@ -410,6 +411,24 @@ stage_servebase() {  # what the HTTP runs are held to, one GPU: the API side's o
   tarball servebase
 }
 
+stage_deterministic() {  # the batch-invariant mode: its operators against the default ones (random weights, 1.5B
+                         # shapes), its GPU invariance test, then the real 1.5B in-process at DET_CLIENTS with and
+                         # without --deterministic (target-only and ngram), each level's texts against the same
+                         # prompts served one at a time (DET_ALONE of them)
+  UNPACK=1 env_setup
+  local tag d
+  tag=$(gpu_tag)
+  step invariant-cost 120 python3 bench/scripts/invariant_cost.py --json "$RES/deterministic-ops-cost-qwen1.5b-shapes-$tag.json"
+  step invariant-test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_batch_invariant_gpu.py
+  stage_wait "${SERVEBASE_WAIT_S:-300}" > /dev/null
+  for d in ${DET_DRAFTS:-none none:det ngram ngram:det}; do
+    step "det-${d//:/-}" "${DET_LIMIT_S:-300}" python3 bench/scripts/paged_engine.py --target qwen2.5-coder-1.5b-instruct \
+      --clients "${DET_CLIENTS:-64}" --requests-per-client 4 --drafts "$d" --compare-alone "${DET_ALONE:-32}" \
+      --batch-engine-clients "" --prefix-tokens 0 --budget-s 240 --out "$RES/paged-engine-${d//:/-}-det-compare-$tag.json"
+  done
+  tail -2 "$RES/invariant-test.log"; tarball deterministic
+}
+
 stage_pagedcost() {  # one paged decode step's cost on the real 1.5B by rows x fed tokens (ragged drafts), two table
                      # widths, plus verify() (bench/scripts/step_cost.py): what the per-step draft chooser prices with
   UNPACK=1 env_setup
@@ -495,7 +514,7 @@ stage_eval() {  # eval [STAGE ...]: python -m bench.scale (docs/eval.md), one pr
 
 cmd=${1:-}; shift || true
 case $cmd in
-  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor|vparts|servebase|restart|pagedcost)
+  parts|extras|part|wait|tests|exactness|verify|thresholds|e2e|eval|soak|serve|stepcost|floor|vparts|servebase|restart|pagedcost|deterministic)
     "stage_$cmd" "$@" ;;
   convert) convert "$@" ;;
   *) sed -n '2,25p' "$0"; exit 2 ;;

@@ -73,10 +73,11 @@ def step_state(engine, before=None) -> dict:
 
 
 def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: int, temperature: float,
-                seed: int = 0) -> dict:
-    """``clients`` requests in flight until ``requests`` ended; tokens / wall time, TTFT and ITL per request."""
+                seed: int = 0, outputs: dict | None = None) -> dict:
+    """``clients`` requests in flight until ``requests`` ended; tokens / wall time, TTFT and ITL per request.
+    ``outputs``: filled with each prompt index's tokens (its first request's)."""
     from tilespec.engine.batching import BatchRequest
-    made, done, live, peak_kv = 0, [], {}, 0
+    made, done, live, peak_kv, index = 0, [], {}, 0, {}
 
     def submit():
         nonlocal made
@@ -84,6 +85,8 @@ def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: 
                          seed=seed + made)
         engine.submit(r)
         live[r.rid] = r
+        if outputs is not None:
+            index[r.rid] = made % len(prompts)
         made += 1
 
     t0 = time.perf_counter()
@@ -99,6 +102,8 @@ def closed_loop(engine, prompts: list, clients: int, requests: int, max_tokens: 
         for ev in events:
             if ev.finish_reason is not None:
                 done.append(live.pop(ev.rid))
+                if outputs is not None:
+                    outputs.setdefault(index[ev.rid], list(done[-1].tokens))
                 if made < requests:
                     submit()
         if hasattr(engine, "kv_bytes_in_use"):
@@ -125,6 +130,9 @@ def main() -> int:
     p.add_argument("--clients", default="1,16,64,128,256")
     p.add_argument("--requests-per-client", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--compare-alone", type=int, default=0,
+                   help="per draft, this many prompts also served one at a time: how many of their texts the "
+                        "loaded levels reproduce")
     p.add_argument("--drafts", default="none,ngram",
                    help="drafters, each run on its own engine; 'ngram:all' verifies every offered draft (pricing off), "
                         "'none:sync' runs every step synchronously (no overlap)")
@@ -162,20 +170,28 @@ def main() -> int:
 
     for draft in a.drafts.split(","):
         t = time.perf_counter()
-        name, _, mode = draft.partition(":")
+        name, _, mode = draft.partition(":")     # modes: all (no pricing), sync (no overlap), det (deterministic)
         eng = PagedEngine(target, None if name == "none" else name, max_batch=max(levels), gamma=4,
                           compile=True, max_len=4096, eos_token_id=[], pad_token_id=pad, pricing=mode != "all",
-                          overlap=mode != "sync")
+                          overlap=mode != "sync", deterministic=mode == "det")
         shapes = eng.warm_up(log=print)
         freeze_heap()                   # as the server's engine process does after its warm-up
         out["rows"].append({"system": f"paged:{draft}", "kind": "setup", "warmup_s": time.perf_counter() - t,
                             "shapes": shapes, "kv_blocks": eng.blocks.num_blocks})
+        alone: dict = {}
+        for i in range(min(a.compare_alone, len(prompts))):     # one request at a time: the reference texts
+            one: dict = {}
+            closed_loop(eng, prompts[i:i + 1], 1, 1, a.max_tokens, 0.0, outputs=one)
+            alone[i] = one[0]
         for c in levels:
             if time.perf_counter() - start > a.budget_s:
                 break
             closed_loop(eng, prompts, c, c, a.max_tokens, 0.0)           # a warm pass of the level
-            before = dict(eng.counters)
-            row = closed_loop(eng, prompts, c, a.requests_per_client * c, a.max_tokens, 0.0)
+            before, loaded = dict(eng.counters), {}
+            row = closed_loop(eng, prompts, c, a.requests_per_client * c, a.max_tokens, 0.0, outputs=loaded)
+            if alone:
+                same = [i for i in alone if i in loaded and loaded[i] == alone[i]]
+                row.update(alone_compared=sum(i in loaded for i in alone), alone_identical=len(same))
             level = {k: eng.counters[k] - before[k] for k in LEVEL_COUNTERS}
             row.update(system=f"paged:{draft}", kind="load", graph_steps=eng.counters["decode_graph_steps"],
                        steps=eng.counters["steps"], preemptions=eng.counters["preemptions"],
