@@ -314,6 +314,30 @@ def test_a_kv_cache_the_device_cannot_hold_says_what_to_lower(target, monkeypatc
                           "Python; 0.95 now")
 
 
+def test_a_warm_up_out_of_memory_names_the_caches_share_and_what_to_lower(target, monkeypatch):
+    """A capture that runs out of device memory after the K/V cache took its share (kv_fraction near 1) ends the
+    warm-up with one error naming the cache and --kv-fraction, not the allocator's size alone; other errors stay."""
+    from tilespec.engine.paged import blocks, warmup
+    engine = PagedEngine(target, "ngram", max_batch=4, max_len=64, kv_fraction=0.97)
+    monkeypatch.setattr(engine.model, "graphs", True)          # as on CUDA: the warm-up has shapes to capture
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+    monkeypatch.setattr(warmup, "warm_attention", no_room)
+    with pytest.raises(blocks.KVCacheTooLarge) as failed:
+        engine.warm_up()
+    message = str(failed.value)
+    assert message.startswith(f"the warm-up ran out of device memory: the K/V cache holds {engine.blocks.num_blocks} "
+                              f"blocks") and "of 4 rows" in message
+    assert "lower --kv-fraction (kv_fraction in Python; 0.97 now" in message and "--max-batch" in message
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a compile error, not one of memory")
+    monkeypatch.setattr(warmup, "warm_attention", broken)
+    with pytest.raises(RuntimeError, match="not one of memory"):
+        engine.warm_up()
+
+
 def test_bad_engine_settings_are_refused(target):
     for kwargs, match in [(dict(max_batch=0), "max_batch"), (dict(kv_fraction=1.5), "kv_fraction"),
                           (dict(draft="ngram", gamma=4, block_size=4), "below block_size"),

@@ -103,6 +103,18 @@ def kv_too_large(num_blocks: int, block_size: int, block_bytes: int, device, fre
                            f"{_size(num_blocks * block_bytes)}{room}; {fix}")
 
 
+def warm_up_out_of_memory(num_blocks: int, block_bytes: int, kv_fraction: float, chosen: bool,
+                          max_batch: int) -> KVCacheTooLarge:
+    """The error for a warm-up that ran out of device memory once the K/V cache had its share: what the cache holds
+    and what to lower (the allocator's message names a size only, not the setting that left too little)."""
+    fix = ("pass a smaller num_blocks" if chosen else
+           f"lower --kv-fraction (kv_fraction in Python; {kv_fraction} now: the rest of the free GPU memory is for "
+           f"activations and CUDA graphs)")
+    return KVCacheTooLarge(f"the warm-up ran out of device memory: the K/V cache holds {num_blocks:,} blocks "
+                           f"({_size(num_blocks * block_bytes)}) and too little was left to capture the step shapes "
+                           f"of {max_batch} rows; {fix}, or lower --max-batch")
+
+
 def block_key(parent: bytes, tokens) -> bytes:
     """The prefix key of a full block: blake2b-128 over the parent block's key and the block's token ids."""
     h = hashlib.blake2b(parent, digest_size=16)

@@ -36,7 +36,8 @@ from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
-from .blocks import BlockManager, KVCacheTooLarge, default_blocks, free_memory, kv_too_large
+from .blocks import (BlockManager, KVCacheTooLarge, default_blocks, free_memory, kv_too_large, out_of_memory,
+                     warm_up_out_of_memory)
 from .draft_model import kv_bytes_per_token, paged_drafts
 from .grammar import advance, compiled, cut_drafts, mask_logits
 from .layout import decode_inputs, fed_item, mixed_inputs
@@ -100,6 +101,7 @@ class PagedEngine:
         self.eos, self.pad = eos_ids(target, tokenizer, eos_token_id), int(pad_token_id)
         block_bytes = kv_bytes_per_token(target, drafter if gamma else None) * block_size
         chosen = num_blocks is not None         # by the caller, else sized here from the free memory
+        self._block_bytes, self._kv_fraction, self._blocks_chosen = block_bytes, kv_fraction, chosen
         if not chosen:
             num_blocks = default_blocks(block_bytes, max_batch * (-(-self.max_len // block_size)) + 1, kv_fraction,
                                         self.device)
@@ -203,9 +205,17 @@ class PagedEngine:
         return generate(self, prompts, max_new_tokens, sampling, seed, tokenizer)
 
     def warm_up(self, max_context: Optional[int] = None, log=None) -> int:
-        """Compile and capture every step shape before serving (engine/paged/warmup.py); returns how many ran."""
+        """Compile and capture every step shape before serving (engine/paged/warmup.py); returns how many ran. Out of
+        device memory there: KVCacheTooLarge naming the cache's share and what to lower."""
         from .warmup import warm_up
-        return warm_up(self, max_context, log)
+        try:
+            return warm_up(self, max_context, log)
+        except RuntimeError as err:
+            if not out_of_memory(err) or isinstance(err, KVCacheTooLarge):
+                raise
+        # out of the except: the failed capture's frames and tensors are released before the error travels
+        raise warm_up_out_of_memory(self.blocks.num_blocks, self._block_bytes, self._kv_fraction, self._blocks_chosen,
+                                    self.max_batch)
 
     # ------------------------------------------------------------------------------------------------ the loop
     def _gate(self, admit: bool) -> Optional[tuple]:
