@@ -184,17 +184,37 @@ def test_auto_picks_the_decoder_for_what_only_it_does(pair):
     assert pick_engine(target, None, options={"gamma_schedule": "constant", "gamma": 3, "method": "coupled",
                                               "compile": False, "temperature": 0.5}) == "paged"   # defaults / shared
     for options in ({"gamma_schedule": "optimal"}, {"max_gamma": 8}, {"tree": (3, 3, 8)}, {"chains": (2, 2)},
-                    {"method_options": {}}, {"compile": "native"}, {"lenience": 0.5}, {"temperature": [0.0, 1.0]},
-                    {"sampling": tilespec.SamplingParams(top_k=[0, 5])}, {"gamma": 16}):
+                    {"method_options": {}}, {"compile": "native"}, {"lenience": 0.5}, {"lenience": [1.0, 0.5]},
+                    {"gamma": 16}):
         assert pick_engine(target, "ngram", options=options) == "decoder", options
         assert pick_engine(None, None, options=options) == "decoder"      # decided before any model loads
     assert pick_engine(target, None, tp=2) == "decoder" and decoder_only({}, tp=2) == ["tp=2 (no tensor-parallel path)"]
     assert pick_engine(None, None) is None                                # the models decide
     assert pick_engine(target, None, options={"max_batch": 2}) == "paged"
+    for options in ({"temperature": [0.0, 1.0]}, {"sampling": tilespec.SamplingParams(top_k=[0, 5])}):
+        assert pick_engine(target, "ngram", options=options) == "paged", options     # per-prompt values: both take
     tok = ChatTokenizer()
     out = tilespec.generate(["abcabcabc", "sky"], target=target, draft="ngram", tokenizer=tok, max_new_tokens=6,
                             temperature=[0.0, 1.0], gamma_schedule="heuristic")
     assert out.stats.runtime == "eager" and len(out.sequences) == 2
+
+
+def test_per_prompt_sampling_on_the_paged_engine_is_the_decoders(pair):
+    """One temperature / top-k / top-p per prompt (lists or a tensor): the paged engine gives each prompt the
+    decoder's seeded tokens (coupled verification of context drafts, as above); a list of the wrong length is an
+    error naming the field."""
+    import torch
+    target, _ = pair
+    tok = ChatTokenizer()
+    prompts = ["abcabcabc", "sky", "abab"]
+    per = dict(temperature=[0.0, 1.0, 0.8], top_k=torch.tensor([0, 5, 3]), top_p=[1.0, 0.9, 1.0])
+    dec = tilespec.generate(prompts, target=target, draft="ngram", tokenizer=tok, max_new_tokens=8, seed=7,
+                            engine="decoder", method="coupled", **per)
+    out = tilespec.generate(prompts, target=target, draft="ngram", tokenizer=tok, max_new_tokens=8, seed=7,
+                            engine="paged", gamma=3, **per)
+    assert out.sequences == dec.sequences and out.stats.runtime == "paged"
+    with pytest.raises(ValueError, match="sampling.top_p has 2 entries for 3 requests"):
+        tilespec.generate(prompts, target=target, tokenizer=tok, max_new_tokens=2, engine="paged", top_p=[1.0, 0.9])
 
 
 def test_paged_refusals_name_the_option_and_the_fix(pair):
@@ -206,7 +226,7 @@ def test_paged_refusals_name_the_option_and_the_fix(pair):
     for kwargs, match in [(dict(draft=tree), "cannot serve this: .* drafts a token tree"),
                           (dict(draft="ngram", tree=(3, 3, 8)), "cannot honour tree; use engine='decoder'"),
                           (dict(lenience=0.5), "cannot honour lenience=0.5"),
-                          (dict(temperature=[0.0]), "cannot honour per-prompt temperature"),
+                          (dict(lenience=[1.0, 0.5]), r"cannot honour lenience=\[1.0, 0.5\]"),
                           (dict(compile="native"), r"compile='native' \(a decoder execution path"),
                           (dict(gamma_schedule="optimal", max_batch=2), "max_batch is the paged engine's: drop it")]:
         with pytest.raises(ValueError, match=match):

@@ -349,8 +349,10 @@ def test_bad_engine_settings_are_refused(target):
     with pytest.raises(ValueError, match="token_budget"):
         Scheduler(BlockManager(4, 4), token_budget=0)
     eng = PagedEngine(target, None, max_batch=2, block_size=4)
-    with pytest.raises(ValueError, match="one temperature"):
-        eng.generate([[1, 2]], max_new_tokens=2, sampling=SamplingParams(temperature=[0.0]))
+    with pytest.raises(ValueError, match="sampling.temperature has 2 values for 1 prompts"):
+        eng.generate([[1, 2]], max_new_tokens=2, sampling=SamplingParams(temperature=[0.0, 1.0]))
+    with pytest.raises(ValueError, match="verifies exactly"):
+        eng.generate([[1, 2], [3]], max_new_tokens=2, sampling=SamplingParams(lenience=[1.0, 0.5]))
     with pytest.raises(ValueError, match="seeds"):
         eng.generate([[1, 2]], max_new_tokens=2, seed=[1, 2])
 

@@ -235,8 +235,8 @@ def _is_default(value, default) -> bool:
 def decoder_only(options: dict, tp: int = 1) -> list:
     """What in ``options`` (tilespec.generate's) only the decoder honours, in words: its own keywords set to other
     than their defaults (gamma_schedule / max_gamma / fallback_below, tree / chains / scheme / draft_sampling,
-    method_options, schedule, verify_fn, run_ahead, cache_slack, graph_verify), a compile mode name, per-prompt
-    sampling values, lenience below 1, ``tp`` > 1. Raises TypeError on an option neither engine takes."""
+    method_options, schedule, verify_fn, run_ahead, cache_slack, graph_verify), a compile mode name, lenience
+    below 1 (for any prompt), ``tp`` > 1. Raises TypeError on an option neither engine takes."""
     decoder, paged = engine_keywords()
     known = set(decoder) | set(paged) | set(SAMPLING_FIELDS) | {"sampling"}
     unknown = sorted(set(options) - known)
@@ -250,10 +250,10 @@ def decoder_only(options: dict, tp: int = 1) -> list:
         only.append(f"compile={options['compile']!r} (a decoder execution path; the paged engine takes True / False)")
     sampling = options.get("sampling")
     values = {f: getattr(sampling, f, None) if sampling is not None else options.get(f) for f in SAMPLING_FIELDS}
-    per_prompt = [f for f, v in values.items() if isinstance(v, (list, tuple)) or hasattr(v, "shape")]
-    only += [f"per-prompt {f}" for f in per_prompt]
-    if "lenience" not in per_prompt and values["lenience"] not in (None, 1, 1.0):
-        only.append(f"lenience={values['lenience']!r}")
+    lenience = values["lenience"]               # per-prompt values of the other fields: both engines take them
+    lenience = lenience.tolist() if hasattr(lenience, "tolist") else lenience
+    if any(v not in (None, 1, 1.0) for v in (lenience if isinstance(lenience, (list, tuple)) else [lenience])):
+        only.append(f"lenience={lenience!r}")
     gamma, block = options.get("gamma"), options.get("block_size") or 16
     if isinstance(gamma, int) and gamma >= block:
         only.append(f"gamma={gamma} (the paged engine drafts fewer than block_size={block})")

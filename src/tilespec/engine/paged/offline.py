@@ -19,10 +19,16 @@ from ..generation import GenerationOutput, StepEvent
 from ..metrics import RunStats, peak_memory
 
 
-def _scalar(value, name: str):
-    if isinstance(value, (list, tuple, torch.Tensor)):
-        raise ValueError(f"offline generation on the paged engine takes one {name} for every prompt, got a sequence")
-    return value
+def _per_request(value, name: str, n: int) -> list:
+    """A sampling field for ``n`` prompts: a scalar (every prompt) or one value per prompt (list, tuple or tensor),
+    as the decoder takes them -> n values."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.dim() else value.item()
+    if not isinstance(value, (list, tuple)):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"sampling.{name} has {len(value)} values for {n} prompts: give one per prompt or a scalar")
+    return list(value)
 
 
 def _requests(engine, prompts, max_new_tokens: int, sampling: Optional[SamplingParams], seed) -> list:
@@ -30,16 +36,17 @@ def _requests(engine, prompts, max_new_tokens: int, sampling: Optional[SamplingP
         raise ValueError("no prompts: pass at least one token list")
     if engine.has_work:
         raise RuntimeError("the engine is serving other requests; offline generation needs an idle engine")
-    s = sampling or SamplingParams()
-    values = {f: _scalar(getattr(s, f), f) for f in ("temperature", "top_k", "top_p", "min_p")}
-    if _scalar(s.lenience, "lenience") != 1:
+    s, n = sampling or SamplingParams(), len(prompts)
+    fields = ("temperature", "top_k", "top_p", "min_p")
+    values = {f: _per_request(getattr(s, f), f, n) for f in fields}
+    if any(v != 1 for v in _per_request(s.lenience, "lenience", n)):
         raise ValueError(f"the paged engine verifies exactly (lenience 1), got lenience={s.lenience!r}: "
                          "use the decoder (SpeculativeDecoder, tilespec.generate(engine='decoder'))")
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [int(seed) + i for i in range(len(prompts))]
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-    reqs = [BatchRequest(prompt=list(p), max_tokens=max_new_tokens, seed=sd, **values)
-            for p, sd in zip(prompts, seeds)]
+    reqs = [BatchRequest(prompt=list(p), max_tokens=max_new_tokens, seed=sd, **{f: values[f][i] for f in fields})
+            for i, (p, sd) in enumerate(zip(prompts, seeds))]
     for r in reqs:
         engine.check(r)                 # every request checked before any is queued
     return reqs
@@ -89,8 +96,8 @@ def stream(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
 
 def generate(engine, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128,
              sampling: Optional[SamplingParams] = None, seed=0, tokenizer=None) -> GenerationOutput:
-    """``prompts``: token id lists (>= 1 token each); every request gets ``max_new_tokens`` and ``sampling``
-    (scalars). Returns sequences (new tokens, prompt excluded) in prompt order, finish reasons, texts when a
+    """``prompts``: token id lists (>= 1 token each); every request gets ``max_new_tokens`` and ``sampling`` (each
+    field a scalar for every prompt or one value per prompt). Returns sequences (new tokens, prompt excluded) in prompt order, finish reasons, texts when a
     tokenizer is given, and RunStats (steps, request-steps, drafted / accepted / emitted, wall time, peak K/V bytes
     held, peak memory)."""
     done = []
