@@ -175,11 +175,13 @@ def test_auto_picks_the_decoder_for_what_only_it_does(pair):
     rule, engine/paged/support.choose_engine), else the decoder; paged-only options ask for the paged engine."""
     from tilespec.api import decoder_only, pick_engine
     target, draft = pair
-    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters import HeadDrafter, NgramDrafter, resolve_drafter
     from tilespec.engine.drafters.trees import tree_drafter, tree_shape
-    for d in (None, "ngram", "suffix", draft, [draft, "ngram"], "head", "head+ngram"):
+    trees = [tree_drafter(d, tree_shape(*shape), tilespec.SamplingParams(), "constant") for d, shape in
+             ((NgramDrafter(), ((2, 2, 4), None)), (HeadDrafter(), ((2, 2, 4), None)), (HeadDrafter(), (None, (2, 2))))]
+    for d in (None, "ngram", "suffix", draft, [draft, "ngram"], "head", "head+ngram", *trees):
         assert pick_engine(target, d) == "paged"
-    tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), tilespec.SamplingParams(), "constant")
+    tree = tree_drafter(resolve_drafter(draft), tree_shape(None, (2, 2)), tilespec.SamplingParams(), "constant")
     assert pick_engine(target, tree) == "decoder" and pick_engine(tiny_whisper(0), None) == "decoder"
     assert pick_engine(target, None, options={"gamma_schedule": "constant", "gamma": 3, "method": "coupled",
                                               "compile": False, "temperature": 0.5}) == "paged"   # defaults / shared
@@ -220,9 +222,9 @@ def test_per_prompt_sampling_on_the_paged_engine_is_the_decoders(pair):
 def test_paged_refusals_name_the_option_and_the_fix(pair):
     target, draft = pair
     tok = ChatTokenizer()
-    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters import resolve_drafter
     from tilespec.engine.drafters.trees import tree_drafter, tree_shape
-    tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), tilespec.SamplingParams(), "constant")
+    tree = tree_drafter(resolve_drafter(draft), tree_shape(None, (2, 2)), tilespec.SamplingParams(), "constant")
     for kwargs, match in [(dict(draft=tree), "cannot serve this: .* drafts a token tree"),
                           (dict(draft="ngram", tree=(3, 3, 8)), "cannot honour tree; use engine='decoder'"),
                           (dict(lenience=0.5), "cannot honour lenience=0.5"),

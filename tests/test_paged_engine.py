@@ -252,12 +252,15 @@ def test_the_server_picks_its_engine(target):
     assert pick_engine(target, layer_skip(target, 1), "auto", {}) == "paged"
     assert pick_engine(target, "head", "auto", {}) == "paged"          # a trained head too (tests/test_paged_head.py)
     assert pick_engine(target, None, "auto", {"capacity": 64}) == "batch"
-    from tilespec.engine.drafters import NgramDrafter
+    from tilespec.engine.drafters import NgramDrafter, resolve_drafter
     from tilespec.engine.drafters.trees import tree_drafter, tree_shape
     tree = tree_drafter(NgramDrafter(), tree_shape((2, 2, 4), None), SamplingParams(), "constant")
-    assert pick_engine(target, tree, "auto", {}) == "batch"
+    assert pick_engine(target, tree, "auto", {}) == "paged"       # context trees: tests/test_paged_trees.py
+    model_chains = tree_drafter(resolve_drafter(layer_skip(target, 1)), tree_shape(None, (2, 2)), SamplingParams(),
+                                "constant")
+    assert pick_engine(target, model_chains, "auto", {}) == "batch"
     with pytest.raises(ValueError, match="token tree.*use --engine batch"):
-        pick_engine(target, tree, "paged", {})
+        pick_engine(target, model_chains, "paged", {})
     with pytest.raises(ValueError, match="do not apply"):
         pick_engine(target, None, "batch", {"prefix_caching": False})
     eng = make_engine(target, "ngram", max_batch=2, gamma=3, prefill_chunk=8, prefix_caching=False)

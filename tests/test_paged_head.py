@@ -2,7 +2,7 @@
 target-only decoding's (batched, prompts of many lengths, prefix hits, preemption, pricing, head+ngram), every
 draft's law equals the head recomputed over the whole sequence from transformers' hidden states (what the decoder's
 head drafter computes), the sequence law at T > 0 is the target's (a planted q mismatch fails the same G-test), and
-the engine choice takes heads while token trees stay refused."""
+the engine choice takes heads, their dynamic trees and sampled chains, while a draft model's chains stay refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -167,16 +167,22 @@ def test_a_planted_q_mismatch_fails_the_law_test(law_pair, monkeypatch):
     assert _law_p(law_pair) < 1e-4
 
 
-def test_the_paged_engine_takes_heads_and_refuses_trees(trained):
+def test_the_paged_engine_takes_heads_and_their_trees_and_refuses_a_draft_models_chains(trained):
+    from engine_models import layer_skip
+    from tilespec.engine.drafters import resolve_drafter
     target, head = trained[0], trained[1]
-    for draft in (HeadDrafter(head), HeadDrafter(head, context="ngram"), "head", "head+ngram"):
+    trees = [tree_drafter(HeadDrafter(head), tree_shape(*shape), SamplingParams(), "constant")
+             for shape in (((2, 2, 4), None), (None, (2, 2)))]
+    for draft in (HeadDrafter(head), HeadDrafter(head, context="ngram"), "head", "head+ngram", *trees):
         assert paged_reason(target, draft) is None, draft
     assert choose_engine(target, "head", "auto", "batch") == "paged"
-    tree = tree_drafter(HeadDrafter(head), tree_shape((2, 2, 4), None), SamplingParams(), "constant")
-    assert "drafts a token tree (the paged engine drafts chains only)" in paged_reason(target, tree)
-    assert choose_engine(target, tree, "auto", "batch") == "batch"
+    assert all(choose_engine(target, t, "auto", "batch") == "paged" for t in trees)   # test_paged_head_trees.py
+    chains = tree_drafter(resolve_drafter(layer_skip(target, 1)), tree_shape(None, (2, 2)), SamplingParams(),
+                          "constant")
+    assert "drafts a token tree the paged engine has no runner for" in paged_reason(target, chains)
+    assert choose_engine(target, chains, "auto", "batch") == "batch"
     with pytest.raises(ValueError, match="token tree.*BatchEngine"):
-        PagedEngine(target, tree)
+        PagedEngine(target, chains)
     engine = PagedEngine(target, HeadDrafter(head), max_batch=2, gamma=3, block_size=4, num_blocks=8)
     assert engine.drafts.features.shape == (8 * 4, head.cfg.hidden) and engine.model.feature_layers
     with pytest.raises(ValueError, match="trained head"):       # its sampled drafts cannot be cut to a grammar

@@ -9,6 +9,11 @@ sequence's length after the step: its query j sits at position kv_lens[s] - n_s 
 [0, that position]. H = G * H_kv (GQA). Output [T, H, D] in q's dtype: softmax(q k^T * scale) v with fp32 math;
 rows outside cu_q[0]:cu_q[S] are zeros from the reference and left unwritten by the kernel.
 
+Token trees (``tree_mask`` [T] int64, optional): a sequence's new tokens may be a draft tree's nodes (node m at key
+kv_lens[s] - n_s + m, parents first); a row's bit m set = it sees new token m (its ancestors, itself), on top of the
+causal rule, so a chain row's mask is -1 and new tokens past the 64th (a prefill chunk) are causal only: trees have
+at most 64 nodes. RoPE positions (depths) are the caller's. No mask: the kernel compiles without the test.
+
 Kernel: a tile is up to BLOCK_M consecutive tokens of one sequence x the G heads of one KV head (BLOCK_M * G_pow2
 rows against BLOCK_N keys per ``tl.dot``, K/V read once per group); tiles are packed over sequences (a program maps
 its tile id to (sequence, tile) from cu_q on the device), so the grid (tiles, H_kv, splits) depends on host ints
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Optional
 
 import torch
 
 from tilespec.env import triton_available, triton_interpreted, use_triton_interpreter_without_cuda
 
 from .attention_reference import attention_rows, paged_attention_reference  # noqa: F401 - attention's API
-from .attention_reference import check_inputs as _check
+from .attention_reference import check_inputs as _check, check_tree_mask
 
 BLOCK_N = 64        # keys per inner step
 MAX_ROWS = 128      # rows (tokens x padded group heads) per tile
@@ -61,15 +67,15 @@ if _TRITON:
         return tl.minimum(s, S - 1), t, s < S
 
     @triton.jit(do_not_specialize=["S", "NS", "sbt"])
-    def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
+    def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, len_ptr, tm_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
                         S, H, NS, qk_scale, sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SP: tl.constexpr, SINGLE: tl.constexpr,
-                        F32DOT: tl.constexpr):
+                        F32DOT: tl.constexpr, TREE: tl.constexpr = False):
         """Program (tile, j, split): rows r = m * GP + g (token t * BLOCK_M + m of the sequence, head j * G + g)
         over the split's keys. SINGLE: writes the normalised output; else the row max pm (log2 units), sum pl and
         unnormalised P @ V pacc (fp32) at slot (tile * H_kv + j) * NS + split. F32DOT: 0 the inputs' dot, 1 an
-        fp32 one, 2 fp32 sums of products (batch-invariant runs in the interpreter)."""
+        fp32 one, 2 fp32 sums of products (batch-invariant runs in the interpreter). TREE: tm_ptr's masks too."""
         pid = tl.program_id(0)
         j = tl.program_id(1)
         sp = tl.program_id(2)
@@ -92,6 +98,8 @@ if _TRITON:
                      mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if F32DOT:
             qv = qv.to(tl.float32)
+        if TREE:
+            tm = tl.load(tm_ptr + (q0 + i).to(tl.int64), mask=row_ok, other=-1)
         m_i = tl.full([BLOCK_M * GP], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M * GP], tl.float32)
         acc = tl.zeros([BLOCK_M * GP, DP], tl.float32)
@@ -110,7 +118,12 @@ if _TRITON:
                 sc = tl.dot(qv, tl.trans(kt.to(tl.float32)), input_precision="ieee")
             else:
                 sc = tl.dot(qv, tl.trans(kt))
-            sc = tl.where(k_ok[None, :] & (kp[None, :] <= pos[:, None]), sc * qk_scale, float("-inf"))
+            seen = k_ok[None, :] & (kp[None, :] <= pos[:, None])
+            if TREE:        # new token rel of the sequence: seen when bit rel of the row's mask is set
+                rel = kp - (kv_len - n)
+                bit = (tm[:, None] >> tl.minimum(tl.maximum(rel, 0), 63).to(tl.int64)[None, :]) & 1
+                seen = seen & (((rel < 0) | (rel > 63))[None, :] | (bit != 0))
+            sc = tl.where(seen, sc * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet in this split
             alpha = tl.exp2(m_i - m_use)
@@ -147,8 +160,7 @@ if _TRITON:
         i = t * BLOCK_M + r // GP
         g = r % GP
         row_ok = (i < n) & (g < G)
-        rs = tl.arange(0, BLOCK_S)
-        rd = tl.arange(0, DP)
+        rs, rd = tl.arange(0, BLOCK_S), tl.arange(0, DP)
         base = ((pid * tl.num_programs(1) + j) * NS).to(tl.int64)
         pmask = (rs < tl.where(live, NS, 0))[:, None]
         pm = tl.load(pm_ptr + (base + rs[:, None]) * (BLOCK_M * GP) + r[None, :], mask=pmask, other=float("-inf"))
@@ -206,7 +218,7 @@ def kernel_takes(q, k_cache, v_cache) -> bool:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None, kernel="auto",
-                    out=None, invariant: bool = False) -> torch.Tensor:
+                    out=None, invariant: bool = False, tree_mask=None) -> torch.Tensor:
     """Attention of the step's tokens over the paged cache (module docstring: shapes and semantics).
 
     ``scale``: default 1/sqrt(D). ``max_q``: a host upper bound on n_s (default T); it sizes the kernel's tiles and
@@ -217,18 +229,21 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
     piecewise graph's static buffer; its rows outside every sequence are left as they were). ``invariant``: a row's
     output is bitwise independent of the batch, its sequence's other rows and max_q (the engine's deterministic
     mode): one KV split and the tile of max_q = 1 whatever the step; the kernel also in the interpreter, else
-    invariant.attention_rows (the reference's per-sequence SDPA follows the chunk length)."""
+    invariant.attention_rows (the reference's per-sequence SDPA follows the chunk length). ``tree_mask``: None
+    (chains), or [T] int64 ancestor bitmasks (module docstring: token trees)."""
     if kernel not in ("auto", "torch", "triton"):
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
     _check(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
+    check_tree_mask(q, tree_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}")
     if invariant and (kernel == "torch" or not kernel_takes(q, k_cache, v_cache)):
-        ref = attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale)
+        ref = attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, tree_mask)
         return ref if out is None else _into(out, ref, cu_q)
     if kernel == "torch" or (kernel == "auto" and not (q.is_cuda and _TRITON) and not invariant):
-        ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q)
+        ref = paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale, max_q=max_q,
+                                        tree_mask=tree_mask)
         return ref if out is None else _into(out, ref, cu_q)
     if not kernel_takes(q, k_cache, v_cache) and not _KERNEL_FAILED:
         raise ValueError(f"the paged attention kernel needs Triton on CUDA (or TRITON_INTERPRET=1), block_size a "
@@ -237,42 +252,43 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=N
     mq = q.shape[0] if max_q is None else max_q
     if torch.compiler.is_compiling():
         return torch.ops.tilespec.paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq,
-                                                  invariant)
-    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq, out, invariant)
+                                                  invariant, tree_mask)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, mq, out, invariant, tree_mask)
 
 
 def _into(out, ref, cu_q):
     """The reference's rows of the sequences copied into ``out`` (the rows after them left as they were)."""
-    end = int(cu_q[-1])
-    out[:end].copy_(ref[:end])
+    out[:int(cu_q[-1])].copy_(ref[:int(cu_q[-1])])
     return out
 
 
 def _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, max_q: int, out=None,
-         invariant: bool = False) -> torch.Tensor:
+         invariant: bool = False, tree_mask=None) -> torch.Tensor:
     """The kernels; the reference from the first time they fail to build (warned once)."""
     if not _KERNEL_FAILED:
         try:
             return _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, out=out,
-                           invariant=invariant)
+                           invariant=invariant, tree_mask=tree_mask)
         except Exception as err:   # noqa: BLE001 - a kernel that fails to build must not end decoding
             _KERNEL_FAILED.append(f"{type(err).__name__}: {err}")
             warnings.warn(f"the paged attention kernel failed ({_KERNEL_FAILED[0]}); using the PyTorch reference")
-    ref = (attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale) if invariant else
-           paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale))
+    ref = (attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, tree_mask) if invariant else
+           paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale=scale,
+                                     tree_mask=tree_mask))
     return ref if out is None else _into(out, ref, cu_q)
 
 
 @torch.library.custom_op("tilespec::paged_attention", mutates_args=())
 def _paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-              cu_q: torch.Tensor, kv_lens: torch.Tensor, scale: float, max_q: int, invariant: bool = False
-              ) -> torch.Tensor:
+              cu_q: torch.Tensor, kv_lens: torch.Tensor, scale: float, max_q: int, invariant: bool = False,
+              tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`_run` as an operator opaque to compiled callers (inductor neither traces nor re-specialises it)."""
-    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=invariant)
+    return _run(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=invariant,
+                tree_mask=tree_mask)
 
 
 @_paged_op.register_fake
-def _(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=False):
+def _(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, invariant=False, tree_mask=None):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -324,11 +340,11 @@ def variants(heads: int, kv_heads: int, head_dim: int, max_seqs: int, max_q: int
     return {(bm, sp, single, _warps(bm * gp, dp)) for bm, gp in tiles for sp in lanes for single in (True, False)}
 
 
-def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: int) -> int:
+def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: int, trees: bool = False) -> int:
     """Compile every launch variant (:func:`variants`) once, on block 0 of the given caches (their scratch block:
-    it is overwritten by nothing the kernel writes); returns how many ran. A no-op without the kernel."""
-    kv_heads, d = k_cache.shape[2], k_cache.shape[3]
-    dev = k_cache.device
+    it is overwritten by nothing the kernel writes), ``trees``: also with a tree mask; returns how many ran. A no-op
+    without the kernel."""
+    kv_heads, d, dev = k_cache.shape[2], k_cache.shape[3], k_cache.device
     q0 = torch.zeros((1, heads, d), dtype=q_dtype, device=dev)
     if not kernel_takes(q0, k_cache, v_cache):
         return 0
@@ -341,13 +357,14 @@ def warm_variants(q_dtype, k_cache, v_cache, heads: int, max_seqs: int, max_q: i
         tables = torch.zeros((s, 1), dtype=torch.int32, device=dev)
         if block_m > k_cache.shape[1]:                 # keys of the sequence's tokens: one block may not hold them
             tables = torch.zeros((s, -(-block_m // k_cache.shape[1])), dtype=torch.int32, device=dev)
-        _launch(q, k_cache, v_cache, tables, cu, lens, 1.0, block_m, splits=1 if single else 2)
-        done += 1
+        for tree in (None, torch.full((s * block_m,), -1, device=dev)) if trees else (None,):    # chains, trees
+            _launch(q, k_cache, v_cache, tables, cu, lens, 1.0, block_m, splits=1 if single else 2, tree_mask=tree)
+            done += 1
     return done
 
 
 def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, splits=None, out=None,
-            invariant: bool = False) -> torch.Tensor:
+            invariant: bool = False, tree_mask=None) -> torch.Tensor:
     t, h, d = q.shape
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device) if out is None else out
     s = block_tables.shape[0]
@@ -369,10 +386,12 @@ def _launch(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale, max_q, spli
         pm = torch.empty((tiles * hkv * ns, rows), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
         pacc = torch.empty((tiles * hkv * ns, rows, dp), dtype=torch.float32, device=q.device)
+    tree = {} if tree_mask is None else {"TREE": True}     # chains: the variant compiled without the test
     _partial_kernel[(tiles, hkv, ns)](
-        q, k_cache, v_cache, block_tables, cu_q, kv_lens, out, pm, pl, pacc, s, h, ns, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
-        BS=bs, BLOCK_N=BLOCK_N, SINGLE=ns == 1, F32DOT=f32dot, num_warps=_warps(rows, dp), **common)
+        q, k_cache, v_cache, block_tables, cu_q, kv_lens, tree_mask.contiguous() if tree else cu_q, out, pm, pl,
+        pacc, s, h, ns, scale * math.log2(math.e), q.stride(0), q.stride(1), *k_cache.stride()[:3],
+        *v_cache.stride()[:3], block_tables.stride(0), BS=bs, BLOCK_N=BLOCK_N, SINGLE=ns == 1, F32DOT=f32dot,
+        num_warps=_warps(rows, dp), **common, **tree)
     if ns > 1:
         mr = min(rows, MERGE_ROWS)
         _merge_kernel[(tiles, hkv, rows // mr)](cu_q, out, pm, pl, pacc, s, h, ns, BLOCK_S=max(SPLIT_WIDTH, _pow2(ns, 2)), ROWS=mr,

@@ -41,11 +41,29 @@ def check_inputs(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q) -> Non
         raise ValueError(f"max_q must be a positive int (an upper bound on tokens per sequence), got {max_q!r}")
 
 
-def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None
-                              ) -> torch.Tensor:
+def check_tree_mask(q, tree_mask) -> None:
+    """A tree mask is None or int64 [T] on q's device (attention.py's module docstring: one bitmask per query row)."""
+    if tree_mask is None:
+        return
+    if tree_mask.dtype != torch.int64 or tree_mask.shape != (q.shape[0],) or tree_mask.device != q.device:
+        raise ValueError(f"tree_mask must be int64 [T] = [{q.shape[0]}] on {q.device}, got {tree_mask.dtype} "
+                         f"{tuple(tree_mask.shape)} on {tree_mask.device}")
+
+
+def ancestor_bits(masks: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows' bitmasks [r] int64 -> [r, n] bool: whether the row sees its sequence's new token m. Bit m (m < 64)
+    decides; a token past the 64th is left to the causal mask alone (a chain row's mask is -1: every bit)."""
+    m = torch.arange(n, device=masks.device)
+    return ((masks[:, None] >> m.clamp(max=63)[None, :]) & 1).bool() | (m >= 64)[None, :]
+
+
+def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, *, scale=None, max_q=None,
+                              tree_mask=None) -> torch.Tensor:
     """The PyTorch path and test oracle (reads cu_q / kv_lens on the host): per sequence, its blocks gathered into
-    contiguous [L, H_kv, D] K/V and SDPA in fp32 with the causal offset mask and GQA."""
+    contiguous [L, H_kv, D] K/V and SDPA in fp32 with the causal offset mask and GQA; ``tree_mask`` [T] int64:
+    each row sees the new tokens of its ancestor bits only (attention.py's module docstring)."""
     check_inputs(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_q)
+    check_tree_mask(q, tree_mask)
     t, h, d = q.shape
     bs = k_cache.shape[1]
     out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
@@ -60,16 +78,19 @@ def paged_attention_reference(q, k_cache, v_cache, block_tables, cu_q, kv_lens, 
                              f"{block_tables.shape[1] * bs}) are inconsistent")
         k, v = _gathered(k_cache, v_cache, block_tables[s], L)
         keep = torch.arange(L, device=q.device)[None, :] <= torch.arange(L - n, L, device=q.device)[:, None]
+        if tree_mask is not None:
+            keep[:, L - n:] &= ancestor_bits(tree_mask[a:b], n)
         o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1).float(), k, v, attn_mask=keep, scale=scale,
                                            enable_gqa=True)
         out[a:b] = o.transpose(0, 1).to(q.dtype)
     return out
 
 
-def attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float) -> torch.Tensor:
+def attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: float, tree_mask=None) -> torch.Tensor:
     """The paged attention's batch-invariant PyTorch path (where the kernel cannot run): each query row alone over
     exactly its keys [0, pos], so a call's shape depends on the row's own position only, never on its sequence's
-    other rows, their number, or the batch (the reference's per-sequence SDPA follows the chunk length)."""
+    other rows, their number, or the batch (the reference's per-sequence SDPA follows the chunk length); a tree row
+    (``tree_mask``) masks the new tokens that are not its ancestors within those keys."""
     t, h, d = q.shape
     out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
     cu, lens = cu_q.tolist(), kv_lens.tolist()
@@ -80,8 +101,12 @@ def attention_rows(q, k_cache, v_cache, block_tables, cu_q, kv_lens, scale: floa
         k, v = _gathered(k_cache, v_cache, block_tables[s], length)
         for j in range(a, b):
             pos = length - (b - a) + (j - a)
+            keep = None
+            if tree_mask is not None:
+                keep = torch.ones(pos + 1, dtype=torch.bool, device=q.device)
+                keep[length - (b - a):] = ancestor_bits(tree_mask[j:j + 1], j - a + 1)[0]
             o = F.scaled_dot_product_attention(q[j][:, None].float(), k[:, :pos + 1], v[:, :pos + 1], scale=scale,
-                                               enable_gqa=True)
+                                               attn_mask=keep, enable_gqa=True)
             out[j] = o[:, 0].to(q.dtype)
     return out
 

@@ -95,10 +95,17 @@ def kv_bytes_per_token(target, drafter=None) -> int:
 
 def paged_drafts(engine, drafter, compile: bool):
     """The engine's draft runner (gamma > 0): a draft model's :class:`PagedDrafts`, a trained head's
-    :class:`~.head.PagedHead`, else None."""
+    :class:`~.head.PagedHead`, a context tree's :class:`~.tree.PagedTrees`, a head's trees'
+    :class:`~.head_tree.PagedHeadTrees`, else None."""
     from .head import PagedHead, is_head
+    from .head_tree import PagedHeadTrees, is_head_tree
+    from .tree import PagedTrees, is_context_tree
     if drafter is None or engine.gamma == 0:
         return None
+    if is_context_tree(drafter):
+        return PagedTrees(engine, drafter)
+    if is_head_tree(drafter):
+        return PagedHeadTrees(engine, drafter)
     if is_head(drafter):
         return PagedHead(engine, drafter)
     return PagedDrafts(engine, drafter, compile) if drafter.model is not None else None

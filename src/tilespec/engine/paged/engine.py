@@ -9,7 +9,8 @@ One iteration (:meth:`PagedEngine.step`):
      requests within a token budget when admission.py admits; it grows block tables, preempts when blocks run out;
   3. the drafts are priced (pricing.py): those that maximise expected tokens per measured second are kept;
   4. one ragged forward (model.py, layout.py); decode-only steps replay a CUDA graph per shape;
-  5. ``verify()`` on the sampling rows (verify_rows.py): accepted drafts and one more token per request;
+  5. ``verify()`` on the sampling rows (verify_rows.py): accepted drafts and one more token per request (a token
+     tree's rows: select_tree and the accepted path's K/V compacted, tree.py; a head's trees: head_tree.py);
   6. commit: computed lengths advance (rejected drafts' K/V are overwritten later), full blocks are sealed into the
      prefix cache, finished requests release their blocks. A step without drafts (decode or mixed) is left in
      flight instead and committed by the next call, after it has launched the next step (overlap.py).
@@ -47,6 +48,7 @@ from .piecewise import mixed_bucket, mixed_buckets
 from .pricing import Acceptance, DraftGate, StepCosts, observe, price_drafts
 from .scheduler import Item, Scheduler, Seq
 from .support import paged_drafter
+from .tree import TreeVerify, is_paged_tree, tree_gamma, tree_ok
 from .shapes import bucket
 from .verify_rows import emitted_logprobs, score_prompts, verify_rows
 
@@ -88,6 +90,7 @@ class PagedEngine:
         if not (isinstance(gamma, int) and 0 <= gamma < 32):
             raise ValueError(f"gamma must be an integer in [0, 32), got {gamma!r}")
         gamma = gamma if drafter is not None else 0
+        gamma, self.depth = tree_gamma(drafter, gamma) if is_paged_tree(drafter) else (gamma, gamma)   # tree.py
         if gamma >= block_size:
             raise ValueError(f"gamma {gamma} must be below block_size {block_size} (padding rows share one block)")
         if token_budget < max_batch * (1 + gamma):
@@ -135,7 +138,8 @@ class PagedEngine:
         self.mixed_sizes = mixed_buckets(self.scheduler.token_budget)
         self.acceptance = Acceptance(gamma) if drafter is not None and gamma > 0 else None
         self.gate = DraftGate() if self.acceptance is not None and self.pricing else None
-        self.drafts = paged_drafts(self, drafter, compile)      # a draft model's runner, or None
+        self.drafts = paged_drafts(self, drafter, compile)      # a draft model's or a head's runner, trees, or None
+        self.trees = self.drafts if isinstance(self.drafts, TreeVerify) else None
 
     # ------------------------------------------------------------------------------------------------ requests
     @property
@@ -167,7 +171,8 @@ class PagedEngine:
     def submit(self, req: BatchRequest) -> int:
         self.check(req)
         req.rid, req.t_submit = next(self._ids), time.perf_counter()
-        req.cap = self.gamma if req.gamma is None else min(req.gamma, self.gamma)
+        req.cap = self.depth if req.gamma is None else min(req.gamma, self.depth)
+        req.cap = req.cap if self.trees is None or tree_ok(req) else 0
         stops = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else frozenset(self.eos))
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
@@ -274,10 +279,13 @@ class PagedEngine:
         decode_only = all(it.seq.decoding and it.samples for it in items)
         if self.grammars is not None:
             cut_drafts(sampling)                # drafts the grammar refuses are cut before pricing
-        shape = price_drafts([it for it in sampling if it.seq.decoding], self.acceptance if self.pricing else None,
-                             self.costs, self.gamma, self.counters["steps"])
+        priced = self.acceptance if self.pricing and self.trees is None else None     # trees: verified uncut
+        shape = price_drafts([it for it in sampling if it.seq.decoding], priced, self.costs, self.gamma,
+                             self.counters["steps"])
         q = self.drafts.run(items, sampling, prev) if self.drafts is not None else None     # the draft model's law
         fed = [fed_item(it, self.blocks.block_size) for it in items]
+        if self.trees is not None:
+            self.trees.lay_out(items, fed)
         self.counters["prefill_tokens"] += sum(it.n for it in items if not it.seq.decoding)
         captures, planned, scored = self.model.captures, time.perf_counter(), 0     # host seconds by phase: counters
         self.counters["host_plan_seconds"] += planned - started
@@ -395,6 +403,8 @@ class PagedEngine:
     def _verify(self, sampling: list, logits: torch.Tensor, q=None) -> tuple:
         """verify_rows.py's verify (``q``: the draft model's draft logits), then its tokens on the host -> per
         request [num_emitted, tokens...], and per request its tokens' logprobs (None unless it asked)."""
+        if self.trees is not None:
+            return self.trees.verify(sampling, logits)
         result, logits = verify_rows(sampling, logits, pad=self.pad, method=self.method, draft_logits=q)
         n, reqs = len(sampling), [it.seq.req for it in sampling]
         host = torch.cat([result.num_emitted[:n, None], result.output_tokens[:n]], dim=1).cpu().tolist()

@@ -138,7 +138,7 @@ def compiled(engine, req):
 
 def refusal(engine) -> Optional[str]:
     """Why ``engine`` (a PagedEngine) cannot serve grammars (None: it can)."""
-    if engine.drafts is not None:
+    if engine.drafts is not None and engine.trees is None:      # a tree engine's grammar requests draft no tree
         return ("structured outputs are not served with a draft model or a trained head (its sampled drafts cannot "
                 "be cut to the grammar without biasing verification): serve with ngram, suffix or no drafts")
     if engine.tokenizer is None:

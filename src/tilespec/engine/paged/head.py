@@ -51,8 +51,10 @@ def is_head(drafter) -> bool:
 
 
 def head_bytes_per_token(drafter) -> int:
-    """Bytes per token slot of a head's caches (its K/V and the fused feature); 0 for any other drafter."""
-    head = drafter.head if is_head(drafter) else None
+    """Bytes per token slot of a head's caches (its K/V and the fused feature; a head's trees too: head_tree.py);
+    0 for any other drafter."""
+    from .head_tree import is_head_tree
+    head = drafter.head if is_head(drafter) else drafter.base.head if is_head_tree(drafter) else None
     if head is None:
         return 0
     c, size = head.cfg, head.fc.weight.element_size()
@@ -158,7 +160,7 @@ class PagedHead:
         self.v.index_copy_(0, inputs.slots, xv[0].transpose(0, 1))
         attn = paged_attention(xq[0].transpose(0, 1).contiguous(), self.k.unflatten(0, (-1, bs)),
                                self.v.unflatten(0, (-1, bs)), inputs.tables, inputs.cu_q, inputs.kv_lens,
-                               max_q=inputs.max_q)
+                               max_q=inputs.max_q, tree_mask=inputs.tree_mask)     # a head's tree: head_tree.py
         return head.finish(feat[None], attn.transpose(0, 1)[None])[0]
 
     def _draft(self, seqs: list, vrows: list, h: torch.Tensor, sampling: list) -> Optional[torch.Tensor]:

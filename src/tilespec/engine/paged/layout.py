@@ -14,6 +14,7 @@ Both kinds of step are ragged: request s feeds its n_s tokens at rows cu_q[s]:cu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ class Fed:
     drafts: int = 0
     scored: int = 0          # ``scored`` of its tokens from ``score_from`` on want their logits too (prompt
     score_from: int = 0      # logprobs; mixed steps)
+    positions: Optional[list] = None    # a draft tree's: each token's RoPE position (None: start, start + 1, ...)
+    masks: Optional[list] = None        # and its ancestor bitmask over these tokens (engine/paged/tree.py)
 
 
 def fed_item(it, bs: int) -> Fed:
@@ -61,10 +64,14 @@ class _Flat:
         rows = max(rows, len(fed))
         self.tokens, self.positions, self.slots, self.cu, self.lens = [], [], [], [0], []
         self.tables = np.full((rows, m), SCRATCH, dtype=np.int32)     # numpy rows: 4x cheaper than nested lists
+        trees = any(f.masks is not None for f in fed)
+        self.masks = [] if trees else None          # chain tokens' mask in a tree step: -1, the causal rule
         for i, f in enumerate(fed):
             self.tables[i, :len(f.table)] = f.table
             self.tokens += f.tokens
-            self.positions += range(f.start, f.start + len(f.tokens))
+            self.positions += range(f.start, f.start + len(f.tokens)) if f.positions is None else f.positions
+            if trees:
+                self.masks += [-1] * len(f.tokens) if f.masks is None else f.masks
             self.slots += f.slots
             self.cu.append(self.cu[-1] + len(f.tokens))
             self.lens.append(f.start + len(f.tokens))
@@ -77,15 +84,17 @@ class _Flat:
         self.tokens += [pad_id] * pad
         self.positions += [0] * pad
         self.slots += [SCRATCH * block_size + j % block_size for j in range(pad)]
+        if self.masks is not None:
+            self.masks += [-1] * pad
 
     def inputs(self, rows: list, max_q: int, device) -> StepInputs:
         """The step's tensors in two host-to-device copies (one int64, one int32 buffer), not seven: each copy is a
         launch and a wait on the step's critical path."""
         s, w = self.tables.shape
-        tokens, positions, slots, rows = pack_aligned([self.tokens, self.positions, self.slots, rows], np.int64,
-                                                      device)
+        longs = [self.tokens, self.positions, self.slots, rows] + ([self.masks] if self.masks is not None else [])
+        tokens, positions, slots, rows, *masks = pack_aligned(longs, np.int64, device)
         tables, cu, lens = pack_aligned([self.tables.ravel(), self.cu, self.lens], np.int32, device)
-        return StepInputs(tokens, positions, slots, tables.view(s, w), cu, lens, rows, max_q)
+        return StepInputs(tokens, positions, slots, tables.view(s, w), cu, lens, rows, max_q, *masks)
 
 
 def pack_aligned(parts: list, dtype, device) -> list:

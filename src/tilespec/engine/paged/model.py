@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,9 @@ from .piecewise import MIXED_BUCKETS, Pieces
 class StepInputs:
     """One step's device inputs. tokens / positions / slots [T] int64; tables [S, M] int32 (block ids per request);
     cu_q [S + 1] int32 (request s owns rows cu_q[s]:cu_q[s+1]); kv_lens [S] int32 (its length after the step);
-    rows [N] int64 (the token rows whose logits are wanted); max_q: a host bound on any request's token count."""
+    rows [N] int64 (the token rows whose logits are wanted); max_q: a host bound on any request's token count;
+    tree_mask [T] int64 or None: the tokens' ancestor bitmasks when a request's new tokens are a draft tree
+    (attention.py; engine/paged/tree.py), outside ``tensors()``: tree steps run eagerly, never from a graph."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
@@ -60,6 +63,7 @@ class StepInputs:
     kv_lens: torch.Tensor
     rows: torch.Tensor
     max_q: int
+    tree_mask: Optional[torch.Tensor] = None
 
     def tensors(self) -> tuple:
         return (self.tokens, self.positions, self.slots, self.tables, self.cu_q, self.kv_lens, self.rows)
@@ -101,14 +105,14 @@ def paged_post(attn, res, o, ln2, gate_up, down, *, eps: float, invariant: bool 
 
 def paged_layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, ln1, qkv, qkv_bias, o, ln2,
                 gate_up, down, *, heads: int, kv_heads: int, head_dim: int, eps: float, max_q: int, block_size: int,
-                invariant: bool = False):
+                invariant: bool = False, tree_mask=None):
     """One pre-norm decoder layer over T flattened tokens (h, res [T, d]); writes their K/V at ``slots`` of the
     slot-major caches [num_blocks * block_size, H_kv, D] and attends through the block tables. Same maths as
-    native.llama.decoder_layer (the residual carried as a pair)."""
+    native.llama.decoder_layer (the residual carried as a pair); ``tree_mask``: draft-tree rows (StepInputs)."""
     xq, res = paged_pre(h, res, cos, sin, slots, k_cache, v_cache, ln1, qkv, qkv_bias, heads=heads,
                         kv_heads=kv_heads, head_dim=head_dim, eps=eps, invariant=invariant)
     attn = paged_attention(xq, k_cache.unflatten(0, (-1, block_size)), v_cache.unflatten(0, (-1, block_size)),
-                           tables, cu_q, kv_lens, max_q=max_q, invariant=invariant)
+                           tables, cu_q, kv_lens, max_q=max_q, invariant=invariant, tree_mask=tree_mask)
     return paged_post(attn, res, o, ln2, gate_up, down, eps=eps, invariant=invariant)
 
 
@@ -206,20 +210,25 @@ class PagedModel:
     def memory_bytes(self) -> int:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.caches)
 
-    def _run(self, fns, tokens, positions, slots, tables, cu_q, kv_lens, rows, max_q: int, fused: bool = False):
+    def _run(self, fns, tokens, positions, slots, tables, cu_q, kv_lens, rows, max_q: int, fused: bool = False,
+             tree_mask=None):
         prologue, layer, head = fns
         n = self.native
         h, res, cos, sin = prologue(tokens, positions, n.embed, n.inv_freq, n.rope_scale)
-        if fused and not self.deterministic and tokens.shape[0] == 1 and fused_layer.usable(n, h, *self.caches[0]):
+        if (fused and not self.deterministic and tokens.shape[0] == 1 and tree_mask is None
+                and fused_layer.usable(n, h, *self.caches[0])):
             layer = paged_fused_layer
         feats, mode = {}, {"invariant": True} if self.deterministic else {}
+        head_mode = dict(mode)
+        if tree_mask is not None:       # passed only when given: chain steps call the layers as before
+            mode["tree_mask"] = tree_mask
         for i, (w, (k_cache, v_cache)) in enumerate(zip(n.layers, self.caches)):
             h, res = layer(h, res, cos, sin, slots, tables, cu_q, kv_lens, k_cache, v_cache, w.ln1, w.qkv,
                            w.qkv_bias, w.o, w.ln2, w.gate_up, w.down, heads=n.heads, kv_heads=n.kv_heads,
                            head_dim=n.head_dim, eps=n.eps, max_q=max_q, block_size=self.block_size, **mode)
             self.keep_feature(feats, i + 1, h, res)
         self.write_features(feats, slots)
-        return head(h, res, rows, n.norm, n.lm_head, n.eps, **mode)
+        return head(h, res, rows, n.norm, n.lm_head, n.eps, **head_mode)
 
     def _graph_forward(self, *tensors, key=None):
         return self._run(self._fns, *tensors, max_q=key, fused=self.fused)
@@ -228,14 +237,15 @@ class PagedModel:
     def forward(self, inputs: StepInputs, fused: bool = False) -> torch.Tensor:
         """Any step (prefill chunks, decode rows, both) -> fp32 logits [N, V] at ``inputs.rows``; ``fused``: a
         one-token step runs :func:`paged_fused_layer`."""
+        tree = {} if inputs.tree_mask is None else {"tree_mask": inputs.tree_mask}
         try:
-            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused).float()
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused, **tree).float()
         except Exception as err:        # stay correct where a compile fails: eager from now on
             if self._fns[1] is paged_layer:
                 raise
             warnings.warn(f"compiled paged forward failed ({type(err).__name__}: {err}); running eagerly")
             self._fns, self.graphs, self._decode = (paged_prologue, paged_layer, paged_head), False, None
-            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused).float()
+            return self._run(self._fns, *inputs.tensors(), max_q=inputs.max_q, fused=fused, **tree).float()
 
     def graph_pool(self):
         if self._pool is None:
@@ -247,7 +257,7 @@ class PagedModel:
         """A mixed step -> fp32 logits at ``inputs.rows``: piecewise (graphs on CUDA) when ``piecewise`` is on and
         the tokens fill a mixed bucket the caller padded to (piecewise.MIXED_BUCKETS), else :meth:`forward`."""
         size = inputs.tokens.shape[0]
-        if not self.piecewise or size not in MIXED_BUCKETS:
+        if not self.piecewise or size not in MIXED_BUCKETS or inputs.tree_mask is not None:
             return self.forward(inputs)
         if self._epoch != workspace_epoch():        # a cuBLAS workspace the graphs use was freed: capture again
             self._pieces, self._pool, self._epoch = {}, None, workspace_epoch()
@@ -267,6 +277,6 @@ class PagedModel:
     def decode(self, inputs: StepInputs) -> torch.Tensor:
         """A decode step of fixed shape (every request the same width): a CUDA-graph replay where graphs are on
         (captured on the first call of each shape), else :meth:`forward`. Returns fp32 logits [N, V] (fresh)."""
-        if self._decode is None:
+        if self._decode is None or inputs.tree_mask is not None:     # tree steps: no graph captures them yet
             return self.forward(inputs, fused=self.fused)
         return self._decode(*inputs.tensors(), key=inputs.max_q).float()

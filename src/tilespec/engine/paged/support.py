@@ -1,8 +1,9 @@
 """What the paged engine serves: a Llama-family target with the native decoder path, and no drafter, a context
 drafter (ngram, suffix), a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
-context drafter, MODEL+ngram) or a trained head drafting chains (head.py; also head+ngram). Token trees need a
-runner of their own: the server keeps BatchEngine for them, ``tilespec.generate`` the decoder (:func:`choose_engine`:
-the one rule both pick by)."""
+context drafter, MODEL+ngram), a trained head drafting chains (head.py; also head+ngram), or token trees: context
+trees (the tree form of ngram / suffix: tree.py), a head's dynamic trees and sampled chains (head_tree.py). A draft
+model's sampled chains (``chains=(K, L)``) have no paged runner yet: the server keeps BatchEngine for them,
+``tilespec.generate`` the decoder (:func:`choose_engine`: the one rule both pick by)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -11,11 +12,13 @@ from ..drafters import Drafter, resolve_drafter
 from ..drafters.model import check_draft_model
 from ..native.llama import unsupported_reason
 from .head import is_head
+from .head_tree import is_head_tree
+from .tree import is_context_tree
 
 
 def paged_reason(target, draft) -> Optional[str]:
     """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
-    BatchEngine): a tree drafter (no paged runner), a head on another device than the target, a draft model without
+    BatchEngine): a draft model's sampled chains (no paged runner), a head on another device than the target, a draft model without
     the native Llama-family path or of another vocabulary or device, or a target without the native Llama-family
     path. A head named but not loaded yet ("head", a folder) is taken: the engine loads it and checks it belongs to
     the target (HeadNotFound / HeadMismatch)."""
@@ -28,8 +31,13 @@ def paged_reason(target, draft) -> Optional[str]:
     name = repr(getattr(drafter, "name", drafter))
     if is_head(drafter):
         return _head_reason(target, drafter, name)
+    if is_context_tree(drafter):
+        return None
+    if is_head_tree(drafter):
+        return _head_reason(target, drafter.base, name)
     if _has_runner(drafter):
-        return f"{name} drafts a token tree (the paged engine drafts chains only)"
+        return (f"{name} drafts a token tree the paged engine has no runner for (it runs chains, context trees and "
+                f"a head's trees and sampled chains)")
     if drafter.model is None:
         return None if drafter.has_context else f"{name} proposes no draft the paged engine can run"
     reason = unsupported_reason(drafter.model)
@@ -47,9 +55,9 @@ def paged_drafter(target, draft):
     "head" or by folder loads here); ValueError naming why not (:func:`paged_reason`)."""
     reason = paged_reason(target, draft)
     if reason is not None:
-        raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix), with a Llama-family "
-                         f"draft model or a trained head, over a Llama-family target; {reason}: serve it with "
-                         f"BatchEngine")
+        raise ValueError(f"the paged engine drafts from the request's context (ngram, suffix, their token trees), "
+                         f"with a Llama-family draft model or a trained head (chains or dynamic trees), over a "
+                         f"Llama-family target; {reason}: serve it with BatchEngine")
     drafter = resolve_drafter(draft)
     if drafter is not None:
         drafter.attach(target)

@@ -12,17 +12,19 @@ from tilespec.verify.types import SamplingParams
 from .layout import pack_aligned
 
 
-def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str, draft_logits=None) -> tuple:
+def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str, draft_logits=None,
+                chains=None) -> tuple:
     """verify() over the sampling items (scheduler.Item) and ``logits`` [bucket rows, 1 + K, V] (both step paths give
     the rows bucket; absent rows: no drafts, seed 0, whatever logits the padding holds), so its shapes are few ->
     (the VerifyResult on the device, the logits after the requests' transforms). ``draft_logits`` [n, K, V]: the
-    law each draft was sampled from (a draft model's, draft_model.py; None: deterministic drafts)."""
+    law each draft was sampled from (a draft model's, draft_model.py; None: deterministic drafts). ``chains``: the
+    drafts verified per row (default each request's ``seq.drafts``; a draft tree's row verifies none here: tree.py)."""
     n, rows, k = len(sampling), logits.shape[0], logits.shape[1] - 1
     reqs = [it.seq.req for it in sampling]
     table = np.zeros((3, rows), dtype=np.int64)      # counts, seeds, offsets, drafts: one copy to the device
     drafts = np.full((rows, k), pad, dtype=np.int64)
     for i, it in enumerate(sampling):
-        d = it.seq.drafts
+        d = it.seq.drafts if chains is None else chains[i]
         table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
         drafts[i, :len(d)] = d
     counts, seeds, offsets, drafts = pack_aligned([*table, drafts.ravel()], np.int64, logits.device)

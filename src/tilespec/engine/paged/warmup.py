@@ -93,7 +93,8 @@ def warm_attention(engine, rows_top: int) -> int:
     bs = engine.blocks.block_size
     budget = min(engine.scheduler.token_budget, engine.max_len)
     return warm_variants(engine.model.native.dtype, k0.unflatten(0, (-1, bs)), v0.unflatten(0, (-1, bs)),
-                         engine.model.native.heads, max_seqs=max(rows_top, engine.scheduler.max_seqs), max_q=budget)
+                         engine.model.native.heads, max_seqs=max(rows_top, engine.scheduler.max_seqs), max_q=budget,
+                         trees=engine.trees is not None)      # a tree engine's steps launch the masked variant too
 
 
 def warm_piecewise(engine) -> int:
