@@ -18,9 +18,9 @@ from .tree import is_context_tree
 
 def paged_reason(target, draft) -> Optional[str]:
     """None when :class:`PagedEngine` can serve ``target`` with ``draft``; otherwise why not (the caller then uses
-    BatchEngine): a draft model's sampled chains (no paged runner), a head on another device than the target, a draft model without
-    the native Llama-family path or of another vocabulary or device, or a target without the native Llama-family
-    path. A head named but not loaded yet ("head", a folder) is taken: the engine loads it and checks it belongs to
+    BatchEngine): a draft model's sampled chains (no paged runner), a head on another device than the target, a
+    draft model without the native Llama-family path or of another vocabulary or device, or a target without the
+    native Llama-family path. A head named but not loaded yet ("head", a folder) is taken: the engine loads it and checks it belongs to
     the target (HeadNotFound / HeadMismatch)."""
     reason = unsupported_reason(target)
     if reason is not None:
