@@ -70,7 +70,11 @@ def pytest_configure(config):
         # an xdist worker (the default run's -n 2): its share of the cores as torch threads. With each worker on
         # torch's default (every core), -n 2 on 2 cores runs 4 OpenMP threads on 2 cores, whose spin-waits made the
         # small-tensor tests (exactness sampling, tiny models) several times slower
-        torch.set_num_threads(max(1, _cores() // int(workers)))
+        share = max(1, _cores() // int(workers))
+        torch.set_num_threads(share)
+        # and the processes tests spawn (a server's engine and API processes) start with the same share: on torch's
+        # default they oversubscribed the cores beside the other worker, and a served test ran up to 30x slower
+        os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 def pytest_addoption(parser):

@@ -21,6 +21,7 @@ import test_batching_heads
 import test_paged_head
 from engine_models import serve_in_two_waves
 from test_paged_head import LAW, LENGTH, PROMPT as LAW_PROMPT, PROMPTS, SAMPLES, VOCAB, _asks, reference_q
+from tiers import fast_first
 
 trained = test_batching_heads.trained       # a 4-layer qwen2 target, a head trained on it (draft vocabulary 96)
 target_only = test_paged_head.target_only   # its greedy tokens of the prompts twice over, target-only
@@ -54,7 +55,7 @@ class Spy:
         monkeypatch.setattr(paged_tree.TreeVerify, "_compact", spied_compact)
 
 
-@pytest.mark.parametrize("case", ["plain", "no-prefix-cache", "preempted", "chains"])
+@pytest.mark.parametrize("case", fast_first(["plain", "chains", "preempted", "no-prefix-cache"], 3))
 def test_greedy_tokens_equal_target_only(trained, target_only, monkeypatch, case):
     """Dynamic trees of 10 nodes (and 2 sampled chains of 3: 7 nodes, greedy chains are the head's argmax)."""
     target, head = trained[0], trained[1]

@@ -23,6 +23,7 @@ from tilespec.multidraft.tree_distinct import select_distinct
 from tilespec.verify.types import SamplingParams
 
 from engine_models import exact_sequence_law, no_eos_lm, serve_in_two_waves, tiny_lm
+from tiers import fast_first
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11], [3], list(range(20, 54)), [40, 41, 40, 41, 40] * 4,
            list(range(20, 44)) + [7, 7], [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]]
@@ -63,9 +64,9 @@ class Spy:
         monkeypatch.setattr(paged_tree.TreeVerify, "_compact", spy)
 
 
-@pytest.mark.parametrize("prefix_caching,base,deterministic,pricing", [
-    (True, "ngram", False, False), (False, "ngram", False, False), (True, "suffix", False, False),
-    (True, "ngram", True, False), (True, "ngram", False, True)])
+@pytest.mark.parametrize("prefix_caching,base,deterministic,pricing", fast_first([
+    (True, "ngram", False, False), (True, "suffix", False, False), (True, "ngram", False, True),
+    (False, "ngram", False, False), (True, "ngram", True, False)], 3))
 def test_greedy_tokens_equal_target_only(target, greedy_reference, monkeypatch, prefix_caching, base,
                                          deterministic, pricing):
     """Mixed arrival (a request alone, one cancelled, then two waves), chunked prefills beside tree rows; the
