@@ -185,12 +185,19 @@ def test_auto_picks_the_decoder_for_what_only_it_does(pair):
     assert pick_engine(target, tree) == "decoder" and pick_engine(tiny_whisper(0), None) == "decoder"
     assert pick_engine(target, None, options={"gamma_schedule": "constant", "gamma": 3, "method": "coupled",
                                               "compile": False, "temperature": 0.5}) == "paged"   # defaults / shared
-    for options in ({"gamma_schedule": "optimal"}, {"max_gamma": 8}, {"tree": (3, 3, 8)}, {"chains": (2, 2)},
-                    {"method_options": {}}, {"compile": "native"}, {"lenience": 0.5}, {"lenience": [1.0, 0.5]},
+    for options in ({"gamma_schedule": "optimal"}, {"max_gamma": 8}, {"method_options": {}}, {"compile": "native"}, {"lenience": 0.5}, {"lenience": [1.0, 0.5]},
                     {"gamma": 16}):
         assert pick_engine(target, "ngram", options=options) == "decoder", options
         assert pick_engine(None, None, options=options) == "decoder"      # decided before any model loads
     assert pick_engine(target, None, tp=2) == "decoder" and decoder_only({}, tp=2) == ["tp=2 (no tensor-parallel path)"]
+    # token trees: the paged engine takes a context drafter's (and a head's: tests/test_api_trees.py) within its
+    # limits; a draft model's sampled chains, or a tree of more draft nodes than a block holds, go to the decoder
+    assert pick_engine(target, "ngram", options={"tree": (3, 3, 8)}) == "paged"
+    assert pick_engine(target, "ngram", options={"tree": (3, 3, 8), "gamma": 16}) == "paged"     # γ: the depth
+    assert pick_engine(target, draft, options={"chains": (2, 2)}) == "decoder"
+    assert pick_engine(target, "ngram", options={"tree": (4, 4, 32)}) == "decoder"
+    assert pick_engine(target, "ngram", options={"tree": (4, 4, 32), "block_size": 32}) == "paged"
+    assert pick_engine(None, None, options={"tree": (3, 3, 8)}) is None          # the drafter decides
     assert pick_engine(None, None) is None                                # the models decide
     assert pick_engine(target, None, options={"max_batch": 2}) == "paged"
     for options in ({"temperature": [0.0, 1.0]}, {"sampling": tilespec.SamplingParams(top_k=[0, 5])}):
@@ -226,7 +233,10 @@ def test_paged_refusals_name_the_option_and_the_fix(pair):
     from tilespec.engine.drafters.trees import tree_drafter, tree_shape
     tree = tree_drafter(resolve_drafter(draft), tree_shape(None, (2, 2)), tilespec.SamplingParams(), "constant")
     for kwargs, match in [(dict(draft=tree), "cannot serve this: .* drafts a token tree"),
-                          (dict(draft="ngram", tree=(3, 3, 8)), "cannot honour tree; use engine='decoder'"),
+                          (dict(draft=draft, chains=(2, 2)), "cannot serve this: .* drafts a token tree"),
+                          (dict(draft="ngram", tree=(4, 4, 32)),
+                           r"cannot honour tree=\(4, 4, 32\) \(31 draft nodes: .* pass block_size=32 .*; use "
+                           r"engine='decoder'"),
                           (dict(lenience=0.5), "cannot honour lenience=0.5"),
                           (dict(lenience=[1.0, 0.5]), r"cannot honour lenience=\[1.0, 0.5\]"),
                           (dict(compile="native"), r"compile='native' \(a decoder execution path"),

@@ -93,8 +93,30 @@ def test_generate_picks_its_engine(tiny_pair, tmp_path, capsys, monkeypatch):
     def no_load(*a, **kw):
         raise AssertionError("loaded before the engine check")
     monkeypatch.setattr(gen, "load_pair", no_load)
-    assert main(["generate", "--target", "t", "--prompt", "x", "--engine", "paged", "--tree", "8"]) == 1
-    assert "the paged engine cannot honour tree; use --engine decoder" in capsys.readouterr().err
+    assert main(["generate", "--target", "t", "--prompt", "x", "--engine", "paged", "--gamma-schedule", "optimal"]) == 1
+    assert "the paged engine cannot honour gamma_schedule; use --engine decoder" in capsys.readouterr().err
+
+
+def test_generate_runs_token_trees_on_the_paged_engine(tiny_pair, tmp_path, capsys, monkeypatch):
+    """--tree with a context drafter: --engine paged verifies the trees there, with the decoder's greedy tokens;
+    a draft model's --chains have no paged runner: --engine paged refuses them naming the fix."""
+    import tilespec.cli.generate as gen
+    target, draft = tiny_pair
+    monkeypatch.setattr(gen, "load_pair", lambda t, d, device, dtype, log=None: (
+        target, d if d == "ngram" else draft, ToyTokenizer()))
+    runs = {}
+    for engine in ("paged", "decoder"):
+        out = tmp_path / f"{engine}.json"
+        assert main(["generate", "--target", "t", "--draft", "ngram", "--prompt", "abab abab", "--max-new-tokens",
+                     "8", "--tree", "8", "--tree-branch", "2", "--tree-depth", "3", "--engine", engine,
+                     "--json", str(out)]) == 0
+        runs[engine] = json.loads(out.read_text())
+    assert runs["paged"]["engine"] == "paged" and runs["paged"]["stats"]["runtime"] == "paged"
+    assert runs["paged"]["tokens"] == runs["decoder"]["tokens"] and runs["paged"]["stats"]["drafted"] > 0
+    assert main(["generate", "--target", "t", "--draft", "t:layers=1", "--prompt", "x", "--chains", "2,2",
+                 "--engine", "paged"]) == 1
+    err = capsys.readouterr().err
+    assert "drafts a token tree the paged engine has no runner for" in err and "use --engine decoder" in err
 
 
 @pytest.mark.parametrize("engine", ["auto", "decoder"])

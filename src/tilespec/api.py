@@ -12,7 +12,8 @@ on the decoder. ``target`` / ``draft`` are registry names, local
 folders / .gguf files or hub ids (passed to transformers as they are) or already loaded models, and loaded models are
 kept per (name, device, dtype) so repeated calls do not reload them; ``draft="ngram"`` / ``"suffix"`` drafts from the
 context with no model (see :mod:`tilespec.engine.drafters`). Options go to the engine (gamma, method, compile; the
-decoder's gamma_schedule, max_gamma, method_options, tree, ...; the paged engine's max_batch, block_size, ...) or,
+decoder's gamma_schedule, max_gamma, method_options, ...; the paged engine's max_batch, block_size, ...; both take
+tree / chains / scheme / draft_sampling) or,
 for temperature / top_k / top_p / min_p / lenience, into :class:`SamplingParams`; ``sampling=SamplingParams(...)``
 may be given instead.
 Devices and dtypes follow :mod:`tilespec.env` ("auto": CUDA with bf16 when available, else CPU with fp32).
@@ -185,8 +186,10 @@ def make_paged(target, draft, tokenizer, options: dict, prompts=None, max_new_to
     from .engine.drafters import resolve_drafter
     from .engine.paged import PagedEngine
     from .engine.paged.offline import Offline
+    from .engine.paged.tree import is_paged_tree
     options = {k: v for k, v in options.items() if v is not None}
     sampling = _sampling(options)
+    draft, options = paged_tree_draft(target, draft, options, sampling)
     drafter = resolve_drafter(draft)
     check = partial(check_inputs, target, drafter.model if drafter is not None else None)
     options["compile"] = bool(options.get("compile", False))
@@ -194,9 +197,34 @@ def make_paged(target, draft, tokenizer, options: dict, prompts=None, max_new_to
         check(prompts, max_new_tokens, 0, sampling)
         options.setdefault("max_batch", min(len(prompts), 256))
         if "max_len" not in options and "num_blocks" not in options:
-            options["max_len"] = max(map(len, prompts)) + max_new_tokens + 32    # + room for the drafts (< 32)
+            room = 65 if is_paged_tree(drafter) else 32     # the drafts: < 32 a chain, < 64 a tree's nodes
+            options["max_len"] = max(map(len, prompts)) + max_new_tokens + room
     inner = getattr(tokenizer, "tokenizer", tokenizer)
     return Offline(PagedEngine(target, draft, tokenizer=inner, **options), sampling, inner, check=check)
+
+
+TREE_OPTIONS = ("tree", "chains", "scheme", "draft_sampling")
+
+
+def paged_tree_draft(target, draft, options: dict, sampling: Optional[SamplingParams] = None) -> tuple:
+    """(draft, options) for the paged engine: with ``tree=`` / ``chains=`` in ``options``, the tree drafter
+    SpeculativeDecoder builds for those keywords (drafters/trees.tree_form_of, on ``draft`` attached to ``target``;
+    ``sampling``: the target's, default from ``options``) and ``gamma`` its depth (the decoder's γ of a tree step:
+    the paged engine caps the accepted depth by gamma); the options without the tree keywords."""
+    from .engine.drafters import resolve_drafter
+    from .engine.drafters.trees import tree_form_of
+    given = {k: options.get(k) for k in TREE_OPTIONS}
+    rest = {k: v for k, v in options.items() if k not in TREE_OPTIONS}
+    if given["tree"] is None and given["chains"] is None:
+        return draft, rest
+    drafter = resolve_drafter(draft)
+    if drafter is not None:     # as the decoder does: a head loads here, so an auto shape reads its manifest
+        drafter.attach(target)
+    sampling = sampling if sampling is not None else _sampling(dict(rest))
+    drafter, shape = tree_form_of(drafter, given["tree"], given["chains"], given["scheme"] or "specinfer",
+                                  given["draft_sampling"], sampling)
+    rest["gamma"] = shape.depth
+    return drafter, rest
 
 
 def check_inputs(target, draft_model, prompts, max_new_tokens, seed, sampling) -> list:
@@ -234,9 +262,9 @@ def _is_default(value, default) -> bool:
 
 def decoder_only(options: dict, tp: int = 1) -> list:
     """What in ``options`` (tilespec.generate's) only the decoder honours, in words: its own keywords set to other
-    than their defaults (gamma_schedule / max_gamma / fallback_below, tree / chains / scheme / draft_sampling,
-    method_options, schedule, verify_fn, run_ahead, cache_slack, graph_verify), a compile mode name, lenience
-    below 1 (for any prompt), ``tp`` > 1. Raises TypeError on an option neither engine takes."""
+    than their defaults (gamma_schedule / max_gamma / fallback_below, method_options, schedule, verify_fn,
+    run_ahead, cache_slack, graph_verify), a compile mode name, lenience below 1 (for any prompt), ``tp`` > 1 (tree /
+    chains / scheme / draft_sampling: the tree drafter they give decides, :func:`pick_engine`). Raises TypeError on an option neither engine takes."""
     decoder, paged = engine_keywords()
     known = set(decoder) | set(paged) | set(SAMPLING_FIELDS) | {"sampling"}
     unknown = sorted(set(options) - known)
@@ -244,8 +272,8 @@ def decoder_only(options: dict, tp: int = 1) -> list:
         raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: tilespec.generate "
                         f"takes the sampling fields ({', '.join(SAMPLING_FIELDS)}) or sampling=, and the options of "
                         f"SpeculativeDecoder or PagedEngine")
-    only = [k for k in decoder if k not in paged and k != "sampling" and k in options
-            and not _is_default(options[k], decoder[k])]
+    only = [k for k in decoder if k not in paged and k not in ("sampling",) + TREE_OPTIONS and k in options
+            and not _is_default(options[k], decoder[k])]       # trees: the tree drafter decides (pick_engine)
     if isinstance(options.get("compile"), str):
         only.append(f"compile={options['compile']!r} (a decoder execution path; the paged engine takes True / False)")
     sampling = options.get("sampling")
@@ -255,7 +283,8 @@ def decoder_only(options: dict, tp: int = 1) -> list:
     if any(v not in (None, 1, 1.0) for v in (lenience if isinstance(lenience, (list, tuple)) else [lenience])):
         only.append(f"lenience={lenience!r}")
     gamma, block = options.get("gamma"), options.get("block_size") or 16
-    if isinstance(gamma, int) and gamma >= block:
+    trees = options.get("tree") is not None or options.get("chains") is not None      # their γ is the depth
+    if isinstance(gamma, int) and gamma >= block and not trees:
         only.append(f"gamma={gamma} (the paged engine drafts fewer than block_size={block})")
     if tp != 1:
         only.append(f"tp={tp} (no tensor-parallel path)")
@@ -267,11 +296,12 @@ def pick_engine(target, draft, engine: str = "auto", options: Optional[dict] = N
     """"paged" or "decoder" for ``engine`` = "auto" | "decoder" | "paged": the rule of :func:`generate` and the CLI.
     auto takes the paged engine, on CUDA (:func:`paged_by_default`), wherever it can serve ``target`` with ``draft`` (a
     Llama-family target with no drafter, ngram / suffix, a Llama-family draft model of its vocabulary or a trained head
-    drafting chains: engine/paged/support.py, the server's rule) and no option in :func:`decoder_only` is given, else
-    the decoder; an option only the paged engine takes (max_batch, block_size, ...) asks for it. "paged" with what it
-    cannot honour raises ValueError naming it and ``fix``; "decoder" with a paged-only option too. With target None the
-    choice is made where the options alone decide it (None otherwise): callers decide before loading models."""
-    from .engine.paged.support import choose_engine
+    drafting chains; ``tree=`` / ``chains=`` of a context drafter or a head within the paged limits, support.tree_limit:
+    engine/paged/support.py, the server's rule) and no option in :func:`decoder_only` is given, else the decoder; an
+    option only the paged engine takes (max_batch, block_size, ...) asks for it. "paged" with what it cannot honour
+    raises ValueError naming it and ``fix``; "decoder" with a paged-only option too. With target None the choice is
+    made where the options alone decide it (None otherwise): callers decide before loading models."""
+    from .engine.paged.support import choose_engine, tree_limit
     options = options or {}
     if engine not in ENGINES:
         raise ValueError(f"engine must be 'auto', 'decoder' or 'paged', got {engine!r}")
@@ -284,10 +314,20 @@ def pick_engine(target, draft, engine: str = "auto", options: Optional[dict] = N
             raise ValueError(f"{these}, not the decoder's: drop {'it' if len(paged_only) == 1 else 'them'} or use "
                              f"engine='paged'")
         engine, fix = "paged", f"{these}: drop {'it' if len(paged_only) == 1 else 'them'} and {fix}"
+    trees = options.get("tree") is not None or options.get("chains") is not None
+    if trees:       # a bad shape or scheme fails before any model loads
+        from .engine.drafters.trees import tree_shape
+        tree_shape(options.get("tree"), options.get("chains"), options.get("scheme") or "specinfer",
+                   options.get("draft_sampling"))
     if target is None and engine != "decoder" and not blockers:
         return None         # the models decide
     if engine == "auto" and not paged_by_default(target):
         return "decoder"
+    if engine != "decoder" and not blockers:
+        if trees:           # the paged engine judged on the tree drafter it would run
+            draft, _ = paged_tree_draft(target, draft, options)
+        limit = tree_limit(draft, options.get("block_size") or 16)
+        blockers = [limit] if limit is not None else blockers
     return choose_engine(target, draft, engine, "decoder", blockers, fix)
 
 
@@ -306,8 +346,9 @@ def generate(prompts, *, target, draft=None, tokenizer=None, max_new_tokens: int
     text); see :mod:`tilespec.engine.prompts`. Without a draft the target decodes alone. ``tp`` > 1: under
     ``torchrun --nproc-per-node tp``, the target sharded over the ranks (docs/tensor-parallel.md); every rank
     returns the same output. ``engine``: "auto" (default) runs every prompt on the paged engine ``tilespec serve``
-    runs on wherever it can (Llama-family targets; no draft, ngram / suffix or a Llama-family draft model; no
-    decoder-only option: see :func:`pick_engine`), else on :class:`SpeculativeDecoder`; "decoder" / "paged" choose
+    runs on wherever it can (Llama-family targets; no draft, ngram / suffix, a Llama-family draft model or a head;
+    token trees (``tree=`` / ``chains=``) of ngram / suffix or a head; no decoder-only option: see
+    :func:`pick_engine`), else on :class:`SpeculativeDecoder`; "decoder" / "paged" choose
     (paged refuses what it cannot honour). ``options`` are the chosen engine's (SpeculativeDecoder's or PagedEngine's,
     besides the sampling fields)."""
     import torch

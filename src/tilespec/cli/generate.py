@@ -69,26 +69,43 @@ ENGINES = ("auto", "decoder", "paged")
 def add_engine_argument(p) -> None:
     """``--engine auto | decoder | paged`` (generate, demo): the choice tilespec.generate makes (api.pick_engine)."""
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="paged: the engine tilespec serve runs on (Llama-family targets; no draft, ngram / suffix or "
-                        "a Llama-family draft model); decoder: SpeculativeDecoder (also γ schedules, trees, heads, "
-                        "other families, --tp); auto (default): paged wherever it runs the request")
+                   help="paged: the engine tilespec serve runs on (Llama-family targets; no draft, ngram / suffix, "
+                        "a Llama-family draft model or a head, and their --tree / head --chains within its limits); "
+                        "decoder: SpeculativeDecoder (also γ schedules, a draft model's --chains, other families, "
+                        "--tp); auto (default): paged wherever it runs the request (on CUDA)")
 
 
 def pick_cli_engine(args, target=None, draft=None, tp: int = 1):
     """"paged" or "decoder" for ``--engine`` and the options given (api.pick_engine, tilespec.generate's rule);
     without models: the choice where the options alone decide it, else None."""
     options = dict(gamma=args.gamma, gamma_schedule=args.gamma_schedule, method=args.method,
-                   compile=bool(args.compile), sampling=sampling_from_args(args),
-                   tree=tree_option(args), chains=getattr(args, "chains", None))
+                   compile=bool(args.compile), sampling=sampling_from_args(args), **tree_options(args))
+    if target is not None and draft is None and (options["tree"] or options["chains"]):
+        draft = "head"      # as tree_decoder: trees without --draft are the target's head's
     return pick_engine(target, draft, args.engine, options, tp, fix="use --engine decoder")
+
+
+def tree_options(args) -> dict:
+    """tree= / chains= / scheme= from ``--tree`` / ``--chains K,L`` / ``--scheme`` (None where not given)."""
+    chains = getattr(args, "chains", None)
+    if chains:
+        try:
+            chains = tuple(int(x) for x in chains.split(","))
+        except ValueError:
+            raise ValueError(f"--chains expects K,L (chains, tokens per chain), got {chains!r}") from None
+    return dict(tree=tree_option(args), chains=chains or None, scheme=getattr(args, "scheme", None))
 
 
 def build_engine(choice: str, args, target, draft, tok, prompts):
     """The engine ``choice`` names with the decoding arguments: SpeculativeDecoder, or the paged engine behind its
     interface (api.make_paged: sized to ``prompts``)."""
     if choice == "paged":
+        trees = tree_options(args)
+        if draft is None and (trees["tree"] or trees["chains"]):
+            draft = "head"
         return make_paged(target, draft, tok, dict(gamma=args.gamma, method=args.method, compile=args.compile,
-                                                   sampling=sampling_from_args(args)), prompts, args.max_new_tokens)
+                                                   sampling=sampling_from_args(args), **trees),
+                          prompts, args.max_new_tokens)
     from tilespec.engine import SpeculativeDecoder
     return SpeculativeDecoder(target, draft, gamma=args.gamma, gamma_schedule=args.gamma_schedule,
                               method=args.method, sampling=sampling_from_args(args), tokenizer=tok,
@@ -197,7 +214,7 @@ def run(args) -> int:
     target, draft, tok = load_pair(args.target, args.draft, device, dtype, log=log, **extra)
     ids = encode_prompts(tok, texts, not args.no_chat)
     choice = choice or pick_cli_engine(args, target, draft, args.tp)
-    if args.tree or args.chains:
+    if (args.tree or args.chains) and choice != "paged":
         dec = tree_decoder(args, target, draft, tok, log=log)
     else:
         dec = build_engine(choice, args, target, draft, tok, ids)

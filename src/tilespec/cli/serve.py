@@ -40,6 +40,45 @@ def positive_mb(text: str) -> float:
     return value
 
 
+MAX_NODES = 64     # tilespec.multidraft.token_tree.MAX_NODES: importing it here would import torch before the spawn
+TREE_BRANCH, TREE_DEPTH = 8, 6     # --tree N: the shape `tilespec generate --tree N` gives (bench/tree_args.py)
+
+
+def _ints(text: str, count: int, form: str) -> tuple:
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != count:
+        raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}")
+    return values
+
+
+def tree_shape(text: str) -> tuple:
+    """argparse ``type`` of ``--tree``: ``B,D,N`` (branch or n-gram matches, depth, nodes with the root) or ``N``
+    (branch 8, depth 6, as ``tilespec generate --tree N``) -> (branch, depth, nodes)."""
+    if str(text).strip().lower() == "auto":
+        raise argparse.ArgumentTypeError("auto chooses a shape for one temperature and a server serves every "
+                                         "temperature: give B,D,N (e.g. 4,4,16)")
+    if "," not in str(text):
+        tree = (TREE_BRANCH, TREE_DEPTH, *_ints(text, 1, "B,D,N or N"))
+    else:
+        tree = _ints(text, 3, "B,D,N (branch, depth, nodes), e.g. 4,4,16")
+    if min(tree[:2]) < 1 or not 2 <= tree[2] <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"B,D,N needs branch, depth >= 1 and 2 <= nodes <= {MAX_NODES} (the root "
+                                         f"included), got {text!r}")
+    return tree
+
+
+def chains_shape(text: str) -> tuple:
+    """argparse ``type`` of ``--chains``: ``K,L`` -> (K, L), 1 + K L <= 64 nodes."""
+    k, length = _ints(text, 2, "K,L (chains, tokens per chain), e.g. 2,4")
+    if k < 1 or length < 1 or 1 + k * length > MAX_NODES:
+        raise argparse.ArgumentTypeError(f"K,L needs K, L >= 1 and 1 + K L <= {MAX_NODES} nodes, got {text!r}")
+    return k, length
+
+
 def default_api_servers() -> int:
     """Four API processes on a host of 16 or more CPUs, two on 8 or more, else one. On a 16-core H200 host at 256
     clients four delivered 0.88 of the engine's in-process rate (bench/results/serve-load-api4-qwen1.5b-h200.json)
@@ -79,9 +118,13 @@ def run(args) -> int:
     named = device_type(args.device)
     if args.compile in CUDA_ONLY and named not in (None, "cuda"):
         raise ValueError(_needs_cuda(args.compile, args.device))
+    if args.scheme is not None and args.chains is None:
+        raise ValueError("--scheme selects among sampled chains: add --chains K,L (or drop --scheme)")
     check_bind(args.host, args.port)
     api_key = args.api_key or settings.get().api_key
     draft_name = None if args.draft in (None, "none") else args.draft
+    if (args.tree or args.chains) and draft_name is None:
+        draft_name = "head"     # as `tilespec generate --tree`: the target's trained head drafts the trees
     options = dict(engine=args.engine, max_batch=args.max_batch, gamma=args.gamma, max_len=args.max_len,
                    method=args.method, compile={"off": False}.get(args.compile, args.compile),   # auto: make_engine
                    prefill_chunk=args.prefill_chunk, spec_max_batch=args.spec_max_batch,
@@ -89,7 +132,8 @@ def run(args) -> int:
                    pricing=False if args.no_draft_pricing else None,
                    max_admission_wait=None if args.max_prefill_wait_ms is None else args.max_prefill_wait_ms / 1e3,
                    prefix_caching=False if args.no_prefix_caching else None, kv_fraction=args.kv_fraction,
-                   deterministic=True if args.deterministic else None)
+                   deterministic=True if args.deterministic else None,
+                   tree=args.tree, chains=args.chains, scheme=args.scheme or "specinfer")
     # the engine process loads the models and owns the GPU; this process only serves HTTP. The spec holds names
     # and strings only, so the engine process is spawned before anything here imports torch
     spec = EngineSpec(load=LoadByName(args.target, draft_name, args.device, args.dtype), options=options,
@@ -112,6 +156,9 @@ def torch_checks(args) -> None:
     from tilespec.env import pick_device
     from tilespec.verify.registry import get_method
     get_method(args.method)
+    if args.scheme is not None:
+        from tilespec.multidraft.schemes import parse_scheme
+        parse_scheme(args.scheme)
     if args.device == "auto" and args.compile not in CUDA_ONLY:
         return          # nothing to check: no CUDA initialisation in this process, which never uses the GPU
     device = pick_device(args.device)
@@ -157,6 +204,18 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")
+    shapes = p.add_mutually_exclusive_group()
+    shapes.add_argument("--tree", type=tree_shape, default=None, metavar="B,D,N",
+                        help="draft a token tree per request and step, exact at every temperature (docs/trees.md): "
+                             "--draft head (the default with --tree) or a head folder: a dynamic tree of branch B, "
+                             "depth D, N nodes with the root; --draft ngram / suffix: B matches of the context of D "
+                             f"tokens merged into N nodes. N alone: {TREE_BRANCH},{TREE_DEPTH},N. The paged engine "
+                             "verifies trees of at most 16 nodes (the block size)")
+    shapes.add_argument("--chains", type=chains_shape, default=None, metavar="K,L",
+                        help="draft K chains of L tokens sampled from the head (multi-draft, Khisti et al. 2024; "
+                             "--scheme)")
+    p.add_argument("--scheme", default=None,
+                   help="--chains: the multi-draft scheme, specinfer (default), spectr, is, is-lp, ... (sd for K=1)")
     p.add_argument("--no-draft-pricing", action="store_true",
                    help="paged engine: verify every offered draft (default: each step keeps the drafts that pay by "
                         "its measured step costs and the requests' acceptance)")

@@ -28,7 +28,7 @@ from tilespec.verify.types import SamplingParams
 from tilespec.verify.validation import resolve_sampling
 
 from .drafters import resolve_drafter
-from .drafters.trees import tree_drafter, tree_shape
+from .drafters.trees import tree_form_of
 from .gamma import GammaSchedule
 from .schedule import as_schedule
 from .generation import (GenerationOutput, Generation, PlannedStep, StepEvent, eos_ids, select_sampling,
@@ -103,8 +103,8 @@ class SpeculativeDecoder:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if tree is not None or chains is not None:   # token trees: the drafter proposes them (drafters/trees.py)
-            shape = tree_shape(tree, chains, scheme, draft_sampling)
-            drafter, gamma = tree_drafter(drafter, shape, sampling, gamma_schedule), shape.depth
+            drafter, shape = tree_form_of(drafter, tree, chains, scheme, draft_sampling, sampling, gamma_schedule)
+            gamma = shape.depth
         if schedule is not None and not callable(schedule):
             raise TypeError(f"schedule must be a factory like GammaSchedule, got {type(schedule).__name__}")
         if verify_fn is not None and not callable(verify_fn):

@@ -1,7 +1,8 @@
 """``tilespec serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over continuous batching with exact
 speculative decoding: the paged engine (:mod:`tilespec.engine.paged`: paged K/V, prefix caching, chunked prefill in
-the decode batch) for Llama-family targets with context drafts, a draft model of their vocabulary, a trained head or
-none, else :mod:`tilespec.engine.batching` (token trees, other families). See docs/serve.md.
+the decode batch) for Llama-family targets with context drafts, a draft model of their vocabulary, a trained head
+(token trees of context drafts and heads too) or none, else :mod:`tilespec.engine.batching` (a draft model's
+sampled chains, other families). See docs/serve.md.
 
 Processes (serve/processes.py): the engine process (serve/core.py) owns the GPU and the step loop; the API processes
 (serve/client.py, serve/app.py; one by default) take HTTP requests, tokenize, detokenize and stream. They exchange
@@ -26,10 +27,13 @@ def pick_engine(target, draft, engine: str, options: dict) -> str:
     """"paged" or "batch" for ``engine`` = "auto" | "paged" | "batch": auto takes the paged engine wherever it can
     serve the pair (engine/paged/support.choose_engine, the rule ``tilespec.generate`` picks by too) and no
     BatchEngine-only option is set."""
-    from tilespec.engine.paged.support import choose_engine
+    from tilespec.engine.paged.support import choose_engine, tree_limit
     batch_only = [k for k in BATCH_ONLY if options.get(k) is not None]
-    engine = choose_engine(target, draft, engine, "batch", batch_only if engine == "auto" else (),
-                           fix="use --engine batch")
+    blockers = batch_only if engine == "auto" else []
+    limit = tree_limit(draft, options.get("block_size") or 16) if engine != "batch" else None
+    if limit is not None:       # a token tree over the paged engine's limits, in words with its fix
+        blockers = [*blockers, limit]
+    engine = choose_engine(target, draft, engine, "batch", blockers, fix="use --engine batch")
     wrong = PAGED_ONLY if engine == "batch" else BATCH_ONLY + BATCH_SWITCHES
     given = [k for k in wrong if options.get(k) is not None]
     if given:
@@ -41,23 +45,46 @@ PAGED_MAX_BATCH, BATCH_MAX_BATCH = 256, 16     # default rows: vLLM serves 256+ 
 
 
 def make_engine(target, draft, *, engine: str = "auto", max_batch=None, gamma: int = 4, max_len=None,
-                tokenizer=None, pad_token_id: int = 0, prefill_chunk: int = 512, **options):
+                tokenizer=None, pad_token_id: int = 0, prefill_chunk: int = 512, tree=None, chains=None,
+                scheme: str = "specinfer", **options):
     """The serving engine (see :func:`pick_engine`) with ``options`` of that engine; ``max_batch`` None: 256 rows
     on the paged engine, 16 on BatchEngine; ``compile="auto"``: CUDA graphs where the target is on a CUDA device,
-    else off."""
+    else off. ``tree=(branch, depth, nodes)`` / ``chains=(K, L)`` (with ``scheme``): ``draft`` drafts token trees,
+    its tree form built as tilespec.generate builds it (api.paged_tree_draft), ``gamma`` then the trees' depth."""
     options = {k: v for k, v in options.items() if v is not None}
+    if tree is not None or chains is not None:
+        from tilespec.api import paged_tree_draft
+        draft, shaped = paged_tree_draft(target, draft, dict(tree=tree, chains=chains, scheme=scheme))
+        gamma = shaped["gamma"]
+    shape = getattr(draft, "shape", None)
+    drafts = shape.nodes - 1 if shape is not None else gamma      # a tree step's draft rows: its nodes past the root
     if options.get("compile") == "auto":        # where the target is: the CLI's engine process resolves the device
         options["compile"] = next(target.parameters()).device.type == "cuda"
     if pick_engine(target, draft, engine, options) == "batch":
         from tilespec.engine.batching import BatchEngine
+        if tree is not None or chains is not None:
+            check_batch_tree(target, draft, options.get("block_size") or 16)
         return BatchEngine(target, draft, max_batch=max_batch or BATCH_MAX_BATCH, gamma=gamma, max_len=max_len,
                            tokenizer=tokenizer, pad_token_id=pad_token_id, prefill_chunk=prefill_chunk, **options)
     from tilespec.engine.paged import PagedEngine
     max_batch = max_batch or PAGED_MAX_BATCH
     options["compile"] = bool(options.get("compile", False))
-    options.setdefault("token_budget", prefill_chunk + max_batch * (1 + gamma))
+    options.setdefault("token_budget", prefill_chunk + max_batch * (1 + drafts))
     return PagedEngine(target, draft, max_batch=max_batch, gamma=gamma, max_len=max_len, tokenizer=tokenizer,
                        pad_token_id=pad_token_id, **options)
+
+
+def check_batch_tree(target, drafter, block_size: int) -> None:
+    """BatchEngine runs a head's token trees (the decoder's tree steps, row by row) but neither context trees nor a
+    draft model's sampled chains (their runners keep no per-row state for continuous batching): ValueError naming
+    why the paged engine did not take them either, and the fix."""
+    from tilespec.engine.paged.head_tree import is_head_tree
+    from tilespec.engine.paged.support import paged_reason, tree_limit
+    if is_head_tree(drafter):
+        return
+    why = tree_limit(drafter, block_size) or paged_reason(target, drafter)
+    raise ValueError(f"cannot serve the token trees of {drafter.name!r}: BatchEngine runs only a head's, and the paged "
+                     f"engine cannot run these: {why}")
 
 
 def build_server(target, tokenizer, *, draft=None, max_batch=None, gamma: int = 4, max_len=None,

@@ -134,6 +134,19 @@ def tree_drafter(drafter, shape: TreeShape, sampling: SamplingParams, gamma_sche
     return factory(drafter, shape)
 
 
+def tree_form_of(drafter, tree, chains, scheme: str, draft_sampling: Optional[SamplingParams],
+                 sampling: SamplingParams, gamma_schedule: str = "constant"):
+    """The drafter the keywords ``tree`` / ``chains`` / ``scheme`` / ``draft_sampling`` ask for (SpeculativeDecoder's,
+    tilespec.generate's on either engine, ``tilespec serve``'s): the tree form of ``drafter`` (attach it to the target
+    first: an ``auto`` shape reads a loaded head's manifest), or ``drafter`` itself when neither ``tree`` nor
+    ``chains`` is given -> (that drafter, its TreeShape or None). One function, so every entry point turns the
+    keywords into the same tree drafter."""
+    if tree is None and chains is None:
+        return drafter, None
+    shape = tree_shape(tree, chains, scheme, draft_sampling)
+    return tree_drafter(drafter, shape, sampling, gamma_schedule), shape
+
+
 def draft_resolved(shape: TreeShape, resolved, batch: int, device):
     """The sampled chains' draft law for ``batch`` rows: ``shape.draft_sampling`` resolved, else the target's."""
     if shape.draft_sampling is None:

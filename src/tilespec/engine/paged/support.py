@@ -2,8 +2,9 @@
 drafter (ngram, suffix), a Llama-family draft model of the target's vocabulary (draft_model.py; also with a
 context drafter, MODEL+ngram), a trained head drafting chains (head.py; also head+ngram), or token trees: context
 trees (the tree form of ngram / suffix: tree.py), a head's dynamic trees and sampled chains (head_tree.py). A draft
-model's sampled chains (``chains=(K, L)``) have no paged runner yet: the server keeps BatchEngine for them,
-``tilespec.generate`` the decoder (:func:`choose_engine`: the one rule both pick by)."""
+model's sampled chains (``chains=(K, L)``) have no paged runner yet, nor do trees over the limits of
+:func:`tree_limit`: ``tilespec.generate`` runs them on the decoder, the server a head's trees on BatchEngine
+(:func:`choose_engine`: the one rule both pick by; serve.check_batch_tree refuses the rest)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -62,6 +63,34 @@ def paged_drafter(target, draft):
     if drafter is not None:
         drafter.attach(target)
     return drafter
+
+
+def tree_limit(draft, block_size: int = 16) -> Optional[str]:
+    """Why the paged engine cannot run the token trees ``draft`` proposes with blocks of ``block_size`` slots, in
+    words with the fix (None: it can, or ``draft`` proposes no tree it runs). A tree's N - 1 draft nodes are a
+    step's new tokens after the root, fewer than block_size (padding rows share one block, as for chains) and
+    within the 64 ancestor bits of the tree mask; a head's tree also feeds its (depth - 1) frontiers of ``branch``
+    (chains: K) entries in one forward, within those bits (head_tree.py); the depth a step may accept is the
+    engine's gamma, below 32."""
+    from .tree import is_paged_tree
+    drafter = resolve_drafter(draft)
+    if drafter is None or not is_paged_tree(drafter):
+        return None
+    shape = drafter.shape
+    what = f"tree={shape.tree}" if shape.tree is not None else f"chains={shape.chains}"
+    if shape.depth >= 32:
+        return f"{what} (depth {shape.depth}: the paged engine accepts fewer than 32 tokens a step; lower the depth)"
+    if is_head_tree(drafter):
+        width = shape.tree[0] if shape.tree is not None else shape.chains[0]
+        if (shape.depth - 1) * width > 64:
+            return (f"{what} (a head's (depth - 1) x {'branch' if shape.tree is not None else 'K'} = "
+                    f"{(shape.depth - 1) * width} frontier entries exceed the 64 ancestor bits of the paged "
+                    f"attention; lower the depth or the width)")
+    if shape.nodes - 1 >= block_size:
+        need = 1 << (shape.nodes - 1).bit_length()        # block sizes are powers of two
+        return (f"{what} ({shape.nodes - 1} draft nodes: the paged engine verifies fewer than block_size="
+                f"{block_size}; pass block_size={need} or a tree of at most {block_size} nodes)")
+    return None
 
 
 def choose_engine(target, draft, engine: str, fallback: str, fallback_only: Sequence[str] = (),
