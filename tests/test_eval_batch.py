@@ -67,6 +67,7 @@ def test_batched_greedy_equals_batch_one_and_exact_methods_equal_hf(pair):
     assert sum(len(s.split()) for c in chunks for s in c["sequences"]) == three["methods"]["fused"]["new_tokens"]
 
 
+@pytest.mark.slow
 def test_batched_sampling_is_keyed_per_row(pair):
     """T = 1 in a batch: tiled and fused draw from the same counter-based streams keyed by (seed + i, position), so
     inside one batched run they emit the same tokens per example; a second run (fused alone) repeats them exactly.

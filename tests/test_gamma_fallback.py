@@ -117,6 +117,7 @@ def fresh_compile():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile", fast_first(["debug", False], 1))
 def test_forced_fallback_greedy_equals_target_only(models, compile):
     target, draft = models["target"], models["draft"]

@@ -15,7 +15,7 @@ from tilespec.verify import SamplingParams
 from engine_models import layer_skip, tiny_lm
 from tiers import fast_first
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]     # the decoder's run-ahead: -m slow
 
 PROMPTS = [[5, 17, 33, 2, 9], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
 SAME = ("steps", "emitted", "accepted", "drafted", "tested", "request_steps", "gammas", "defrags", "new_tokens")

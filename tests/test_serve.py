@@ -343,6 +343,7 @@ def connections_of(pid: int, port: int) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_two_api_processes_serve_one_port():
     """--api-servers 2: a second API process serves the same port (SO_REUSEPORT) beside the main one; requests over
     many connections all complete with the texts one process gives, and both processes end with the server."""

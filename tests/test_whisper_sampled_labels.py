@@ -156,6 +156,7 @@ KW = dict(target_name="tiny-whisper", prefix=[1], layers=(0, 3), max_new_tokens=
           lr=3e-3, warmup=10, max_steps=100, heldout=0.25)
 
 
+@pytest.mark.slow
 def test_sampled_labels_raise_acceptance_at_t1(tmp_path):
     """Greedy + 4 samples at T=1 per clip vs greedy only, evaluated on the same held-out samples: α at T=1 rises
     (measured 0.82 -> 0.89 on this model), both α are in the report and the manifest, and a resume with other
