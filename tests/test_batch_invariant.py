@@ -157,7 +157,7 @@ def _serve(engine, reqs, stagger: bool) -> list:
     return [got[r.rid] for r in reqs]
 
 
-@pytest.mark.parametrize("draft", fast_first(["ngram", None], 1))
+@pytest.mark.parametrize("draft", fast_first(["ngram", None], 0))     # on CUDA: test_batch_invariant_gpu.py
 def test_a_request_alone_and_among_others_gets_bitwise_equal_tokens_and_logprobs(target, draft):
     def ask(i, p):
         return BatchRequest(prompt=p, max_tokens=8, temperature=1.0 if i == 1 else 0.0, seed=i, logprobs=3)

@@ -148,7 +148,7 @@ def test_sampled_tokens_do_not_depend_on_the_batch(trained, monkeypatch, chains)
 
 
 @pytest.mark.parametrize("draft", fast_first([dict(shape=(2, 2, 4)), dict(chains=(2, 2)),
-                                               dict(chains=(3, 2), scheme="spectr")], 2))
+                                               dict(chains=(3, 2), scheme="spectr")], 1))
 def test_sequence_law_is_the_targets(law_pair, monkeypatch, draft):
     """4000 sampled continuations (T = 1, top-k 4) through the head's trees of 2 x 2 (4 nodes), 2 sampled chains of
     2 (specinfer) and 3 of 2 (spectr) against the target's exact law: G-test; accepted paths off their depth's index

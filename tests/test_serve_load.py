@@ -51,6 +51,7 @@ def _run_levels(load, tmp_path, name: str, extra: list) -> tuple:
     return srv, out, argv
 
 
+@pytest.mark.slow
 def test_load_levels_write_the_json(tmp_path):
     load = _script()
     srv, out, argv = _run_levels(load, tmp_path, "serve-load.json", ["--warmup", "2", "--rate", "50"])
