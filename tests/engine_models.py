@@ -125,3 +125,16 @@ def serve_in_two_waves(engine, reqs) -> list:
         engine.blocks.check()
     assert engine.blocks.num_free == engine.blocks.num_blocks - 1        # every block back
     return [r.tokens for r in reqs]
+
+
+def tree_models() -> tuple:
+    """(target, draft model, head) for the token-tree entry-point tests: a sharp tiny Llama target without EOS, a
+    layer-skip draft model of it and a random head bound to it (its drafts are poor, but every accept and reject path
+    is exact whatever the head proposes)."""
+    from tilespec.heads import DraftHead, config_for
+    torch.manual_seed(0)
+    target = tiny_lm(0, logit_scale=20.0)
+    target.generation_config.eos_token_id = None
+    head = DraftHead(config_for(target, draft_vocab=128))
+    head.bind(target).eval().requires_grad_(False)
+    return target, layer_skip(target, 1), head

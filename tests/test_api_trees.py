@@ -5,14 +5,12 @@ trees over its limits), engine="paged" refuses those naming the fix; bad shapes 
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tilespec
 from tilespec.api import pick_engine
 from tilespec.engine.drafters import HeadDrafter
-from tilespec.heads import DraftHead, config_for
 
-from engine_models import layer_skip, tiny_lm
+from engine_models import tree_models
 from test_api import ChatTokenizer
 
 PROMPTS = ["abcabcabc", "sky", "abab abab abab"]
@@ -26,14 +24,7 @@ def paged_on_cpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def models():
-    """A sharp tiny Llama target, a layer-skip draft model of it and a random head bound to it (its drafts are
-    poor, but every accept and reject path is exact whatever the head proposes)."""
-    torch.manual_seed(0)
-    target = tiny_lm(0, logit_scale=20.0)
-    target.generation_config.eos_token_id = None
-    head = DraftHead(config_for(target, draft_vocab=128))
-    head.bind(target).eval().requires_grad_(False)
-    return target, layer_skip(target, 1), head
+    return tree_models()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 from tilespec.cli import build_parser, main
 from tilespec.engine.batching import BatchEngine, BatchRequest
@@ -15,10 +14,9 @@ from tilespec.engine.drafters import HeadDrafter
 from tilespec.engine.paged import PagedEngine
 from tilespec.engine.paged.head_tree import PagedHeadTrees
 from tilespec.engine.paged.tree import PagedTrees
-from tilespec.heads import DraftHead, config_for
 from tilespec.serve import make_engine
 
-from engine_models import layer_skip, serve_in_two_waves, tiny_lm
+from engine_models import serve_in_two_waves, tree_models
 from test_serve_startup import _fresh
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11], [3], [40, 41, 40, 41, 40] * 3]
@@ -88,12 +86,7 @@ def test_the_cli_spawns_the_engine_with_the_tree_options():
 
 @pytest.fixture(scope="module")
 def models():
-    torch.manual_seed(0)
-    target = tiny_lm(0, logit_scale=20.0)
-    target.generation_config.eos_token_id = None
-    head = DraftHead(config_for(target, draft_vocab=128))
-    head.bind(target).eval().requires_grad_(False)
-    return target, layer_skip(target, 1), head
+    return tree_models()
 
 
 def _asks() -> list:
