@@ -426,6 +426,27 @@ stage_deterministic() {  # the batch-invariant mode: its operators against the d
       --clients "${DET_CLIENTS:-64}" --requests-per-client 4 --drafts "$d" --compare-alone "${DET_ALONE:-32}" \
       --batch-engine-clients "" --prefix-tokens 0 --budget-s 240 --out "$RES/paged-engine-${d//:/-}-det-compare-$tag.json"
   done
+  python3 - "$RES" "$tag" <<'PY'    # the four runs in one file: the mode's cost and text identity at DET_CLIENTS
+import json, os, sys
+res, tag = sys.argv[1], sys.argv[2]
+runs = {}
+for d in ("none", "none-det", "ngram", "ngram-det"):
+    f = f"{res}/paged-engine-{d}-det-compare-{tag}.json"
+    if os.path.exists(f):
+        runs[d.replace("-det", ":det")] = json.load(open(f))
+load = {k: next(r for r in v["rows"] if r.get("kind") == "load") for k, v in runs.items()}
+summary = {k: {"tok_s": round(r["tok_s"]), "itl_ms_p50": round(r["itl_ms_p50"], 3),
+               "alone_identical": r.get("alone_identical"), "alone_compared": r.get("alone_compared")}
+           for k, r in load.items()}
+summary["cost"] = {d: round(load[d + ":det"]["tok_s"] / load[d]["tok_s"], 3) for d in ("none", "ngram")
+                   if d in load and d + ":det" in load}
+first = next(iter(runs.values()), {})
+json.dump({"what": "the paged engine in-process with and without --deterministic (batch-invariant mode), "
+                   "target-only and ngram; each run's texts against the same prompts served one at a time",
+           **{k: first.get(k) for k in ("device", "torch", "target", "commit", "date")},
+           "summary": summary, "runs": runs}, open(f"{res}/deterministic-engine-64-clients-{tag}.json", "w"), indent=1)
+print(json.dumps(summary))
+PY
   tail -2 "$RES/invariant-test.log"; tarball deterministic
 }
 
