@@ -97,6 +97,18 @@ def keep_tokens(req: BatchRequest, new: list, stops: set, now: float) -> tuple:
     return toks, reason
 
 
+def keep_plain(req: BatchRequest, token: int, stops: frozenset) -> bool:
+    """:func:`keep_tokens`' common case, cheaply (an overlapped step commits one token per row, every step): ``token``
+    kept when it is not ``req``'s first, no stop id and leaves room in its budget (True); False: nothing done, the
+    caller takes :func:`keep_tokens`."""
+    tokens = req.tokens
+    if not tokens or token in stops or len(tokens) + 1 >= req.max_tokens:
+        return False
+    tokens.append(token)
+    req.steps += 1
+    return True
+
+
 def check_request(req: BatchRequest, max_len: int, vocab: Optional[int]) -> None:
     """Raise ValueError with the reason when ``req`` cannot be served by an engine taking ``max_len`` positions (prompt
     + max_tokens) and token ids below ``vocab`` (None: unchecked): empty / too long / bad ids or values."""

@@ -33,7 +33,7 @@ import torch
 from tilespec.verify.registry import resolve_method
 from tilespec.verify.types import SamplingParams
 
-from ..batch_request import BatchEvent, BatchRequest, check_request, keep_tokens
+from ..batch_request import BatchEvent, BatchRequest, check_request, keep_plain, keep_tokens
 from ..generation import eos_ids
 from ..inputs import context_limit, vocab_limit
 from .admission import Admission
@@ -177,7 +177,7 @@ class PagedEngine:
         if req.logits is not None and req.logits.min_tokens > 0:       # min_tokens bans the request's stop ids
             req.logits = dataclasses.replace(req.logits, banned=tuple(sorted(stops)))
         seq = Seq(req=req, tokens=list(req.prompt), order=next(self._order), stops=stops,
-                  prompt_key=hash(tuple(req.prompt)))
+                  prompt_key=hash(tuple(req.prompt)), plain=plain(req))
         if req.grammar is not None:
             seq.matcher = self.grammars.matcher(compiled(self, req))
         if req.prompt_logprobs is not None:     # every prompt position computed, none taken from the cache
@@ -275,18 +275,24 @@ class PagedEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("the paged engine could not admit a checked request into an empty cache")
             return events
-        sampling = [it for it in items if it.samples]
-        decode_only = all(it.seq.decoding and it.samples for it in items)
+        sampling, decoding, prefill = [], [], 0      # one pass: at 256 rows each pass over the items costs
+        for it in items:                            # tens of microseconds of the host's step
+            if it.samples:
+                sampling.append(it)
+            if len(it.seq.tokens) - it.seq.computed == 1:     # decoding (it samples: its one token is its last)
+                decoding.append(it)
+            else:
+                prefill += it.n
+        decode_only = len(decoding) == len(items)
         if self.grammars is not None:
             cut_drafts(sampling)                # drafts the grammar refuses are cut before pricing
         priced = self.acceptance if self.pricing and self.trees is None else None     # trees: verified uncut
-        shape = price_drafts([it for it in sampling if it.seq.decoding], priced, self.costs, self.gamma,
-                             self.counters["steps"])
+        shape = price_drafts(decoding, priced, self.costs, self.gamma, self.counters["steps"])
         q = self.drafts.run(items, sampling, prev) if self.drafts is not None else None     # the draft model's law
         fed = [fed_item(it, self.blocks.block_size) for it in items]
         if self.trees is not None:
             self.trees.lay_out(items, fed)
-        self.counters["prefill_tokens"] += sum(it.n for it in items if not it.seq.decoding)
+        self.counters["prefill_tokens"] += prefill
         captures, planned, scored = self.model.captures, time.perf_counter(), 0     # host seconds by phase: counters
         self.counters["host_plan_seconds"] += planned - started
         if decode_only:
@@ -310,7 +316,7 @@ class PagedEngine:
                 logits = logits[:logits.shape[0] - scored]
             logits = logits.view(-1, width, self.vocab_out)
         flight = None
-        if self.overlap and width == 1 and sampling and not scored and all(plain(it.seq.req) for it in sampling):
+        if self.overlap and width == 1 and sampling and not scored and all(it.seq.plain for it in sampling):
             flight = self._launch(items, sampling, logits, Sample(not decode_only, shape, gated, started=started))
         self.counters["host_launch_seconds"] += time.perf_counter() - planned
         if prev is not None:            # the previous step's tokens, while the device runs this one
@@ -350,10 +356,12 @@ class PagedEngine:
             if not it.samples:
                 it.seq.computed = it.start + it.n
                 self.blocks.seal(it.seq.tokens, it.seq.table, it.seq.keys, it.seq.sealable(it.seq.computed))
+        bs = self.blocks.block_size
         for row, it in enumerate(sampling):
             seq = it.seq
             seq.computed = it.start + it.n                  # the fed tokens are in the cache
-            if not seq.pending:         # none of them a placeholder (a prompt's end): sealed now, so twins find it
+            # none of the fed tokens a placeholder (a prompt's end): sealed now, so twins find it
+            if not seq.pending and seq.computed // bs > len(seq.keys):
                 self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.sealable(seq.computed))
             seq.tokens.append(placeholder(row))
             seq.pending += 1
@@ -367,17 +375,26 @@ class PagedEngine:
         tokens = flight.wait()
         t1 = time.perf_counter()
         self.counters["host_wait_seconds"] += t1 - t0
+        bs, kept = self.blocks.block_size, 0
         for it, token in zip(flight.items, tokens):
             seq = it.seq
+            req = seq.req
             seq.pending -= 1
-            if seq.req.finish_reason is not None:
+            if req.finish_reason is not None:
                 continue
             seq.tokens[it.start + it.n] = token
-            events.append(self._commit(it, 0, [token], placed=True))
-            seq.held = len(seq.req.tokens) + seq.pending >= seq.req.max_tokens
-            if seq.req.finish_reason is None:     # sealed up to the first token still in flight
-                self.blocks.seal(seq.tokens, seq.table, seq.keys,
-                                 seq.sealable(min(seq.computed, len(seq.tokens) - seq.pending)))
+            if seq.matcher is None and keep_plain(req, token, seq.stops):     # most rows: no event fields to fill
+                events.append(BatchEvent(req.rid, [token]))
+                kept += 1
+            else:
+                events.append(self._commit(it, 0, [token], placed=True))
+                if req.finish_reason is not None:
+                    continue
+            seq.held = len(req.tokens) + seq.pending >= req.max_tokens
+            upto = min(seq.computed, len(seq.tokens) - seq.pending)     # sealed up to the first token in flight
+            if upto // bs > len(seq.keys):
+                self.blocks.seal(seq.tokens, seq.table, seq.keys, seq.sealable(upto))
+        self.counters["generated_tokens"] += kept
         self.counters["host_commit_seconds"] += time.perf_counter() - t1
         return events
 

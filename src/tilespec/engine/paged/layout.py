@@ -62,12 +62,19 @@ class _Flat:
 
     def __init__(self, fed: list, m: int, rows: int = 0):
         rows = max(rows, len(fed))
-        self.tokens, self.positions, self.slots, self.cu, self.lens = [], [], [], [0], []
         self.tables = np.full((rows, m), SCRATCH, dtype=np.int32)     # numpy rows: 4x cheaper than nested lists
-        trees = any(f.masks is not None for f in fed)
-        self.masks = [] if trees else None          # chain tokens' mask in a tree step: -1, the causal rule
         for i, f in enumerate(fed):
             self.tables[i, :len(f.table)] = f.table
+        if all(len(f.tokens) == 1 and f.positions is None and f.masks is None for f in fed):   # plain decode rows
+            self.tokens, self.slots = [f.tokens[0] for f in fed], [f.slots[0] for f in fed]
+            self.positions, self.masks = [f.start for f in fed], None
+            self.lens = [p + 1 for p in self.positions] + [0] * (rows - len(fed))
+            self.cu = list(range(len(fed) + 1)) + [len(fed)] * (rows - len(fed))
+            return
+        self.tokens, self.positions, self.slots, self.cu, self.lens = [], [], [], [0], []
+        trees = any(f.masks is not None for f in fed)
+        self.masks = [] if trees else None          # chain tokens' mask in a tree step: -1, the causal rule
+        for f in fed:
             self.tokens += f.tokens
             self.positions += range(f.start, f.start + len(f.tokens)) if f.positions is None else f.positions
             if trees:
@@ -125,9 +132,12 @@ def decode_inputs(fed: list, shape: tuple, width: int, *, pad_id: int, block_siz
     rows, total = (shape[0], shape[1]) if fixed else (len(fed), 0)
     m = max(len(f.table) for f in fed)
     flat = _Flat(fed, table_width(m) if fixed else m, rows)
-    logit_rows = []
-    for f, end in zip(fed, flat.cu[1:]):
-        logit_rows += _own_rows(end, len(f.tokens), width)
+    if width == 1 and len(flat.tokens) == len(fed):     # one token a request: its own row
+        logit_rows = list(range(len(fed)))
+    else:
+        logit_rows = []
+        for f, end in zip(fed, flat.cu[1:]):
+            logit_rows += _own_rows(end, len(f.tokens), width)
     logit_rows += [0] * ((rows - len(fed)) * width)      # absent rows: logits of row 0
     flat.pad_to(total, pad_id, block_size)
     return flat.inputs(logit_rows, width, device)

@@ -88,11 +88,11 @@ def blocked(engine, drafting: bool, admits: bool) -> Optional[str]:
     running = engine.scheduler.running
     if drafting and any(seq.context is not None and seq.req.cap > 0 for seq in running):
         return "drafts"
-    if admits and any(not plain(seq.req) or seq.prompt_lps is not None for seq in engine.scheduler.waiting):
+    if admits and any(not seq.plain or seq.prompt_lps is not None for seq in engine.scheduler.waiting):
         return "admission"
     if engine.blocks.num_free < len(running):
         return "blocks"
-    if any(not plain(seq.req) or seq.prompt_lps is not None for seq in running):
+    if any(not seq.plain or seq.prompt_lps is not None for seq in running):
         return "request"
     return None
 

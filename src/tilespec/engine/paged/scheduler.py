@@ -48,6 +48,7 @@ class Seq:
     cacheable: bool = True            # its prompt may come from the prefix cache (not when its logprobs are wanted)
     prompt_lps: Optional[list] = None  # its prompt tokens' logprobs so far, when the request asked for them
     matcher: object = None            # its grammar's matcher (grammar.py), when it has one
+    plain: bool = True                # its tokens need nothing but the device (overlap.plain), fixed at submit
 
     def propose(self, cap: int) -> list:
         """Up to ``cap`` context drafts. Its drafter state gets the tokens it lacks here, not at every commit, so a
@@ -74,23 +75,24 @@ class Seq:
         return n if draft_len is None else min(n, draft_len(self.tokens))
 
 
-@dataclass
 class Item:
     """One request's part of a step: it feeds ``tokens[start : start + n]`` (+ its drafts when it ``samples``: the
-    fed tokens reach its last one, fixed when the step is scheduled)."""
+    fed tokens reach its last one, fixed when the step is scheduled). A slotted class, not a dataclass: a step
+    builds one per running request, and at 256 rows the dataclass's init was a visible share of the host's step."""
 
-    seq: Seq
-    start: int
-    n: int
-    samples: bool = False
+    __slots__ = ("seq", "start", "n", "samples")
 
-    def __post_init__(self):
-        self.samples = self.start + self.n == len(self.seq.tokens)
+    def __init__(self, seq: Seq, start: int, n: int):
+        self.seq, self.start, self.n = seq, start, n
+        self.samples = start + n == len(seq.tokens)
 
     @property
     def width(self) -> int:
         """Tokens this item puts through the forward."""
         return self.n + (len(self.seq.drafts) if self.samples else 0)
+
+    def __repr__(self) -> str:
+        return f"Item(rid={getattr(self.seq.req, 'rid', None)}, start={self.start}, n={self.n}, samples={self.samples})"
 
 
 class Scheduler:
@@ -131,9 +133,9 @@ class Scheduler:
     def schedule(self, admit: bool = True) -> list:
         """The step's items (see the module docstring); may preempt. Empty when nothing can run. ``admit`` False:
         no waiting request joins this step (the engine coalesces prefills, admission.py)."""
-        budget, items = self.token_budget, []
+        budget, items, preempted = self.token_budget, [], self.preemptions
         for seq in list(self.running):
-            if seq not in self.running:          # preempted below for an earlier request
+            if self.preemptions != preempted and seq not in self.running:    # preempted for an earlier request
                 continue
             item = self._running_item(seq, budget)
             if item is not None:
@@ -152,12 +154,14 @@ class Scheduler:
 
     def _running_item(self, seq: Seq, budget: int) -> Optional[Item]:
         if budget <= 0 or seq.held:
-            seq.drafts = []
+            if seq.drafts:
+                seq.drafts = []
             return None
-        n = min(seq.remaining, budget)
-        if not seq.decoding or n + len(seq.drafts) > budget:
+        computed, remaining = seq.computed, len(seq.tokens) - seq.computed
+        n = min(remaining, budget)
+        if seq.drafts and (remaining != 1 or n + len(seq.drafts) > budget):
             seq.drafts = []
-        while not self.blocks.grow(seq.table, seq.computed + n + (len(seq.drafts) if n == seq.remaining else 0)):
+        while not self.blocks.grow(seq.table, computed + n + (len(seq.drafts) if n == remaining else 0)):
             if seq.drafts:
                 seq.drafts = []
                 continue
@@ -165,7 +169,7 @@ class Scheduler:
             self.preempt(victim)
             if victim is seq:
                 return None
-        return Item(seq, seq.computed, n)
+        return Item(seq, computed, n)
 
     def _twin_prefilling(self, seq: Seq) -> bool:
         """Whether a running request with the same prompt (n choices of one request, or repeats) is still prefilling

@@ -23,10 +23,13 @@ def verify_rows(sampling: list, logits: torch.Tensor, *, pad: int, method: str, 
     reqs = [it.seq.req for it in sampling]
     table = np.zeros((3, rows), dtype=np.int64)      # counts, seeds, offsets, drafts: one copy to the device
     drafts = np.full((rows, k), pad, dtype=np.int64)
-    for i, it in enumerate(sampling):
-        d = it.seq.drafts if chains is None else chains[i]
-        table[0, i], table[1, i], table[2, i] = len(d), it.seq.req.seed, len(it.seq.tokens)
-        drafts[i, :len(d)] = d
+    chain = [it.seq.drafts for it in sampling] if chains is None else chains
+    table[0, :n] = [len(d) for d in chain]                 # columns from lists: a row loop cost ~1 ms at 256 rows
+    table[1, :n] = [it.seq.req.seed for it in sampling]
+    table[2, :n] = [len(it.seq.tokens) for it in sampling]
+    for i, d in enumerate(chain):
+        if d:
+            drafts[i, :len(d)] = d
     counts, seeds, offsets, drafts = pack_aligned([*table, drafts.ravel()], np.int64, logits.device)
     drafts = drafts.view(rows, k)
     settings = [r.logits if r.logits is not None and r.logits.active else None for r in reqs]
