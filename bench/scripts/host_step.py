@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -32,12 +33,12 @@ def stub_model(engine, vocab: int):
     engine.model.mixed = forward
 
 
-def run(draft, rows: int, steps: int, vocab: int, overlap: bool) -> dict:
+def run(draft, rows: int, steps: int, vocab: int, overlap: bool, device: str = "cpu") -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from engine_models import tiny_lm
     from tilespec.engine.batching import BatchRequest
     from tilespec.engine.paged import PagedEngine
-    target = tiny_lm(0, vocab=vocab, layers=1)
+    target = tiny_lm(0, vocab=vocab, layers=1).to(device)
     target.generation_config.eos_token_id = None
     engine = PagedEngine(target, draft, max_batch=rows, max_len=4096, overlap=overlap)
     stub_model(engine, vocab)
@@ -66,16 +67,18 @@ def main() -> int:
     p.add_argument("--drafts", default="none,ngram")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--vocab", type=int, default=8)
+    p.add_argument("--device", default="cpu", help="cuda: the stub's logits and verify on the GPU, as served")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     torch.set_num_threads(1)
-    out = {"device": "cpu (" + platform.processor() + ")", "torch": torch.__version__,
+    name = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+    out = {"device": f"{name} ({platform.processor()}, {os.cpu_count()} CPUs)", "torch": torch.__version__,
            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(), "vocab": a.vocab, "rows": []}
     for draft in a.drafts.split(","):
         for rows in [int(r) for r in a.rows.split(",")]:
-            row = run(None if draft == "none" else draft, rows, a.steps, a.vocab, overlap=True)
+            row = run(None if draft == "none" else draft, rows, a.steps, a.vocab, overlap=True, device=a.device)
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
     if a.out:
