@@ -24,7 +24,7 @@ from .model import StepInputs
 from .shapes import bucket, table_width
 
 
-@dataclass
+@dataclass(slots=True)     # one per request per step
 class Fed:
     """One request's tokens in a step: ids, the position of the first, each one's cache slot, the request's block
     table, and whether the step samples it (its logits are verified: the last ``1 + drafts`` fed tokens)."""

@@ -161,9 +161,12 @@ class Scheduler:
         n = min(remaining, budget)
         if seq.drafts and (remaining != 1 or n + len(seq.drafts) > budget):
             seq.drafts = []
-        while not self.blocks.grow(seq.table, computed + n + (len(seq.drafts) if n == remaining else 0)):
+        need = computed + n + (len(seq.drafts) if n == remaining else 0)
+        if need <= len(seq.table) * self.blocks.block_size:     # most steps: its blocks hold it already
+            return Item(seq, computed, n)
+        while not self.blocks.grow(seq.table, need):
             if seq.drafts:
-                seq.drafts = []
+                seq.drafts, need = [], computed + n
                 continue
             victim = self.running[-1]
             self.preempt(victim)
