@@ -9,9 +9,11 @@ starts the engine process -- gets there at once.
 """
 import importlib
 
+from .env import cache_bytecode_in_home as _bytecode
 from .env import use_triton_interpreter_without_cuda as _interpreter
 
 _interpreter()   # before anything imports triton (see tilespec.env)
+_bytecode()      # before torch's modules are compiled from source in every process (see tilespec.env)
 
 _WHERE = {"generate": ".api", "load": ".api", "transcribe": ".api", "verify": ".verify",
           "SamplingParams": ".verify", "VerifyResult": ".verify", "available_methods": ".verify"}

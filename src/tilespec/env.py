@@ -49,6 +49,31 @@ def use_triton_interpreter_without_cuda() -> None:
     _decide_interpreter()
 
 
+def cache_bytecode_in_home() -> None:
+    """Compiled bytecode under ``tilespec_home()/pycache`` when Python cannot write it beside the installed sources
+    (a read-only site-packages) or is told not to (``PYTHONDONTWRITEBYTECODE``, common in container images): then
+    every process compiles the ~900 modules that torch and transformers import from source at every start (3.0 s of
+    a 6-8 s config load in `tilespec serve`'s engine process on one H200 host, and as much in each API process:
+    bench/results/engine-load-profile-h200.json). ``import tilespec`` calls this before torch is imported; the
+    processes it spawns inherit the folder (``PYTHONPYCACHEPREFIX``). An explicit ``PYTHONPYCACHEPREFIX`` is kept."""
+    if sys.pycache_prefix is not None:
+        return
+    spec = importlib.util.find_spec("torch")        # finds, does not import
+    if spec is None or spec.origin is None:
+        return
+    beside = Path(spec.origin).parent / "__pycache__"
+    if not sys.flags.dont_write_bytecode and os.access(beside if beside.exists() else beside.parent, os.W_OK):
+        return
+    prefix = settings.get().home / "pycache"
+    try:
+        prefix.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    sys.pycache_prefix, sys.dont_write_bytecode = str(prefix), False
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def _decide_interpreter() -> None:
     import torch
     if not torch.cuda.is_available():
