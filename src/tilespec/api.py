@@ -207,23 +207,16 @@ TREE_OPTIONS = ("tree", "chains", "scheme", "draft_sampling")
 
 
 def paged_tree_draft(target, draft, options: dict, sampling: Optional[SamplingParams] = None) -> tuple:
-    """(draft, options) for the paged engine: with ``tree=`` / ``chains=`` in ``options``, the tree drafter
-    SpeculativeDecoder builds for those keywords (drafters/trees.tree_form_of, on ``draft`` attached to ``target``;
-    ``sampling``: the target's, default from ``options``) and ``gamma`` its depth (the decoder's γ of a tree step:
-    the paged engine caps the accepted depth by gamma); the options without the tree keywords."""
-    from .engine.drafters import resolve_drafter
-    from .engine.drafters.trees import tree_form_of
+    """(draft, options) for the paged engine: with ``tree=`` / ``chains=`` in ``options``, its tree drafter
+    (engine/paged/support.tree_drafter; ``sampling``: the target's, default from ``options``) and ``gamma`` its
+    depth; the options without the tree keywords."""
+    from .engine.paged.support import tree_drafter
     given = {k: options.get(k) for k in TREE_OPTIONS}
     rest = {k: v for k, v in options.items() if k not in TREE_OPTIONS}
     if given["tree"] is None and given["chains"] is None:
         return draft, rest
-    drafter = resolve_drafter(draft)
-    if drafter is not None:     # as the decoder does: a head loads here, so an auto shape reads its manifest
-        drafter.attach(target)
     sampling = sampling if sampling is not None else _sampling(dict(rest))
-    drafter, shape = tree_form_of(drafter, given["tree"], given["chains"], given["scheme"] or "specinfer",
-                                  given["draft_sampling"], sampling)
-    rest["gamma"] = shape.depth
+    drafter, rest["gamma"] = tree_drafter(target, draft, sampling=sampling, **given)
     return drafter, rest
 
 

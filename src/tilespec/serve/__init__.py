@@ -50,12 +50,12 @@ def make_engine(target, draft, *, engine: str = "auto", max_batch=None, gamma: i
     """The serving engine (see :func:`pick_engine`) with ``options`` of that engine; ``max_batch`` None: 256 rows
     on the paged engine, 16 on BatchEngine; ``compile="auto"``: CUDA graphs where the target is on a CUDA device,
     else off. ``tree=(branch, depth, nodes)`` / ``chains=(K, L)`` (with ``scheme``): ``draft`` drafts token trees,
-    its tree form built as tilespec.generate builds it (api.paged_tree_draft), ``gamma`` then the trees' depth."""
+    its tree form built as tilespec.generate builds it (engine/paged/support.tree_drafter), ``gamma`` then the
+    trees' depth."""
     options = {k: v for k, v in options.items() if v is not None}
     if tree is not None or chains is not None:
-        from tilespec.api import paged_tree_draft
-        draft, shaped = paged_tree_draft(target, draft, dict(tree=tree, chains=chains, scheme=scheme))
-        gamma = shaped["gamma"]
+        from tilespec.engine.paged.support import tree_drafter
+        draft, gamma = tree_drafter(target, draft, tree=tree, chains=chains, scheme=scheme)
     shape = getattr(draft, "shape", None)
     drafts = shape.nodes - 1 if shape is not None else gamma      # a tree step's draft rows: its nodes past the root
     if options.get("compile") == "auto":        # where the target is: the CLI's engine process resolves the device

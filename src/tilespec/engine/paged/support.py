@@ -129,3 +129,21 @@ def _has_runner(drafter) -> bool:
     """Whether the drafter has a device side of its own (a tree drafter; a head's is head.py): the paged engine
     has none for it."""
     return type(drafter).runner is not Drafter.runner
+
+
+def tree_drafter(target, draft, tree=None, chains=None, scheme: Optional[str] = None, draft_sampling=None,
+                 sampling=None) -> tuple:
+    """(the tree drafter, its depth) the paged engine runs for ``tree=(branch, depth, nodes)`` / ``chains=(K, L)``
+    over ``draft``: the tree form the decoder builds for those keywords (drafters/trees.tree_form_of, on ``draft``
+    attached to ``target``; ``sampling``: the target's, SamplingParams() by default); its depth is the gamma the
+    engine caps a step's accepted tokens by. (``draft``, None) without tree keywords."""
+    if tree is None and chains is None:
+        return draft, None
+    from tilespec.verify.types import SamplingParams
+    from ..drafters.trees import tree_form_of
+    drafter = resolve_drafter(draft)
+    if drafter is not None:     # as the decoder does: a head loads here, so an auto shape reads its manifest
+        drafter.attach(target)
+    drafter, shape = tree_form_of(drafter, tree, chains, scheme or "specinfer", draft_sampling,
+                                  sampling if sampling is not None else SamplingParams())
+    return drafter, shape.depth
