@@ -64,10 +64,10 @@ def cache_bytecode_in_home() -> None:
     beside = Path(spec.origin).parent / "__pycache__"
     if not sys.flags.dont_write_bytecode and os.access(beside if beside.exists() else beside.parent, os.W_OK):
         return
-    prefix = settings.get().home / "pycache"
-    try:
+    try:        # a bad TILESPEC_* value is reported where it is used, not by ``import tilespec``
+        prefix = settings.get().home / "pycache"
         prefix.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    except (ValueError, OSError):
         return
     sys.pycache_prefix, sys.dont_write_bytecode = str(prefix), False
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
