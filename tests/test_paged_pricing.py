@@ -7,7 +7,8 @@ import pytest
 
 from tilespec.engine.batching import BatchRequest
 from tilespec.engine.paged.engine import PagedEngine
-from tilespec.engine.paged.pricing import Acceptance, DraftGate, StepCosts, plan, token_bucket, token_buckets
+from tilespec.engine.paged.pricing import (PRICED_AFTER, Acceptance, DraftGate, StepCosts, plan, token_bucket,
+                                          token_buckets)
 from tilespec.engine.paged.warmup import decode_shapes, scratch_decode
 
 import test_paged_engine
@@ -170,8 +171,7 @@ def test_the_draft_gate_runs_the_faster_branch_and_explores_the_other():
     for _ in range(200):                              # while the winner holds, explorations thin out (to 32 here)
         gate.drafting(8)
     assert gate.every[8] == 32 and sum(gate.drafting(8) for _ in range(64)) == 2 * 2
-    assert gate.drafting(4) is True                   # a smaller new bucket drafts first, a larger one starts
-    assert gate.drafting(16) is False                 # from the rates of bucket 8, where drafting lost
+    assert gate.drafting(16) is True                  # buckets are independent
     with pytest.raises(ValueError, match="explore"):
         DraftGate(explore=1)
     with pytest.raises(ValueError, match="stretch"):
@@ -184,7 +184,7 @@ def test_explorations_cost_at_most_their_share_of_the_tokens():
     of the winner's rate costs little, and the doubling rules."""
     gate = DraftGate(explore=16, max_explore=256, stretch=8, share=0.02)
     gate.rate.update({(64, True): 1.0, (64, False): 4.0})
-    gate.steps[64] = 1
+    gate.steps[64], gate.best[64], gate.explored[64] = 1, False, PRICED_AFTER    # past the first explorations
     picks = [gate.drafting(64) for _ in range(16 + 8 + 300 + 8)]
     drafting = [i for i, p in enumerate(picks) if p]
     assert drafting == list(range(15, 23)) + list(range(22 + 300, 22 + 300 + 8))
@@ -195,19 +195,6 @@ def test_explorations_cost_at_most_their_share_of_the_tokens():
     assert [i for i, p in enumerate(picks) if p] == list(range(15, 23)) + [22 + 32, 22 + 33]    # every 32: doubled
     with pytest.raises(ValueError, match="share"):
         DraftGate(share=0)
-
-
-def test_a_bucket_larger_than_one_where_drafting_lost_starts_without_the_drafter():
-    """Bucket 64 measured drafting at half the rate without: bucket 256, new, takes those rates, runs without the
-    drafter and explores it only as that loss allows; bucket 16, smaller, drafts first as any new bucket."""
-    gate = DraftGate(explore=16, stretch=8, share=0.02)
-    gate.rate.update({(64, True): 1.0, (64, False): 2.0})
-    gate.steps[64] = 1
-    assert not any(gate.drafting(256) for _ in range(100))     # 8 x 0.5 / 0.02 = 200 steps before a stretch
-    assert gate.every[256] == 200 and gate.best[256] is False
-    gate.observe(256, False, 256, 0.01)                          # its own measurement replaces the prior
-    assert gate.rate[256, False] == pytest.approx(256 / 0.01) and gate.rate[256, True] == 1.0
-    assert gate.drafting(16) is True
 
 
 def test_the_draft_gate_weighs_steps_by_their_time():

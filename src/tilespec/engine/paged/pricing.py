@@ -34,6 +34,7 @@ from typing import Optional
 from .shapes import bucket
 
 TOKEN_STEPS = (0.5, 1.0, 2.0)   # token buckets of R rows: R, R * (1 + s) for these s, and R * (1 + gamma)
+PRICED_AFTER = 3    # explorations of one winner's reign before their cost bounds the interval (DraftGate)
 
 
 def token_buckets(rows: int, gamma: int) -> tuple:
@@ -211,9 +212,11 @@ class DraftGate:
     an H200: four single drafting steps all found no n-gram match, and the gate kept ngram off at one client where
     drafting makes it 1.5x); the losing branch's steps cost (a drafting step also forgoes the overlap of decode
     steps), so it is sampled less the longer it keeps losing, and as often as at first once the winner changes.
-    The interval is also never shorter than what keeps the explorations' cost within ``share`` of the tokens per
-    second (a loser at half the winner's rate: a stretch every 200 steps), and a new bucket larger than one where
-    drafting lost starts from that bucket's rates, without the drafter."""
+    After PRICED_AFTER explorations that left the winner unchanged, the interval is also never shorter than what
+    keeps the explorations' cost within ``share`` of the tokens per second (a loser at half the winner's rate: a
+    stretch every 200 steps). Buckets stay independent: starting a bucket from a smaller one's rates, where drafting
+    lost during a load's ramp, kept the drafter off where it won (CPU, forward stubbed:
+    bench/scripts/host_loop_cost.py --forward-ms 1.5)."""
 
     def __init__(self, explore: int = 16, decay: float = 0.9, max_explore: int = 256, stretch: int = 8,
                  share: float = 0.02):
@@ -232,6 +235,7 @@ class DraftGate:
         self.wait: dict = {}           # R -> steps until the next exploration
         self.best: dict = {}           # R -> the winner at the last decision (True: drafting)
         self.left: dict = {}           # R -> (steps left in the stretch running now, its branch)
+        self.explored: dict = {}       # R -> explorations since the winner last changed
 
     def drafting(self, rows: int, explore: bool = True) -> bool:
         """Whether a step of ``rows`` drafts. ``explore`` False (a mixed step: its wall time is no sample of the gate,
@@ -250,19 +254,20 @@ class DraftGate:
         if left > 0:                                       # inside a stretch
             self.left[rows] = (left - 1, branch)
             return branch
-        if on is None and off is None and self._prior(rows):    # a larger bucket than one where drafting lost
-            on, off = self.rate[rows, True], self.rate[rows, False]
-        elif on is None or off is None:                    # a new bucket: a stretch drafting, then one without
+        if on is None or off is None:                      # a new bucket: a stretch drafting, then one without
             return self._stretch(rows, on is None)
         best = on >= off
         if self.best.setdefault(rows, best) != best:       # the winner changed: explore as often as at first
             self.best[rows], self.every[rows], self.wait[rows] = best, self.explore, self.explore
+            self.explored[rows] = 0
         every = self.every.setdefault(rows, self.explore)
         wait = self.wait.get(rows, every) - 1
         if wait > 0:
             self.wait[rows] = wait
             return best
-        self.every[rows] = self.wait[rows] = max(min(2 * every, self.max_explore), self._costly(on, off))
+        self.explored[rows] = self.explored.get(rows, 0) + 1      # priced once the loser has lost a few times:
+        costly = self._costly(on, off) if self.explored[rows] > PRICED_AFTER else 0     # one stretch's rate is noisy
+        self.every[rows] = self.wait[rows] = max(min(2 * every, self.max_explore), costly)
         return self._stretch(rows, not best)
 
     def _costly(self, on: float, off: float) -> int:
@@ -271,21 +276,6 @@ class DraftGate:
         ngram lost 13 % to its drafting stretches while the gate kept the drafter off on 979 of 1,059 steps)."""
         lo, hi = min(on, off), max(on, off)
         return 0 if hi <= 0 else math.ceil(self.stretch * (1 - lo / hi) / self.share)
-
-    def _prior(self, rows: int) -> bool:
-        """Start a new bucket with the rates of the nearest smaller one where drafting lost (drafting costs more
-        with more rows, and a drafting stretch in each bucket a load passes through was the dearest part of
-        exploring): its steps then run without the drafter and explore it as that loss allows. False: none."""
-        lost = [r for r in self.steps if r < rows and (r, True) in self.rate and (r, False) in self.rate
-                and self.rate[r, True] < self.rate[r, False]]
-        if not lost:
-            return False
-        near = max(lost)
-        on, off = self.rate[near, True], self.rate[near, False]
-        self.rate[rows, True], self.rate[rows, False] = on, off    # priors: a measured step replaces each
-        self.best[rows] = False
-        self.every[rows] = self.wait[rows] = max(self.explore, self._costly(on, off))
-        return True
 
     def _stretch(self, rows: int, branch: bool) -> bool:
         self.left[rows] = (self.stretch - 1, branch)
