@@ -403,6 +403,11 @@ def worker_main(job_path: str) -> int:
     """A worker process: read the job, say ready, wait for ``go T0``, run, write the result file."""
     _die_with_parent()
     job = json.loads(Path(job_path).read_text())
+    avoid = set(job.get("avoid_cpus") or ())
+    if avoid and hasattr(os, "sched_setaffinity"):      # off the server's reserved step-loop core
+        rest = os.sched_getaffinity(0) - avoid
+        if rest:
+            os.sched_setaffinity(0, rest)
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     if len(line) != 2 or line[0] != "go":
@@ -424,15 +429,16 @@ def worker_main(job_path: str) -> int:
 def run_level(url: str, model: str, prompts: list, clients: int, n: int, rate: float, max_tokens: int,
               temperature: float, seed: int = 0, timeout: float = 600.0, until: float = 0.0, procs: int | None = None,
               ignore_eos: bool = False, endpoint: str = "chat", extra: dict | None = None,
-              keep_records: bool = True) -> dict:
+              keep_records: bool = True, avoid_cpus=()) -> dict:
     """Send ``n`` streamed requests with at most ``clients`` in flight from ``procs`` processes (default
     ``default_procs()``; 0: this process) -> the level's summary, ``client`` (processes, their CPU seconds, loop,
-    connections) and its per-request ``records`` (sorted by send time; dropped with ``keep_records=False``)."""
+    connections) and its per-request ``records`` (sorted by send time; dropped with ``keep_records=False``);
+    ``avoid_cpus``: CPUs the worker processes stay off (the server's reserved step-loop core)."""
     procs = default_procs() if procs is None else procs
     shares = split_clients(clients, procs or 1)
     base = {"url": url, "model": model, "prompts": list(prompts), "clients": clients, "n": n, "rate": rate,
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "timeout": timeout, "until": until,
-            "ignore_eos": ignore_eos, "endpoint": endpoint, "extra": extra}
+            "ignore_eos": ignore_eos, "endpoint": endpoint, "extra": extra, "avoid_cpus": list(avoid_cpus)}
     failures, outs = [], []
     if procs == 0:
         t0 = clock()

@@ -463,6 +463,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--client-procs", type=int, default=load_client.default_procs(),
                    help="client processes (default min(8, cores / 2); 0: the client runs in this process)")
+    p.add_argument("--client-cpus", default="off-engine",
+                   help="where the client processes run: off-engine (off the CPUs tilespec serve's step loop "
+                        "reserves, --engine-cpus auto: a client elsewhere, as in deployment) or anywhere")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--warmup", type=int, default=-1,
                    help="requests at the largest level before timing, so every batch shape is captured first "
@@ -489,9 +492,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     from tilespec.env import run_record
     clients = [int(c) for c in args.clients.split(",")]
+    from tilespec.serve.cpus import engine_cpus
+    avoid = sorted(engine_cpus("auto")) if args.client_cpus == "off-engine" else []
     prompts = load_prompts(args.task, args.num_prompts, 0)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings["client_cpus_avoided"] = avoid
     result = {"environment": {**run_record(None, "fastapi", "uvicorn", "openai", "orjson", "uvloop"),
                               "cpu_count": os.cpu_count()},
               "settings": settings, "levels": {}, "soak": None}
@@ -540,7 +546,7 @@ def main(argv=None) -> int:
             save()
             continue
         eos = args.ignore_eos and split_system(system)[0] != "hf"
-        common = dict(procs=args.client_procs, ignore_eos=eos, timeout=args.request_timeout)
+        common = dict(procs=args.client_procs, ignore_eos=eos, timeout=args.request_timeout, avoid_cpus=avoid)
         pgid = proc.pid if proc is not None else None
         try:
             if warmup:

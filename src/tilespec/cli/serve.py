@@ -79,6 +79,16 @@ def chains_shape(text: str) -> tuple:
     return k, length
 
 
+def engine_cpus_choice(text: str) -> str:
+    """argparse ``type`` of ``--engine-cpus``: auto, none, or a list of this process's CPUs."""
+    from tilespec.serve.cpus import engine_cpus
+    try:
+        engine_cpus(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def default_api_servers() -> int:
     """Four API processes on a host of 16 or more CPUs, two on 8 or more, else one. On a 16-core H200 host at 256
     clients four delivered 0.88 of the engine's in-process rate (bench/results/serve-load-api4-qwen1.5b-h200.json)
@@ -137,7 +147,7 @@ def run(args) -> int:
     # the engine process loads the models and owns the GPU; this process only serves HTTP. The spec holds names
     # and strings only, so the engine process is spawned before anything here imports torch
     spec = EngineSpec(load=LoadByName(args.target, draft_name, args.device, args.dtype), options=options,
-                      warmup=not args.no_warmup, device=args.device)
+                      warmup=not args.no_warmup, device=args.device, cpus=args.engine_cpus)
     marks.mark("checks")
     app = serve_engine(spec, model_name=args.served_model_name or args.target, max_queue=args.max_queue,
                        default_max_tokens=args.default_max_tokens, shutdown_timeout=args.shutdown_timeout,
@@ -201,6 +211,10 @@ def register(sub) -> None:
     p.add_argument("--api-servers", type=positive_int, default=default_api_servers(),
                    help="HTTP processes serving the port beside the one engine process (detokenizing and streaming "
                         "spread over that many cores; default 4 on a machine of 16 or more CPUs, 2 on 8 or more, else 1)")
+    p.add_argument("--engine-cpus", type=engine_cpus_choice, default="auto", metavar="auto|none|LIST",
+                   help="CPUs a GPU engine's step loop keeps to itself once warm, every other server thread off them "
+                        "(auto: one physical core, the last, on a machine of 4 or more CPUs; none: the OS places "
+                        "it; or a list such as 7,15)")
     p.add_argument("--max-queue", type=positive_int, default=1024, help="waiting requests before 429")
     p.add_argument("--default-max-tokens", type=positive_int, default=256)
     p.add_argument("--gamma", type=non_negative_int, default=4, help="draft tokens per request and step (cap)")

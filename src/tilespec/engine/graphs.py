@@ -29,7 +29,9 @@ not bounded and every step captures).
 """
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -68,6 +70,30 @@ def _watch_workspace_clears() -> None:
     clear_and_count._tilespec_watched = True
     clear_and_count.__wrapped__ = clear
     torch._C._cuda_clearCublasWorkspaces = clear_and_count
+
+
+@contextmanager
+def quiet_capture():
+    """``torch.cuda.graph`` without its housekeeping: on entry it empties the CUDA and pinned-host caching allocators
+    (and, in some torch versions, runs a full garbage collection), which is right for one capture but costs tens of
+    milliseconds each in a warm-up of a hundred (the caches fill up again from the driver after each; a collection
+    walks every object of the loaded models). vLLM's capture wrapper skips the same calls. The graph's own memory
+    comes from its pool either way."""
+    host = hasattr(torch._C, "_host_emptyCache")       # not in every torch
+    saved = gc.collect, torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
+    gc.collect = torch.cuda.empty_cache = _nothing
+    if host:
+        torch._C._host_emptyCache = _nothing
+    try:
+        yield
+    finally:
+        gc.collect, torch.cuda.empty_cache = saved[:2]
+        if host:
+            torch._C._host_emptyCache = saved[2]
+
+
+def _nothing(*args, **kwargs) -> int:
+    return 0
 
 
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -136,7 +162,7 @@ class GraphCache:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=side):
+        with quiet_capture(), torch.cuda.graph(graph, pool=self._pool, stream=side):
             output = self.fn(*static, key=key)
         return graph, output
 

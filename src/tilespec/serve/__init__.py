@@ -124,6 +124,7 @@ def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: 
     the tokenizer) while the engine warms up (a process that only serves: serve/core.freeze_heap says why);
     ``checks``: called once the processes are spawned (the CLI's checks that import torch, which would have delayed
     the spawn by seconds): what it raises stops them and is raised here."""
+    from .cpus import keep_off
     from .processes import EngineProcess
     engine = EngineProcess(spec, api_servers, marks)        # first: the imports below run beside its start
     engine.log = log
@@ -147,12 +148,15 @@ def serve_engine(spec, tokenizer=None, *, model_name: str = "model", max_queue: 
         engine.kill()
         raise
     engine.marks.mark("engine ready")
+    keep_off(frozenset(info.get("engine_cpus", ())))       # the engine's step loop has that core to itself
     engine.engine_marks = info.get("start_marks")
     inner = getattr(tokenizer, "tokenizer", tokenizer) if tokenizer is not None else client.tokenizer
     if log is not None:
         kv = f", K/V capacity {info['kv_capacity_tokens']:,} tokens ({info['kv_bytes'] / 2**30:.2f} GiB)" \
             if "kv_capacity_tokens" in info else ""
-        log(f"engine ready: {info['engine']}, {info['max_batch']} rows, context {info['max_len']}{kv}")
+        cpus = info.get("engine_cpus")
+        own = f", its step loop on CPU {','.join(map(str, cpus))}" if cpus else ""
+        log(f"engine ready: {info['engine']}, {info['max_batch']} rows, context {info['max_len']}{kv}{own}")
     options = dict(model_name=model_name, default_max_tokens=default_max_tokens, shutdown_timeout=shutdown_timeout,
                    chat=chat, max_body_mb=max_body_mb, api_key=api_key, cors_origins=tuple(cors_origins))
     app = build_app(client, tokenizer=inner, engine=engine, **options)

@@ -41,7 +41,8 @@ class EngineSpec:
     ``hook``: a picklable callable given the built engine (tests slow or break its steps with it);
     ``send_tokenizer``: send the tokenizer in Loaded (the CLI's API process has none of its own); ``device``: where
     ``load`` puts the target, a name ("auto": CUDA where there is one; a CUDA device: its context is created beside
-    the imports and the load)."""
+    the imports and the load); ``cpus``: the CPUs a CUDA engine's step loop keeps to itself once warm (serve/cpus.py:
+    "auto", "none" or a CPU list)."""
 
     load: Callable[[], tuple]
     options: dict = field(default_factory=dict)
@@ -49,6 +50,7 @@ class EngineSpec:
     hook: Optional[Callable] = None
     send_tokenizer: bool = True
     device: Optional[str] = None
+    cpus: str = "auto"
 
     @contextmanager
     def portable(self):
@@ -161,6 +163,7 @@ def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> Non
         close()
         raise SystemExit(1) from err
     info = engine_info(engine, refused)
+    info["engine_cpus"] = sorted(own_core(engine, spec.cpus))
     marks.mark("ready")
     ready = encode(Ready(info=dict(info, start_marks=marks.to_wire())))
     for push in pushes:
@@ -168,6 +171,21 @@ def run_engine(spec: EngineSpec, inbox: str, outboxes: list, parent: int) -> Non
     code = EngineLoop(engine, pull, pushes, parent).run()
     close()
     raise SystemExit(code)
+
+
+def own_core(engine, choice: str) -> frozenset:
+    """A CUDA engine's step loop (this thread) on a physical core of its own, every other thread of the process off
+    it (serve/cpus.py says why); the CPUs reserved. Its torch ops on the host run on this thread alone: worker
+    threads on the other, busy cores would make each parallel region wait for them."""
+    from .cpus import engine_cpus, reserve
+    device = getattr(engine, "device", None)
+    if device is None or getattr(device, "type", str(device)) != "cuda":
+        return frozenset()
+    reserved = reserve(engine_cpus(choice))
+    if reserved:
+        import torch
+        torch.set_num_threads(1)
+    return reserved
 
 
 def freeze_heap() -> None:

@@ -30,6 +30,7 @@ import zmq
 
 from .client import EngineClient
 from .core import EngineSpec, _die_with_parent, freeze_heap, push_socket, run_engine
+from .cpus import keep_off
 from .messages import Failed, Shutdown, encode
 from .timeline import Marks, startup_line
 
@@ -193,9 +194,10 @@ def run_api_server(inbox: str, outbox: str, index: int, count: int, parent: int,
         marks.mark("tokenizer")
         preload_beside()
         freeze_heap()               # the imports and the tokenizer: the bulk of its heap, frozen beside the warm-up
-        client.wait_ready()
+        info = client.wait_ready()
     except (RuntimeError, ValueError, TypeError, FileNotFoundError):
         os._exit(1)
+    keep_off(frozenset(info.get("engine_cpus", ())))       # the engine's step loop has that core to itself
     marks.mark("engine ready")
     options, host, port, log_level = pipe.recv()
     options = dict(options)

@@ -83,7 +83,7 @@ class Pieces:
     def _capture(self) -> None:
         """Each piece run once on a side stream (compiles, lazy initialisation), then captured in turn; the
         outputs of one are the inputs of the next, so they stay alive in the model's graph pool."""
-        from ..graphs import _capture_stream
+        from ..graphs import _capture_stream, quiet_capture
         pieces = self._pieces()
         side = _capture_stream(self.model.device)
         side.wait_stream(torch.cuda.current_stream(self.model.device))
@@ -95,7 +95,7 @@ class Pieces:
         graphs = []
         for piece in pieces:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=side):
+            with quiet_capture(), torch.cuda.graph(g, pool=pool, stream=side):
                 piece()
             graphs.append(g)
         self.graphs = graphs
