@@ -5,6 +5,7 @@ Everything here is pickled into the engine process, which imports this module to
 heavy (no pytest, openai, uvicorn or test module), so an engine process starts in the time its model needs."""
 from __future__ import annotations
 
+import threading
 import time
 
 
@@ -24,6 +25,107 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(97 + (i % 26)) for i in ids if i > 2)
+
+
+# the tokenizers of tests/test_serve_hardening.py, test_serve_structured.py and test_serve_tools.py: pickled into
+# their servers' engine processes with the model, so defined here (defined in a test module, the engine process would
+# import it to unpickle them, and pytest, openai and uvicorn with it: seconds of each engine start)
+class SlowTokenizer(CharTokenizer):
+    """CharTokenizer that, over a prompt holding "SLOW", says it started and then holds until ``release`` is set
+    (at most 60 s): a tokenization in progress for as long as the test needs, with no clock involved."""
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def __call__(self, text, add_special_tokens=True):
+        if "SLOW" in text:
+            self.started.set()
+            self.release.wait(60)
+        return super().__call__(text, add_special_tokens)
+
+
+class AsciiTokenizer(CharTokenizer):
+    """Ids 3-97 are the printable ASCII characters (" " to "~"); 0-2 and 98-127 decode to nothing (a grammar never
+    allows them); no EOS, so a request ends when its grammar completes (or at max_tokens)."""
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = ([1] if add_special_tokens else []) + [3 + ord(c) - 32 if " " <= c <= "~" else 3 for c in text]
+        return type("Enc", (), {"input_ids": ids})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(29 + i) if 3 <= i < 98 else "" for i in ids)
+
+    def __len__(self):
+        return 98
+
+
+class ToolAsciiTokenizer(AsciiTokenizer):
+    """AsciiTokenizer with id 98 a newline (the call block's separator) and a chat template that renders tools and
+    names the hermes format (``<tool_call>``), so the server offers tools and parses the block."""
+
+    chat_template = "{% for t in tools %}{{ t.function.name }} {% endfor %}<tool_call> {{ messages[-1].content }}"
+
+    def __call__(self, text, add_special_tokens=True):
+        ids = super().__call__(text.replace("\n", " "), add_special_tokens).input_ids
+        return type("Enc", (), {"input_ids": ids})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("\n" if i == 98 else super(ToolAsciiTokenizer, self).decode([i]) for i in ids)
+
+    def __len__(self):
+        return 99
+
+    def apply_chat_template(self, turns, tools=None, tokenize=False, add_generation_prompt=True):
+        names = " ".join(t["function"]["name"] for t in tools or ())
+        return f"{names} <tool_call> {turns[-1]['content']}"
+
+
+# Qwen2.5-Instruct's chat template (tools in the system turn, calls and responses as the model was trained on)
+QWEN25 = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
+    {%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+CALL = 50       # decodes to BLOCK (every other id to one letter, as CharTokenizer's)
+BLOCK = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
+class ToolTokenizer(CharTokenizer):
+    """CharTokenizer with Qwen2.5's chat template, rendered as transformers renders it."""
+
+    chat_template = QWEN25
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True):
+        from transformers.utils.chat_template_utils import render_jinja_template
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=self.chat_template,
+                                            add_generation_prompt=add_generation_prompt)
+        return rendered[0]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(BLOCK if i == CALL else chr(97 + (i % 26)) for i in ids if i > 2)
 
 
 class _AfterSteps:

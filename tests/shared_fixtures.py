@@ -70,13 +70,18 @@ def _started(**options):
 
 
 @pytest.fixture(scope="session")
-def tiny_server():
+def tiny_server(tmp_path_factory):
     """The tiny model's default server (tests/test_serve.py's ``make_app()``: paged engine, ngram drafts), started
     once per test process and shared by the modules whose tests only send it requests (test_serve.py,
-    test_serve_echo.py, test_serve_n.py): each engine start is a spawned process that imports torch and
-    transformers. A test that changes a setting of it restores the setting; tests that stall, break or stop a
-    server start their own."""
-    srv = _started()
+    test_serve_echo.py, test_serve_n.py, test_serve_logprobs.py): each engine start is a spawned process that
+    imports torch and transformers. Its engine records the logprobs events it sends (serve_hooks.record_logprobs,
+    in ``srv.logprobs_path``) for test_serve_logprobs.py: the hook only appends the events that carry logprobs and
+    returns every step's events unchanged. A test that changes a setting of it restores the setting; tests that
+    stall, break or stop a server start their own."""
+    from serve_hooks import record_logprobs
+    path = tmp_path_factory.mktemp("logprobs") / "events.jsonl"
+    srv = _started(engine_hook=record_logprobs(path))
+    srv.logprobs_path = path
     yield srv
     srv.stop()
 

@@ -285,13 +285,19 @@ def test_graceful_shutdown_finishes_running_streams():
     assert not srv.app.state.engine.process.is_alive()       # no engine process outlives the server
 
 
+# make_target()'s model, built from the light test modules (serve_hooks, engine_models): importing test_serve there
+# would import pytest, openai and uvicorn first, seconds before the engine's spawn, none of it under test
 ORPHAN = """
 import sys, time
 sys.path[:0] = {paths!r}
 import torch
 from tilespec.serve import build_server
-from test_serve import CharTokenizer, make_target
-app = build_server(make_target(), CharTokenizer(), model_name="tiny", max_batch=2, max_len=64)
+from engine_models import tiny_lm
+from serve_hooks import CharTokenizer
+torch.manual_seed(0)
+target = tiny_lm(0, logit_scale=3.0)
+target.generation_config.eos_token_id = None
+app = build_server(target, CharTokenizer(), model_name="tiny", max_batch=2, max_len=64)
 print(app.state.engine.process.pid, flush=True)
 time.sleep(120)
 """

@@ -15,21 +15,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from test_serve import MODEL, CharTokenizer, Server, make_app  # noqa: E402
-
-
-class SlowTokenizer(CharTokenizer):
-    """CharTokenizer that, over a prompt holding "SLOW", says it started and then holds until ``release`` is set
-    (at most 60 s): a tokenization in progress for as long as the test needs, with no clock involved."""
-
-    started = threading.Event()
-    release = threading.Event()
-
-    def __call__(self, text, add_special_tokens=True):
-        if "SLOW" in text:
-            self.started.set()
-            self.release.wait(60)
-        return super().__call__(text, add_special_tokens)
+from serve_hooks import SlowTokenizer  # noqa: E402
+from test_serve import MODEL, Server, make_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,20 +16,20 @@ pytest.importorskip("uvicorn")
 
 from tilespec.serve.text import TextStream  # noqa: E402
 
-from serve_hooks import record_logprobs, recording_loop  # noqa: E402
-from test_serve import MODEL, CharTokenizer, Server, make_app, make_target  # noqa: E402
+from serve_hooks import recording_loop  # noqa: E402
+from test_serve import MODEL, CharTokenizer, make_target  # noqa: E402
 
 TOK = CharTokenizer()
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("logprobs") / "events.jsonl"
-    srv = Server(make_app(engine_hook=record_logprobs(path)))
-    srv.events = Events(path)
+def served(tiny_server):
+    """make_app(engine_hook=record_logprobs(path)): the session's ``tiny_server`` (tests/shared_fixtures.py), whose
+    engine records its logprobs events; this module reads them from the events recorded from now on."""
+    srv = tiny_server
+    srv.events = Events(srv.logprobs_path)
+    srv.events.seen = len(srv.logprobs_path.read_text().splitlines()) if srv.logprobs_path.exists() else 0
     yield srv
-    srv.stop()
 
 
 class Events:

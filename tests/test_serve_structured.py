@@ -23,22 +23,8 @@ pytest.importorskip("xgrammar")
 from tilespec.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest  # noqa: E402
 from tilespec.serve.structured import Constraint, check_grammar, constraint_of  # noqa: E402
 
-from test_serve import MODEL, CharTokenizer, Server, make_app  # noqa: E402
-
-
-class AsciiTokenizer(CharTokenizer):
-    """Ids 3-97 are the printable ASCII characters (" " to "~"); 0-2 and 98-127 decode to nothing (a grammar never
-    allows them); no EOS, so a request ends when its grammar completes (or at max_tokens)."""
-
-    def __call__(self, text, add_special_tokens=True):
-        ids = ([1] if add_special_tokens else []) + [3 + ord(c) - 32 if " " <= c <= "~" else 3 for c in text]
-        return type("Enc", (), {"input_ids": ids})()
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(29 + i) if 3 <= i < 98 else "" for i in ids)
-
-    def __len__(self):
-        return 98
+from serve_hooks import ToolAsciiTokenizer  # noqa: E402
+from test_serve import MODEL, Server, make_app  # noqa: E402
 
 
 def started(tokenizer):
@@ -51,7 +37,10 @@ def started(tokenizer):
 
 @pytest.fixture(scope="module")
 def served():
-    yield from started(AsciiTokenizer())
+    """The module's one server, over ToolAsciiTokenizer (AsciiTokenizer with id 98 a newline and a template that
+    renders tools): the grammar tests need printable-ASCII ids and no EOS, the forced tool calls also the template
+    and the newline; one engine start (a spawned process importing torch and transformers) serves both."""
+    yield from started(ToolAsciiTokenizer())
 
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "pick": {"enum": ["x", "y"]}},
@@ -274,27 +263,6 @@ def test_the_batch_engine_refuses_structured_outputs_with_a_400_that_says_why(ti
 
 
 # ------------------------------------------------------------------------------------------------ forced tool calls
-class ToolAsciiTokenizer(AsciiTokenizer):
-    """AsciiTokenizer with id 98 a newline (the call block's separator) and a chat template that renders tools and
-    names the hermes format (``<tool_call>``), so the server offers tools and parses the block."""
-
-    chat_template = "{% for t in tools %}{{ t.function.name }} {% endfor %}<tool_call> {{ messages[-1].content }}"
-
-    def __call__(self, text, add_special_tokens=True):
-        ids = super().__call__(text.replace("\n", " "), add_special_tokens).input_ids
-        return type("Enc", (), {"input_ids": ids})()
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join("\n" if i == 98 else super(ToolAsciiTokenizer, self).decode([i]) for i in ids)
-
-    def __len__(self):
-        return 99
-
-    def apply_chat_template(self, turns, tools=None, tokenize=False, add_generation_prompt=True):
-        names = " ".join(t["function"]["name"] for t in tools or ())
-        return f"{names} <tool_call> {turns[-1]['content']}"
-
-
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
              "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
              "additionalProperties": False}}},
@@ -305,8 +273,9 @@ ARGS = {"get_weather": ("city", ("Paris", "Rome")), "get_time": ("zone", ("UTC",
 
 
 @pytest.fixture(scope="module")
-def tooled():
-    yield from started(ToolAsciiTokenizer())
+def tooled(served):
+    """The forced tool calls' server: the module's one server (``served``)."""
+    return served
 
 
 def calls_of(resp) -> list:

@@ -17,61 +17,14 @@ pytest.importorskip("uvicorn")
 from tilespec.serve.protocol import APIError, ChatCompletionRequest  # noqa: E402
 from tilespec.serve.tools import HermesToolParser, split, tool_parser_for  # noqa: E402
 
+from serve_hooks import BLOCK, CALL, ToolTokenizer  # noqa: E402
 from test_serve import MODEL, CharTokenizer, Server, make_app  # noqa: E402
 
-# Qwen2.5-Instruct's chat template (tools in the system turn, calls and responses as the model was trained on)
-QWEN25 = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
-    {%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}
-    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
-    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
-            {{- '\\n<tool_call>\\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
-
-CALL = 50       # decodes to BLOCK (every other id to one letter, as CharTokenizer's)
-BLOCK = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
 ARGS = '{"city": "Paris", "unit": "C"}'
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string"}, "unit": {"type": "string"}},
                                                 "required": ["city"]}}}
-
-
-class ToolTokenizer(CharTokenizer):
-    """CharTokenizer with Qwen2.5's chat template, rendered as transformers renders it."""
-
-    chat_template = QWEN25
-
-    def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=True):
-        from transformers.utils.chat_template_utils import render_jinja_template
-        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=self.chat_template,
-                                            add_generation_prompt=add_generation_prompt)
-        return rendered[0]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(BLOCK if i == CALL else chr(97 + (i % 26)) for i in ids if i > 2)
 
 
 # ------------------------------------------------------------------------------------------------ the parser
